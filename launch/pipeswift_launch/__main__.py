@@ -1,0 +1,39 @@
+"""``python -m pipeswift_launch PLAN.json``: one rank of a pipeswift job."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+
+def main(argv: list[str] | None = None) -> int:
+    # before anything slow: an early SIGTERM must set the flag, not kill the rank
+    from . import signals
+    signals.install()
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m pipeswift_launch RUN_DIR/plan.json", file=sys.stderr)
+        return 2
+    from pipeswift_slurm.errors import PswiftError
+    from pipeswift_slurm.plan import read_plan
+
+    from .dist_env import LaunchEnvError, derive
+    try:
+        plan = read_plan(argv[0])
+        denv = derive(os.environ)
+        os.environ.setdefault("OMP_NUM_THREADS", str(plan.get("cpus_per_task") or 1))
+        from .train import run
+        return run(plan, denv)
+    except (PswiftError, LaunchEnvError) as e:
+        print(f"pswift-launch: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except Exception as e:  # the job log keeps the traceback; the last line says what failed
+        traceback.print_exc()
+        print(f"pswift-launch: rank {os.environ.get('RANK', '?')} failed: "
+              f"{type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

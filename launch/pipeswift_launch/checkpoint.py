@@ -1,0 +1,197 @@
+"""Stage-consistent, layout-portable checkpoints with an atomic commit marker.
+
+Layout of ``CKPT_DIR/step_00000040/``:
+
+- ``stage_003.pt`` per pipeline stage (written by that stage's data-parallel rank 0): the
+  stage's module state and its optimizer state keyed by **global parameter name**
+  (PipelineModule names layers by global index, so names do not depend on the split), plus the
+  LR scheduler state and the writer's RNG state;
+- ``MANIFEST.json`` (the commit marker): written by rank 0 after a barrier, via temp file +
+  fsync + rename. It lists step, samples, boundaries, P, DP, m, world size, data position and
+  every file with its size and sha256.
+
+Only directories with a valid manifest are loaded; anything else is a half-written checkpoint
+and is removed at the next start. Loading reads only the stage files that overlap this rank's
+layers, checks their checksums, and refuses a checkpoint whose names or shapes do not match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+MANIFEST = "MANIFEST.json"
+MANIFEST_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    """The manifest of a committed checkpoint whose files are all present, else None."""
+    try:
+        man = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(man, dict) or man.get("version") != MANIFEST_VERSION:
+        return None
+    for name, meta in man.get("files", {}).items():
+        try:
+            if (path / name).stat().st_size != meta["size"]:
+                return None
+        except (OSError, KeyError, TypeError):
+            return None
+    return man
+
+
+def committed(ckpt_dir: Path) -> list[Path]:
+    """Committed checkpoints, oldest first."""
+    if not ckpt_dir.is_dir():
+        return []
+    dirs = sorted(p for p in ckpt_dir.iterdir() if p.is_dir() and p.name.startswith("step_"))
+    return [p for p in dirs if read_manifest(p) is not None]
+
+
+def remove_uncommitted(ckpt_dir: Path) -> list[str]:
+    """Delete half-written checkpoints (no valid manifest). Call on one rank, before training."""
+    removed = []
+    if not ckpt_dir.is_dir():
+        return removed
+    for p in sorted(ckpt_dir.iterdir()):
+        if p.is_dir() and p.name.startswith("step_") and read_manifest(p) is None:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p.name)
+    return removed
+
+
+def prune(ckpt_dir: Path, keep: int) -> None:
+    for p in committed(ckpt_dir)[:-keep]:
+        # remove the marker first: a crash mid-delete leaves an uncommitted dir, never a bad one
+        (p / MANIFEST).unlink(missing_ok=True)
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _layer_of(name: str) -> int | None:
+    head = name.split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
+         gather: Callable[[Any], list[Any]], barrier: Callable[[], None], rank: int) -> Path:
+    """Every rank calls this at the same step. Returns the committed directory."""
+    path = ckpt_dir / tag_for(step)
+    path.mkdir(parents=True, exist_ok=True)
+    stage = engine.stage_id
+    mine = None
+    if engine.grid.data_parallel_id == 0:
+        opt = engine.optimizer
+        name_of = {p: n for n, p in engine.module.named_parameters()}
+        state = {}
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p in opt.state:
+                    state[name_of[p]] = {k: (v.detach().clone() if torch.is_tensor(v) else v)
+                                         for k, v in opt.state[p].items()}
+        blob = {
+            "model": {k: v.detach().clone() for k, v in engine.module.state_dict().items()},
+            "optim": state,
+            "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
+            "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
+            "rng": torch.get_rng_state(),
+            "stage": stage,
+        }
+        buf = io.BytesIO()
+        torch.save(blob, buf)
+        data = buf.getvalue()
+        name = f"stage_{stage:03d}.pt"
+        _atomic_write(path / name, data)
+        mine = (name, len(data), hashlib.sha256(data).hexdigest())
+    files = [f for f in gather(mine) if f is not None]
+    barrier()  # every stage's file is on disk
+    if rank == 0:
+        man = dict(meta, version=MANIFEST_VERSION, step=step, created=time.time(),
+                   files={n: {"size": s, "sha256": h} for n, s, h in sorted(files)})
+        _atomic_write(path / MANIFEST, (json.dumps(man, indent=1, sort_keys=True) + "\n").encode())
+        _fsync_dir(path)
+    barrier()  # committed before anyone moves on (or exits)
+    return path
+
+
+def load(engine: Any, path: Path) -> dict[str, Any]:
+    """Load a committed checkpoint into this rank's stage, whatever layout wrote it."""
+    man = read_manifest(path)
+    if man is None:
+        raise CheckpointError(f"{path} is not a committed checkpoint")
+    own = engine.module.state_dict()
+    own_layers = {_layer_of(k) for k in own}
+    old_b = man["boundaries"]
+    want_files = []
+    for s in range(len(old_b) - 1):
+        if own_layers & set(range(old_b[s], old_b[s + 1])) or None in own_layers:
+            want_files.append(f"stage_{s:03d}.pt")
+    model: dict[str, Any] = {}
+    optim: dict[str, Any] = {}
+    hyper = sched = None
+    for name in want_files:
+        data = (path / name).read_bytes()
+        if hashlib.sha256(data).hexdigest() != man["files"][name]["sha256"]:
+            raise CheckpointError(f"{path / name}: checksum mismatch (corrupt file); delete {path} "
+                                  f"to resume from the previous checkpoint")
+        blob = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        model.update({k: v for k, v in blob["model"].items() if k in own})
+        optim.update({k: v for k, v in blob["optim"].items() if k in own})
+        hyper = blob["param_groups"]
+        if blob.get("lr_scheduler") is not None:
+            sched = blob["lr_scheduler"]
+    missing = sorted(set(own) - set(model), key=str)
+    if missing:
+        raise CheckpointError(f"{path} does not match the model: no saved value for "
+                              f"{', '.join(missing[:5])}{'...' if len(missing) > 5 else ''} "
+                              f"(different model or layer count?)")
+    for k, v in model.items():
+        if tuple(v.shape) != tuple(own[k].shape):
+            raise CheckpointError(f"{path} does not match the model: {k} has shape "
+                                  f"{tuple(v.shape)} in the checkpoint, {tuple(own[k].shape)} here")
+    engine.module.load_state_dict(model, strict=True)
+    opt = engine.optimizer
+    for n, p in engine.module.named_parameters():
+        if n in optim:
+            opt.state[p] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in optim[n].items()}
+    if hyper is not None:
+        for g, h in zip(opt.param_groups, hyper):
+            g.update(h)
+    if sched is not None and engine.lr_scheduler is not None:
+        engine.lr_scheduler.load_state_dict(sched)
+    engine.global_steps = int(man["step"])
+    engine.global_samples = int(man["samples"])
+    return man

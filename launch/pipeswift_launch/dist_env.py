@@ -1,0 +1,69 @@
+"""Derive torch.distributed's environment from Slurm's (no torch import here: unit-testable).
+
+Under srun every task has SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; virtual nodes on one host
+(slurmd -N) have names that do not resolve, so MASTER_ADDR comes from SLURM_LAUNCH_NODE_IPADDR
+(the address of the node that runs the batch script, which is the first node and holds rank 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+
+class LaunchEnvError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    nodes: int
+    attempt: int
+    job_id: str | None
+
+    def exports(self) -> dict[str, str]:
+        return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size),
+                "LOCAL_RANK": str(self.local_rank), "MASTER_ADDR": self.master_addr,
+                "MASTER_PORT": str(self.master_port)}
+
+
+def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int:
+    for n in names:
+        v = env.get(n)
+        if v not in (None, ""):
+            try:
+                return int(str(v).split("(")[0])
+            except ValueError:
+                raise LaunchEnvError(f"${n} = {v!r} is not an integer") from None
+    if default is None:
+        raise LaunchEnvError(f"none of ${', $'.join(names)} is set: run under srun or `pswift run`")
+    return default
+
+
+def derive(env: Mapping[str, str]) -> DistEnv:
+    attempt = _int(env, "SLURM_RESTART_COUNT", "PSWIFT_ATTEMPT", default=0)
+    job_id = env.get("SLURM_JOB_ID")
+    if "SLURM_PROCID" in env and "RANK" not in env:
+        rank = _int(env, "SLURM_PROCID")
+        world = _int(env, "SLURM_NTASKS", "SLURM_NPROCS")
+        local = _int(env, "SLURM_LOCALID", default=0)
+        nodes = _int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES", default=1)
+        addr = env.get("MASTER_ADDR") or env.get("SLURM_LAUNCH_NODE_IPADDR") or "127.0.0.1"
+        jid = _int(env, "SLURM_JOB_ID", default=0)
+        port = _int(env, "MASTER_PORT", default=20000 + (jid * 13 + attempt * 7) % 20000)
+    else:
+        rank = _int(env, "RANK")
+        world = _int(env, "WORLD_SIZE")
+        local = _int(env, "LOCAL_RANK", default=rank)
+        nodes = _int(env, "PSWIFT_NODES", default=1)
+        addr = env.get("MASTER_ADDR") or "127.0.0.1"
+        port = _int(env, "MASTER_PORT", default=29500)
+    if not 0 <= rank < world:
+        raise LaunchEnvError(f"rank {rank} is outside world size {world}")
+    return DistEnv(rank=rank, world_size=world, local_rank=local, master_addr=addr,
+                   master_port=port, nodes=nodes, attempt=attempt, job_id=job_id)

@@ -1,0 +1,80 @@
+"""Build the user's model as a DeepSpeed PipelineModule with the plan's explicit stage boundaries."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from deepspeed.pipe import LayerSpec, PipelineModule
+
+
+def resolve(entry: str, search_dir: str) -> Callable[..., Any]:
+    """``module:function`` with the TOML's folder first on sys.path."""
+    if search_dir not in sys.path:
+        sys.path.insert(0, search_dir)
+    module, func = entry.split(":")
+    try:
+        obj = getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError) as e:
+        raise RuntimeError(f"cannot load {entry!r} from {search_dir}: {e}") from None
+    if not callable(obj):
+        raise RuntimeError(f"{entry!r} is not callable")
+    return obj
+
+
+def lm_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Default loss: cross-entropy over the last dimension (works for (B, V) and (B, T, V))."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+class ExplicitPipe(PipelineModule):
+    """PipelineModule whose stage s owns layers ``parts[s]:parts[s+1]``.
+
+    DeepSpeed 0.19 has no public API for explicit boundaries; ``_partition_layers`` is called from
+    ``PipelineModule.__init__`` before layers are built, so overriding it is enough (private API:
+    the version is pinned in pyproject and this is exercised by the tests).
+    """
+
+    def __init__(self, layers: list[Any], parts: list[int] | None = None, **kw: Any) -> None:
+        object.__setattr__(self, "_explicit_parts", None if parts is None else [int(p) for p in parts])
+        super().__init__(layers, **kw)
+
+    def _partition_layers(self, method: str = "uniform") -> None:
+        parts = self._explicit_parts
+        if parts is None:
+            super()._partition_layers(method)
+            # 'parameters' returns numpy ints; with seed_layers=True DeepSpeed then calls
+            # random.seed(base + np.int64), a TypeError on Python 3.11. Cast to int.
+            parts = [int(p) for p in self.parts]
+        n = len(self._layer_specs)
+        if (len(parts) != self.num_stages + 1 or parts[0] != 0 or parts[-1] != n
+                or any(a >= b for a, b in zip(parts, parts[1:]))):
+            raise RuntimeError(f"stage boundaries {parts} do not fit {self.num_stages} stages of "
+                               f"{n} layers; fix [pipeline] partition or [model] num_layers")
+        self.parts = parts
+        stage_id = self._topo.get_coord(self.global_rank).pipe
+        self._set_bounds(start=parts[stage_id], stop=parts[stage_id + 1])
+
+
+def build_pipe(plan: dict[str, Any], layout: dict[str, Any]) -> ExplicitPipe:
+    model = plan["model"]
+    layers = list(resolve(model["entry"], model["dir"])(**model.get("kwargs", {})))
+    n_expected = model.get("num_layers")
+    if n_expected is not None and len(layers) != n_expected:
+        raise RuntimeError(f"{model['entry']} returned {len(layers)} layers but train.toml says "
+                           f"{n_expected}; fix [model] num_layers/layer_costs")
+    if layout["stages"] > len(layers):
+        raise RuntimeError(f"{layout['stages']} stages > {len(layers)} layers: use fewer stages")
+    loss_fn = resolve(model["loss"], model["dir"]) if model.get("loss") else lm_cross_entropy
+    seed_ok = all(isinstance(x, LayerSpec) for x in layers)
+    return ExplicitPipe(
+        layers, parts=layout.get("boundaries"), num_stages=layout["stages"], loss_fn=loss_fn,
+        partition_method=layout["partition"] if layout["partition"] in ("uniform", "parameters")
+        else "parameters",
+        # same initial weights whatever the split (needs LayerSpecs): resumes are layout-portable
+        seed_layers=seed_ok, base_seed=int(plan["training"]["seed"]),
+        activation_checkpoint_interval=0,
+    )

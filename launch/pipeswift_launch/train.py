@@ -1,0 +1,218 @@
+"""The training loop of one rank: build, resume, train, stop together, checkpoint, requeue."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import checkpoint as ckpt
+from .dist_env import DistEnv
+from .pipe import build_pipe, resolve
+from .signals import STOP_NONE, STOP_TIME, requested
+
+class Events:
+    """JSONL events of rank 0 in the run directory (other ranks write nothing)."""
+
+    def __init__(self, run_dir: Path, enabled: bool, attempt: int, job_id: str | None) -> None:
+        self.fh = open(run_dir / "events.jsonl", "a", encoding="utf-8") if enabled else None
+        self.base = {"attempt": attempt, "job_id": job_id}
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self.fh is None:
+            return
+        rec = {"event": event, "time": round(time.time(), 3), **self.base, **fields}
+        self.fh.write(json.dumps(rec) + "\n")
+        self.fh.flush()
+
+    def close(self) -> None:
+        if self.fh is not None:
+            os.fsync(self.fh.fileno())
+            self.fh.close()
+
+
+def _log(rank: int, msg: str) -> None:
+    if rank == 0:
+        print(f"pswift: {msg}", flush=True)
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def ds_config(plan: dict[str, Any], layout: dict[str, Any]) -> dict[str, Any]:
+    t = plan["training"]
+    opt = {"type": "AdamW", "params": {"lr": 1e-3}}
+    opt = _deep_merge(opt, t.get("optimizer") or {})
+    opt["params"].setdefault("torch_adam", True)  # FusedAdam would JIT-compile for a minute on CPU
+    cfg = {
+        "train_batch_size": t["global_batch_size"],
+        "train_micro_batch_size_per_gpu": layout["micro_batch_size"],
+        "gradient_accumulation_steps": layout["micro_batches"],
+        "optimizer": opt,
+        "zero_optimization": {"stage": 0},
+        "steps_per_print": 10 ** 9,
+        "wall_clock_breakdown": False,
+    }
+    if t.get("gradient_clipping"):
+        cfg["gradient_clipping"] = t["gradient_clipping"]
+    return _deep_merge(cfg, t.get("ds_config") or {})
+
+
+def run(plan: dict[str, Any], denv: DistEnv) -> int:
+    os.environ.update(denv.exports())
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if plan["device"] == "cuda" else "cpu")
+    import deepspeed
+    from deepspeed import comm as dist
+
+    # CPU: init_distributed() would JIT-compile the shm op (~36 s) that training never uses.
+    if plan["device"] != "cuda":
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    torch.set_num_threads(int(plan.get("cpus_per_task") or 1))
+
+    run_dir = Path(plan["run_dir"])
+    rank = denv.rank
+    events = Events(run_dir, rank == 0, denv.attempt, denv.job_id)
+    layout = plan["layouts"].get(str(denv.nodes))
+    if layout is None or layout["world_size"] != denv.world_size:
+        msg = (f"the job got {denv.nodes} node(s) / {denv.world_size} tasks but plan.json has layouts "
+               f"for {sorted(plan['layouts'], key=int)} nodes"
+               + (f" ({plan['infeasible'][str(denv.nodes)]})" if str(denv.nodes) in plan.get("infeasible", {}) else ""))
+        _log(rank, f"error: {msg}")
+        events.emit("end", reason="failed", error=msg)
+        return 2
+    if denv.attempt > int(plan.get("max_requeues", 3)):
+        msg = (f"attempt {denv.attempt} exceeds max_requeues = {plan['max_requeues']}: not training "
+               f"again; raise [job] max_requeues and resubmit to continue from the last checkpoint")
+        _log(rank, f"stopping: {msg}")
+        events.emit("end", reason="requeue_budget", error=msg)
+        events.close()
+        return 3
+
+    t0 = time.time()
+    backend = "nccl" if plan["device"] == "cuda" else "gloo"
+    if plan["device"] == "cuda":
+        torch.cuda.set_device(denv.local_rank % max(1, torch.cuda.device_count()))
+    deepspeed.init_distributed(dist_backend=backend)
+    model = build_pipe(plan, layout)
+    if plan["training"].get("gradient_clipping") and layout["stages"] > 1:
+        # DeepSpeed 0.19 (fp32, ZeRO-0, >1 stage) counts only stage 0's grads in the clip norm
+        # unless parameters are marked model-parallel; each stage then adds its own.
+        for p in model.parameters():
+            p.model_parallel = True
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=ds_config(plan, layout))
+    boundaries = [int(b) for b in engine.module.parts]
+    device = engine.device
+    ckpt_dir = Path(plan["training"]["checkpoint_dir"])
+    if rank == 0:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        removed = ckpt.remove_uncommitted(ckpt_dir)
+        if removed:
+            _log(rank, f"removed half-written checkpoint(s) {', '.join(removed)}")
+            events.emit("checkpoint_discarded", names=removed)
+    dist.barrier()
+
+    resumed_from = None
+    found = ckpt.committed(ckpt_dir)
+    t_load = 0.0
+    if found:
+        tl = time.time()
+        man = ckpt.load(engine, found[-1])
+        dist.barrier()
+        t_load = time.time() - tl
+        resumed_from = str(found[-1])
+        _log(rank, f"resumed from {found[-1].name} (written by {man['stages']} stage(s) "
+                   f"{man['boundaries']}) into {layout['stages']} stage(s) {boundaries} in {t_load:.2f} s")
+    step = int(engine.global_steps)
+    setup_s = time.time() - t0
+    events.emit("start", nodes=denv.nodes, world_size=denv.world_size, stages=layout["stages"],
+                data_parallel=layout["data_parallel"], micro_batches=layout["micro_batches"],
+                micro_batch_size=layout["micro_batch_size"], boundaries=boundaries,
+                partition=layout["partition"], step=step, resumed_from=resumed_from,
+                setup_s=round(setup_s, 3), load_s=round(t_load, 3))
+    _log(rank, f"attempt {denv.attempt}: {layout['stages']} stage(s) x {layout['data_parallel']} "
+               f"data-parallel on {denv.nodes} node(s), boundaries {boundaries}, m={layout['micro_batches']}, "
+               f"from step {step}, setup {setup_s:.1f} s")
+
+    t = plan["training"]
+    data_fn = resolve(t["data"], plan["model"]["dir"])
+    data_kwargs = dict(plan["model"].get("kwargs") or {})
+    m, mbs, dp = layout["micro_batches"], layout["micro_batch_size"], layout["data_parallel"]
+    dp_rank = engine.grid.data_parallel_id
+    steps, interval = int(t["steps"]), int(t.get("checkpoint_interval") or 0)
+    flag = torch.zeros(1, device=device)
+    stop_code = STOP_NONE
+
+    def save(reason: str) -> None:
+        ts = time.time()
+        meta = {"samples": int(engine.global_samples), "boundaries": boundaries,
+                "stages": layout["stages"], "data_parallel": dp, "micro_batches": m,
+                "world_size": denv.world_size, "data_position": step, "reason": reason,
+                "job_id": denv.job_id, "attempt": denv.attempt}
+
+        def gather(obj: Any) -> list[Any]:
+            out: list[Any] = [None] * denv.world_size
+            dist.all_gather_object(out, obj)
+            return out
+
+        path = ckpt.save(engine, ckpt_dir, step, meta, gather, dist.barrier, rank)
+        if rank == 0:
+            ckpt.prune(ckpt_dir, int(t.get("keep_checkpoints") or 2))
+        dur = time.time() - ts
+        events.emit("checkpoint", step=step, path=str(path), seconds=round(dur, 3), reason=reason)
+        _log(rank, f"checkpoint {path.name} committed ({reason}) in {dur:.2f} s")
+
+    while step < steps:
+        batches = [data_fn(step=step, index=dp_rank * m + i, micro_batch_size=mbs, seed=int(t["seed"]),
+                           **data_kwargs)
+                   for i in range(m)]
+        ts = time.time()
+        loss = engine.train_batch(data_iter=iter(batches))
+        dt = time.time() - ts
+        step = int(engine.global_steps)
+        if rank == 0:
+            lv = float(loss.item())
+            events.emit("step", step=step, loss=lv, loss_hex=lv.hex(), step_time=round(dt, 6))
+            print(f"step {step}/{steps} loss {lv:.6f} ({dt * 1000:.1f} ms)", flush=True)
+        # every rank, same point of every step: agree whether anyone was asked to stop
+        flag.fill_(float(requested()))
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        stop_code = int(flag.item())
+        if stop_code or step >= steps or (interval and step % interval == 0):
+            save("signal" if stop_code else "final" if step >= steps else "periodic")
+        if stop_code:
+            break
+
+    if step >= steps and not stop_code:
+        reason = "completed"
+    elif stop_code == STOP_TIME:
+        reason = "time_limit"
+    else:
+        reason = "preempted"
+    requeue = reason == "time_limit" and denv.job_id is not None
+    if requeue and denv.attempt >= int(plan.get("max_requeues", 3)):
+        _log(rank, f"time limit near at step {step}, but max_requeues = {plan['max_requeues']} is "
+                   f"spent: not requeueing; resubmit to continue from the checkpoint")
+        requeue = False
+    events.emit("end", reason=reason, step=step, requeue=requeue)
+    events.close()
+    _log(rank, f"attempt {denv.attempt} ended: {reason} at step {step}")
+    dist.barrier()
+    if requeue and rank == 0:
+        from pipeswift_slurm import slurm  # the one module that talks to Slurm
+        # Slurm never requeues a timed-out job: requeue now, after the checkpoint is committed
+        _log(rank, f"requeueing job {denv.job_id} before its time limit")
+        slurm.requeue(denv.job_id)
+    dist.destroy_process_group()
+    return 0

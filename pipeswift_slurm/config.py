@@ -1,0 +1,424 @@
+"""train.toml: strict parsing into typed, frozen sections.
+
+Unknown keys are rejected with the list of valid ones; wrong types and out-of-range values name
+the key, the value and the fix. Cross-section invariants that depend on the node count
+(pp x dp = world size, micro-batch x m x dp = global batch) are checked in :mod:`plan`.
+Paths resolve relative to the TOML file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .errors import ConfigError
+
+SECTIONS = ("job", "resources", "model", "training", "pipeline")
+_ENTRY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_TIME_RE = re.compile(
+    r"^(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$"
+)
+
+
+@dataclass(frozen=True)
+class JobSection:
+    name: str
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+    sbatch_options: tuple[str, ...] = ()
+    max_requeues: int = 3
+    python: str | None = None
+
+    @property
+    def time_seconds(self) -> int | None:
+        return None if self.time is None else slurm_time_seconds(self.time)
+
+
+@dataclass(frozen=True)
+class ResourcesSection:
+    nodes_min: int = 1
+    nodes_max: int = 1
+    tasks_per_node: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    device: str = "cpu"
+
+    @property
+    def node_counts(self) -> range:
+        return range(self.nodes_min, self.nodes_max + 1)
+
+    @property
+    def nodes_spec(self) -> str:
+        """Slurm's --nodes value: ``2`` or ``2-4``."""
+        if self.nodes_min == self.nodes_max:
+            return str(self.nodes_min)
+        return f"{self.nodes_min}-{self.nodes_max}"
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    entry: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    loss: str | None = None
+    num_layers: int | None = None
+    layer_costs: tuple[float, ...] | None = None
+    layer_memory: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class TrainingSection:
+    steps: int
+    global_batch_size: int
+    micro_batch_size: int
+    data: str
+    seed: int = 1
+    optimizer: dict[str, Any] = field(default_factory=dict)
+    ds_config: dict[str, Any] = field(default_factory=dict)
+    gradient_clipping: float = 0.0
+    checkpoint_dir: Path | None = None
+    checkpoint_interval: int = 0
+    keep_checkpoints: int = 2
+
+
+@dataclass(frozen=True)
+class PipelineSection:
+    stages: int | str = "auto"
+    micro_batches: int | str = "auto"
+    partition: str | tuple[int, ...] = "auto"
+    data_parallel: int | None = None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    path: Path
+    job: JobSection
+    resources: ResourcesSection
+    model: ModelSection
+    training: TrainingSection
+    pipeline: PipelineSection
+    raw: dict[str, Any]
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+    @property
+    def layer_count(self) -> int | None:
+        """Number of pipeline layers if the TOML tells (num_layers, layer_costs or boundaries)."""
+        m = self.model
+        if m.num_layers is not None:
+            return m.num_layers
+        if m.layer_costs is not None:
+            return len(m.layer_costs)
+        if isinstance(self.pipeline.partition, tuple):
+            return self.pipeline.partition[-1]
+        return None
+
+
+# ----------------------------------------------------------------------------- value checkers
+def _where(section: str, key: str) -> str:
+    return f"[{section}] {key}"
+
+
+def _type_name(v: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
+            dict: "table"}.get(type(v), type(v).__name__)
+
+
+def _int(section: str, key: str, v: Any, lo: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{_where(section, key)} must be an integer, got {_type_name(v)} {v!r}")
+    if v < lo:
+        raise ConfigError(f"{_where(section, key)} = {v} must be >= {lo}")
+    return v
+
+
+def _str(section: str, key: str, v: Any) -> str:
+    if not isinstance(v, str):
+        raise ConfigError(f"{_where(section, key)} must be a string, got {_type_name(v)} {v!r}")
+    if not v.strip():
+        raise ConfigError(f"{_where(section, key)} must not be empty")
+    if any(ord(c) < 32 or ord(c) == 127 for c in v):
+        raise ConfigError(f"{_where(section, key)} = {v!r} contains a control character "
+                          f"(newline, tab...): remove it")
+    return v
+
+
+def _float(section: str, key: str, v: Any, lo: float = 0.0) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ConfigError(f"{_where(section, key)} must be a finite number, got {_type_name(v)} {v!r}")
+    if v < lo:
+        raise ConfigError(f"{_where(section, key)} = {v} must be >= {lo}")
+    return float(v)
+
+
+def _table(section: str, key: str, v: Any) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise ConfigError(f"{_where(section, key)} must be a table, got {_type_name(v)} {v!r}")
+    return v
+
+
+def _entry(section: str, key: str, v: Any, base_dir: Path) -> str:
+    v = _str(section, key, v)
+    if not _ENTRY_RE.match(v):
+        raise ConfigError(f"{_where(section, key)} = {v!r} must look like 'module:function' "
+                          f"(e.g. 'model:build_layers')")
+    module = v.split(":")[0]
+    top = module.split(".")[0]
+    rel = Path(*module.split("."))
+    if not ((base_dir / f"{rel}.py").is_file() or (base_dir / rel / "__init__.py").is_file()
+            or (base_dir / top).is_dir() or importlib.util.find_spec(top) is not None):
+        raise ConfigError(f"{_where(section, key)} = {v!r}: module {module!r} not found next to "
+                          f"{base_dir} nor on the Python path: create {base_dir / rel}.py or fix the name")
+    return v
+
+
+def slurm_time_seconds(text: str) -> int:
+    """Seconds in a Slurm time string: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    m = _TIME_RE.match(text.strip())
+    if not m:
+        raise ValueError(text)
+    d, a, b, c = (int(x) if x is not None else None for x in m.group("d", "a", "b", "c"))
+    if d is not None:  # D-H[:M[:S]]
+        return ((d * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
+    if c is not None:  # H:M:S
+        return (a * 60 + b) * 60 + c
+    if b is not None:  # M:S
+        return a * 60 + b
+    return a * 60  # M
+
+
+# ----------------------------------------------------------------------------- sections
+def _check_keys(section: str, table: dict[str, Any], valid: tuple[str, ...],
+                required: tuple[str, ...] = ()) -> None:
+    for key in table:
+        if key not in valid:
+            raise ConfigError(f"unknown key {_where(section, key)}; valid keys: {', '.join(valid)}")
+    for key in required:
+        if key not in table:
+            raise ConfigError(f"missing required key {_where(section, key)}")
+
+
+def _job(t: dict[str, Any]) -> JobSection:
+    valid = ("name", "partition", "time", "account", "sbatch_options", "max_requeues", "python")
+    _check_keys("job", t, valid, ("name",))
+    time = t.get("time")
+    if time is not None:
+        if isinstance(time, int) and not isinstance(time, bool):
+            time = str(_int("job", "time", time))
+        time = _str("job", "time", time)
+        try:
+            if slurm_time_seconds(time) <= 0:
+                raise ValueError(time)
+        except ValueError:
+            raise ConfigError(f"[job] time = {time!r} is not a Slurm time limit: use minutes, "
+                              f"'H:MM:SS' or 'D-HH:MM:SS' (e.g. '0:30:00')") from None
+    opts = t.get("sbatch_options", [])
+    if not isinstance(opts, list):
+        raise ConfigError(f"[job] sbatch_options must be an array of strings like '--qos=high', "
+                          f"got {_type_name(opts)} {opts!r}")
+    for o in opts:
+        o = _str("job", "sbatch_options", o)
+        if not o.startswith("-"):
+            raise ConfigError(f"[job] sbatch_options entry {o!r} must be an sbatch option "
+                              f"starting with '-' (e.g. '--qos=high')")
+    return JobSection(
+        name=_str("job", "name", t["name"]),
+        partition=_str("job", "partition", t["partition"]) if "partition" in t else None,
+        time=time,
+        account=_str("job", "account", t["account"]) if "account" in t else None,
+        sbatch_options=tuple(opts),
+        max_requeues=_int("job", "max_requeues", t.get("max_requeues", 3), lo=0),
+        python=_str("job", "python", t["python"]) if "python" in t else None,
+    )
+
+
+def _resources(t: dict[str, Any]) -> ResourcesSection:
+    valid = ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "device")
+    _check_keys("resources", t, valid)
+    nodes = t.get("nodes", 1)
+    if isinstance(nodes, list):
+        if len(nodes) != 2:
+            raise ConfigError(f"[resources] nodes = {nodes!r} must be an integer or a [min, max] pair")
+        lo = _int("resources", "nodes", nodes[0])
+        hi = _int("resources", "nodes", nodes[1])
+        if lo > hi:
+            raise ConfigError(f"[resources] nodes = [{lo}, {hi}]: min > max; write [{hi}, {lo}]")
+    else:
+        lo = hi = _int("resources", "nodes", nodes)
+    device = _str("resources", "device", t.get("device", "cpu"))
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"[resources] device = {device!r} must be 'cpu' or 'cuda'")
+    gpus = _int("resources", "gpus_per_node", t.get("gpus_per_node", 0), lo=0)
+    tasks = _int("resources", "tasks_per_node", t.get("tasks_per_node", gpus or 1))
+    if device == "cuda" and gpus == 0:
+        raise ConfigError("[resources] device = 'cuda' needs gpus_per_node >= 1 "
+                          "(set gpus_per_node = tasks_per_node, one GPU per task)")
+    if device == "cuda" and tasks > gpus:
+        raise ConfigError(f"[resources] tasks_per_node = {tasks} > gpus_per_node = {gpus}: one task "
+                          f"drives one GPU; set tasks_per_node = {gpus}")
+    return ResourcesSection(nodes_min=lo, nodes_max=hi, tasks_per_node=tasks, gpus_per_node=gpus,
+                            cpus_per_task=_int("resources", "cpus_per_task", t.get("cpus_per_task", 1)),
+                            device=device)
+
+
+def _model(t: dict[str, Any], base_dir: Path) -> ModelSection:
+    valid = ("entry", "kwargs", "loss", "num_layers", "layer_costs", "layer_memory")
+    _check_keys("model", t, valid, ("entry",))
+    costs = mem = None
+    if "layer_costs" in t:
+        v = t["layer_costs"]
+        if not isinstance(v, list) or not v:
+            raise ConfigError(f"[model] layer_costs must be a non-empty array of seconds per layer, got {v!r}")
+        costs = tuple(_float("model", "layer_costs", x) for x in v)
+    if "layer_memory" in t:
+        v = t["layer_memory"]
+        if not isinstance(v, list) or not v:
+            raise ConfigError(f"[model] layer_memory must be a non-empty array of bytes per layer, got {v!r}")
+        mem = tuple(_int("model", "layer_memory", x, lo=0) for x in v)
+    num_layers = _int("model", "num_layers", t["num_layers"]) if "num_layers" in t else None
+    lengths = {k: n for k, n in (("num_layers", num_layers), ("layer_costs", costs and len(costs)),
+                                 ("layer_memory", mem and len(mem))) if n}
+    if len(set(lengths.values())) > 1:
+        raise ConfigError("[model] layer counts disagree: " +
+                          ", ".join(f"{k} gives {n}" for k, n in lengths.items()) +
+                          "; give one value per layer")
+    return ModelSection(
+        entry=_entry("model", "entry", t["entry"], base_dir),
+        kwargs=_table("model", "kwargs", t.get("kwargs", {})),
+        loss=_entry("model", "loss", t["loss"], base_dir) if "loss" in t else None,
+        num_layers=num_layers, layer_costs=costs, layer_memory=mem,
+    )
+
+
+def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
+    valid = ("steps", "global_batch_size", "micro_batch_size", "data", "seed", "optimizer",
+             "ds_config", "gradient_clipping", "checkpoint_dir", "checkpoint_interval",
+             "keep_checkpoints")
+    _check_keys("training", t, valid, ("steps", "global_batch_size", "micro_batch_size", "data"))
+    opt = _table("training", "optimizer", t.get("optimizer", {}))
+    if opt:
+        _check_keys("training.optimizer", opt, ("type", "params"))
+        _str("training.optimizer", "type", opt.get("type", "AdamW"))
+        _table("training.optimizer", "params", opt.get("params", {}))
+    ckpt_dir = None
+    if "checkpoint_dir" in t:
+        ckpt_dir = (base_dir / _str("training", "checkpoint_dir", t["checkpoint_dir"])).resolve()
+    mbs = _int("training", "micro_batch_size", t["micro_batch_size"])
+    gbs = _int("training", "global_batch_size", t["global_batch_size"])
+    if gbs % mbs:
+        raise ConfigError(f"[training] global_batch_size = {gbs} is not a multiple of "
+                          f"micro_batch_size = {mbs}: pick a global batch in "
+                          f"{{{gbs // mbs * mbs or mbs}, {(gbs // mbs + 1) * mbs}}}")
+    return TrainingSection(
+        steps=_int("training", "steps", t["steps"]),
+        global_batch_size=gbs, micro_batch_size=mbs,
+        data=_entry("training", "data", t["data"], base_dir),
+        seed=_int("training", "seed", t.get("seed", 1), lo=0),
+        optimizer=opt,
+        ds_config=_table("training", "ds_config", t.get("ds_config", {})),
+        gradient_clipping=_float("training", "gradient_clipping", t.get("gradient_clipping", 0.0)),
+        checkpoint_dir=ckpt_dir,
+        checkpoint_interval=_int("training", "checkpoint_interval", t.get("checkpoint_interval", 0), lo=0),
+        keep_checkpoints=_int("training", "keep_checkpoints", t.get("keep_checkpoints", 2), lo=2),
+    )
+
+
+def _int_or_auto(section: str, key: str, v: Any) -> int | str:
+    if v == "auto":
+        return "auto"
+    if isinstance(v, str):
+        raise ConfigError(f"{_where(section, key)} = {v!r} must be a positive integer or \"auto\"")
+    return _int(section, key, v)
+
+
+def _pipeline(t: dict[str, Any]) -> PipelineSection:
+    valid = ("stages", "micro_batches", "partition", "data_parallel")
+    _check_keys("pipeline", t, valid)
+    part = t.get("partition", "auto")
+    if isinstance(part, list):
+        b = [_int("pipeline", "partition", x, lo=0) for x in part]
+        if len(b) < 2 or b[0] != 0 or any(x >= y for x, y in zip(b, b[1:])):
+            raise ConfigError(f"[pipeline] partition = {part!r}: explicit boundaries must start at 0 "
+                              f"and strictly increase to the layer count, e.g. [0, 3, 6] for 2 stages "
+                              f"of 6 layers")
+        part = tuple(b)
+    else:
+        part = _str("pipeline", "partition", part)
+        if part not in ("auto", "uniform", "parameters"):
+            raise ConfigError(f"[pipeline] partition = {part!r} must be \"auto\", \"uniform\", "
+                              f"\"parameters\" or an array of boundaries like [0, 3, 6]")
+    stages = _int_or_auto("pipeline", "stages", t.get("stages", "auto"))
+    if isinstance(part, tuple) and stages != "auto" and stages != len(part) - 1:
+        raise ConfigError(f"[pipeline] partition {list(part)} gives {len(part) - 1} stages but "
+                          f"stages = {stages}: make them agree")
+    if isinstance(part, tuple) and stages == "auto":
+        stages = len(part) - 1
+    dp = t.get("data_parallel")
+    return PipelineSection(
+        stages=stages,
+        micro_batches=_int_or_auto("pipeline", "micro_batches", t.get("micro_batches", "auto")),
+        partition=part,
+        data_parallel=None if dp is None else _int("pipeline", "data_parallel", dp),
+    )
+
+
+# ----------------------------------------------------------------------------- entry points
+def parse_config(data: dict[str, Any], path: Path) -> TrainConfig:
+    """Validate a parsed TOML document (``path`` anchors relative paths)."""
+    path = Path(path).resolve()
+    for key, value in data.items():
+        if key not in SECTIONS:
+            raise ConfigError(f"unknown section [{key}]; valid sections: {', '.join(SECTIONS)}")
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key!r} must be a [{key}] section (a table), got {_type_name(value)}")
+    for sec in ("job", "model", "training"):
+        if sec not in data:
+            raise ConfigError(f"missing section [{sec}]")
+    cfg = TrainConfig(
+        path=path,
+        job=_job(data["job"]),
+        resources=_resources(data.get("resources", {})),
+        model=_model(data["model"], path.parent),
+        training=_training(data["training"], path.parent),
+        pipeline=_pipeline(data.get("pipeline", {})),
+        raw=data,
+    )
+    n = cfg.layer_count
+    stages = cfg.pipeline.stages
+    if n is not None and isinstance(stages, int) and stages > n:
+        raise ConfigError(f"[pipeline] stages = {stages} > {n} layers: every stage needs at least "
+                          f"one layer; use stages <= {n}")
+    if n is not None and isinstance(cfg.pipeline.partition, tuple) and cfg.pipeline.partition[-1] != n:
+        raise ConfigError(f"[pipeline] partition ends at {cfg.pipeline.partition[-1]} but the model "
+                          f"has {n} layers: the last boundary must be {n}")
+    return cfg
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    """Read and validate ``train.toml``; raises :class:`ConfigError` with one clear line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such file; pass the path of your train.toml")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text ({e.reason}); save it as UTF-8") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: invalid TOML: {' '.join(str(e).split())}") from None
+    try:
+        return parse_config(data, p)
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None
+

@@ -1,0 +1,27 @@
+"""Exceptions of the library. The CLI turns each into one line on stderr and an exit code."""
+
+from __future__ import annotations
+
+
+class PswiftError(Exception):
+    """Base class: a problem the user can fix; ``str()`` says what is wrong and what to change."""
+
+    exit_code = 1
+
+
+class ConfigError(PswiftError):
+    """train.toml is invalid (unknown key, wrong type, impossible combination)."""
+
+    exit_code = 2
+
+
+class SlurmError(PswiftError):
+    """A Slurm command failed; the message carries the command, exit code and Slurm's own words."""
+
+    exit_code = 1
+
+
+class RunDirError(PswiftError):
+    """The run directory cannot be created or read."""
+
+    exit_code = 1

@@ -1,0 +1,65 @@
+"""`pswift run`: the same job on this machine, one local process per slot, without Slurm."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from typing import Any
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_local(plan: dict[str, Any], plan_path: str, nodes: int, grace_s: float = 60.0) -> int:
+    """Start ``world_size`` ranks of ``python -m pipeswift_launch``; forward TERM/INT/USR2 to them.
+
+    If one rank fails the others are stopped (else they would wait in a collective until the
+    gloo timeout). Returns 0 iff every rank exited 0.
+    """
+    layout = plan["layouts"][str(nodes)]
+    world = int(layout["world_size"])
+    port = str(_free_port())
+    procs: list[subprocess.Popen] = []
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world),
+                   LOCAL_RANK=str(r % layout["tasks_per_node"]), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port, PSWIFT_NODES=str(nodes),
+                   OMP_NUM_THREADS=str(plan.get("cpus_per_task") or 1))
+        for k in [k for k in env if k.startswith("SLURM_")]:
+            del env[k]  # a local run inside an allocation must not pick up Slurm's ranks
+        procs.append(subprocess.Popen([plan["python"], "-m", "pipeswift_launch", plan_path], env=env))
+
+    def forward(signum: int, frame: Any) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            if any(c not in (None, 0) for c in codes):
+                for p in procs:
+                    if p.poll() is None:
+                        p.terminate()
+                deadline = time.time() + grace_s
+                while time.time() < deadline and any(p.poll() is None for p in procs):
+                    time.sleep(0.1)
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                break
+            time.sleep(0.1)
+        codes = [p.wait() for p in procs]
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 0 if all(c == 0 for c in codes) else max(c if c > 0 else 1 for c in codes if c != 0)

@@ -1,0 +1,152 @@
+"""Run directories: what `pswift sbatch`/`pswift run` leave for the job and what the job leaves back.
+
+A run directory holds ``train.toml`` (a copy), ``plan.json``, ``job.sbatch``, the job's log
+(``slurm-<id>.out``), ``events.jsonl`` (one JSON object per line, written by the job) and
+``checkpoints/``. It is created whole or not at all: files are written into a temporary sibling
+that is renamed into place, so a failed submission leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import secrets
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import RunDirError
+
+EVENTS = "events.jsonl"
+
+
+def default_run_dir(job_name: str, base: Path | None = None) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_name)[:60] or "job"
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return (base or Path.cwd() / "pswift-runs") / f"{safe}-{stamp}-{secrets.token_hex(2)}"
+
+
+def state_dir() -> Path:
+    """Per-user state (the job-id registry): $PSWIFT_HOME, else ~/.local/state/pswift."""
+    env = os.environ.get("PSWIFT_HOME")
+    return Path(env) if env else Path.home() / ".local" / "state" / "pswift"
+
+
+def stage_run_dir(target: Path) -> Path:
+    """A fresh temporary sibling of ``target`` to fill before :func:`commit_run_dir`."""
+    target = target.resolve()
+    if "\n" in str(target) or "\r" in str(target):
+        raise RunDirError(f"run directory {str(target)!r} contains a newline; choose another --run-dir")
+    if target.exists():
+        raise RunDirError(f"run directory {target} already exists; pass a new --run-dir")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.tmp-{secrets.token_hex(3)}"
+        tmp.mkdir()
+    except OSError as e:
+        raise RunDirError(f"cannot create run directory {target}: {e.strerror}; "
+                          f"choose a writable --run-dir") from None
+    return tmp
+
+
+def commit_run_dir(tmp: Path, target: Path) -> None:
+    try:
+        os.rename(tmp, target)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RunDirError(f"cannot create run directory {target}: {e.strerror}") from None
+
+
+def discard(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def register_job(job_id: str, run_dir: Path) -> None:
+    """Remember which run directory a job id belongs to (for `pswift status JOBID`)."""
+    d = state_dir() / "jobs"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{job_id}.{secrets.token_hex(3)}"
+        tmp.write_text(json.dumps({"job_id": job_id, "run_dir": str(run_dir)}) + "\n")
+        os.replace(tmp, d / f"{job_id}.json")
+    except OSError as e:
+        raise RunDirError(f"job {job_id} was submitted (run dir {run_dir}) but the registry "
+                          f"{d} is not writable ({e.strerror}); set PSWIFT_HOME") from None
+
+
+def lookup_job(job_id: str) -> Path | None:
+    f = state_dir() / "jobs" / f"{job_id}.json"
+    try:
+        return Path(json.loads(f.read_text())["run_dir"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def read_events(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """Events of the run, skipping a torn last line (a writer killed mid-line)."""
+    try:
+        fh = open(Path(run_dir) / EVENTS, encoding="utf-8")
+    except FileNotFoundError:
+        return
+    with fh:
+        for line in fh:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(ev, dict):
+                yield ev
+
+
+@dataclass
+class Attempt:
+    attempt: int
+    nodes: int | None = None
+    stages: int | None = None
+    data_parallel: int | None = None
+    boundaries: list[int] | None = None
+    start_step: int | None = None
+    end_step: int | None = None
+    resumed_from: str | None = None
+    ended: str = "running"
+    last_loss: float | None = None
+    step_times: list[float] = field(default_factory=list)
+
+
+def summarize(run_dir: Path) -> dict[str, Any]:
+    """Attempts, steps, last loss from the run's events."""
+    attempts: dict[int, Attempt] = {}
+    losses: list[tuple[int, float]] = []
+    for ev in read_events(run_dir):
+        a = attempts.setdefault(int(ev.get("attempt", 0)), Attempt(int(ev.get("attempt", 0))))
+        kind = ev.get("event")
+        if kind == "start":
+            a.nodes, a.stages = ev.get("nodes"), ev.get("stages")
+            a.data_parallel, a.boundaries = ev.get("data_parallel"), ev.get("boundaries")
+            a.start_step, a.resumed_from = ev.get("step"), ev.get("resumed_from")
+        elif kind == "step":
+            a.end_step, a.last_loss = ev.get("step"), ev.get("loss")
+            a.step_times.append(float(ev.get("step_time", 0.0)))
+            losses.append((int(ev["step"]), float(ev["loss"])))
+        elif kind == "end":
+            a.ended = str(ev.get("reason", "unknown"))
+            a.end_step = ev.get("step", a.end_step)
+    out = []
+    for a in sorted(attempts.values(), key=lambda x: x.attempt):
+        st = sorted(a.step_times)
+        out.append({
+            "attempt": a.attempt, "nodes": a.nodes, "stages": a.stages,
+            "data_parallel": a.data_parallel, "boundaries": a.boundaries,
+            "start_step": a.start_step, "end_step": a.end_step, "resumed_from": a.resumed_from,
+            "ended": a.ended, "last_loss": a.last_loss,
+            "median_step_s": st[len(st) // 2] if st else None,
+        })
+    return {
+        "run_dir": str(run_dir),
+        "step": losses[-1][0] if losses else None,
+        "first_loss": losses[0][1] if losses else None,
+        "last_loss": losses[-1][1] if losses else None,
+        "attempts": out,
+    }

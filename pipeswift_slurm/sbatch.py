@@ -1,0 +1,91 @@
+"""Render the batch script: ``#SBATCH`` lines from typed fields, sorted and shell-quoted.
+
+Slurm parses ``#SBATCH`` lines with shell-style quoting, so ``shlex.quote`` keeps job names and
+paths with spaces, quotes or ``$()`` inert; newlines cannot be represented and are refused.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import jinja2
+
+from . import __version__
+from .config import TrainConfig
+from .errors import ConfigError
+
+TEMPLATE = "job.sbatch.j2"
+
+
+@dataclass(frozen=True)
+class SbatchOptions:
+    """The sbatch options pipeswift sets; ``extra`` are passed through verbatim (quoted)."""
+
+    job_name: str
+    nodes: str
+    ntasks_per_node: int
+    cpus_per_task: int
+    output: str
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+    gpus_per_node: int = 0
+    signal: str | None = None
+    extra: tuple[str, ...] = field(default=())
+
+    def directives(self) -> list[str]:
+        opts: dict[str, Any] = {
+            "job-name": self.job_name, "nodes": self.nodes, "ntasks-per-node": self.ntasks_per_node,
+            "cpus-per-task": self.cpus_per_task, "output": self.output, "partition": self.partition,
+            "time": self.time, "account": self.account, "signal": self.signal,
+            "gres": f"gpu:{self.gpus_per_node}" if self.gpus_per_node else None,
+            "open-mode": "append",  # a requeued attempt appends to the same log
+            "requeue": True,        # preemption in REQUEUE mode and self-requeue need it
+        }
+        lines = []
+        for key in sorted(opts):
+            value = opts[key]
+            if value is None:
+                continue
+            arg = f"--{key}" if value is True else f"--{key}={value}"
+            lines.append(f"#SBATCH {_quote(arg)}")
+        lines += [f"#SBATCH {_quote(e)}" for e in self.extra]
+        return lines
+
+
+def _quote(arg: str) -> str:
+    if "\n" in arg or "\r" in arg:
+        raise ConfigError(f"sbatch option {arg!r} contains a newline, which a #SBATCH line cannot "
+                          f"hold; remove it")
+    return shlex.quote(arg)
+
+
+def options_for(cfg: TrainConfig, run_dir: str, signal_lead_s: int = 120) -> SbatchOptions:
+    r, j = cfg.resources, cfg.job
+    return SbatchOptions(
+        job_name=j.name, nodes=r.nodes_spec, ntasks_per_node=r.tasks_per_node,
+        cpus_per_task=r.cpus_per_task, output=f"{run_dir}/slurm-%j.out", partition=j.partition,
+        time=j.time, account=j.account, gpus_per_node=r.gpus_per_node,
+        # USR2 (not USR1, which NCCL may catch) to the step tasks before the time limit
+        signal=f"USR2@{signal_lead_s}" if j.time is not None else None,
+        extra=j.sbatch_options,
+    )
+
+
+def render(options: SbatchOptions, run_dir: str, python: str) -> str:
+    text = resources.files("pipeswift_templates").joinpath(TEMPLATE).read_text(encoding="utf-8")
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             autoescape=False)
+    for v in (run_dir, python):
+        _quote(v)
+    return env.from_string(text).render(
+        version=__version__,
+        job_name_comment=shlex.quote(options.job_name),
+        directives=options.directives(),
+        run_dir=shlex.quote(run_dir),
+        python=shlex.quote(python),
+        tasks_per_node=int(options.ntasks_per_node),
+    )

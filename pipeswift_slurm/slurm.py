@@ -1,0 +1,126 @@
+"""The one module that talks to Slurm (through its CLI: sbatch, squeue, scontrol, sacct).
+
+Every call goes through :func:`_run`, which turns any failure into a :class:`SlurmError` that
+carries the command, its exit code and Slurm's own words on one line. pyslurm is not usable with
+Debian's Slurm 22.05 (PyPI's pyslurm needs 25.11), so the CLI is the backend here.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .errors import SlurmError
+
+TERMINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+    "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED",
+})
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _run(cmd: Sequence[str], timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a Slurm command; on failure raise SlurmError with command, exit code, stdout, stderr."""
+    exe = cmd[0]
+    if shutil.which(exe) is None:
+        raise SlurmError(f"{exe}: command not found; install Slurm's client tools (slurm-client) or "
+                         f"start the dev cluster with scripts/slurm-dev-cluster start")
+    try:
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"`{shlex.join(cmd)}` did not answer within {timeout:.0f} s; "
+                         f"is slurmctld running (scontrol ping)?") from None
+    if check and proc.returncode != 0:
+        said = _one_line(proc.stderr or proc.stdout or "no output")
+        raise SlurmError(f"`{shlex.join(cmd)}` failed (exit {proc.returncode}): {said}")
+    return proc
+
+
+def submit(script: str, extra_args: Sequence[str] = (), cwd: str | None = None) -> str:
+    """``sbatch --parsable [extra_args] script``; returns the job id."""
+    cmd = ["sbatch", "--parsable", *extra_args, script]
+    if cwd is not None:
+        cmd[1:1] = [f"--chdir={cwd}"]
+    out = _run(cmd).stdout.strip()
+    job_id = out.split(";")[0].strip()
+    if not job_id.isdigit():
+        raise SlurmError(f"`{shlex.join(cmd)}` printed {out!r}, not a job id")
+    return job_id
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: str
+    name: str
+    state: str
+    reason: str
+    partition: str
+    nodes: str
+    node_count: int
+    restarts: int
+    submit_time: int | None
+    start_time: int | None
+    end_time: int | None
+    time_limit_min: int | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+def _state(v: Any) -> str:
+    if isinstance(v, list):  # openapi >= 0.0.40 gives a list of flags
+        return str(v[0]) if v else "UNKNOWN"
+    return str(v or "UNKNOWN")
+
+
+def _num(v: Any) -> int | None:
+    if isinstance(v, dict):  # newer openapi: {"set": bool, "infinite": bool, "number": N}
+        return int(v["number"]) if v.get("set") and not v.get("infinite") else None
+    return int(v) if isinstance(v, (int, float)) else None
+
+
+def parse_squeue_json(text: str) -> list[JobInfo]:
+    """Jobs from ``squeue --json`` (openapi v0.0.38 as in Slurm 22.05, and later layouts)."""
+    data = json.loads(text)
+    jobs = []
+    for j in data.get("jobs", []):
+        jobs.append(JobInfo(
+            job_id=str(j.get("job_id")), name=str(j.get("name", "")), state=_state(j.get("job_state")),
+            reason=str(j.get("state_reason", "")), partition=str(j.get("partition", "")),
+            nodes=str(j.get("nodes", "")), node_count=_num(j.get("node_count")) or 0,
+            restarts=_num(j.get("restart_cnt")) or 0, submit_time=_num(j.get("submit_time")),
+            start_time=_num(j.get("start_time")), end_time=_num(j.get("end_time")),
+            time_limit_min=_num(j.get("time_limit")),
+        ))
+    return jobs
+
+
+def job_info(job_id: str) -> JobInfo | None:
+    """The job as squeue sees it (including recently finished jobs), or None once purged."""
+    proc = _run(["squeue", "--json", "--states=all", "--jobs", str(job_id)], check=False)
+    if proc.returncode != 0:
+        if "Invalid job id" in (proc.stderr + proc.stdout):
+            return None
+        raise SlurmError(f"`squeue --json --jobs {job_id}` failed (exit {proc.returncode}): "
+                         f"{_one_line(proc.stderr or proc.stdout or 'no output')}")
+    for j in parse_squeue_json(proc.stdout):
+        if j.job_id == str(job_id):
+            return j
+    return None
+
+
+def requeue(job_id: str) -> None:
+    _run(["scontrol", "requeue", str(job_id)])
+
+
+def cancel(job_id: str) -> None:
+    _run(["scancel", str(job_id)])

@@ -1,0 +1,1 @@
+"""Jinja2 templates of the batch scripts pipeswift-slurm renders (package data only)."""
