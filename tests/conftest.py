@@ -1,0 +1,84 @@
+"""Shared fixtures. Tests marked `slurm` use the real local dev cluster (scripts/slurm-dev-cluster),
+started here if it is not running; tests marked `deepspeed` train for real on CPU."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "tiny-gpt"
+CLUSTER = ROOT / "scripts" / "slurm-dev-cluster"
+PSWIFT = [sys.executable, "-m", "pipeswift_slurm.cli"]
+
+
+def pswift(*args: str, env: dict | None = None, timeout: float = 600, cwd: str | None = None,
+           check: bool = False) -> subprocess.CompletedProcess:
+    """The real CLI in a subprocess, as a user would run it."""
+    proc = subprocess.run([*PSWIFT, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=cwd)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"pswift {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def copy_example(dst: Path, replace: dict[str, str] | None = None) -> Path:
+    """Copy the tiny-gpt example to ``dst``; rewrite ``key = ...`` lines (``section.key`` if ambiguous)."""
+    shutil.copytree(EXAMPLE, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    toml = dst / "train.toml"
+    text = toml.read_text()
+    for key, value in (replace or {}).items():
+        section, _, name = key.rpartition(".")
+        start = text.index(f"[{section}]") if section else 0
+        end = text.find("\n[", start + 1) if section else len(text)
+        end = len(text) if end < 0 else end
+        part, n = re.subn(rf"(?m)^{re.escape(name)}\s*=.*$", f"{name} = {value}", text[start:end])
+        assert n == 1, f"key {key} not found once in the example"
+        text = text[:start] + part + text[end:]
+    toml.write_text(text)
+    return toml
+
+
+@pytest.fixture
+def example(tmp_path: Path) -> Path:
+    return copy_example(tmp_path / "tiny-gpt", {"steps": "12", "checkpoint_interval": "0"})
+
+
+@pytest.fixture(autouse=True)
+def _pswift_home(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("PSWIFT_HOME", str(tmp_path_factory.mktemp("pswift-home")))
+
+
+@pytest.fixture(scope="session")
+def cluster() -> str:
+    """SLURM_CONF of the running dev cluster (started if needed)."""
+    proc = subprocess.run([str(CLUSTER), "start"], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        pytest.fail(f"dev cluster did not start: {proc.stdout}\n{proc.stderr}")
+    conf = proc.stdout.strip().rsplit("SLURM_CONF=", 1)[-1]
+    os.environ["SLURM_CONF"] = conf
+    return conf
+
+
+def squeue_ids() -> set[str]:
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i"], capture_output=True, text=True)
+    return set(out.stdout.split())
+
+
+def wait_state(job_id: str, states: set[str], timeout: float = 180) -> str:
+    deadline = time.time() + timeout
+    state = ""
+    while time.time() < deadline:
+        state = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"],
+                               capture_output=True, text=True).stdout.strip()
+        if state in states:
+            return state
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} still {state!r} after {timeout} s, wanted {states}")

@@ -1,0 +1,133 @@
+"""train.toml validation: every bad input is exit 2 and one line naming the key, numbers and fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomli_w
+from click.testing import CliRunner
+
+from conftest import EXAMPLE, copy_example
+from pipeswift_slurm.cli import cli
+from pipeswift_slurm.config import load_config, slurm_time_seconds
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def base() -> dict:
+    return tomllib.loads((EXAMPLE / "train.toml").read_text())
+
+
+def dry_run(tmp_path: Path, doc: dict | str) -> tuple[int, str, str]:
+    d = tmp_path / "cfg"
+    if not d.exists():
+        copy_example(d)
+    p = d / "train.toml"
+    p.write_text(doc if isinstance(doc, str) else tomli_w.dumps(doc))
+    r = CliRunner().invoke(cli, ["sbatch", "--dry-run", str(p)])
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    return r.exit_code, r.stdout, r.stderr
+
+
+def mutate(path: tuple[str, ...], value=None, delete: bool = False) -> dict:
+    doc = base()
+    t = doc
+    for k in path[:-1]:
+        t = t.setdefault(k, {})
+    if delete:
+        del t[path[-1]]
+    else:
+        t[path[-1]] = value
+    return doc
+
+
+BAD = [
+    (mutate(("job", "nmae"), "x"), ["unknown key [job] nmae", "valid keys: name,"]),
+    (mutate(("training", "stepz"), 3), ["unknown key [training] stepz", "steps"]),
+    (mutate(("optimiser",), {"lr": 1}), ["unknown section [optimiser]", "valid sections"]),
+    (mutate(("training", "steps"), "40"), ["[training] steps must be an integer", "'40'"]),
+    (mutate(("training", "steps"), 0), ["[training] steps = 0 must be >= 1"]),
+    (mutate(("training", "steps"), True), ["[training] steps must be an integer", "boolean"]),
+    (mutate(("job", "name"), delete=True), ["missing required key [job] name"]),
+    (mutate(("model",), delete=True), ["missing section [model]"]),
+    (mutate(("resources", "nodes"), [3, 1]), ["nodes = [3, 1]", "min > max"]),
+    (mutate(("resources", "nodes"), [1, 2, 3]), ["[min, max] pair"]),
+    (mutate(("resources", "device"), "tpu"), ["device = 'tpu'", "'cpu' or 'cuda'"]),
+    (mutate(("job", "time"), "soon"), ["[job] time = 'soon'", "H:MM:SS"]),
+    (mutate(("job", "name"), "a\nb"), ["control character", "[job] name"]),
+    (mutate(("model", "entry"), "model.build_layers"), ["'module:function'"]),
+    (mutate(("model", "entry"), "nosuchmodule_xyz:f"), ["module 'nosuchmodule_xyz' not found"]),
+    # pp x dp = world size: 2 nodes x 1 task = 2 slots
+    (mutate(("pipeline", "stages"), 3), ["pp x dp must equal the world size", "stages 3",
+                                         "2 task slots", "use stages in {1, 2}"]),
+    # stages > layers
+    (mutate(("pipeline", "stages"), 7), ["stages = 7 > 6 layers", "use stages <= 6"]),
+    # micro x m x dp = global batch: 8 x 3 x 1 != 32
+    (mutate(("pipeline", "micro_batches"), 3), ["micro_batch_size 8 x micro_batches 3 x data_parallel 1 = 24",
+                                                "!= global_batch_size 32", "set micro_batches = 4"]),
+    (mutate(("training", "global_batch_size"), 30), ["global_batch_size = 30 is not a multiple of",
+                                                     "micro_batch_size = 8"]),
+    (mutate(("pipeline", "partition"), [0, 2, 4]), ["partition ends at 4", "has 6 layers"]),
+    (mutate(("pipeline", "partition"), [0, 4, 2, 6]), ["strictly increase"]),
+    (mutate(("pipeline", "partition"), "zigzag"), ["partition = 'zigzag'"]),
+    (mutate(("model", "layer_costs"), [1.0, 2.0]), ["layer counts disagree", "num_layers gives 6",
+                                                     "layer_costs gives 2"]),
+    ("[job\nname=1", ["invalid TOML"]),
+    (mutate(("job", "sbatch_options"), "--qos=high"), ["sbatch_options must be an array"]),
+    (mutate(("job", "sbatch_options"), ["qos=high"]), ["must be an sbatch option starting with '-'"]),
+]
+
+
+@pytest.mark.parametrize("doc,needles", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_toml_is_exit_2_one_line(tmp_path, doc, needles):
+    code, out, err = dry_run(tmp_path, doc)
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err + out
+    for n in needles:
+        assert n in lines[0], f"{n!r} not in {lines[0]!r}"
+    assert out == ""  # nothing rendered, nothing submitted
+
+
+def test_missing_file_is_one_clear_line(tmp_path):
+    r = CliRunner().invoke(cli, ["sbatch", "--dry-run", str(tmp_path / "nope.toml")])
+    assert r.exit_code == 2
+    assert "no such file" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_bad_toml_through_the_real_cli(tmp_path):
+    """The installed entry point, in a subprocess: one line on stderr, exit 2, no traceback."""
+    p = copy_example(tmp_path / "x", {"steps": '"many"'})
+    proc = subprocess.run([sys.executable, "-m", "pipeswift_slurm.cli", "sbatch", str(p)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"Error: {p.resolve()}: [training] steps must be an integer, got string 'many'"
+
+
+def test_paths_resolve_relative_to_the_toml(tmp_path, monkeypatch):
+    p = copy_example(tmp_path / "x")
+    p.write_text(p.read_text().replace("seed = 1", 'seed = 1\ncheckpoint_dir = "ck"'))
+    monkeypatch.chdir("/")
+    cfg = load_config(p)
+    assert cfg.training.checkpoint_dir == (tmp_path / "x" / "ck").resolve()
+    assert cfg.base_dir == (tmp_path / "x").resolve()
+
+
+@pytest.mark.parametrize("text,seconds", [("30", 1800), ("1:30", 90), ("2:00:00", 7200),
+                                          ("1-0", 86400), ("1-2:03", 93780), ("0-0:0:5", 5)])
+def test_slurm_time(text, seconds):
+    assert slurm_time_seconds(text) == seconds
+
+
+def test_valid_example_loads():
+    cfg = load_config(EXAMPLE / "train.toml")
+    assert cfg.job.name == "tiny-gpt"
+    assert cfg.layer_count == 6
+    assert cfg.resources.nodes_spec == "2"

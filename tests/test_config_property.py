@@ -1,0 +1,92 @@
+"""Property: any invalidating mutation of a valid train.toml is exit 2 and one line, never a traceback."""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import tomli_w
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import EXAMPLE, copy_example
+from pipeswift_slurm.cli import cli
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+BASE = tomllib.loads((EXAMPLE / "train.toml").read_text())
+VALID_KEYS = {
+    "job": {"name", "partition", "time", "account", "sbatch_options", "max_requeues", "python"},
+    "resources": {"nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "device"},
+    "model": {"entry", "kwargs", "loss", "num_layers", "layer_costs", "layer_memory"},
+    "training": {"steps", "global_batch_size", "micro_batch_size", "data", "seed", "optimizer",
+                 "ds_config", "gradient_clipping", "checkpoint_dir", "checkpoint_interval",
+                 "keep_checkpoints"},
+    "pipeline": {"stages", "micro_batches", "partition", "data_parallel"},
+}
+POSITIVE_INTS = [("training", "steps"), ("training", "global_batch_size"),
+                 ("training", "micro_batch_size"), ("resources", "tasks_per_node"),
+                 ("resources", "cpus_per_task"), ("model", "num_layers")]
+STRICT_INTS = POSITIVE_INTS + [("training", "seed"), ("job", "max_requeues"),
+                               ("training", "checkpoint_interval")]
+REQUIRED = [("job", "name"), ("model", "entry"), ("training", "steps"), ("training", "data"),
+            ("training", "global_batch_size"), ("training", "micro_batch_size")]
+identifiers = st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True)
+not_int = st.one_of(st.text(max_size=5).filter(lambda s: s != "auto"), st.booleans(),
+                    st.floats(allow_nan=False, allow_infinity=False), st.lists(st.integers(), max_size=2))
+
+
+@st.composite
+def invalid_docs(draw):
+    doc = copy.deepcopy(BASE)
+    kind = draw(st.sampled_from(["unknown_key", "unknown_section", "wrong_type", "non_positive",
+                                 "missing", "stages_not_dividing", "stages_over_layers",
+                                 "batch_mismatch", "syntax"]))
+    if kind == "unknown_key":
+        sec = draw(st.sampled_from(sorted(VALID_KEYS)))
+        key = draw(identifiers.filter(lambda k: k not in VALID_KEYS[sec]))
+        doc.setdefault(sec, {})[key] = draw(st.integers())
+    elif kind == "unknown_section":
+        doc[draw(identifiers.filter(lambda k: k not in VALID_KEYS))] = {"x": 1}
+    elif kind == "wrong_type":
+        sec, key = draw(st.sampled_from(STRICT_INTS))
+        doc[sec][key] = draw(not_int)
+    elif kind == "non_positive":
+        sec, key = draw(st.sampled_from(POSITIVE_INTS))
+        doc[sec][key] = draw(st.integers(max_value=0))
+    elif kind == "missing":
+        sec, key = draw(st.sampled_from(REQUIRED))
+        del doc[sec][key]
+    elif kind == "stages_not_dividing":  # world = 2 x tasks
+        tasks = draw(st.integers(1, 3))
+        doc["resources"]["tasks_per_node"] = tasks
+        world = 2 * tasks
+        doc["pipeline"]["stages"] = draw(st.integers(1, 6).filter(lambda s: world % s))
+    elif kind == "stages_over_layers":
+        doc["pipeline"]["stages"] = draw(st.integers(7, 64))
+    elif kind == "batch_mismatch":
+        doc["pipeline"]["micro_batches"] = draw(st.integers(1, 64).filter(lambda m: 8 * m != 32))
+    text = tomli_w.dumps(doc)
+    if kind == "syntax":
+        pos = draw(st.integers(0, len(text)))
+        text = text[:pos] + draw(st.sampled_from(["[[", "= =", "\"", "[job]\nname = 1\n"])) + text[pos:]
+    return kind, text
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=invalid_docs())
+def test_mutated_toml_always_exit_2_one_line(tmp_path_factory, case):
+    kind, text = case
+    d = tmp_path_factory.mktemp("prop")
+    toml = copy_example(d / "ex")
+    toml.write_text(text)
+    r = CliRunner().invoke(cli, ["sbatch", "--dry-run", str(toml)])
+    assert isinstance(r.exception, SystemExit), (kind, repr(r.exception), text)
+    assert r.exit_code == 2, (kind, r.output, text)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), (kind, r.stderr)
+    assert "Traceback" not in r.output

@@ -1,0 +1,39 @@
+"""RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from Slurm's environment (pure function, no torch)."""
+
+import pytest
+
+from pipeswift_launch.dist_env import LaunchEnvError, derive
+
+SLURM = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_JOB_NUM_NODES": "2",
+         "SLURM_LAUNCH_NODE_IPADDR": "10.1.2.3", "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "2"}
+
+
+def test_from_slurm():
+    d = derive(SLURM)
+    assert (d.rank, d.world_size, d.local_rank, d.nodes, d.attempt) == (3, 4, 1, 2, 2)
+    assert d.master_addr == "10.1.2.3"
+    assert d.exports()["RANK"] == "3" and d.exports()["WORLD_SIZE"] == "4"
+
+
+def test_port_differs_per_attempt_and_job():
+    a = derive(SLURM).master_port
+    b = derive({**SLURM, "SLURM_RESTART_COUNT": "3"}).master_port
+    c = derive({**SLURM, "SLURM_JOB_ID": "78"}).master_port
+    assert len({a, b, c}) == 3 and all(20000 <= p < 40000 for p in (a, b, c))
+
+
+def test_explicit_master_wins():
+    d = derive({**SLURM, "MASTER_ADDR": "node7", "MASTER_PORT": "1234"})
+    assert (d.master_addr, d.master_port) == ("node7", 1234)
+
+
+def test_local_run_env():
+    d = derive({"RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": "5555", "PSWIFT_NODES": "2"})
+    assert (d.rank, d.world_size, d.local_rank, d.master_addr, d.nodes, d.attempt) == (1, 2, 1, "127.0.0.1", 2, 0)
+
+
+def test_missing_env_is_a_clear_error():
+    with pytest.raises(LaunchEnvError, match=r"none of \$RANK is set"):
+        derive({})
+    with pytest.raises(LaunchEnvError, match="outside world size"):
+        derive({"RANK": "2", "WORLD_SIZE": "2"})

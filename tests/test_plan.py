@@ -1,0 +1,62 @@
+"""Layouts per node count, with the invariants checked where they are built."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import copy_example
+from pipeswift_slurm.config import load_config
+from pipeswift_slurm.errors import ConfigError
+from pipeswift_slurm.plan import PLAN_VERSION, build_plan, read_plan, write_plan
+
+
+def cfg_with(tmp_path, **replace):
+    return load_config(copy_example(tmp_path / "ex", {k: str(v) for k, v in replace.items()}))
+
+
+def test_node_range_gives_a_layout_per_count(tmp_path):
+    cfg = cfg_with(tmp_path, nodes="[1, 4]")
+    plan = build_plan(cfg, tmp_path / "run")
+    assert sorted(plan["layouts"], key=int) == ["1", "2", "3", "4"]
+    assert [plan["layouts"][k]["stages"] for k in "1234"] == [1, 2, 3, 4]
+    # 32 / (8 x dp=1) = 4 micro-batches whatever the stage count
+    assert {lay["micro_batches"] for lay in plan["layouts"].values()} == {4}
+
+
+def test_fixed_stages_with_range_uses_data_parallel(tmp_path):
+    cfg = cfg_with(tmp_path, nodes="[2, 4]", stages="2")
+    plan = build_plan(cfg, tmp_path / "run")
+    assert plan["layouts"]["4"]["data_parallel"] == 2 and plan["layouts"]["4"]["micro_batches"] == 2
+    assert "3" in plan["infeasible"] and "pp x dp" in plan["infeasible"]["3"]
+
+
+def test_cost_hints_give_balanced_boundaries(tmp_path):
+    p = copy_example(tmp_path / "ex")
+    p.write_text(p.read_text().replace("num_layers = 6", "layer_costs = [4.0, 1.0, 1.0, 1.0, 1.0, 4.0]"))
+    plan = build_plan(load_config(p), tmp_path / "run")
+    lay = plan["layouts"]["2"]
+    assert lay["partition"] == "cost" and lay["boundaries"] == [0, 3, 6]
+
+
+def test_explicit_boundaries(tmp_path):
+    cfg = load_config(copy_example(tmp_path / "ex", {"pipeline.partition": "[0, 2, 6]"}))
+    lay = build_plan(cfg, tmp_path / "run")["layouts"]["2"]
+    assert lay["boundaries"] == [0, 2, 6] and lay["partition"] == "explicit"
+
+
+def test_no_feasible_count_is_a_config_error(tmp_path):
+    cfg = cfg_with(tmp_path, nodes="[3, 3]", stages="2")
+    with pytest.raises(ConfigError, match=r"stages 2 x data_parallel 1 = 2, but the job has 3 node"):
+        build_plan(cfg, tmp_path / "run")
+
+
+def test_plan_roundtrip_and_version(tmp_path):
+    plan = build_plan(cfg_with(tmp_path), tmp_path / "run")
+    write_plan(plan, tmp_path / "plan.json")
+    assert read_plan(tmp_path / "plan.json") == plan
+    plan["version"] = PLAN_VERSION + 1
+    (tmp_path / "bad.json").write_text(json.dumps(plan))
+    with pytest.raises(ConfigError, match="re-plan"):
+        read_plan(tmp_path / "bad.json")

@@ -1,0 +1,109 @@
+"""The walking skeleton through the real local Slurm cluster and real DeepSpeed on CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import copy_example, pswift, squeue_ids
+
+pytestmark = [pytest.mark.slurm]
+
+
+def events(run_dir):
+    return [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def losses(run_dir):
+    return [e["loss_hex"] for e in events(run_dir) if e["event"] == "step"]
+
+
+@pytest.mark.deepspeed
+def test_sbatch_trains_two_stages_on_two_nodes_and_pswift_run_matches(cluster, example, tmp_path):
+    run = tmp_path / "run"
+    proc = pswift("sbatch", "--wait", "--run-dir", str(run), str(example))
+    assert proc.returncode == 0, proc.stdout + proc.stderr + (run / "plan.json").read_text()
+    job_id = (run / "JOB_ID").read_text().strip()
+    assert f"Submitted pswift job {job_id}" in proc.stdout
+    start = [e for e in events(run) if e["event"] == "start"]
+    assert len(start) == 1 and start[0]["nodes"] == 2 and start[0]["stages"] == 2
+    assert start[0]["job_id"] == job_id
+    steps = [e for e in events(run) if e["event"] == "step"]
+    assert [e["step"] for e in steps] == list(range(1, 13))
+    assert steps[-1]["loss"] < steps[0]["loss"] - 0.3, "loss must visibly fall"
+    nodes = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%N"],
+                           capture_output=True, text=True).stdout.strip()
+    assert nodes == "node[1-2]"
+    log = (run / f"slurm-{job_id}.out").read_text()
+    assert "2 stage(s) x 1 data-parallel on 2 node(s)" in log and "step 12/12" in log
+
+    st = json.loads(pswift("status", job_id, "--json", check=True).stdout)
+    assert st["state"] == "COMPLETED" and st["step"] == 12 and st["run_dir"] == str(run)
+    assert st["attempts"][0]["ended"] == "completed" and st["attempts"][0]["stages"] == 2
+
+    # the same job locally, without Slurm: bitwise the same losses
+    local = tmp_path / "local"
+    proc = pswift("run", "--run-dir", str(local), str(example))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert losses(local) == losses(run)
+
+
+def test_dry_run_submits_nothing(cluster, example, tmp_path):
+    before = squeue_ids()
+    run = tmp_path / "run"
+    proc = pswift("sbatch", "--dry-run", "--run-dir", str(run), str(example), "--", "--qos=x")
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --nodes=2" in proc.stdout and "# sbatch arguments: --qos=x" in proc.stdout
+    assert squeue_ids() == before
+    assert not run.exists()
+
+
+def test_pass_through_options_reach_sbatch(cluster, example, tmp_path):
+    run = tmp_path / "run"
+    proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(example),
+                  "--", "--hold", "--comment=from pswift", "--mail-type=END")
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    assert job_id.isdigit()
+    try:
+        show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+        assert "Comment=from pswift" in show and "MailType=END" in show
+        assert "Reason=JobHeldUser" in show and "Requeue=1" in show
+    finally:
+        subprocess.run(["scancel", job_id])
+
+
+@pytest.mark.deepspeed
+def test_hostile_job_name_and_run_dir(cluster, tmp_path):
+    hostile = "it's \"$(touch PWNED)\" `touch PWNED` ; x"
+    toml = copy_example(tmp_path / "ex", {"steps": "3", "checkpoint_interval": "0",
+                                          "name": json.dumps(hostile)})
+    run = tmp_path / "run dir 'quoted' $(touch PWNED)"
+    proc = pswift("sbatch", "--wait", "--run-dir", str(run), str(toml), cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = (run / "JOB_ID").read_text().strip()
+    name = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%j"],
+                          capture_output=True, text=True).stdout.rstrip("\n")
+    assert name == hostile
+    assert [e["step"] for e in events(run) if e["event"] == "step"] == [1, 2, 3]
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_slurm_refusal_is_one_clear_line_and_leaves_nothing(cluster, tmp_path):
+    toml = copy_example(tmp_path / "ex", {"job.partition": '"nosuchpartition"'})
+    run = tmp_path / "run"
+    proc = pswift("sbatch", "--run-dir", str(run), str(toml))
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("Error: `sbatch ") and "--parsable" in lines[0]
+    assert "invalid partition specified: nosuchpartition" in lines[0].lower()
+    assert not run.exists() and not list(tmp_path.glob(".run*"))
+
+
+def test_status_of_unknown_job_is_clear(cluster):
+    proc = pswift("status", "999999")
+    assert proc.returncode == 1 and "unknown to Slurm" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
