@@ -47,15 +47,9 @@ def cli() -> None:
     """
 
 
-def _signal_lead(cfg: TrainConfig) -> int:
-    """Seconds before the time limit to send USR2: enough to checkpoint, plus Slurm's early slack."""
-    limit = cfg.job.time_seconds
-    return 120 if limit is None else max(10, min(120, limit // 4))
-
-
 def _prepare(cfg: TrainConfig, run_dir: Path) -> tuple[dict[str, Any], str]:
     plan = build_plan(cfg, run_dir)
-    script = render(options_for(cfg, str(run_dir), _signal_lead(cfg)), str(run_dir), plan["python"])
+    script = render(options_for(cfg, str(run_dir), plan["signal_lead_s"]), str(run_dir), plan["python"])
     return plan, script
 
 

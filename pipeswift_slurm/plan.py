@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +21,10 @@ from .errors import ConfigError
 from .partition import PartitionError, balanced_boundaries, uniform_boundaries
 
 PLAN_VERSION = 1
+#: Slurm checks time limits periodically: --signal may arrive up to about a minute off
+SIGNAL_SLACK_S = 60
+#: conservative checkpoint write bandwidth for the estimate (a shared parallel filesystem)
+CHECKPOINT_BYTES_PER_S = 200e6
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,25 @@ def _boundaries(cfg: TrainConfig, stages: int) -> tuple[list[int] | None, str]:
     return None, "parameters"  # 'parameters', or 'auto' without cost hints: DeepSpeed balances params
 
 
+def checkpoint_estimate_s(cfg: TrainConfig) -> float:
+    """Predicted seconds to write a checkpoint: weights + Adam's two moments (3x the layer
+    memory hints) at a conservative bandwidth, plus a fixed cost; 10 s without hints."""
+    mem = cfg.model.layer_memory
+    if not mem:
+        return 10.0
+    return 2.0 + 3 * sum(mem) / CHECKPOINT_BYTES_PER_S
+
+
+def signal_lead_s(cfg: TrainConfig) -> int | None:
+    """Seconds before the time limit to send USR2: the checkpoint estimate plus Slurm's slack,
+    at least 10 s and at most half the limit (None without a time limit)."""
+    limit = cfg.job.time_seconds
+    if limit is None:
+        return None
+    want = math.ceil(checkpoint_estimate_s(cfg) + SIGNAL_SLACK_S)
+    return max(10, min(want, limit // 2))
+
+
 def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None) -> dict[str, Any]:
     """All layouts for the configured node range; ConfigError if none is feasible."""
     layouts: dict[str, Any] = {}
@@ -134,6 +158,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None) -> di
         "cpus_per_task": cfg.resources.cpus_per_task,
         "max_requeues": j.max_requeues,
         "time_limit_s": j.time_seconds,
+        "signal_lead_s": signal_lead_s(cfg),
         "model": {
             "dir": str(cfg.base_dir),
             "entry": m.entry,

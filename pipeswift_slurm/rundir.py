@@ -134,7 +134,11 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             a.ended = str(ev.get("reason", "unknown"))
             a.end_step = ev.get("step", a.end_step)
     out = []
-    for a in sorted(attempts.values(), key=lambda x: x.attempt):
+    ordered = sorted(attempts.values(), key=lambda x: x.attempt)
+    for a in ordered[:-1]:
+        if a.ended == "running":  # a later attempt exists: this one died without an end event
+            a.ended = "killed"
+    for a in ordered:
         st = sorted(a.step_times)
         out.append({
             "attempt": a.attempt, "nodes": a.nodes, "stages": a.stages,

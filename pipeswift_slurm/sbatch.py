@@ -26,6 +26,7 @@ class SbatchOptions:
 
     job_name: str
     nodes: str
+    #: tasks per node and CPUs per task of the srun step (one task per slot)
     ntasks_per_node: int
     cpus_per_task: int
     output: str
@@ -37,9 +38,16 @@ class SbatchOptions:
     extra: tuple[str, ...] = field(default=())
 
     def directives(self) -> list[str]:
+        # With a node range, --ntasks-per-node would fix ntasks = min nodes x tasks and Slurm then
+        # allocates only the minimum; --mincpus asks the same per-node CPUs and keeps "take as
+        # many nodes as are free" (the srun step sets tasks and CPUs per task itself).
+        ranged = "-" in self.nodes
         opts: dict[str, Any] = {
-            "job-name": self.job_name, "nodes": self.nodes, "ntasks-per-node": self.ntasks_per_node,
-            "cpus-per-task": self.cpus_per_task, "output": self.output, "partition": self.partition,
+            "job-name": self.job_name, "nodes": self.nodes,
+            "ntasks-per-node": None if ranged else self.ntasks_per_node,
+            "cpus-per-task": None if ranged else self.cpus_per_task,
+            "mincpus": self.ntasks_per_node * self.cpus_per_task if ranged else None,
+            "output": self.output, "partition": self.partition,
             "time": self.time, "account": self.account, "signal": self.signal,
             "gres": f"gpu:{self.gpus_per_node}" if self.gpus_per_node else None,
             "open-mode": "append",  # a requeued attempt appends to the same log
@@ -63,14 +71,14 @@ def _quote(arg: str) -> str:
     return shlex.quote(arg)
 
 
-def options_for(cfg: TrainConfig, run_dir: str, signal_lead_s: int = 120) -> SbatchOptions:
+def options_for(cfg: TrainConfig, run_dir: str, signal_lead_s: int | None) -> SbatchOptions:
     r, j = cfg.resources, cfg.job
     return SbatchOptions(
         job_name=j.name, nodes=r.nodes_spec, ntasks_per_node=r.tasks_per_node,
         cpus_per_task=r.cpus_per_task, output=f"{run_dir}/slurm-%j.out", partition=j.partition,
         time=j.time, account=j.account, gpus_per_node=r.gpus_per_node,
         # USR2 (not USR1, which NCCL may catch) to the step tasks before the time limit
-        signal=f"USR2@{signal_lead_s}" if j.time is not None else None,
+        signal=f"USR2@{signal_lead_s}" if signal_lead_s else None,
         extra=j.sbatch_options,
     )
 
@@ -88,4 +96,5 @@ def render(options: SbatchOptions, run_dir: str, python: str) -> str:
         run_dir=shlex.quote(run_dir),
         python=shlex.quote(python),
         tasks_per_node=int(options.ntasks_per_node),
+        cpus_per_task=int(options.cpus_per_task),
     )

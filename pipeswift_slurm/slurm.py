@@ -8,6 +8,7 @@ Debian's Slurm 22.05 (PyPI's pyslurm needs 25.11), so the CLI is the backend her
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -116,6 +117,26 @@ def job_info(job_id: str) -> JobInfo | None:
         if j.job_id == str(job_id):
             return j
     return None
+
+
+def show_job(job_id: str) -> dict[str, str]:
+    """``scontrol show job -o JOBID`` as a dict (values may hold spaces)."""
+    out = _run(["scontrol", "show", "job", "-o", str(job_id)]).stdout.strip()
+    fields: dict[str, str] = {}
+    for part in re.split(r" (?=[A-Za-z][A-Za-z:/_]*=)", out):
+        key, sep, value = part.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
+
+
+def being_preempted(job_id: str) -> bool:
+    """True while Slurm is preempting the job (PreemptTime is set; a plain scancel leaves it None).
+
+    A job whose tasks stop during GraceTime ends COMPLETED or FAILED instead of being requeued,
+    so the job must requeue itself after its checkpoint."""
+    value = show_job(job_id).get("PreemptTime", "None")
+    return value not in ("None", "Unknown", "")
 
 
 def requeue(job_id: str) -> None:

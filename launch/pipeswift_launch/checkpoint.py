@@ -22,6 +22,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -30,6 +31,9 @@ import torch
 
 MANIFEST = "MANIFEST.json"
 MANIFEST_VERSION = 1
+#: fault injection for recovery tests: at this step, the last stage's writer SIGKILLs itself
+#: right after writing its file and before the manifest exists (a crash mid-checkpoint)
+FAULT_ENV = "PSWIFT_FAULT_KILL_IN_CHECKPOINT"
 
 
 class CheckpointError(RuntimeError):
@@ -136,6 +140,8 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
         name = f"stage_{stage:03d}.pt"
         _atomic_write(path / name, data)
         mine = (name, len(data), hashlib.sha256(data).hexdigest())
+        if os.environ.get(FAULT_ENV) == str(step) and stage == engine.num_stages - 1:
+            os.kill(os.getpid(), signal.SIGKILL)
     files = [f for f in gather(mine) if f is not None]
     barrier()  # every stage's file is on disk
     if rank == 0:

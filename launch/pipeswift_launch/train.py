@@ -194,25 +194,45 @@ def run(plan: dict[str, Any], denv: DistEnv) -> int:
         if stop_code:
             break
 
-    if step >= steps and not stop_code:
-        reason = "completed"
-    elif stop_code == STOP_TIME:
-        reason = "time_limit"
-    else:
-        reason = "preempted"
-    requeue = reason == "time_limit" and denv.job_id is not None
-    if requeue and denv.attempt >= int(plan.get("max_requeues", 3)):
-        _log(rank, f"time limit near at step {step}, but max_requeues = {plan['max_requeues']} is "
-                   f"spent: not requeueing; resubmit to continue from the checkpoint")
-        requeue = False
+    decision = [_ending(plan, denv, step, steps, stop_code) if rank == 0 else None]
+    dist.broadcast_object_list(decision, src=0)  # one scontrol call, one decision for all ranks
+    reason, requeue, rc = decision[0]
     events.emit("end", reason=reason, step=step, requeue=requeue)
     events.close()
     _log(rank, f"attempt {denv.attempt} ended: {reason} at step {step}")
     dist.barrier()
     if requeue and rank == 0:
         from pipeswift_slurm import slurm  # the one module that talks to Slurm
-        # Slurm never requeues a timed-out job: requeue now, after the checkpoint is committed
-        _log(rank, f"requeueing job {denv.job_id} before its time limit")
+        # after the checkpoint is committed: Slurm never requeues a timed-out job, and a
+        # preempted job whose tasks end within GraceTime would end COMPLETED, not requeued
+        _log(rank, f"requeueing job {denv.job_id}")
         slurm.requeue(denv.job_id)
     dist.destroy_process_group()
-    return 0
+    return rc
+
+
+def _ending(plan: dict[str, Any], denv: DistEnv, step: int, steps: int,
+            stop_code: int) -> tuple[str, bool, int]:
+    """(reason, requeue?, exit code) of this attempt; rank 0 decides for all."""
+    if step >= steps:
+        return "completed", False, 0
+    if denv.job_id is None:
+        return ("time_limit" if stop_code == STOP_TIME else "stopped"), False, 0
+    if stop_code == STOP_TIME:
+        reason = "time_limit"
+    else:
+        from pipeswift_slurm import slurm
+        try:
+            reason = "preempted" if slurm.being_preempted(denv.job_id) else "cancelled"
+        except Exception as e:  # cannot ask Slurm: assume preemption (requeue is the safe side)
+            _log(denv.rank, f"cannot tell preemption from cancellation ({e}); assuming preemption")
+            reason = "preempted"
+    if reason == "cancelled":
+        return reason, False, 0
+    budget = int(plan.get("max_requeues", 3))
+    if denv.attempt >= budget:
+        _log(denv.rank, f"{reason} at step {step}, but this was attempt {denv.attempt} and "
+                        f"max_requeues = {budget} is spent: not requeueing; raise [job] "
+                        f"max_requeues and resubmit to continue from the checkpoint")
+        return reason, False, 3
+    return reason, True, 0
