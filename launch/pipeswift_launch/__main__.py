@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeswift_slurm.errors import PswiftError
     from pipeswift_slurm.plan import read_plan
 
+    from .checkpoint import CheckpointError
     from .dist_env import LaunchEnvError, derive
     try:
         plan = read_plan(argv[0])
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("OMP_NUM_THREADS", str(plan.get("cpus_per_task") or 1))
         from .train import run
         return run(plan, denv)
-    except (PswiftError, LaunchEnvError) as e:
+    except (PswiftError, LaunchEnvError, CheckpointError) as e:
         print(f"pswift-launch: error: {e}", file=sys.stderr, flush=True)
         return 2
     except Exception as e:  # the job log keeps the traceback; the last line says what failed

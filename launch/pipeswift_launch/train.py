@@ -128,8 +128,18 @@ def run(plan: dict[str, Any], denv: DistEnv) -> int:
     t_load = 0.0
     if found:
         tl = time.time()
-        man = ckpt.load(engine, found[-1])
-        dist.barrier()
+        man, err = None, None
+        try:
+            man = ckpt.load(engine, found[-1])
+        except ckpt.CheckpointError as e:
+            err = str(e)
+        errors: list[Any] = [None] * denv.world_size
+        dist.all_gather_object(errors, err)  # fail together, or peers die in a collective
+        first = next((e for e in errors if e), None)
+        if first:
+            if rank == 0:
+                raise ckpt.CheckpointError(first)
+            raise SystemExit(2)
         t_load = time.time() - tl
         resumed_from = str(found[-1])
         _log(rank, f"resumed from {found[-1].name} (written by {man['stages']} stage(s) "

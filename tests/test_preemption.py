@@ -1,0 +1,197 @@
+"""Preemption-safe training through the real local Slurm and real DeepSpeed (issue: preemption).
+
+Every scenario compares against an uninterrupted run of the same steps: losses and final
+weights must be bitwise equal (fp32 on CPU, one data-parallel rank, seed_layers: the split does
+not change the arithmetic of any layer, so any stage count gives the same bits).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import copy_example, pswift, wait_state
+
+pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
+
+SLOW_DATA = '''
+import time
+from model import batch as _batch
+
+
+def batch(**kw):
+    time.sleep(float(__import__("os").environ.get("PSWIFT_TEST_SLEEP", "0.06")))
+    return _batch(**kw)
+'''
+
+
+def events(run: Path) -> list[dict]:
+    f = run / "events.jsonl"
+    if not f.exists():
+        return []
+    out = []
+    for line in f.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def step_losses(run: Path) -> dict[int, str]:
+    return {e["step"]: e["loss_hex"] for e in events(run) if e["event"] == "step"}
+
+
+def final_weights(ckpt_dir: Path, step: int) -> dict:
+    import torch
+    out = {}
+    for f in sorted((ckpt_dir / f"step_{step:08d}").glob("stage_*.pt")):
+        out.update(torch.load(f, weights_only=False)["model"])
+    return out
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    import torch
+    assert a.keys() == b.keys() and a
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def wait_steps(run: Path, n: int, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if sum(e["event"] == "step" for e in events(run)) >= n:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {n} steps after {timeout} s: {events(run)[-3:]}")
+
+
+def reference(toml: Path, tmp_path: Path, nodes: int) -> Path:
+    run = tmp_path / "reference"
+    proc = pswift("run", "--nodes", str(nodes), "--run-dir", str(run), str(toml))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return run
+
+
+def slurm_log(run: Path) -> str:
+    return "".join(p.read_text() for p in run.glob("slurm-*.out"))
+
+
+def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(cluster, tmp_path):
+    toml = copy_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "100", "checkpoint_interval": "0"})
+    (toml.parent / "slow.py").write_text(SLOW_DATA)
+    toml.write_text(toml.read_text().replace('data = "model:batch"', 'data = "slow:batch"'))
+    run = tmp_path / "run"
+    proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip()
+    wait_steps(run, 8)
+    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", "--exclusive", "-o", "/dev/null",
+                           "--wrap", "sleep 120"], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300) == "COMPLETED", slurm_log(run)
+        st = json.loads(pswift("status", job, "--json", check=True).stdout)
+        a0, a1 = st["attempts"]
+        assert (a0["nodes"], a0["stages"], a0["ended"]) == (4, 4, "preempted")
+        assert (a1["nodes"], a1["stages"], a1["ended"]) == (2, 2, "completed")
+        assert a1["resumed_from"].endswith(f"step_{a0['end_step']:08d}")
+        assert a1["start_step"] == a0["end_step"]  # no step lost: stopped at a step boundary
+        assert st["restarts"] == 1 and st["step"] == 100
+        ckpt = [e for e in events(run) if e["event"] == "checkpoint" and e["reason"] == "signal"]
+        assert len(ckpt) == 1 and ckpt[0]["seconds"] < 20  # within GraceTime (20 s)
+    finally:
+        subprocess.run(["scancel", high])
+    ref = reference(toml, tmp_path, nodes=4)
+    assert step_losses(run) == step_losses(ref)
+    assert_same_weights(final_weights(run / "checkpoints", 100), final_weights(ref / "checkpoints", 100))
+
+
+def test_time_limit_checkpoints_on_usr2_requeues_itself_and_completes(cluster, tmp_path):
+    # 2-minute limit: USR2 60 s before it (capped at half the limit); Slurm's periodic check may
+    # deliver it up to ~30 s earlier. Steps take ~0.3-0.5 s, so 200 steps need 2-3 attempts.
+    toml = copy_example(tmp_path / "ex", {"time": '"2:00"', "steps": "200", "checkpoint_interval": "0",
+                                          "max_requeues": "6"})
+    (toml.parent / "slow.py").write_text(SLOW_DATA)
+    toml.write_text(toml.read_text().replace('data = "model:batch"', 'data = "slow:batch"'))
+    run = tmp_path / "run"
+    proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip()
+    assert "#SBATCH --signal=USR2@60" in (run / "job.sbatch").read_text()
+    state = wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=420)
+    log = slurm_log(run)
+    assert state == "COMPLETED", log[-3000:]
+    st = json.loads(pswift("status", job, "--json", check=True).stdout)
+    ended = [a["ended"] for a in st["attempts"]]
+    assert len(ended) >= 2 and set(ended[:-1]) == {"time_limit"} and ended[-1] == "completed", st
+    for prev, nxt in zip(st["attempts"], st["attempts"][1:]):
+        assert nxt["start_step"] == prev["end_step"]  # no step lost across a requeue
+    assert log.count("requeueing job") == len(ended) - 1 and st["restarts"] == len(ended) - 1
+    assert st["step"] == 200
+    ref = reference(toml, tmp_path, nodes=2)
+    assert step_losses(run) == step_losses(ref)
+    assert_same_weights(final_weights(run / "checkpoints", 200), final_weights(ref / "checkpoints", 200))
+
+
+def test_kill_9_mid_checkpoint_resumes_from_the_previous_committed_one(cluster, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    toml = copy_example(tmp_path / "ex", {"steps": "12", "checkpoint_interval": "4"})
+    toml.write_text(toml.read_text().replace("seed = 1", f'seed = 1\ncheckpoint_dir = "{ckpt}"'))
+    crashed = tmp_path / "crashed"
+    proc = pswift("sbatch", "--parsable", "--run-dir", str(crashed), str(toml),
+                  env={"PSWIFT_FAULT_KILL_IN_CHECKPOINT": "8"})
+    assert proc.returncode == 0, proc.stderr
+    assert wait_state(proc.stdout.strip(), {"COMPLETED", "FAILED", "CANCELLED"}) == "FAILED"
+    partial = ckpt / "step_00000008"
+    assert partial.is_dir() and list(partial.glob("stage_*.pt")) and not (partial / "MANIFEST.json").exists()
+    assert (ckpt / "step_00000004" / "MANIFEST.json").exists()
+
+    again = tmp_path / "again"
+    proc = pswift("sbatch", "--wait", "--run-dir", str(again), str(toml))
+    assert proc.returncode == 0, proc.stdout + slurm_log(again)
+    log = slurm_log(again)
+    assert "removed half-written checkpoint(s) step_00000008" in log
+    assert "resumed from step_00000004" in log
+    start = [e for e in events(again) if e["event"] == "start"][0]
+    assert start["step"] == 4 and start["resumed_from"] == str(ckpt / "step_00000004")
+    # keep_checkpoints = 2: only the two newest committed ones remain
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step_00000008", "step_00000012"]
+
+    ref_toml = copy_example(tmp_path / "ex2", {"steps": "12", "checkpoint_interval": "4"})
+    ref = reference(ref_toml, tmp_path, nodes=2)
+    merged = {**step_losses(crashed), **step_losses(again)}
+    assert merged == step_losses(ref)
+    assert_same_weights(final_weights(ckpt, 12), final_weights(ref / "checkpoints", 12))
+
+
+def test_max_requeues_stops_a_job_preempted_twice_with_a_clear_reason(cluster, tmp_path):
+    toml = copy_example(tmp_path / "ex", {"steps": "1000", "max_requeues": "1", "checkpoint_interval": "0"})
+    (toml.parent / "slow.py").write_text(SLOW_DATA)
+    toml.write_text(toml.read_text().replace('data = "model:batch"', 'data = "slow:batch"'))
+    run = tmp_path / "run"
+    job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
+    highs = []
+    try:
+        for attempt in (0, 1):
+            deadline = time.time() + 120
+            while not any(e["event"] == "step" and e["attempt"] == attempt for e in events(run)):
+                assert time.time() < deadline, slurm_log(run)
+                time.sleep(0.3)
+            nodes = subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], capture_output=True,
+                                   text=True).stdout.strip()
+            highs.append(subprocess.run(["sbatch", "--parsable", "-p", "high", "-w", nodes, "--exclusive",
+                                         "-o", "/dev/null", "--wrap", "sleep 3"],
+                                        capture_output=True, text=True, check=True).stdout.strip())
+            if attempt == 0:
+                wait_state(job, {"PENDING"}, timeout=60)
+        assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120) == "FAILED"
+    finally:
+        subprocess.run(["scancel", *highs])
+    log = slurm_log(run)
+    assert "this was attempt 1 and max_requeues = 1 is spent: not requeueing" in log, log[-2000:]
+    ends = [e for e in events(run) if e["event"] == "end"]
+    assert [(e["attempt"], e["reason"], e["requeue"]) for e in ends] == [(0, "preempted", True),
+                                                                          (1, "preempted", False)]
