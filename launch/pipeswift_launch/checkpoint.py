@@ -61,6 +61,43 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+class _HashingWriter(io.RawIOBase):
+    """File writer that hashes what passes through (torch.save streams into it: no extra copy)."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh, self.sha, self.size = fh, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        self.sha.update(b)
+        n = self.fh.write(b)
+        self.size += n
+        return n
+
+
+def _save_hashed(obj: Any, path: Path) -> tuple[int, str]:
+    """torch.save to ``path`` atomically (temp + fsync + rename); returns (size, sha256)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        w = _HashingWriter(f)
+        torch.save(obj, w)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return w.size, w.sha.hexdigest()
+
+
+def _sha256_file(path: Path, chunk: int = 8 << 20) -> str:
+    sha, buf = hashlib.sha256(), bytearray(chunk)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            sha.update(view[:n])
+    return sha.hexdigest()
+
+
 def read_manifest(path: Path) -> dict[str, Any] | None:
     """The manifest of a committed checkpoint whose files are all present, else None."""
     try:
@@ -120,26 +157,20 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
     if engine.grid.data_parallel_id == 0:
         opt = engine.optimizer
         name_of = {p: n for n, p in engine.module.named_parameters()}
-        state = {}
-        for group in opt.param_groups:
-            for p in group["params"]:
-                if p in opt.state:
-                    state[name_of[p]] = {k: (v.detach().clone() if torch.is_tensor(v) else v)
-                                         for k, v in opt.state[p].items()}
+        # no copies: every rank is inside save(), nothing updates these tensors meanwhile
+        state = {name_of[p]: opt.state[p] for group in opt.param_groups for p in group["params"]
+                 if p in opt.state}
         blob = {
-            "model": {k: v.detach().clone() for k, v in engine.module.state_dict().items()},
+            "model": engine.module.state_dict(),
             "optim": state,
             "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
             "rng": torch.get_rng_state(),
             "stage": stage,
         }
-        buf = io.BytesIO()
-        torch.save(blob, buf)
-        data = buf.getvalue()
         name = f"stage_{stage:03d}.pt"
-        _atomic_write(path / name, data)
-        mine = (name, len(data), hashlib.sha256(data).hexdigest())
+        size, digest = _save_hashed(blob, path / name)
+        mine = (name, size, digest)
         if os.environ.get(FAULT_ENV) == str(step) and stage == engine.num_stages - 1:
             os.kill(os.getpid(), signal.SIGKILL)
     files = [f for f in gather(mine) if f is not None]
@@ -169,11 +200,11 @@ def load(engine: Any, path: Path) -> dict[str, Any]:
     optim: dict[str, Any] = {}
     hyper = sched = None
     for name in want_files:
-        data = (path / name).read_bytes()
-        if hashlib.sha256(data).hexdigest() != man["files"][name]["sha256"]:
+        if _sha256_file(path / name) != man["files"][name]["sha256"]:
             raise CheckpointError(f"{path / name}: checksum mismatch (corrupt file); delete {path} "
                                   f"to resume from the previous checkpoint")
-        blob = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        # mmap: only this stage's tensors are read (the file is in the page cache after the hash)
+        blob = torch.load(path / name, map_location="cpu", weights_only=False, mmap=True)
         model.update({k: v for k, v in blob["model"].items() if k in own})
         optim.update({k: v for k, v in blob["optim"].items() if k in own})
         hyper = blob["param_groups"]
