@@ -242,6 +242,111 @@ def status(job: str, as_json: bool) -> None:
                    + (f", resumed from {Path(a['resumed_from']).name}" if a["resumed_from"] else ""))
 
 
+def _floats(opt: str, text: str | None) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CLIError(f"{opt} {text!r}: give comma-separated seconds, e.g. {opt} 1,1.5,1", 2) from None
+
+
+def _stage_times_from_toml(toml: Path, nodes: int | None) -> tuple[list[float], list[float], int, str]:
+    import tempfile
+
+    from .partition import balanced_boundaries
+    from .simulate import stage_times
+
+    cfg = load_config(toml)
+    costs = cfg.model.layer_costs
+    if costs is None:
+        raise CLIError(f"{toml}: no per-layer costs to simulate: add [model] layer_costs "
+                       f"(forward+backward seconds per micro-batch per layer) or pass --fwd/--bwd", 2)
+    plan = build_plan(cfg, Path(tempfile.gettempdir()) / "pswift-simulate")
+    n = str(nodes or cfg.resources.nodes_min)
+    if n not in plan["layouts"]:
+        raise CLIError(f"--nodes {n}: {plan['infeasible'].get(n, 'outside [resources] nodes')}", 2)
+    lay = plan["layouts"][n]
+    bounds = lay["boundaries"] or balanced_boundaries(costs, lay["stages"])
+    fwd, bwd = stage_times(costs, bounds)
+    return fwd, bwd, lay["micro_batches"], f"{cfg.job.name}: {lay['stages']} stages {bounds}"
+
+
+@cli.command()
+@click.argument("toml", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--fwd", help="Forward seconds per micro-batch, one per stage: 1,1.5,1")
+@click.option("--bwd", help="Backward seconds per micro-batch, one per stage: 2,3,2")
+@click.option("-m", "--micro-batches", type=int, help="Micro-batches per step (default: the plan's).")
+@click.option("--schedule", default="1f1b", show_default=True,
+              help="Comma list of gpipe, 1f1b, interleaved, zb-h1.")
+@click.option("--chunks", type=int, default=2, show_default=True, help="Model chunks per device (interleaved).")
+@click.option("--p2p", type=float, default=0.0, show_default=True, help="Point-to-point transfer seconds.")
+@click.option("--nodes", type=int, help="With TOML: the node count whose layout to simulate.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Write a timeline PNG.")
+@click.option("--width", type=int, default=96, show_default=True, help="Terminal timeline width.")
+@_errors
+def simulate(toml: Path | None, fwd: str | None, bwd: str | None, micro_batches: int | None,
+             schedule: str, chunks: int, p2p: float, nodes: int | None, as_json: bool,
+             plot: Path | None, width: int) -> None:
+    """Simulate pipeline schedules on stage times; print step time, bubble and a timeline.
+
+    Stage times come from TOML's [model] layer_costs cut at the plan's boundaries, or from
+    --fwd/--bwd. One look at the timeline shows the bottleneck stage.
+
+    Examples:
+
+        pswift simulate --fwd 1,1.5,1 --bwd 2,3,2 -m 8 --schedule gpipe,1f1b,zb-h1
+
+        pswift simulate examples/tiny-gpt/train.toml --schedule gpipe,1f1b,interleaved --plot t.png
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import timeline
+    from .simulate import SimulationError
+    from .simulate import simulate as run_sim
+
+    f, b = _floats("--fwd", fwd), _floats("--bwd", bwd)
+    title = ""
+    if toml is not None:
+        if f or b:
+            raise CLIError("give either a TOML or --fwd/--bwd, not both", 2)
+        f, b, m_plan, title = _stage_times_from_toml(toml, nodes)
+        micro_batches = micro_batches or m_plan
+    elif f is None or b is None:
+        raise CLIError("give a train.toml, or --fwd and --bwd (one value per stage)", 2)
+    if micro_batches is None:
+        raise CLIError("--micro-batches is required with --fwd/--bwd", 2)
+    names = [x.strip() for x in schedule.split(",") if x.strip()]
+    try:
+        results = [run_sim(f, b, micro_batches, n, p2p=p2p, chunks=chunks) for n in names]
+    except SimulationError as e:
+        raise CLIError(str(e), 2) from None
+    if plot is not None:
+        timeline.plot(results, plot, title)
+    if as_json:
+        out = [r.to_dict() for r in results]
+        click.echo(json.dumps(out[0] if len(out) == 1 else out, indent=2))
+        return
+    con = Console(highlight=False, soft_wrap=True)
+    if title:
+        con.print(title)
+    table = Table("schedule", "step time", "bubble", "peak in-flight", "slowest stage (busy)")
+    for r in results:
+        slow = max(range(r.devices), key=lambda d: r.busy[d])
+        table.add_row(r.schedule + (f" v={r.chunks}" if r.chunks > 1 else ""), f"{r.step_time:.4g}",
+                      f"{r.bubble_ratio:.1%}", str(max(r.peak_in_flight)),
+                      f"stage {slow} ({r.busy[slow]:.4g})")
+    con.print(table)
+    for r in results:
+        con.print(f"\n{r.schedule}" + (f" (v={r.chunks})" if r.chunks > 1 else ""))
+        for line in timeline.text_timeline(r, width):
+            con.print(line, markup=False)
+    if plot is not None:
+        con.print(f"\ntimeline written to {plot}")
+
+
 def main() -> None:
     cli(prog_name="pswift")
 

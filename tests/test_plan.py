@@ -34,7 +34,8 @@ def test_fixed_stages_with_range_uses_data_parallel(tmp_path):
 
 def test_cost_hints_give_balanced_boundaries(tmp_path):
     p = copy_example(tmp_path / "ex")
-    p.write_text(p.read_text().replace("num_layers = 6", "layer_costs = [4.0, 1.0, 1.0, 1.0, 1.0, 4.0]"))
+    p.write_text(p.read_text().replace(p.read_text().split("layer_costs = ")[1].split("\n")[0],
+                                       "[4.0, 1.0, 1.0, 1.0, 1.0, 4.0]"))
     plan = build_plan(load_config(p), tmp_path / "run")
     lay = plan["layouts"]["2"]
     assert lay["partition"] == "cost" and lay["boundaries"] == [0, 3, 6]

@@ -1,0 +1,92 @@
+"""The schedule simulator against closed forms (exact), brute invariants and its speed budget's shape."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeswift_slurm.simulate import SimulationError, simulate, stage_times, step_time
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("P,m", [(1, 1), (2, 4), (4, 8), (4, 3), (8, 16), (3, 1)])
+def test_uniform_bubble_closed_form(schedule, P, m):
+    f, b = 1.25, 2.5
+    r = simulate([f] * P, [b] * P, m, schedule)
+    assert r.step_time == pytest.approx((m + P - 1) * (f + b), abs=1e-12)
+    assert r.bubble_ratio == pytest.approx((P - 1) / (m + P - 1), abs=1e-12)
+    assert all(x == pytest.approx(m * (f + b)) for x in r.busy)
+    assert all(x == pytest.approx((P - 1) * (f + b)) for x in r.idle)
+
+
+@pytest.mark.parametrize("P,m", [(2, 4), (4, 8), (4, 16)])
+def test_gpipe_with_transfer_time(P, m):
+    f, b, c = 1.0, 2.0, 0.25
+    r = simulate([f] * P, [b] * P, m, "gpipe", p2p=c)
+    assert r.step_time == pytest.approx((m + P - 1) * (f + b) + 2 * (P - 1) * c)
+
+
+@pytest.mark.parametrize("P,m,v", [(2, 4, 2), (4, 8, 2), (4, 8, 4), (4, 16, 3)])
+def test_interleaved_closed_form(P, m, v):
+    f, b = 1.0, 2.0
+    r = simulate([f] * P, [b] * P, m, "interleaved", chunks=v)
+    assert r.step_time == pytest.approx((m + (P - 1) / v) * (f + b))
+    assert r.bubble_ratio == pytest.approx((P - 1) / (v * m + P - 1))
+
+
+def test_memory_1f1b_vs_gpipe():
+    g = simulate([1] * 4, [2] * 4, 8, "gpipe")
+    o = simulate([1] * 4, [2] * 4, 8, "1f1b")
+    assert g.peak_in_flight == [8, 8, 8, 8]
+    assert o.peak_in_flight == [4, 3, 2, 1]
+
+
+@pytest.mark.parametrize("P,m", [(2, 4), (4, 8), (4, 16), (8, 32)])
+def test_zero_bubble_beats_1f1b_at_equal_memory(P, m):
+    zb = simulate([1] * P, [2] * P, m, "zb-h1")  # B = W = 1
+    ref = simulate([1] * P, [2] * P, m, "1f1b")
+    lower = m * 3 + (P - 1) * (1 + 1 - 1)  # ZB-H1's closed form: bubble (P-1)(F+B-W)
+    assert lower <= zb.step_time < ref.step_time
+    assert zb.peak_in_flight == ref.peak_in_flight
+    assert sum(zb.busy) == pytest.approx(sum(ref.busy))
+
+
+times = st.lists(st.floats(0.01, 10.0), min_size=1, max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(f=times, data=st.data())
+def test_invariants_on_random_stages(f, data):
+    P = len(f)
+    b = data.draw(st.lists(st.floats(0.01, 10.0), min_size=P, max_size=P))
+    m = data.draw(st.integers(1, 12))
+    c = data.draw(st.floats(0.0, 1.0))
+    res = {s: simulate(f, b, m, s, p2p=c) for s in ("gpipe", "1f1b", "zb-h1")}
+    for name, r in res.items():
+        # no device can finish before its own work, nor before one micro-batch's full path
+        # (zero-bubble: only the input-gradient half of B is on that path, then stage 0's W)
+        assert r.step_time >= max(m * (x + y) for x, y in zip(f, b)) - 1e-9
+        path_b = sum(b) if name != "zb-h1" else sum(b) / 2 + b[0] / 2
+        assert r.step_time >= sum(f) + path_b + 2 * (P - 1) * c - 1e-9
+        assert 0 <= r.bubble_ratio < 1
+        ops = sorted(r.ops, key=lambda o: (o.device, o.start))
+        for a, z in zip(ops, ops[1:]):  # a device runs one op at a time
+            assert a.device != z.device or z.start >= a.end - 1e-9
+    # 1F1B never holds more micro-batches than GPipe
+    assert all(x <= y for x, y in zip(res["1f1b"].peak_in_flight, res["gpipe"].peak_in_flight))
+
+
+def test_stage_times_and_step_time():
+    fwd, bwd = stage_times([3.0, 3.0, 6.0], [0, 2, 3])
+    assert fwd == [2.0, 2.0] and bwd == [4.0, 4.0]
+    assert step_time(fwd, bwd, 4) == pytest.approx((4 + 1) * 6.0)
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises(SimulationError, match="divisible by the stage count"):
+        simulate([1] * 4, [2] * 4, 6, "interleaved", chunks=2)
+    with pytest.raises(SimulationError, match="one of gpipe"):
+        simulate([1], [2], 4, "pipedream")
+    with pytest.raises(SimulationError, match="2 forward times but 1 backward"):
+        simulate([1, 1], [2], 4)
