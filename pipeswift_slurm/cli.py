@@ -15,7 +15,7 @@ import click
 from . import __version__, rundir, slurm
 from .config import TrainConfig, load_config
 from .errors import PswiftError, RunDirError
-from .plan import build_plan, write_plan
+from .plan import build_plan, rule_layouts, write_plan
 from .sbatch import options_for, render
 
 
@@ -47,10 +47,24 @@ def cli() -> None:
     """
 
 
-def _prepare(cfg: TrainConfig, run_dir: Path) -> tuple[dict[str, Any], str]:
-    plan = build_plan(cfg, run_dir)
-    script = render(options_for(cfg, str(run_dir), plan["signal_lead_s"]), str(run_dir), plan["python"])
-    return plan, script
+def _warn(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _planned(cfg: TrainConfig, db: Path | None, live: bool) -> Any:
+    """The JCT planner's result, unless the TOML fixes the split method (uniform/parameters)."""
+    if cfg.pipeline.partition in ("uniform", "parameters"):
+        return None
+    from .autoplan import make_plan
+    return make_plan(cfg, db, live, _warn)[0]
+
+
+def _prepare(cfg: TrainConfig, run_dir: Path, db: Path | None = None,
+             live: bool = True) -> tuple[dict[str, Any], str]:
+    rule_layouts(cfg)  # the TOML's own invariants first: a bad TOML fails before any planning
+    plan = build_plan(cfg, run_dir, planned=_planned(cfg, db, live))
+    opts = options_for(cfg, str(run_dir), plan["signal_lead_s"], nodes=plan["nodes_request"])
+    return plan, render(opts, str(run_dir), plan["python"])
 
 
 def _write_run_dir(cfg: TrainConfig, run_dir: Path, plan: dict[str, Any], script: str) -> Path:
@@ -84,9 +98,11 @@ def _layout_line(plan: dict[str, Any]) -> str:
 @click.option("--parsable", is_flag=True, help="Print only the job id.")
 @click.option("--wait", is_flag=True, help="Wait for the job to end, then print its loss; exit 1 unless it completed.")
 @click.option("--timeout", type=float, default=3600.0, show_default=True, help="Seconds to --wait at most.")
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="PSWIFT_DB",
+              help="History database (default $PSWIFT_HOME/history.db).")
 @_errors
 def sbatch(toml: Path, sbatch_args: tuple[str, ...], run_dir: Path | None, dry_run: bool,
-           parsable: bool, wait: bool, timeout: float) -> None:
+           parsable: bool, wait: bool, timeout: float, db: Path | None) -> None:
     """Plan TOML and submit it with sbatch; prints the job id.
 
     Options after `--` go to sbatch unchanged. The run directory keeps a copy of the TOML,
@@ -106,9 +122,14 @@ def sbatch(toml: Path, sbatch_args: tuple[str, ...], run_dir: Path | None, dry_r
                            f"(pswift sbatch train.toml -- --qos=high)", 2)
     cfg = load_config(toml)
     target = (run_dir or rundir.default_run_dir(cfg.job.name)).resolve()
-    plan, script = _prepare(cfg, target)
+    plan, script = _prepare(cfg, target, db)
+    plan["submitted_at"] = time.time()
     if dry_run:
         click.echo(f"# plan: {_layout_line(plan)}")
+        if plan["prediction"]:
+            p = plan["prediction"]
+            click.echo(f"# chosen: {p['nodes']} node(s), predicted {p['step_s']:.4g} s/step, JCT "
+                       f"{p['jct_s']:.0f} s (queue {p['queue_s']:.0f} s); request --nodes={plan['nodes_request']}")
         for n, why in plan["infeasible"].items():
             click.echo(f"# {n} node(s) infeasible: {why}")
         if sbatch_args:
@@ -161,8 +182,10 @@ def _wait(job_id: str, run: Path, timeout: float, quiet: bool = False) -> int:
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Run directory to create (default: ./pswift-runs/NAME-DATE-XXXX).")
 @click.option("--nodes", type=int, help="Node count to emulate (default: the TOML's minimum).")
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="PSWIFT_DB",
+              help="History database (default $PSWIFT_HOME/history.db).")
 @_errors
-def run_cmd(toml: Path, run_dir: Path | None, nodes: int | None) -> None:
+def run_cmd(toml: Path, run_dir: Path | None, nodes: int | None, db: Path | None) -> None:
     """Run TOML's job here, one local process per slot, without Slurm.
 
     Same plan, launcher and events as `pswift sbatch`; TERM/INT/USR2 make every rank checkpoint
@@ -176,12 +199,14 @@ def run_cmd(toml: Path, run_dir: Path | None, nodes: int | None) -> None:
 
     cfg = load_config(toml)
     target = (run_dir or rundir.default_run_dir(cfg.job.name)).resolve()
-    plan, script = _prepare(cfg, target)
+    plan, script = _prepare(cfg, target, db, live=False)
+    plan["submitted_at"] = time.time()
     n = nodes or cfg.resources.nodes_min
     if str(n) not in plan["layouts"]:
         why = plan["infeasible"].get(str(n), f"outside [resources] nodes {cfg.resources.nodes_spec}")
         raise CLIError(f"--nodes {n}: {why}", 2)
     _write_run_dir(cfg, target, plan, script)
+    rundir.register_job(f"local-{target.name}", target)  # so the history ingests local runs too
     click.echo(f"running locally: {_layout_line({'layouts': {str(n): plan['layouts'][str(n)]}})}")
     click.echo(f"run directory: {target}")
     rc = run_local(plan, str(target / "plan.json"), n)
@@ -240,6 +265,72 @@ def status(job: str, as_json: bool) -> None:
         click.echo(f"  attempt {a['attempt']}: {a['nodes']} node(s), {a['stages']} stage(s) "
                    f"{a['boundaries']}, steps {a['start_step']} -> {a['end_step']}, {a['ended']}"
                    + (f", resumed from {Path(a['resumed_from']).name}" if a["resumed_from"] else ""))
+
+
+@cli.command("plan")
+@click.argument("toml", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="{chosen, candidates} as JSON.")
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="PSWIFT_DB",
+              help="History database (default $PSWIFT_HOME/history.db).")
+@click.option("--no-live", is_flag=True, help="Do not ask Slurm for the live cluster state.")
+@_errors
+def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool) -> None:
+    """Rank every candidate layout of TOML by estimated job completion time, and say why.
+
+    JCT = queue wait (live sinfo/squeue) + setup + steps x step time (cost model on per-layer
+    costs from the history or [model] layer_costs, calibrated by measured runs) + checkpoints +
+    expected preemption loss. Rejected candidates say why.
+
+    Examples:
+
+        pswift plan examples/tiny-gpt/train.toml
+
+        pswift plan train.toml --json
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from .autoplan import make_plan
+    from .planner import explain
+
+    cfg = load_config(toml)
+    rule_layouts(cfg)
+    res, errors = make_plan(cfg, db, not no_live, _warn)
+    if res is None:
+        raise CLIError(f"{toml}: nothing to plan with: add [model] layer_costs (seconds per layer "
+                       f"per micro-batch) or run the job once so its profile is in the history", 2)
+    if as_json:
+        out = res.to_dict()
+        out["model_error"] = errors
+        click.echo(json.dumps(out, indent=2))
+        return
+    con = Console(highlight=False, soft_wrap=True, width=max(140, shutil.get_terminal_size().columns))
+    table = Table("nodes", "PxDP", "m", "boundaries", "queue", "setup", "step", "train", "ckpt",
+                  "preempt", "JCT", "")
+    f = lambda s: f"{s:.0f}" if s >= 10 else f"{s:.3g}"  # noqa: E731
+    for i, c in enumerate(res.candidates):
+        e = c.estimate
+        if e is None:
+            table.add_row(str(c.nodes), f"{c.stages}x{c.data_parallel}", str(c.micro_batches),
+                          "", "", "", "", "", "", "", "", f"rejected: {c.rejected}")
+            continue
+        table.add_row(str(c.nodes), f"{c.stages}x{c.data_parallel}", str(c.micro_batches),
+                      str(c.boundaries), f(e.queue_s), f(e.setup_s), f"{e.step_s:.4g}", f(e.train_s),
+                      f(e.checkpoint_s), f(e.preemption_s), f(e.jct_s),
+                      "chosen" if c is res.chosen else f"#{i + 1}")
+    con.print(f"profile: {res.profile_source}; seconds" + "".join(f"; {n}" for n in res.notes))
+    con.print(table)
+    con.print(explain(res), markup=False)
+    if errors:
+        import statistics
+        se = [abs(e["predicted_step_s"] - e["actual_step_s"]) / e["actual_step_s"] for e in errors
+              if e["actual_step_s"]]
+        je = [abs(e["predicted_jct_s"] - e["actual_jct_s"]) / e["actual_jct_s"] for e in errors
+              if e["actual_jct_s"] and e["predicted_jct_s"]]
+        line = f"model error over the last {len(errors)} planned job(s): step time {statistics.median(se):.0%}"
+        if je:
+            line += f", JCT {statistics.median(je):.0%}"
+        con.print(line + " (median |predicted - actual| / actual)")
 
 
 def _floats(opt: str, text: str | None) -> list[float] | None:
@@ -345,6 +436,49 @@ def simulate(toml: Path | None, fwd: str | None, bwd: str | None, micro_batches:
             con.print(line, markup=False)
     if plot is not None:
         con.print(f"\ntimeline written to {plot}")
+
+
+@cli.group()
+def history() -> None:
+    """The job history database (SQLite): ingest run directories, query jobs.
+
+    Example:
+
+        pswift history ingest
+    """
+
+
+@history.command("ingest")
+@click.argument("run_dirs", nargs=-1, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="PSWIFT_DB",
+              help="History database (default $PSWIFT_HOME/history.db).")
+@_errors
+def history_ingest(run_dirs: tuple[Path, ...], db: Path | None) -> None:
+    """Merge run directories' events (default: every job pswift submitted) into the history.
+
+    Idempotent: a run directory's rows are replaced whole, and skipped while unchanged.
+
+    Examples:
+
+        pswift history ingest
+
+        pswift history ingest pswift-runs/tiny-gpt-20261129-142114-2263 --db /tmp/h.db
+    """
+    from .history import History
+
+    h = History(db)
+    try:
+        if run_dirs:
+            for d in run_dirs:
+                if not (d / "plan.json").is_file():
+                    raise CLIError(f"{d} is not a run directory (no plan.json)", 2)
+            n = sum(h.ingest_run_dir(d) for d in run_dirs)
+        else:
+            n = h.ingest_registered()
+        total = h.db["jobs"].count
+    finally:
+        h.close()
+    click.echo(f"ingested {n} changed run director{'y' if n == 1 else 'ies'}; {total} job(s) in {h.path}")
 
 
 def main() -> None:

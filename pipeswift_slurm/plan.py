@@ -10,15 +10,19 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .config import TrainConfig
 from .errors import ConfigError
 from .partition import PartitionError, balanced_boundaries, uniform_boundaries
+
+if TYPE_CHECKING:
+    from .planner import PlanResult
 
 PLAN_VERSION = 1
 #: Slurm checks time limits periodically: --signal may arrive up to about a minute off
@@ -57,9 +61,12 @@ def layout_for(cfg: TrainConfig, nodes: int) -> Layout:
         stages = int(p.stages)
         dp = p.data_parallel or max(1, world // stages)
         if stages * dp != world:
-            fix = (f"use stages in {{{', '.join(str(d) for d in _divisors(world))}}}"
-                   if p.data_parallel is None else f"set data_parallel = {world // stages}"
-                   if world % stages == 0 else f"use stages dividing {world}")
+            if p.data_parallel is None:
+                fix = f"use stages in {{{', '.join(str(d) for d in _divisors(world))}}}"
+            elif world % p.data_parallel == 0:
+                fix = f"with data_parallel = {p.data_parallel} use stages = {world // p.data_parallel}"
+            else:
+                fix = f"data_parallel = {p.data_parallel} must divide {world}"
             raise ConfigError(f"pp x dp must equal the world size: stages {stages} x data_parallel "
                               f"{dp} = {stages * dp}, but the job has {slots}; {fix}")
     n_layers = cfg.layer_count
@@ -130,8 +137,8 @@ def signal_lead_s(cfg: TrainConfig) -> int | None:
     return max(10, min(want, limit // 2))
 
 
-def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None) -> dict[str, Any]:
-    """All layouts for the configured node range; ConfigError if none is feasible."""
+def rule_layouts(cfg: TrainConfig) -> tuple[dict[str, Any], dict[str, str]]:
+    """Layouts by the simple rule (stages = slots / data_parallel); ConfigError if none fits."""
     layouts: dict[str, Any] = {}
     infeasible: dict[str, str] = {}
     for n in cfg.resources.node_counts:
@@ -144,6 +151,35 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None) -> di
             raise ConfigError(next(iter(infeasible.values())))
         raise ConfigError("no node count in [resources] nodes gives a valid layout: " +
                           "; ".join(f"{k} nodes: {v}" for k, v in infeasible.items()))
+    return layouts, infeasible
+
+
+def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
+               planned: "PlanResult | None" = None) -> dict[str, Any]:
+    """Layouts for every node count of the range: the planner's best per count when it ran
+    (``planned``), else the simple rule. ConfigError if none is feasible."""
+    layouts, infeasible = rule_layouts(cfg)
+    prediction = None
+    nodes_request = cfg.resources.nodes_spec
+    if planned is not None and planned.chosen is not None:
+        best = planned.best_per_nodes()
+        layouts = {str(n): asdict(Layout(nodes=c.nodes, tasks_per_node=c.tasks_per_node,
+                                         world_size=c.nodes * c.tasks_per_node, stages=c.stages,
+                                         data_parallel=c.data_parallel, micro_batches=c.micro_batches,
+                                         micro_batch_size=c.micro_batch_size, boundaries=c.boundaries,
+                                         partition=c.partition))
+                   for n, c in sorted(best.items())}
+        infeasible = {str(c.nodes): c.rejected for c in planned.candidates
+                      if c.rejected and str(c.nodes) not in layouts}
+        ch = planned.chosen
+        e = ch.estimate
+        prediction = {"nodes": ch.nodes, "step_s": e.step_s, "jct_s": e.jct_s, "queue_s": e.queue_s,
+                      "train_s": e.train_s, "step_source": e.step_source,
+                      "profile_source": planned.profile_source}
+        lo = cfg.resources.nodes_min
+        # waiting for the chosen count: ask exactly it; starting now: up to it (a requeue may
+        # then start on fewer when the cluster shrank)
+        nodes_request = str(ch.nodes) if e.queue_s > 0 or lo == ch.nodes else f"{lo}-{ch.nodes}"
     t, m, j = cfg.training, cfg.model, cfg.job
     run_dir = Path(run_dir).resolve()
     return {
@@ -151,6 +187,8 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None) -> di
         "pswift_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "job_name": j.name,
+        "partition": j.partition,
+        "user": os.environ.get("USER") or os.environ.get("LOGNAME"),
         "run_dir": str(run_dir),
         "config_path": str(cfg.path),
         "python": python or j.python or sys.executable,
@@ -182,6 +220,8 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None) -> di
         },
         "layouts": layouts,
         "infeasible": infeasible,
+        "prediction": prediction,
+        "nodes_request": nodes_request,
     }
 
 

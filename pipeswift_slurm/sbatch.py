@@ -71,10 +71,11 @@ def _quote(arg: str) -> str:
     return shlex.quote(arg)
 
 
-def options_for(cfg: TrainConfig, run_dir: str, signal_lead_s: int | None) -> SbatchOptions:
+def options_for(cfg: TrainConfig, run_dir: str, signal_lead_s: int | None,
+                nodes: str | None = None) -> SbatchOptions:
     r, j = cfg.resources, cfg.job
     return SbatchOptions(
-        job_name=j.name, nodes=r.nodes_spec, ntasks_per_node=r.tasks_per_node,
+        job_name=j.name, nodes=nodes or r.nodes_spec, ntasks_per_node=r.tasks_per_node,
         cpus_per_task=r.cpus_per_task, output=f"{run_dir}/slurm-%j.out", partition=j.partition,
         time=j.time, account=j.account, gpus_per_node=r.gpus_per_node,
         # USR2 (not USR1, which NCCL may catch) to the step tasks before the time limit

@@ -13,7 +13,10 @@ import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from .queue import ClusterState
 
 from .errors import SlurmError
 
@@ -137,6 +140,35 @@ def being_preempted(job_id: str) -> bool:
     so the job must requeue itself after its checkpoint."""
     value = show_job(job_id).get("PreemptTime", "None")
     return value not in ("None", "Unknown", "")
+
+
+def cluster_state(now: float | None = None) -> "ClusterState":
+    """Nodes (``sinfo --json``) and running/pending jobs (``squeue --json``) for the planner."""
+    import time as _time
+
+    from .queue import ClusterState, NodeState, PendingJob, RunningJob
+
+    nodes_doc = json.loads(_run(["sinfo", "--json"]).stdout)
+    nodes = [NodeState(name=str(n["name"]), state=_state(n.get("state")).lower(),
+                       cpus=int(n.get("cpus") or 0), idle_cpus=int(n.get("idle_cpus") or 0),
+                       partitions=tuple(n.get("partitions") or ()))
+             for n in nodes_doc.get("nodes", [])]
+    jobs_doc = json.loads(_run(["squeue", "--json"]).stdout)
+    running, pending = [], []
+    for j in sorted(jobs_doc.get("jobs", []), key=lambda j: -(_num(j.get("priority")) or 0)):
+        state = _state(j.get("job_state"))
+        if state == "RUNNING":
+            alloc = (j.get("job_resources") or {}).get("allocated_nodes") or []
+            names = tuple(str(a.get("nodename")) for a in alloc if isinstance(a, dict))
+            end = _num(j.get("end_time"))
+            running.append(RunningJob(str(j.get("job_id")), names, float(end) if end else float("inf")))
+        elif state == "PENDING":
+            limit = _num(j.get("time_limit"))
+            pending.append(PendingJob(str(j.get("job_id")), str(j.get("partition", "")),
+                                      _num(j.get("node_count")) or 1,
+                                      float(limit) * 60 if limit else float("inf")))
+    return ClusterState(now=now if now is not None else _time.time(), nodes=nodes,
+                        running=running, pending=pending)
 
 
 def requeue(job_id: str) -> None:

@@ -31,7 +31,8 @@ def test_a_checkpoint_of_another_model_is_refused_clearly(tmp_path):
     a = with_ckpt(copy_example(tmp_path / "a", {"steps": "2", "checkpoint_interval": "0"}), ckpt)
     assert pswift("run", "--run-dir", str(tmp_path / "ra"), str(a)).returncode == 0
     b = with_ckpt(copy_example(tmp_path / "b", {"steps": "4", "num_layers": "7",
-                                                "kwargs": "{ vocab = 96, hidden = 128, heads = 4, blocks = 5, seq_len = 32 }"}), ckpt)
+                                                "kwargs": "{ vocab = 96, hidden = 128, heads = 4, blocks = 5, seq_len = 32 }",
+                                                "layer_costs": "[0.001, 0.005, 0.005, 0.005, 0.005, 0.005, 0.001]"}), ckpt)
     proc = pswift("run", "--run-dir", str(tmp_path / "rb"), str(b))
     assert proc.returncode != 0
     err = [x for x in proc.stderr.splitlines() if x.startswith("pswift-launch: error:")]

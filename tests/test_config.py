@@ -65,7 +65,7 @@ BAD = [
     (mutate(("model", "entry"), "nosuchmodule_xyz:f"), ["module 'nosuchmodule_xyz' not found"]),
     # pp x dp = world size: 2 nodes x 1 task = 2 slots
     (mutate(("pipeline", "stages"), 3), ["pp x dp must equal the world size", "stages 3",
-                                         "2 task slots", "use stages in {1, 2}"]),
+                                         "2 task slots", "with data_parallel = 1 use stages = 2"]),
     # stages > layers
     (mutate(("pipeline", "stages"), 7), ["stages = 7 > 6 layers", "use stages <= 6"]),
     # micro x m x dp = global batch: 8 x 3 x 1 != 32

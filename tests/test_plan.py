@@ -26,7 +26,9 @@ def test_node_range_gives_a_layout_per_count(tmp_path):
 
 
 def test_fixed_stages_with_range_uses_data_parallel(tmp_path):
-    cfg = cfg_with(tmp_path, nodes="[2, 4]", stages="2")
+    p = copy_example(tmp_path / "ex", {"nodes": "[2, 4]", "stages": "2"})
+    p.write_text("\n".join(x for x in p.read_text().splitlines() if not x.startswith("data_parallel")))
+    cfg = load_config(p)
     plan = build_plan(cfg, tmp_path / "run")
     assert plan["layouts"]["4"]["data_parallel"] == 2 and plan["layouts"]["4"]["micro_batches"] == 2
     assert "3" in plan["infeasible"] and "pp x dp" in plan["infeasible"]["3"]
@@ -45,6 +47,11 @@ def test_explicit_boundaries(tmp_path):
     cfg = load_config(copy_example(tmp_path / "ex", {"pipeline.partition": "[0, 2, 6]"}))
     lay = build_plan(cfg, tmp_path / "run")["layouts"]["2"]
     assert lay["boundaries"] == [0, 2, 6] and lay["partition"] == "explicit"
+
+
+def test_fixed_data_parallel_says_which_stage_count(tmp_path):
+    with pytest.raises(ConfigError, match="with data_parallel = 1 use stages = 2"):
+        build_plan(cfg_with(tmp_path, stages="4"), tmp_path / "run")
 
 
 def test_no_feasible_count_is_a_config_error(tmp_path):

@@ -15,6 +15,7 @@ import torch
 from . import checkpoint as ckpt
 from .dist_env import DistEnv
 from .pipe import build_pipe, resolve
+from .profile import PROFILE_STEPS, LayerProfiler
 from .signals import STOP_NONE, STOP_TIME, requested
 
 class Events:
@@ -183,7 +184,9 @@ def run(plan: dict[str, Any], denv: DistEnv) -> int:
         events.emit("checkpoint", step=step, path=str(path), seconds=round(dur, 3), reason=reason)
         _log(rank, f"checkpoint {path.name} committed ({reason}) in {dur:.2f} s")
 
+    profiler = LayerProfiler(engine.module, sync=plan["device"] == "cuda")
     while step < steps:
+        profiler.active = (step + 1) in PROFILE_STEPS
         batches = [data_fn(step=step, index=dp_rank * m + i, micro_batch_size=mbs, seed=int(t["seed"]),
                            **data_kwargs)
                    for i in range(m)]
@@ -195,6 +198,8 @@ def run(plan: dict[str, Any], denv: DistEnv) -> int:
             lv = float(loss.item())
             events.emit("step", step=step, loss=lv, loss_hex=lv.hex(), step_time=round(dt, 6))
             print(f"step {step}/{steps} loss {lv:.6f} ({dt * 1000:.1f} ms)", flush=True)
+        if step == PROFILE_STEPS[-1] or (profiler.handles and step >= steps):
+            _emit_profile(profiler, engine, events, dist, denv.world_size, mbs)
         # every rank, same point of every step: agree whether anyone was asked to stop
         flag.fill_(float(requested()))
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -219,6 +224,23 @@ def run(plan: dict[str, Any], denv: DistEnv) -> int:
         slurm.requeue(denv.job_id)
     dist.destroy_process_group()
     return rc
+
+
+def _emit_profile(profiler: LayerProfiler, engine: Any, events: Events, dist: Any, world: int,
+                  mbs: int) -> None:
+    """Gather every stage's layer times (data-parallel rank 0 of each) into one event."""
+    mine = profiler.result() if engine.grid.data_parallel_id == 0 else None
+    profiler.remove()
+    allp: list[Any] = [None] * world
+    dist.all_gather_object(allp, mine)
+    merged: dict[str, Any] = {"seconds": {}, "param_bytes": {}, "activation_bytes": {}}
+    samples = []
+    for p in allp:
+        if p:
+            for k in merged:
+                merged[k].update(p[k])
+            samples.append(p["samples"])
+    events.emit("layer_profile", micro_batch_size=mbs, samples=min(samples, default=0), **merged)
 
 
 def _ending(plan: dict[str, Any], denv: DistEnv, step: int, steps: int,

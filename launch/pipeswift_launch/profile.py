@@ -1,0 +1,88 @@
+"""Per-layer forward+backward times measured during the first steps of an attempt.
+
+Forward: module pre/post hooks. Backward: autograd hooks on the layer's output (its gradient
+arrives: the layer's backward starts) and input (its gradient is ready: the backward ends). A
+first layer whose input needs no gradient gets 2x its forward as backward. Times are per
+micro-batch on this rank's device, as the planner and the simulator use them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+#: steps of each attempt that are profiled (the first step is warm-up)
+PROFILE_STEPS = range(2, 5)
+
+
+class LayerProfiler:
+    def __init__(self, module: Any, sync: bool) -> None:
+        self.sync = sync
+        self.fwd: dict[int, list[float]] = defaultdict(list)
+        self.bwd: dict[int, list[float]] = defaultdict(list)
+        self.act_bytes: dict[int, int] = {}
+        self.param_bytes: dict[int, int] = {}
+        self.handles: list[Any] = []
+        self.active = False
+        start = int(module._local_start)
+        for i, layer in enumerate(module.forward_funcs):
+            if isinstance(layer, torch.nn.Module):
+                idx = start + i
+                self.param_bytes[idx] = sum(p.numel() * p.element_size() for p in layer.parameters())
+                self.handles.append(layer.register_forward_pre_hook(self._pre(idx)))
+                self.handles.append(layer.register_forward_hook(self._post(idx)))
+
+    def _now(self) -> float:
+        if self.sync:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _pre(self, idx: int):
+        def hook(mod: Any, inputs: Any) -> None:
+            if self.active:
+                mod._pswift_t0 = self._now()
+        return hook
+
+    def _post(self, idx: int):
+        def hook(mod: Any, inputs: Any, output: Any) -> None:
+            if not self.active:
+                return
+            self.fwd[idx].append(self._now() - mod._pswift_t0)
+            out = output[0] if isinstance(output, (tuple, list)) else output
+            inp = inputs[0] if isinstance(inputs, (tuple, list)) and inputs else None
+            if torch.is_tensor(out):
+                self.act_bytes[idx] = out.numel() * out.element_size()
+            if torch.is_tensor(out) and out.requires_grad and torch.is_tensor(inp) and inp.requires_grad:
+                mark: dict[str, float] = {}
+
+                def out_grad(g: Any) -> None:
+                    mark["t"] = self._now()
+
+                def in_grad(g: Any) -> None:
+                    if "t" in mark:
+                        self.bwd[idx].append(self._now() - mark["t"])
+
+                out.register_hook(out_grad)
+                inp.register_hook(in_grad)
+        return hook
+
+    def result(self) -> dict[str, Any]:
+        """{seconds: {layer: fwd+bwd}, param_bytes, activation_bytes, samples} for this stage."""
+        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        seconds = {}
+        for idx, f in self.fwd.items():
+            fwd = med(f)
+            bwd = med(self.bwd[idx]) if self.bwd.get(idx) else 2.0 * fwd
+            seconds[str(idx)] = fwd + bwd
+        return {"seconds": seconds, "param_bytes": {str(k): v for k, v in self.param_bytes.items()},
+                "activation_bytes": {str(k): v for k, v in self.act_bytes.items()},
+                "samples": min((len(v) for v in self.fwd.values()), default=0)}
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.active = False

@@ -1,0 +1,112 @@
+"""Feed the pure planner: profile (history, else TOML hints), hardware, live cluster, past runs.
+
+Everything that can fail here degrades with a warning: no Slurm -> no live queue estimate; a
+missing or corrupt history DB -> TOML hints and defaults; no per-layer costs at all -> the
+simple layout rule of :mod:`plan` (one stage per slot / data_parallel).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from pathlib import Path
+from typing import Callable
+
+from . import history as hist_mod
+from . import slurm
+from .config import TrainConfig
+from .costmodel import Hardware, Profile
+from .errors import PswiftError
+from .planner import Candidate, PastRuns, PlanResult, plan
+from .queue import ClusterState
+
+Warn = Callable[[str], None]
+
+
+def _model_dict(cfg: TrainConfig) -> dict:
+    return {"entry": cfg.model.entry, "kwargs": cfg.model.kwargs, "num_layers": cfg.layer_count}
+
+
+def load_profile(cfg: TrainConfig, h: hist_mod.History | None) -> Profile | None:
+    if h is not None:
+        got = h.layer_profile(hist_mod.model_key(_model_dict(cfg)))
+        n = cfg.layer_count
+        if got is not None and (n is None or len(got[1]) == n):
+            mbs, secs, params = got
+            return Profile(tuple(secs), tuple(params) if any(params) else None, None, mbs, "history")
+    if cfg.model.layer_costs is not None:
+        return Profile(cfg.model.layer_costs, cfg.model.layer_memory, None,
+                       cfg.training.micro_batch_size, "toml")
+    return None
+
+
+def hardware(cfg: TrainConfig, cluster: ClusterState | None) -> Hardware:
+    r = cfg.resources
+    mem = float(os.environ.get("PSWIFT_DEVICE_MEMORY", 0)) or (80e9 if r.device == "cuda" else 16e9)
+    cores = None
+    if r.device == "cpu":
+        cores = int(os.environ.get("PSWIFT_HOST_CORES", 0)) or None
+        if cores is None and cluster is not None:
+            part = [n for n in cluster.nodes if cfg.job.partition is None or cfg.job.partition in n.partitions]
+            cores = min((n.cpus for n in part), default=None)
+    return Hardware(device=r.device, device_memory=mem, host_cores=cores,
+                    ranks_per_host=int(os.environ.get("PSWIFT_RANKS_PER_HOST", 0)) or None,
+                    threads_per_rank=r.cpus_per_task)
+
+
+def past_runs(cfg: TrainConfig, h: hist_mod.History | None) -> PastRuns:
+    if h is None:
+        return PastRuns()
+    mkey = hist_mod.model_key(_model_dict(cfg))
+    steps = {k: v["mean"] for k, v in h.config_step_times(mkey).items()}
+    setups = [r[0] for r in h.db.conn.execute(
+        "SELECT a.setup_s FROM attempts a JOIN jobs j ON j.id = a.job WHERE j.model_key = ? "
+        "AND a.setup_s IS NOT NULL", [mkey])]
+    waits = {}
+    for n in cfg.resources.node_counts:
+        w = h.partition_waits(cfg.job.partition, n)
+        if w:
+            waits[n] = statistics.median(w)
+    return PastRuns(step_times=steps, setup_s=statistics.median(setups) if setups else None, waits=waits)
+
+
+def step_key_for(cfg: TrainConfig) -> Callable[[Candidate], str]:
+    mkey = hist_mod.model_key(_model_dict(cfg))
+
+    def key(c: Candidate) -> str:
+        return hist_mod.config_key(mkey, {"nodes": c.nodes, "tasks_per_node": c.tasks_per_node,
+                                          "stages": c.stages, "data_parallel": c.data_parallel,
+                                          "micro_batches": c.micro_batches,
+                                          "micro_batch_size": c.micro_batch_size,
+                                          "boundaries": c.boundaries})
+    return key
+
+
+def make_plan(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn
+              ) -> tuple[PlanResult | None, list[dict]]:
+    """The planner's result (None without any per-layer costs) and the model's recent errors."""
+    h = hist_mod.safe_open(db, warn)
+    errors: list[dict] = []
+    try:
+        if h is not None:
+            try:
+                h.ingest_registered()
+                errors = h.recent_errors()
+            except (PswiftError, OSError, ValueError) as e:
+                warn(f"warning: could not ingest finished runs ({e}); using the history as it is")
+        profile = load_profile(cfg, h)
+        if profile is None:
+            warn("warning: no per-layer costs (no [model] layer_costs and no profile in the "
+                 "history): using one stage per task slot; run the job once to profile it")
+            return None, errors
+        cluster = None
+        if live:
+            try:
+                cluster = slurm.cluster_state()
+            except PswiftError as e:
+                warn(f"warning: no live cluster state ({e}); queue waits from history")
+        res = plan(cfg, profile, hardware(cfg, cluster), cluster, past_runs(cfg, h), step_key_for(cfg))
+        return res, errors
+    finally:
+        if h is not None:
+            h.close()

@@ -1,0 +1,103 @@
+"""Step time and memory of a pipeline layout, from per-layer costs (pure functions).
+
+step = 1F1B makespan from the schedule simulator (bottleneck stage x (m + P - 1) for balanced
+stages, plus point-to-point activation transfers) + data-parallel gradient all-reduce + the
+optimizer step, times a CPU-contention factor when more ranks than cores share a host.
+Memory per stage = weights + gradients + Adam state + activations of the micro-batches in
+flight, against the device memory. Calibrated by history: a measured config's step time
+replaces the estimate, and measured configs of the same model scale the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .simulate import simulate, stage_times
+
+#: bytes per parameter byte held by training: weights + gradients + Adam's two moments (fp32)
+TRAIN_STATE_FACTOR = 4
+
+
+@dataclass(frozen=True)
+class Hardware:
+    device: str = "cpu"
+    device_memory: float = 16e9          # bytes per task slot
+    p2p_bandwidth: float = 1e9           # bytes/s between adjacent stages
+    p2p_latency: float = 50e-6           # seconds per transfer
+    allreduce_bandwidth: float = 1e9     # bytes/s per rank in a ring all-reduce
+    optimizer_bandwidth: float = 2e9     # bytes/s of optimizer state streamed in the step
+    host_cores: int | None = None        # CPU: cores the ranks of one host share
+    ranks_per_host: int | None = None    # CPU: ranks placed on one host (default tasks/node)
+    threads_per_rank: int = 1
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Per-layer forward+backward seconds per micro-batch of ``micro_batch_size`` on one device."""
+    costs: tuple[float, ...]
+    param_bytes: tuple[int, ...] | None = None
+    activation_bytes: tuple[int, ...] | None = None
+    micro_batch_size: int = 1
+    source: str = "toml"
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    step_s: float
+    compute_s: float
+    p2p_s: float
+    allreduce_s: float
+    optimizer_s: float
+    contention: float
+    bubble_ratio: float
+    stage_memory: tuple[float, ...]
+    fits: bool
+
+
+def _scaled(profile: Profile, mbs: int) -> list[float]:
+    f = mbs / profile.micro_batch_size
+    return [c * f for c in profile.costs]
+
+
+def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: int,
+                  micro_batch_size: int, data_parallel: int, tasks_per_node: int,
+                  hw: Hardware) -> StepEstimate:
+    costs = _scaled(profile, micro_batch_size)
+    P = len(boundaries) - 1
+    fwd, bwd = stage_times(costs, boundaries)
+    act = profile.activation_bytes
+    p2p = 0.0
+    if P > 1:
+        scale = micro_batch_size / profile.micro_batch_size
+        sent = max((act[b - 1] * scale for b in boundaries[1:-1]), default=0.0) if act else 0.0
+        p2p = hw.p2p_latency + sent / hw.p2p_bandwidth
+    sim = simulate(fwd, bwd, micro_batches, "1f1b", p2p=p2p, keep_ops=False)
+    params = [sum(profile.param_bytes[a:b]) for a, b in zip(boundaries, boundaries[1:])] \
+        if profile.param_bytes else [0] * P
+    allreduce = (2 * (data_parallel - 1) / data_parallel * max(params) / hw.allreduce_bandwidth
+                 if data_parallel > 1 else 0.0)
+    optimizer = TRAIN_STATE_FACTOR * max(params) / hw.optimizer_bandwidth
+    contention = 1.0
+    if hw.device == "cpu" and hw.host_cores:
+        ranks = hw.ranks_per_host or tasks_per_node
+        # ranks on one host run at once only while busy: average demand = busy / makespan
+        demand = min(ranks, P * data_parallel) * (sum(sim.busy) / (P * sim.step_time or 1.0))
+        contention = max(1.0, demand * hw.threads_per_rank / hw.host_cores)
+    compute = sim.step_time - 2 * (P - 1) * p2p if P > 1 else sim.step_time
+    step = sim.step_time * contention + allreduce + optimizer
+    memory = []
+    for s in range(P):
+        a = (act[boundaries[s + 1] - 1] * micro_batch_size / profile.micro_batch_size) if act else 0.0
+        in_flight = sim.peak_in_flight[s]
+        memory.append(TRAIN_STATE_FACTOR * params[s] + in_flight * a * (boundaries[s + 1] - boundaries[s]))
+    return StepEstimate(step_s=step, compute_s=compute * contention, p2p_s=2 * (P - 1) * p2p,
+                        allreduce_s=allreduce, optimizer_s=optimizer, contention=contention,
+                        bubble_ratio=sim.bubble_ratio, stage_memory=tuple(memory),
+                        fits=max(memory) <= hw.device_memory)
+
+
+def checkpoint_seconds(profile: Profile, bandwidth: float = 200e6, fixed: float = 2.0) -> float:
+    """Seconds to write a checkpoint (weights + Adam state) at a conservative bandwidth."""
+    total = sum(profile.param_bytes) if profile.param_bytes else 0
+    return fixed + (TRAIN_STATE_FACTOR - 1) * total / bandwidth

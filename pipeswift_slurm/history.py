@@ -1,0 +1,340 @@
+"""The job history: one SQLite file (sqlite-utils), shared by the planner and the admin reports.
+
+Path: ``--db``, else ``$PSWIFT_DB``, else ``$PSWIFT_HOME/history.db`` (default
+``~/.local/state/pswift/history.db``). Jobs write JSONL events into their run directories (a
+shared filesystem is no place for SQLite writes from many nodes); the login-node side ingests
+them here. Ingest is idempotent: a run directory's rows are replaced whole, in one transaction,
+and skipped while its events file is unchanged. Schema changes are numbered migrations
+(``PRAGMA user_version``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import statistics
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from .errors import PswiftError
+from .rundir import EVENTS, read_events, state_dir
+
+
+class HistoryError(PswiftError):
+    exit_code = 1
+
+
+MIGRATIONS: list[str] = [
+    # 1: jobs, attempts, per-config step-time statistics, per-layer profiles, ingest bookkeeping
+    """
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY,
+        run_dir TEXT UNIQUE NOT NULL,
+        job_id TEXT, name TEXT, partition TEXT, user TEXT, model_key TEXT,
+        submit_time REAL, start_time REAL, end_time REAL, state TEXT, steps INTEGER,
+        chosen_nodes INTEGER, predicted_step_s REAL, predicted_jct_s REAL, predicted_queue_s REAL,
+        actual_step_s REAL, actual_jct_s REAL
+    );
+    CREATE INDEX jobs_model ON jobs(model_key);
+    CREATE INDEX jobs_partition ON jobs(partition, submit_time);
+    CREATE TABLE attempts (
+        job INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        attempt INTEGER NOT NULL,
+        nodes INTEGER, stages INTEGER, data_parallel INTEGER, micro_batches INTEGER,
+        micro_batch_size INTEGER, boundaries TEXT, config_key TEXT,
+        start_time REAL, end_time REAL, start_step INTEGER, end_step INTEGER, ended TEXT,
+        setup_s REAL, load_s REAL, checkpoint_s REAL, train_s REAL, resumed_from TEXT,
+        step_count INTEGER, step_mean REAL, step_var REAL, step_p50 REAL, step_p95 REAL,
+        PRIMARY KEY (job, attempt)
+    );
+    CREATE INDEX attempts_config ON attempts(config_key);
+    CREATE TABLE layer_profiles (
+        model_key TEXT NOT NULL, micro_batch_size INTEGER NOT NULL, layer INTEGER NOT NULL,
+        seconds REAL, param_bytes INTEGER, activation_bytes INTEGER, samples INTEGER,
+        updated REAL, PRIMARY KEY (model_key, micro_batch_size, layer)
+    );
+    CREATE TABLE ingest_state (run_dir TEXT PRIMARY KEY, size INTEGER, mtime REAL);
+    """,
+]
+
+
+def default_path() -> Path:
+    env = os.environ.get("PSWIFT_DB")
+    return Path(env) if env else state_dir() / "history.db"
+
+
+def model_key(model: dict[str, Any]) -> str:
+    """Identity of a model across jobs: entry point, its arguments and layer count."""
+    blob = json.dumps([model.get("entry"), model.get("kwargs"), model.get("num_layers")], sort_keys=True)
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def config_key(mkey: str, layout: dict[str, Any]) -> str:
+    parts = [mkey] + [str(layout.get(k)) for k in ("nodes", "tasks_per_node", "stages", "data_parallel",
+                                                    "micro_batches", "micro_batch_size")]
+    parts.append(",".join(map(str, layout.get("boundaries") or [])))
+    return "/".join(parts)
+
+
+class History:
+    """An open history database (migrated to the newest schema)."""
+
+    def __init__(self, path: Path | str | None = None, create: bool = True,
+                 timeout: float = 30.0) -> None:
+        self.path = Path(path) if path else default_path()
+        if not create and not self.path.exists():
+            raise HistoryError(f"no history database at {self.path}; run `pswift history ingest` "
+                               f"or pass --db")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            self.db = sqlite_utils.Database(conn)
+            self._migrate()
+        except sqlite3.OperationalError as e:
+            raise _db_error(self.path, e) from None
+        except sqlite3.DatabaseError as e:
+            raise HistoryError(f"history database {self.path} is unusable ({e}); move it aside "
+                               f"and run `pswift history ingest` to rebuild it") from None
+        except OSError as e:
+            raise HistoryError(f"cannot open history database {self.path}: {e.strerror}") from None
+
+    def _migrate(self) -> None:
+        conn = self.db.conn
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > len(MIGRATIONS):
+            raise HistoryError(f"history database {self.path} has schema {version}, newer than this "
+                               f"pswift ({len(MIGRATIONS)}); upgrade pipeswift-slurm")
+        for i in range(version, len(MIGRATIONS)):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for stmt in filter(str.strip, MIGRATIONS[i].split(";")):
+                    conn.execute(stmt)
+                conn.execute(f"PRAGMA user_version = {i + 1}")
+                conn.execute("COMMIT")
+            except Exception:
+                conn.execute("ROLLBACK")
+                raise
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    # ------------------------------------------------------------------------- ingest
+    def ingest_run_dir(self, run_dir: Path | str) -> bool:
+        """Replace the rows of one run directory; False if unchanged since the last ingest."""
+        run = Path(run_dir).resolve()
+        ev_path = run / EVENTS
+        plan_path = run / "plan.json"
+        if not plan_path.is_file():
+            return False
+        try:
+            st = ev_path.stat()
+            size, mtime = st.st_size, st.st_mtime
+        except FileNotFoundError:
+            size, mtime = 0, 0.0
+        row = self.db.conn.execute("SELECT size, mtime FROM ingest_state WHERE run_dir = ?",
+                                   [str(run)]).fetchone()
+        if row is not None and row[0] == size and row[1] == mtime:
+            return False
+        try:
+            plan = json.loads(plan_path.read_text())
+        except (OSError, ValueError):
+            return False
+        job, attempts, profiles = _from_events(run, plan, list(read_events(run)))
+        conn = self.db.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("DELETE FROM jobs WHERE run_dir = ?", [str(run)])
+            job_pk = self.db["jobs"].insert(job).last_pk
+            for a in attempts:
+                a["job"] = job_pk
+            if attempts:
+                self.db["attempts"].insert_all(attempts)
+            if profiles:
+                self.db["layer_profiles"].upsert_all(profiles, pk=("model_key", "micro_batch_size", "layer"))
+            self.db["ingest_state"].upsert({"run_dir": str(run), "size": size, "mtime": mtime},
+                                           pk="run_dir")
+            conn.execute("COMMIT")
+        except Exception:
+            conn.execute("ROLLBACK")
+            raise
+        return True
+
+    def ingest_registered(self) -> int:
+        """Ingest every run directory in the per-user job registry; returns how many changed."""
+        n = 0
+        jobs = state_dir() / "jobs"
+        if not jobs.is_dir():
+            return 0
+        for f in jobs.glob("*.json"):
+            try:
+                run = json.loads(f.read_text())["run_dir"]
+            except (OSError, ValueError, KeyError):
+                continue
+            if Path(run).is_dir():
+                n += self.ingest_run_dir(run)
+        return n
+
+    # ------------------------------------------------------------------------- queries
+    def layer_profile(self, mkey: str) -> tuple[int, list[float], list[int]] | None:
+        """(micro_batch_size, seconds per layer, param bytes per layer) of the newest profile."""
+        rows = list(self.db.conn.execute(
+            "SELECT micro_batch_size, layer, seconds, param_bytes FROM layer_profiles "
+            "WHERE model_key = ? ORDER BY updated DESC, layer", [mkey]))
+        if not rows:
+            return None
+        mbs = rows[0][0]
+        mine = sorted((r for r in rows if r[0] == mbs), key=lambda r: r[1])
+        return mbs, [r[2] for r in mine], [int(r[3] or 0) for r in mine]
+
+    def config_step_times(self, mkey: str) -> dict[str, dict[str, float]]:
+        """Measured step time per config of a model: {config_key: {mean, p50, p95, count}}."""
+        out: dict[str, dict[str, float]] = {}
+        q = ("SELECT a.config_key, a.step_count, a.step_mean, a.step_p50, a.step_p95 FROM attempts a "
+             "JOIN jobs j ON j.id = a.job WHERE j.model_key = ? AND a.step_count > 0")
+        acc: dict[str, list[tuple[int, float, float, float]]] = {}
+        for key, n, mean, p50, p95 in self.db.conn.execute(q, [mkey]):
+            acc.setdefault(key, []).append((n, mean, p50, p95))
+        for key, rows in acc.items():
+            n = sum(r[0] for r in rows)
+            out[key] = {"count": n, "mean": sum(r[0] * r[1] for r in rows) / n,
+                        "p50": sum(r[0] * r[2] for r in rows) / n, "p95": max(r[3] for r in rows)}
+        return out
+
+    def recent_errors(self, limit: int = 20) -> list[dict[str, Any]]:
+        """Predicted vs actual step time and JCT of the most recent finished, planned jobs."""
+        rows = self.db.conn.execute(
+            "SELECT job_id, name, predicted_step_s, actual_step_s, predicted_jct_s, actual_jct_s "
+            "FROM jobs WHERE predicted_step_s IS NOT NULL AND actual_step_s IS NOT NULL "
+            "ORDER BY end_time DESC LIMIT ?", [limit])
+        return [dict(zip(("job_id", "name", "predicted_step_s", "actual_step_s", "predicted_jct_s",
+                          "actual_jct_s"), r)) for r in rows]
+
+    def partition_waits(self, partition: str | None, nodes: int) -> list[float]:
+        rows = self.db.conn.execute(
+            "SELECT start_time - submit_time FROM jobs WHERE partition IS ? AND chosen_nodes = ? "
+            "AND start_time IS NOT NULL AND submit_time IS NOT NULL", [partition, nodes])
+        return [r[0] for r in rows if r[0] is not None and r[0] >= 0]
+
+
+def _db_error(path: Path, e: sqlite3.Error) -> HistoryError:
+    if "locked" in str(e) or "busy" in str(e):
+        return HistoryError(f"history database {path} is locked by another writer; try again "
+                            f"in a moment")
+    return HistoryError(f"history database {path}: {e}")
+
+
+def _guarded(cls: type) -> type:
+    """Every public method of History raises HistoryError (one line), never sqlite3's errors."""
+    import functools
+
+    for name, fn in list(vars(cls).items()):
+        if callable(fn) and not name.startswith("_"):
+            def wrap(fn: Any) -> Any:
+                @functools.wraps(fn)
+                def inner(self: Any, *a: Any, **kw: Any) -> Any:
+                    try:
+                        return fn(self, *a, **kw)
+                    except sqlite3.Error as e:
+                        raise _db_error(self.path, e) from None
+                return inner
+            setattr(cls, name, wrap(fn))
+    return cls
+
+
+History = _guarded(History)
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    if len(xs) == 1:
+        return xs[0]
+    return statistics.quantiles(xs, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))]
+
+
+def _from_events(run: Path, plan: dict[str, Any], events: list[dict[str, Any]]
+                 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    mkey = model_key(plan.get("model", {}))
+    pred = plan.get("prediction") or {}
+    job: dict[str, Any] = {
+        "run_dir": str(run), "name": plan.get("job_name"), "partition": plan.get("partition"),
+        "user": plan.get("user"), "model_key": mkey, "steps": plan.get("training", {}).get("steps"),
+        "submit_time": plan.get("submitted_at"), "chosen_nodes": pred.get("nodes"),
+        "predicted_step_s": pred.get("step_s"), "predicted_jct_s": pred.get("jct_s"),
+        "predicted_queue_s": pred.get("queue_s"),
+    }
+    jid = (run / "JOB_ID").read_text().strip() if (run / "JOB_ID").is_file() else None
+    job["job_id"] = jid
+    attempts: dict[int, dict[str, Any]] = {}
+    steps: dict[int, list[float]] = {}
+    profiles: list[dict[str, Any]] = []
+    for ev in events:
+        n = int(ev.get("attempt", 0))
+        a = attempts.setdefault(n, {"attempt": n, "checkpoint_s": 0.0})
+        kind = ev.get("event")
+        t = ev.get("time")
+        if kind == "start":
+            lay = {k: ev.get(k) for k in ("nodes", "stages", "data_parallel", "micro_batches",
+                                          "micro_batch_size", "boundaries")}
+            lay["tasks_per_node"] = (ev.get("world_size") or 0) // max(1, ev.get("nodes") or 1)
+            a.update(nodes=ev.get("nodes"), stages=ev.get("stages"), data_parallel=ev.get("data_parallel"),
+                     micro_batches=ev.get("micro_batches"), micro_batch_size=ev.get("micro_batch_size"),
+                     boundaries=json.dumps(ev.get("boundaries")), config_key=config_key(mkey, lay),
+                     start_step=ev.get("step"), resumed_from=ev.get("resumed_from"),
+                     setup_s=ev.get("setup_s"), load_s=ev.get("load_s"))
+            if t is not None and ev.get("setup_s") is not None:
+                a["start_time"] = t - float(ev["setup_s"])
+        elif kind == "step":
+            steps.setdefault(n, []).append(float(ev.get("step_time", 0.0)))
+            a["end_step"] = ev.get("step")
+            a["end_time"] = t
+        elif kind == "checkpoint":
+            a["checkpoint_s"] += float(ev.get("seconds") or 0.0)
+        elif kind == "end":
+            a["ended"] = ev.get("reason")
+            a["end_time"] = t
+            a["end_step"] = ev.get("step", a.get("end_step"))
+        elif kind == "layer_profile":
+            for layer, sec in (ev.get("seconds") or {}).items():
+                profiles.append({"model_key": mkey, "micro_batch_size": ev.get("micro_batch_size"),
+                                 "layer": int(layer), "seconds": sec,
+                                 "param_bytes": (ev.get("param_bytes") or {}).get(layer),
+                                 "activation_bytes": (ev.get("activation_bytes") or {}).get(layer),
+                                 "samples": ev.get("samples"), "updated": t})
+    for n, a in attempts.items():
+        xs = steps.get(n, [])
+        # the first step of an attempt includes warm-up: statistics use the rest when there is one
+        xs = xs[1:] if len(xs) > 1 else xs
+        if xs:
+            a.update(step_count=len(xs), step_mean=statistics.fmean(xs),
+                     step_var=statistics.pvariance(xs), step_p50=_quantile(xs, 0.5),
+                     step_p95=_quantile(xs, 0.95), train_s=sum(steps[n]))
+        else:
+            a.update(step_count=0)
+        a.setdefault("ended", "running")
+    ordered = [attempts[k] for k in sorted(attempts)]
+    if ordered:
+        job["start_time"] = ordered[0].get("start_time")
+        job["end_time"] = ordered[-1].get("end_time")
+        job["state"] = ordered[-1].get("ended")
+        all_steps = [x for k in sorted(steps) for x in steps[k][1:]]
+        if all_steps:
+            job["actual_step_s"] = statistics.median(all_steps)
+        if job["state"] == "completed" and job.get("submit_time") and job.get("end_time"):
+            job["actual_jct_s"] = job["end_time"] - job["submit_time"]
+    return job, ordered, profiles
+
+
+def safe_open(path: Path | str | None = None, warn: Any = None) -> History | None:
+    """Open for the planner: a bad DB degrades to no history, with a warning, never a crash."""
+    try:
+        return History(path, timeout=5.0)
+    except HistoryError as e:
+        if warn is not None:
+            warn(f"warning: {e}; planning without history")
+        return None

@@ -1,0 +1,103 @@
+"""When would a job of N nodes start? A small backfill-style estimate from live cluster state.
+
+Pure function of a :class:`ClusterState` (parsed from ``sinfo --json`` and ``squeue --json`` by
+:mod:`slurm`): every usable node of the partition is free now (enough idle CPUs) or when the
+jobs running on it reach their time limit; pending jobs ahead of ours take the earliest-free
+nodes first, for their own time limit; our job starts when N nodes are free.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+UNUSABLE = ("down", "drain", "drained", "draining", "fail", "failing", "maint", "future",
+            "not_responding", "unknown", "reboot", "power")
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str
+    state: str
+    cpus: int
+    idle_cpus: int
+    partitions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    job_id: str
+    nodes: tuple[str, ...]
+    end_time: float  # epoch seconds (start + time limit); inf if unlimited
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    job_id: str
+    partition: str
+    node_count: int
+    time_limit_s: float
+
+
+@dataclass
+class ClusterState:
+    now: float
+    nodes: list[NodeState]
+    running: list[RunningJob] = field(default_factory=list)
+    pending: list[PendingJob] = field(default_factory=list)  # in priority order
+
+
+@dataclass(frozen=True)
+class WaitEstimate:
+    seconds: float
+    free_now: int
+    usable: int
+    why: str
+
+
+def estimate_wait(state: ClusterState, nodes: int, cpus_per_node: int,
+                  partition: str | None) -> WaitEstimate:
+    usable = [n for n in state.nodes
+              if (partition is None or partition in n.partitions)
+              and not any(u in n.state.lower() for u in UNUSABLE) and n.cpus >= cpus_per_node]
+    if len(usable) < nodes:
+        return WaitEstimate(math.inf, 0, len(usable),
+                            f"partition {partition or '(default)'} has only {len(usable)} usable "
+                            f"node(s) with {cpus_per_node} CPUs")
+    busy_until: dict[str, float] = {}
+    for j in state.running:
+        for n in j.nodes:
+            busy_until[n] = max(busy_until.get(n, state.now), j.end_time)
+    free_at = {}
+    for n in usable:
+        free_at[n.name] = state.now if n.idle_cpus >= cpus_per_node else busy_until.get(n.name, math.inf)
+    free_now = sum(1 for t in free_at.values() if t <= state.now)
+    ahead = 0
+    for p in state.pending:
+        if partition is not None and p.partition != partition:
+            continue
+        if p.node_count > len(free_at):
+            continue
+        order = sorted(free_at, key=free_at.get)[: p.node_count]
+        start = max(free_at[n] for n in order)
+        if math.isinf(start):
+            continue
+        for n in order:
+            free_at[n] = start + p.time_limit_s
+        ahead += 1
+    times = sorted(free_at.values())
+    start = times[nodes - 1]
+    wait = max(0.0, start - state.now)
+    why = (f"{free_now} of {len(usable)} node(s) free now" +
+           (f", {ahead} pending job(s) ahead" if ahead else "") +
+           ("" if wait == 0 else f"; {nodes} free in {_fmt(wait)} (running jobs' time limits)"
+            if not math.isinf(wait) else f"; {nodes} never free (unlimited jobs hold them)"))
+    return WaitEstimate(wait, free_now, len(usable), why)
+
+
+def _fmt(s: float) -> str:
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"

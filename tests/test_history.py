@@ -1,0 +1,89 @@
+"""History store: idempotent ingest of real runs, profiles and measured step times feeding the
+planner, the learning loop's error report, and graceful degradation."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from conftest import copy_example, pswift
+from pipeswift_slurm.history import History
+
+pytestmark = [pytest.mark.deepspeed]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One real local run of the example (12 steps), shared by the tests below."""
+    d = tmp_path_factory.mktemp("hist")
+    toml = copy_example(d / "ex", {"steps": "12", "checkpoint_interval": "0"})
+    home = d / "home"
+    run = d / "run"
+    proc = pswift("run", "--run-dir", str(run), str(toml), env={"PSWIFT_HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return toml, run, home
+
+
+def test_ingest_is_idempotent_and_keeps_attempts_profiles_and_stats(trained, tmp_path):
+    toml, run, home = trained
+    db = tmp_path / "h.db"
+    first = pswift("history", "ingest", str(run), "--db", str(db))
+    assert first.returncode == 0 and "ingested 1 changed run directory; 1 job(s)" in first.stdout
+    again = pswift("history", "ingest", str(run), "--db", str(db))
+    assert "ingested 0 changed run directories; 1 job(s)" in again.stdout
+    h = History(db)
+    try:
+        (a,) = list(h.db["attempts"].rows)
+        assert (a["nodes"], a["stages"], a["ended"], a["end_step"], a["step_count"]) == (2, 2, "completed", 12, 11)
+        assert a["step_p50"] <= a["step_p95"] and a["step_var"] >= 0
+        layers = sorted((r["layer"], r["seconds"]) for r in h.db["layer_profiles"].rows)
+        assert [x[0] for x in layers] == list(range(6)) and all(x[1] > 0 for x in layers)
+        # transformer blocks cost more than the embedding and the head
+        assert min(x[1] for x in layers[1:5]) > max(layers[0][1], layers[5][1])
+        (job,) = list(h.db["jobs"].rows)
+        assert job["predicted_step_s"] > 0 and job["actual_step_s"] > 0 and job["actual_jct_s"] > 0
+    finally:
+        h.close()
+
+
+def test_planner_uses_the_measured_profile_and_reports_its_error(trained, tmp_path):
+    toml, run, home = trained
+    env = {"PSWIFT_HOME": str(home), "PSWIFT_DB": str(tmp_path / "h.db")}
+    proc = pswift("plan", str(toml), "--no-live", env=env)  # ingests registered runs itself
+    assert proc.returncode == 0, proc.stderr
+    assert "profile: history" in proc.stdout and "measured" in proc.stdout
+    assert "model error over the last 1 planned job(s): step time" in proc.stdout
+    d = json.loads(pswift("plan", str(toml), "--no-live", "--json", env=env).stdout)
+    assert d["profile_source"] == "history" and d["chosen"]["estimate"]["step_source"] == "measured"
+    assert d["model_error"][0]["actual_step_s"] > 0
+
+
+def test_corrupt_or_missing_db_degrades_with_a_warning(trained, tmp_path):
+    toml, run, home = trained
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"this is not a database" * 100)
+    proc = pswift("plan", str(toml), "--no-live", "--db", str(bad))
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: history database" in proc.stderr and "planning without history" in proc.stderr
+    assert "profile: toml" in proc.stdout and "Traceback" not in proc.stderr
+    assert bad.read_bytes().startswith(b"this is not a database")  # nothing overwritten
+    fresh = pswift("plan", str(toml), "--no-live", "--db", str(tmp_path / "new" / "h.db"))
+    assert fresh.returncode == 0 and "profile: toml" in fresh.stdout
+
+
+def test_locked_db_does_not_break_planning(trained, tmp_path):
+    toml, run, home = trained
+    db = tmp_path / "locked.db"
+    History(db).close()
+    holder = sqlite3.connect(db)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        proc = pswift("plan", str(toml), "--no-live", "--db", str(db),
+                      env={"PSWIFT_HOME": str(home)}, timeout=120)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr

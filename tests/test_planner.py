@@ -1,0 +1,137 @@
+"""The JCT planner: pure decisions on synthetic cluster states, and live ones on the real Slurm."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import pytest
+
+from conftest import copy_example, pswift
+from pipeswift_slurm.config import load_config
+from pipeswift_slurm.costmodel import Hardware, Profile, estimate_step
+from pipeswift_slurm.planner import PastRuns, explain, plan
+from pipeswift_slurm.queue import ClusterState, NodeState, PendingJob, RunningJob, estimate_wait
+
+HOUR = 3600.0
+#: 8 layers of 1 s (fwd+bwd per micro-batch), m = 32: ~1 h on one node, ~16 min on four
+BIG = {"nodes": "[1, 4]", "steps": "14", "global_batch_size": "32", "micro_batch_size": "1",
+       "checkpoint_interval": "0", "num_layers": "8",
+       "layer_costs": "[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]",
+       "kwargs": "{ vocab = 96, hidden = 128, heads = 4, blocks = 6, seq_len = 32 }"}
+
+
+def big_toml(tmp_path):
+    return copy_example(tmp_path / "big", BIG)
+
+
+def cluster(busy_until: float | None, now: float = 1000.0) -> ClusterState:
+    nodes = [NodeState(f"node{i}", "idle" if i == 4 or busy_until is None else "allocated", 8,
+                       8 if i == 4 or busy_until is None else 0, ("low", "high")) for i in range(1, 5)]
+    running = [] if busy_until is None else [RunningJob("9", ("node1", "node2", "node3"), now + busy_until)]
+    return ClusterState(now=now, nodes=nodes, running=running)
+
+
+def run_plan(tmp_path, state):
+    cfg = load_config(big_toml(tmp_path))
+    prof = Profile(cfg.model.layer_costs, None, None, 1, "toml")
+    return plan(cfg, prof, Hardware(host_cores=8), state)
+
+
+def test_training_takes_about_an_hour_on_one_node_and_a_quarter_on_four(tmp_path):
+    res = run_plan(tmp_path, cluster(None))
+    best = res.best_per_nodes()
+    assert 0.9 * HOUR < best[1].estimate.train_s < 1.1 * HOUR
+    assert best[4].estimate.train_s < 0.3 * HOUR
+    assert res.chosen.nodes == 4  # all free: the biggest wins
+
+
+def test_long_running_neighbours_start_now_on_the_free_node(tmp_path):
+    res = run_plan(tmp_path, cluster(busy_until=5 * HOUR))
+    assert res.chosen.nodes == 1 and res.chosen.estimate.queue_s == 0
+    best = res.best_per_nodes()
+    assert best[4].estimate.queue_s == pytest.approx(5 * HOUR)
+    why = explain(res)
+    assert "chosen: 1 node(s)" in why and "vs 4 node(s)" in why and "queue 5.00 h" in why
+
+
+def test_neighbours_ending_soon_wait_for_all_four(tmp_path):
+    res = run_plan(tmp_path, cluster(busy_until=180))
+    assert res.chosen.nodes == 4 and res.chosen.estimate.queue_s == pytest.approx(180)
+    assert "chosen: 4 node(s)" in explain(res)
+
+
+def test_rejections_say_why(tmp_path):
+    p = copy_example(tmp_path / "ex", {"nodes": "[1, 8]"})
+    p.write_text("\n".join(x for x in p.read_text().splitlines() if not x.startswith("data_parallel")))
+    cfg = load_config(p)
+    prof = Profile(cfg.model.layer_costs, (4 * 10**8,) * 6, None, 8, "toml")
+    res = plan(cfg, prof, Hardware(device_memory=5e9, host_cores=8), cluster(None))
+    reasons = {c.rejected for c in res.candidates if c.rejected}
+    assert any("7 stages > 6 layers" in r for r in reasons)
+    assert any("not divisible" in r for r in reasons)           # 32 / (8 x dp 8)
+    assert any("does not fit" in r and "memory cap" in r for r in reasons)  # 0.4 GB layers x 4 (Adam) > 5 GB on 1 stage
+    assert any("never starts" in r and "only 4 usable" in r for r in reasons)
+    assert res.chosen is not None and res.chosen.rejected is None
+
+
+def test_measured_step_time_replaces_and_calibrates_the_model(tmp_path):
+    cfg = load_config(big_toml(tmp_path))
+    prof = Profile(cfg.model.layer_costs, None, None, 1, "toml")
+    key = lambda c: f"{c.nodes}/{c.stages}"  # noqa: E731
+    base = plan(cfg, prof, Hardware(host_cores=8), cluster(None))
+    one = base.best_per_nodes()[1].estimate.step_s
+    res = plan(cfg, prof, Hardware(host_cores=8), cluster(None),
+               PastRuns(step_times={"1/1": one * 2}), key)
+    best = res.best_per_nodes()
+    assert best[1].estimate.step_source == "measured" and best[1].estimate.step_s == pytest.approx(2 * one)
+    assert best[4].estimate.step_source == "calibrated" and res.calibration == pytest.approx(2.0)
+    assert best[4].estimate.step_s == pytest.approx(2 * base.best_per_nodes()[4].estimate.step_s)
+
+
+def test_queue_estimate_with_jobs_ahead():
+    st = cluster(busy_until=600)
+    st.pending.append(PendingJob("10", "low", 1, 1200))
+    w = estimate_wait(st, 1, 1, "low")  # the pending job takes the free node for 20 min
+    assert w.seconds == pytest.approx(600) and "1 pending job(s) ahead" in w.why
+    assert math.isinf(estimate_wait(st, 5, 1, "low").seconds)
+
+
+def test_cpu_contention_when_ranks_outnumber_cores():
+    prof = Profile((1.0,) * 4, None, None, 1)
+    alone = estimate_step(prof, [0, 1, 2, 3, 4], 16, 1, 1, 1, Hardware(host_cores=8))
+    shared = estimate_step(prof, [0, 1, 2, 3, 4], 16, 1, 1, 1, Hardware(host_cores=2, ranks_per_host=4))
+    assert shared.contention > 1.5 and shared.step_s > 1.5 * alone.step_s
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("limit,nodes", [("5:00:00", 1), ("3:00", 4)])
+def test_contention_decided_from_live_cluster_state(cluster, tmp_path, limit, nodes):
+    """3 of 4 nodes held by a job: hours left -> start now on 1 node; minutes left -> wait for 4."""
+    toml = big_toml(tmp_path)
+    blocker = subprocess.run(["sbatch", "--parsable", "-p", "low", "-N3", "--exclusive", f"--time={limit}",
+                              "-o", "/dev/null", "--wrap", "sleep 600"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        for _ in range(50):
+            st = subprocess.run(["squeue", "-h", "-j", blocker, "-o", "%T"], capture_output=True, text=True)
+            if st.stdout.strip() == "RUNNING":
+                break
+            subprocess.run(["sleep", "0.2"])
+        proc = pswift("plan", str(toml), "--json")
+        assert proc.returncode == 0, proc.stderr
+        d = json.loads(proc.stdout)
+        assert d["chosen"]["nodes"] == nodes, proc.stdout
+        assert d["chosen"]["stages"] == nodes and d["chosen"]["data_parallel"] == 1
+        e = d["chosen"]["estimate"]
+        assert set(e) >= {"queue_s", "setup_s", "step_s", "train_s", "checkpoint_s", "preemption_s", "jct_s"}
+        for c in d["candidates"]:
+            assert set(c) >= {"nodes", "tasks_per_node", "stages", "data_parallel", "micro_batches",
+                              "micro_batch_size", "boundaries", "partition", "estimate"}
+        text = pswift("plan", str(toml)).stdout
+        assert f"chosen: {nodes} node(s)" in text and "vs " in text
+        dry = pswift("sbatch", "--dry-run", str(toml)).stdout
+        assert f"#SBATCH --nodes={nodes}\n" in dry
+    finally:
+        subprocess.run(["scancel", blocker])
