@@ -32,8 +32,9 @@ def load_profile(cfg: TrainConfig, h: hist_mod.History | None) -> Profile | None
         got = h.layer_profile(hist_mod.model_key(_model_dict(cfg)))
         n = cfg.layer_count
         if got is not None and (n is None or len(got[1]) == n):
-            mbs, secs, params = got
-            return Profile(tuple(secs), tuple(params) if any(params) else None, None, mbs, "history")
+            mbs, secs, params, acts = got
+            return Profile(tuple(secs), tuple(params) if any(params) else None,
+                           tuple(acts) if any(acts) else None, mbs, "history")
     if cfg.model.layer_costs is not None:
         return Profile(cfg.model.layer_costs, cfg.model.layer_memory, None,
                        cfg.training.micro_batch_size, "toml")

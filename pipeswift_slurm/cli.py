@@ -438,6 +438,50 @@ def simulate(toml: Path | None, fwd: str | None, bwd: str | None, micro_batches:
         con.print(f"\ntimeline written to {plot}")
 
 
+@cli.command()
+@click.option("--costs", required=True, help="Seconds per layer (forward+backward): 1,2,2,2,1")
+@click.option("--stages", "-P", type=int, required=True, help="Number of pipeline stages.")
+@click.option("--memory", help="Bytes per layer, for --memory-cap: 4e8,1e8,...")
+@click.option("--memory-cap", type=float, help="Most memory one stage may hold (bytes).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_errors
+def partition(costs: str, stages: int, memory: str | None, memory_cap: float | None,
+              as_json: bool) -> None:
+    """Cut layers into contiguous stages that minimise the slowest stage (exact).
+
+    For people who cut by hand: the result goes into [pipeline] partition = [0, ...].
+
+    Examples:
+
+        pswift partition --costs 5,1,1,1,1,1,1,1,1,6 --stages 4
+
+        pswift partition --costs 1,1,1,1 --memory 3,1,1,3 --memory-cap 4 -P 2 --json
+    """
+    from .partition import PartitionError, balanced_boundaries, stage_sums
+
+    c = _floats("--costs", costs) or []
+    mem = _floats("--memory", memory)
+    if memory_cap is not None and mem is None:
+        raise CLIError("--memory-cap needs --memory (bytes per layer)", 2)
+    try:
+        b = balanced_boundaries(c, stages, mem, memory_cap)
+    except PartitionError as e:
+        raise CLIError(str(e), 2) from None
+    sums = stage_sums(c, b)
+    out = {"boundaries": b, "stage_costs": sums, "bottleneck": max(sums),
+           "balance": (sum(sums) / len(sums)) / max(sums) if max(sums) > 0 else 1.0}
+    if mem is not None:
+        out["stage_memory"] = stage_sums(mem, b)
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+        return
+    click.echo(f"boundaries {b}  (TOML: partition = {b})")
+    for s_, (a, z) in enumerate(zip(b, b[1:])):
+        extra = f", memory {out['stage_memory'][s_]:g}" if mem is not None else ""
+        click.echo(f"  stage {s_}: layers {a}-{z - 1}, cost {sums[s_]:g}{extra}")
+    click.echo(f"bottleneck {max(sums):g}; balance {out['balance']:.1%} (mean stage / slowest)")
+
+
 @cli.group()
 def history() -> None:
     """The job history database (SQLite): ingest run directories, query jobs.

@@ -40,6 +40,9 @@ class Profile:
     activation_bytes: tuple[int, ...] | None = None
     micro_batch_size: int = 1
     source: str = "toml"
+    #: seconds per micro-batch per stage outside the layers (engine dispatch, p2p send/recv,
+    #: data, loss), fitted from measured runs by :func:`fit_overhead`
+    overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
     costs = _scaled(profile, micro_batch_size)
     P = len(boundaries) - 1
     fwd, bwd = stage_times(costs, boundaries)
+    o = profile.overhead_s
+    fwd, bwd = [f + o / 3 for f in fwd], [b + 2 * o / 3 for b in bwd]
     act = profile.activation_bytes
     p2p = 0.0
     if P > 1:
@@ -95,6 +100,30 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
                         allreduce_s=allreduce, optimizer_s=optimizer, contention=contention,
                         bubble_ratio=sim.bubble_ratio, stage_memory=tuple(memory),
                         fits=max(memory) <= hw.device_memory)
+
+
+def fit_overhead(profile: Profile, measured: list[tuple[Sequence[int], int, int, int, int, float]],
+                 hw: Hardware) -> float:
+    """The per-micro-batch overhead that makes the model match measured step times.
+
+    ``measured``: (boundaries, micro_batches, micro_batch_size, data_parallel, tasks_per_node,
+    seconds) per measured config; each is solved by bisection, the median is returned."""
+    from dataclasses import replace
+
+    fits = []
+    for bounds, m, mbs, dp, tpn, seconds in measured:
+        def step(o: float) -> float:
+            return estimate_step(replace(profile, overhead_s=o), bounds, m, mbs, dp, tpn, hw).step_s
+        if step(0.0) >= seconds:
+            fits.append(0.0)
+            continue
+        lo, hi = 0.0, seconds
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if step(mid) < seconds else (lo, mid)
+        fits.append((lo + hi) / 2)
+    fits.sort()
+    return fits[len(fits) // 2] if fits else 0.0
 
 
 def checkpoint_seconds(profile: Profile, bandwidth: float = 200e6, fixed: float = 2.0) -> float:

@@ -182,16 +182,16 @@ class History:
         return n
 
     # ------------------------------------------------------------------------- queries
-    def layer_profile(self, mkey: str) -> tuple[int, list[float], list[int]] | None:
-        """(micro_batch_size, seconds per layer, param bytes per layer) of the newest profile."""
+    def layer_profile(self, mkey: str) -> tuple[int, list[float], list[int], list[int]] | None:
+        """(micro_batch_size, seconds, param bytes, activation bytes per layer), newest profile."""
         rows = list(self.db.conn.execute(
-            "SELECT micro_batch_size, layer, seconds, param_bytes FROM layer_profiles "
+            "SELECT micro_batch_size, layer, seconds, param_bytes, activation_bytes FROM layer_profiles "
             "WHERE model_key = ? ORDER BY updated DESC, layer", [mkey]))
         if not rows:
             return None
         mbs = rows[0][0]
         mine = sorted((r for r in rows if r[0] == mbs), key=lambda r: r[1])
-        return mbs, [r[2] for r in mine], [int(r[3] or 0) for r in mine]
+        return mbs, [r[2] for r in mine], [int(r[3] or 0) for r in mine], [int(r[4] or 0) for r in mine]
 
     def config_step_times(self, mkey: str) -> dict[str, dict[str, float]]:
         """Measured step time per config of a model: {config_key: {mean, p50, p95, count}}."""

@@ -9,12 +9,11 @@ preemption loss = JCT; or a reason why it was rejected. The lowest JCT wins.
 from __future__ import annotations
 
 import math
-import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .config import TrainConfig
-from .costmodel import Hardware, Profile, checkpoint_seconds, estimate_step
+from .costmodel import Hardware, Profile, checkpoint_seconds, estimate_step, fit_overhead
 from .partition import PartitionError, balanced_boundaries
 from .queue import ClusterState, WaitEstimate, estimate_wait
 
@@ -153,17 +152,29 @@ def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState
             c.estimate = Estimate(0, 0, est.step_s, 0, 0, 0, 0, "model")
             cands.append(c)
 
-    # calibration: measured configs replace the estimate; their ratio scales the rest
-    ratios = []
+    # calibration: measured configs replace their estimate, and fit the per-micro-batch
+    # overhead the layer costs leave out, which then corrects every other candidate
+    measured = []
     for c in cands:
         if c.estimate is not None and step_key is not None:
-            measured = history.step_times.get(step_key(c))
-            if measured:
-                ratios.append(measured / c.estimate.step_s)
-                c.estimate.step_s, c.estimate.step_source = measured, "measured"
-    calibration = statistics.median(ratios) if ratios else 1.0
-    if ratios:
-        notes.append(f"step times calibrated by {len(ratios)} measured config(s): x{calibration:.2f}")
+            got = history.step_times.get(step_key(c))
+            if got:
+                measured.append((c, got))
+    calibration = 0.0
+    if measured:
+        calibration = fit_overhead(profile, [(c.boundaries, c.micro_batches, c.micro_batch_size,
+                                              c.data_parallel, c.tasks_per_node, got)
+                                             for c, got in measured], hw)
+        tuned = replace(profile, overhead_s=calibration)
+        notes.append(f"calibrated by {len(measured)} measured config(s): "
+                     f"{calibration * 1000:.2f} ms per micro-batch per stage outside the layers")
+        for c in cands:
+            if c.estimate is not None:
+                c.estimate.step_s = estimate_step(tuned, c.boundaries, c.micro_batches, c.micro_batch_size,
+                                                  c.data_parallel, c.tasks_per_node, hw).step_s
+                c.estimate.step_source = "calibrated"
+        for c, got in measured:
+            c.estimate.step_s, c.estimate.step_source = got, "measured"
     ckpt_s = checkpoint_seconds(profile)
     n_ckpt = (t.steps // t.checkpoint_interval if t.checkpoint_interval else 0) + 1
     setup = history.setup_s if history.setup_s is not None else DEFAULT_SETUP_S
@@ -171,9 +182,6 @@ def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState
         e = c.estimate
         if e is None:
             continue
-        if e.step_source == "model" and ratios:
-            e.step_s *= calibration
-            e.step_source = "calibrated"
         w = (estimate_wait(cluster, c.nodes, c.tasks_per_node * cfg.resources.cpus_per_task,
                            cfg.job.partition) if cluster is not None else
              WaitEstimate(history.waits.get(c.nodes, 0.0), 0, 0, "no live cluster state"))

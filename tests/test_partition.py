@@ -69,3 +69,15 @@ def test_errors_name_the_numbers():
 def test_uniform():
     assert uniform_boundaries(6, 2) == [0, 3, 6]
     assert uniform_boundaries(7, 3) == [0, 3, 5, 7]
+
+
+def test_partition_cli():
+    import json
+
+    from conftest import pswift
+    d = json.loads(pswift("partition", "--costs", "5,1,1,1,1,1,1,1,1,6", "--stages", "4", "--json").stdout)
+    assert d["bottleneck"] == 6.0 and d["boundaries"][0] == 0 and d["boundaries"][-1] == 10
+    text = pswift("partition", "--costs", "1,1,1,1", "--memory", "3,1,1,3", "--memory-cap", "4", "-P", "2").stdout
+    assert "boundaries [0, 2, 4]" in text and "memory 4" in text
+    bad = pswift("partition", "--costs", "1,1", "-P", "3")
+    assert bad.returncode == 2 and "3 stages > 2 layers" in bad.stderr
