@@ -16,14 +16,14 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-cluster:
-	$(CLUSTER) start
+cluster: setup
+	PSWIFT_PYTHON=$(abspath $(PY)) $(CLUSTER) start
 
 # the example through `pswift sbatch` on the local Slurm, waiting for it and showing its loss
-demo: setup cluster
+demo: cluster
 	$(VENV)/bin/pswift sbatch --wait examples/tiny-gpt/train.toml
 
-test: setup cluster
+test: cluster
 	$(PY) -m pytest -q
 
 stop:

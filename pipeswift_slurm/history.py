@@ -59,6 +59,17 @@ MIGRATIONS: list[str] = [
     );
     CREATE TABLE ingest_state (run_dir TEXT PRIMARY KEY, size INTEGER, mtime REAL);
     """,
+    # 2: every Slurm job attempt, pswift or not (jobcomp plugin spool, sacct, jobcomp filetxt)
+    """
+    CREATE TABLE slurm_jobs (
+        cluster TEXT NOT NULL DEFAULT '', job_id TEXT NOT NULL, start REAL NOT NULL,
+        name TEXT, user TEXT, partition TEXT, state TEXT, node_count INTEGER, nodes TEXT,
+        submit REAL, end REAL, exit_code TEXT, work_dir TEXT, time_limit TEXT, procs INTEGER,
+        source TEXT, PRIMARY KEY (cluster, job_id, start)
+    );
+    CREATE INDEX slurm_jobs_submit ON slurm_jobs(submit);
+    CREATE INDEX slurm_jobs_work_dir ON slurm_jobs(work_dir);
+    """,
 ]
 
 
@@ -181,6 +192,46 @@ class History:
                 n += self.ingest_run_dir(run)
         return n
 
+    def add_slurm_records(self, records: list[dict[str, Any]], source: str) -> int:
+        """Upsert Slurm attempt records (normalised by :func:`normalise_record`)."""
+        rows = [r for r in (normalise_record(x, source) for x in records) if r is not None]
+        if not rows:
+            return 0
+        conn = self.db.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self.db["slurm_jobs"].upsert_all(rows, pk=("cluster", "job_id", "start"))
+            conn.execute("COMMIT")
+        except Exception:
+            conn.execute("ROLLBACK")
+            raise
+        return len(rows)
+
+    def ingest_spool_file(self, path: Path | str) -> None:
+        """Merge one jobcomp spool record (and its pswift run dir, if any), then delete it."""
+        p = Path(path)
+        rec = json.loads(p.read_text(encoding="utf-8"))
+        self.add_slurm_records([rec], "jobcomp")
+        work = rec.get("WORK_DIR")
+        if work and (Path(work) / "plan.json").is_file():
+            self.ingest_run_dir(work)
+        p.unlink(missing_ok=True)
+
+    def ingest_spool(self, spool_dir: Path | str) -> tuple[int, list[str]]:
+        """Merge every spooled record; returns (merged, problems). Unreadable files are moved
+        to ``bad/`` beside them, never lost."""
+        d = Path(spool_dir)
+        merged, problems = 0, []
+        for f in sorted(d.glob("*.json")) if d.is_dir() else []:
+            try:
+                self.ingest_spool_file(f)
+                merged += 1
+            except (ValueError, OSError) as e:
+                (d / "bad").mkdir(exist_ok=True)
+                f.rename(d / "bad" / f.name)
+                problems.append(f"{f.name}: {e}")
+        return merged, problems
+
     # ------------------------------------------------------------------------- queries
     def layer_profile(self, mkey: str) -> tuple[int, list[float], list[int], list[int]] | None:
         """(micro_batch_size, seconds, param bytes, activation bytes per layer), newest profile."""
@@ -221,6 +272,81 @@ class History:
             "SELECT start_time - submit_time FROM jobs WHERE partition IS ? AND chosen_nodes = ? "
             "AND start_time IS NOT NULL AND submit_time IS NOT NULL", [partition, nodes])
         return [r[0] for r in rows if r[0] is not None and r[0] >= 0]
+
+
+def _epoch(v: Any) -> float | None:
+    """Slurm times: epoch seconds, or ISO 'YYYY-MM-DDTHH:MM:SS' (local time), or Unknown/None."""
+    if v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v) if v > 0 else None
+    v = str(v).strip()
+    if v.isdigit():
+        return float(v) if int(v) > 0 else None
+    try:
+        import datetime as _dt
+        return _dt.datetime.fromisoformat(v).timestamp()
+    except ValueError:
+        return None
+
+
+def normalise_record(r: dict[str, Any], source: str) -> dict[str, Any] | None:
+    """One Slurm attempt from a jobcomp env record, a filetxt line or sacct JSON (keys upper)."""
+    jid = r.get("JOBID")
+    start = _epoch(r.get("START"))
+    if not jid or start is None:
+        return None
+    ec = r.get("EXITCODE") if r.get("EXITCODE") is not None else r.get("DERIVED_EC")
+    return {"cluster": r.get("CLUSTER") or "", "job_id": str(jid), "start": start,
+            "name": r.get("JOBNAME"), "user": r.get("USERNAME"), "partition": r.get("PARTITION"),
+            "state": (r.get("JOBSTATE") or "").upper() or None,
+            "node_count": int(r["NODECNT"]) if str(r.get("NODECNT", "")).isdigit() else None,
+            "nodes": r.get("NODES"), "submit": _epoch(r.get("SUBMIT")), "end": _epoch(r.get("END")),
+            "exit_code": None if ec is None else str(ec), "work_dir": r.get("WORK_DIR"),
+            "time_limit": r.get("LIMIT"),
+            "procs": int(r["PROCS"]) if str(r.get("PROCS", "")).isdigit() else None,
+            "source": source}
+
+
+def parse_jobcomp_filetxt(text: str) -> list[dict[str, Any]]:
+    """Records of a jobcomp/filetxt file ('JobId=1 UserId=root(0) ... StartTime=... ' lines)."""
+    import re
+    out = []
+    for line in text.splitlines():
+        f = {}
+        for part in re.split(r" (?=[A-Z][A-Za-z]*=)", line.strip()):
+            key, sep, value = part.partition("=")
+            if sep:
+                f[key] = value
+        if "JobId" not in f:
+            continue
+        user = f.get("UserId", "")
+        out.append({"JOBID": f["JobId"], "USERNAME": user.split("(")[0] or None,
+                    "JOBNAME": f.get("Name"), "JOBSTATE": f.get("JobState"),
+                    "PARTITION": f.get("Partition"), "LIMIT": f.get("TimeLimit"),
+                    "START": f.get("StartTime"), "END": f.get("EndTime"), "NODES": f.get("NodeList"),
+                    "NODECNT": f.get("NodeCnt"), "PROCS": f.get("ProcCnt"),
+                    "WORK_DIR": f.get("WorkDir"), "SUBMIT": f.get("SubmitTime"),
+                    "EXITCODE": f.get("ExitCode"), "CLUSTER": f.get("Cluster")})
+    return out
+
+
+def parse_sacct_json(text: str) -> list[dict[str, Any]]:
+    """Records of ``sacct --json`` (slurmdbd clusters); one per job (requeues are separate
+    attempts only in jobcomp/filetxt, sacct keeps the last)."""
+    doc = json.loads(text)
+    out = []
+    for j in doc.get("jobs", []):
+        t = j.get("time") or {}
+        st = j.get("state") or {}
+        out.append({"JOBID": j.get("job_id"), "JOBNAME": j.get("name"), "USERNAME": j.get("user"),
+                    "PARTITION": j.get("partition"), "CLUSTER": j.get("cluster"),
+                    "JOBSTATE": st.get("current") if isinstance(st, dict) else st,
+                    "SUBMIT": t.get("submission"), "START": t.get("start"), "END": t.get("end"),
+                    "NODES": j.get("nodes"), "NODECNT": str((j.get("allocation_nodes") or "")),
+                    "WORK_DIR": j.get("working_directory"),
+                    "EXITCODE": (j.get("exit_code") or {}).get("return_code")})
+    return out
 
 
 def _db_error(path: Path, e: sqlite3.Error) -> HistoryError:

@@ -171,6 +171,22 @@ def cluster_state(now: float | None = None) -> "ClusterState":
                         running=running, pending=pending)
 
 
+def accounting_records(jobcomp_file: str | None = None) -> tuple[str, str] | None:
+    """(source, text) of finished-job records: ``sacct --json`` where slurmdbd exists, else the
+    jobcomp/filetxt file (``sacct -c`` reads the same; its ``--json`` fails), else None."""
+    if shutil.which("sacct") is not None:
+        proc = _run(["sacct", "--json", "--allusers", "--starttime=1970-01-01"], check=False)
+        if proc.returncode == 0 and proc.stdout.lstrip().startswith("{"):
+            return "sacct", proc.stdout
+    if jobcomp_file:
+        try:
+            with open(jobcomp_file, encoding="utf-8", errors="replace") as f:
+                return "filetxt", f.read()
+        except OSError:
+            return None
+    return None
+
+
 def requeue(job_id: str) -> None:
     _run(["scontrol", "requeue", str(job_id)])
 

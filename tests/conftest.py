@@ -59,12 +59,18 @@ def _pswift_home(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def cluster() -> str:
     """SLURM_CONF of the running dev cluster (started if needed)."""
-    proc = subprocess.run([str(CLUSTER), "start"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([str(CLUSTER), "start"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PSWIFT_PYTHON": sys.executable})
     if proc.returncode != 0:
         pytest.fail(f"dev cluster did not start: {proc.stdout}\n{proc.stderr}")
     conf = proc.stdout.strip().rsplit("SLURM_CONF=", 1)[-1]
     os.environ["SLURM_CONF"] = conf
     return conf
+
+
+CLUSTER_DIR = Path(os.environ.get("PSWIFT_CLUSTER_DIR", "/tmp/pswift-dev-cluster"))
+CLUSTER_DB = CLUSTER_DIR / "history.db"      # where the installed jobcomp plugin merges
+CLUSTER_SPOOL = CLUSTER_DIR / "jobcomp-spool"
 
 
 def squeue_ids() -> set[str]:

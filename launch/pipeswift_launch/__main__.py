@@ -8,6 +8,8 @@ import traceback
 
 
 def main(argv: list[str] | None = None) -> int:
+    import time
+    started = time.time()  # setup counts from here: imports, process group, model, checkpoint load
     # before anything slow: an early SIGTERM must set the flag, not kill the rank
     from . import signals
     signals.install()
@@ -25,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         denv = derive(os.environ)
         os.environ.setdefault("OMP_NUM_THREADS", str(plan.get("cpus_per_task") or 1))
         from .train import run
-        return run(plan, denv)
+        return run(plan, denv, started)
     except (PswiftError, LaunchEnvError, CheckpointError) as e:
         print(f"pswift-launch: error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -69,7 +69,7 @@ def ds_config(plan: dict[str, Any], layout: dict[str, Any]) -> dict[str, Any]:
     return _deep_merge(cfg, t.get("ds_config") or {})
 
 
-def run(plan: dict[str, Any], denv: DistEnv) -> int:
+def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> int:
     os.environ.update(denv.exports())
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if plan["device"] == "cuda" else "cpu")
     import deepspeed
@@ -100,7 +100,7 @@ def run(plan: dict[str, Any], denv: DistEnv) -> int:
         events.close()
         return 3
 
-    t0 = time.time()
+    t0 = started or time.time()
     backend = "nccl" if plan["device"] == "cuda" else "gloo"
     if plan["device"] == "cuda":
         torch.cuda.set_device(denv.local_rank % max(1, torch.cuda.device_count()))

@@ -1,0 +1,337 @@
+"""Admin reports over the history: JCT breakdown per job, attempts, preemption waste, aggregates.
+
+Per job (one row per Slurm job id, all its attempts together):
+  queue      = first start - submit, plus every requeue's wait until the next start
+  setup      = pswift attempts' setup (imports, process group, model build, checkpoint load)
+  training   = pswift attempts' step time
+  checkpoint = pswift attempts' checkpoint writes + the rest of each attempt (cleanup, exit)
+  JCT        = last end - submit
+Plain (non-pswift) jobs have queue and run time only. Steps lost per preemption = last step
+reached - step resumed from; device-hours wasted = (lost steps x median step time + the next
+attempt's setup) x slots / 3600.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .history import History
+
+
+@dataclass
+class JobReport:
+    job_id: str
+    name: str | None
+    user: str | None
+    partition: str | None
+    state: str | None
+    pswift: bool
+    nodes: int | None
+    slots: int | None
+    attempts: int
+    submit: float | None
+    end: float | None
+    queue_s: float
+    setup_s: float
+    training_s: float
+    checkpoint_s: float
+    jct_s: float | None
+    preemptions: int
+    steps_lost: int
+    device_hours_wasted: float
+    step_mean_s: float | None = None
+    step_var: float | None = None
+    predicted_jct_s: float | None = None
+    config: str | None = None
+    run_dir: str | None = None
+    attempt_rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _q(xs: list[float], q: float) -> float | None:
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    i = min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))
+    return xs[i]
+
+
+def job_reports(h: History, user: str | None = None, partition: str | None = None,
+                since: float | None = None, until: float | None = None, state: str | None = None,
+                pswift_only: bool = False, job_id: str | None = None) -> list[JobReport]:
+    where, params = ["1=1"], []
+    for col, val in (("user", user), ("partition", partition), ("job_id", job_id)):
+        if val is not None:
+            where.append(f"s.{col} = ?")
+            params.append(val)
+    if since is not None:
+        where.append("s.submit >= ?")
+        params.append(since)
+    if until is not None:
+        where.append("s.submit < ?")
+        params.append(until)
+    sql = ("SELECT s.cluster, s.job_id, s.start, s.end, s.submit, s.name, s.user, s.partition, s.state, "
+           "s.node_count, s.procs, s.work_dir FROM slurm_jobs s WHERE " + " AND ".join(where) +
+           " ORDER BY s.cluster, s.job_id, s.start")
+    groups: dict[tuple[str, str], list[tuple]] = {}
+    for r in h.db.conn.execute(sql, params):
+        groups.setdefault((r[0], r[1]), []).append(r)
+    # pswift jobs known only from their run directories (no plugin record yet) are included
+    runs = {r[0]: r for r in h.db.conn.execute(
+        "SELECT run_dir, id, job_id, name, user, partition, state, submit_time, predicted_jct_s "
+        "FROM jobs")}
+    out = []
+    seen_runs = set()
+    for (_, jid), rows in groups.items():
+        work = rows[-1][11]
+        run = runs.get(work)
+        if run is not None:
+            seen_runs.add(work)
+        rep = _report(h, jid, rows, run)
+        if pswift_only and not rep.pswift:
+            continue
+        if state is not None and (rep.state or "").upper() != state.upper():
+            continue
+        out.append(rep)
+    if job_id is None and user is None and since is None and until is None:
+        for work, run in runs.items():
+            if work in seen_runs or (partition is not None and run[5] != partition):
+                continue
+            rep = _report(h, run[2] or f"local:{run[1]}", [], run)
+            if state is None or (rep.state or "").upper() == state.upper():
+                out.append(rep)
+    elif job_id is not None and not out:
+        for work, run in runs.items():
+            if run[2] == job_id:
+                out.append(_report(h, job_id, [], run))
+    return out
+
+
+def _report(h: History, jid: str, rows: list[tuple], run: tuple | None) -> JobReport:
+    starts = [r[2] for r in rows]
+    ends = [r[3] for r in rows if r[3] is not None]
+    submit = rows[0][4] if rows else (run[7] if run else None)
+    queue = 0.0
+    if rows and submit is not None:
+        queue = max(0.0, starts[0] - submit)
+        for prev_end, nxt in zip([r[3] for r in rows], starts[1:]):
+            if prev_end is not None:
+                queue += max(0.0, nxt - prev_end)
+    last = rows[-1] if rows else None
+    rep = JobReport(job_id=jid, name=last[5] if last else run[3], user=last[6] if last else run[4],
+                    partition=last[7] if last else run[5], state=(last[8] if last else run[6]),
+                    pswift=run is not None, nodes=last[9] if last else None, slots=last[10] if last else None,
+                    attempts=len(rows), submit=submit, end=max(ends) if ends else None, queue_s=queue,
+                    setup_s=0.0, training_s=0.0, checkpoint_s=0.0, jct_s=None, preemptions=0,
+                    steps_lost=0, device_hours_wasted=0.0)
+    run_time = sum((r[3] - r[2]) for r in rows if r[3] is not None)
+    rep.training_s = run_time
+    if run is not None:
+        attempts = [dict(zip(("attempt", "nodes", "stages", "data_parallel", "micro_batches", "start_step",
+                              "end_step", "ended", "setup_s", "load_s", "checkpoint_s", "train_s",
+                              "step_mean", "step_var", "step_p50", "step_p95", "start_time", "end_time",
+                              "config_key"), a))
+                    for a in h.db.conn.execute(
+                        "SELECT attempt, nodes, stages, data_parallel, micro_batches, start_step, end_step, "
+                        "ended, setup_s, load_s, checkpoint_s, train_s, step_mean, step_var, step_p50, "
+                        "step_p95, start_time, end_time, config_key FROM attempts WHERE job = ? "
+                        "ORDER BY attempt", [run[1]])]
+        rep.attempt_rows = attempts
+        rep.attempts = max(rep.attempts, len(attempts))
+        rep.setup_s = sum(a["setup_s"] or 0.0 for a in attempts)
+        rep.training_s = sum(a["train_s"] or 0.0 for a in attempts)
+        rep.checkpoint_s = max(0.0, run_time - rep.setup_s - rep.training_s) if rows else \
+            sum(a["checkpoint_s"] or 0.0 for a in attempts)
+        steps = [a["step_p50"] for a in attempts if a["step_p50"]]
+        med = statistics.median(steps) if steps else 0.0
+        means = [(a["step_mean"], a["step_var"]) for a in attempts if a["step_mean"] is not None]
+        if means:
+            rep.step_mean_s = statistics.fmean(m for m, _ in means)
+            rep.step_var = statistics.fmean(v for _, v in means)
+        for a, b in zip(attempts, attempts[1:]):
+            if a["ended"] in ("preempted", "time_limit", "killed", "running"):
+                rep.preemptions += a["ended"] != "time_limit"
+                lost = max(0, (a["end_step"] or 0) - (b["start_step"] or 0))
+                slots = (a["stages"] or 1) * (a["data_parallel"] or 1)  # the attempt's world size
+                rep.steps_lost += lost
+                rep.device_hours_wasted += (lost * med + (b["setup_s"] or 0.0)) * slots / 3600
+        if not rows:
+            rep.state = attempts[-1]["ended"] if attempts else run[6]
+            if attempts and attempts[0]["start_time"] and submit:
+                rep.queue_s = max(0.0, attempts[0]["start_time"] - submit)
+        rep.predicted_jct_s = run[8]
+        rep.run_dir = run[0]
+        rep.config = attempts[-1]["config_key"] if attempts else None
+    else:
+        rep.preemptions = sum(1 for r in rows[:-1] if (r[8] or "").upper() in ("PREEMPTED", "REQUEUED"))
+    if rep.end is None and run is not None and rep.attempt_rows:
+        rep.end = rep.attempt_rows[-1]["end_time"]
+    if rep.end is not None and submit is not None:
+        rep.jct_s = rep.end - submit
+    return rep
+
+
+GROUPS = {"partition": lambda r: r.partition, "user": lambda r: r.user, "nodes": lambda r: r.nodes,
+          "config": lambda r: r.config or "(not pswift)"}
+
+
+def aggregate(reps: list[JobReport], by: str) -> list[dict[str, Any]]:
+    key = GROUPS[by]
+    groups: dict[Any, list[JobReport]] = {}
+    for r in reps:
+        groups.setdefault(key(r), []).append(r)
+    out = []
+    for k, rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        waits = [r.queue_s for r in rs]
+        jcts = [r.jct_s for r in rs if r.jct_s is not None]
+        pred = [(r.predicted_jct_s, r.jct_s) for r in rs if r.predicted_jct_s and r.jct_s]
+        out.append({
+            by: k, "jobs": len(rs), "attempts": sum(r.attempts for r in rs),
+            "wait_p50_s": _q(waits, 0.5), "wait_p95_s": _q(waits, 0.95),
+            "jct_p50_s": _q(jcts, 0.5), "jct_p95_s": _q(jcts, 0.95),
+            "preemption_rate": sum(r.preemptions for r in rs) / max(1, sum(r.attempts for r in rs)),
+            "steps_lost": sum(r.steps_lost for r in rs),
+            "device_hours_wasted": sum(r.device_hours_wasted for r in rs),
+            "step_time_var": _q([r.step_var for r in rs if r.step_var is not None], 0.5),
+            "queue_s": sum(waits), "setup_s": sum(r.setup_s for r in rs),
+            "training_s": sum(r.training_s for r in rs), "checkpoint_s": sum(r.checkpoint_s for r in rs),
+            "predicted_vs_actual_jct": (statistics.median(p / a for p, a in pred) if pred else None),
+        })
+    return out
+
+
+def rows_for_output(reps: list[JobReport]) -> list[dict[str, Any]]:
+    keep = ("job_id", "name", "user", "partition", "state", "pswift", "nodes", "attempts", "queue_s",
+            "setup_s", "training_s", "checkpoint_s", "jct_s", "preemptions", "steps_lost",
+            "device_hours_wasted", "step_mean_s", "step_var", "predicted_jct_s")
+    return [{k: asdict(r)[k] for k in keep} for r in reps]
+
+
+def to_csv(rows: list[dict[str, Any]]) -> str:
+    import csv
+    import io
+    if not rows:
+        return ""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def to_json(rows: list[dict[str, Any]]) -> str:
+    return json.dumps(rows, indent=2)
+
+
+def plot(reps: list[JobReport], groups: list[dict[str, Any]] | None, by: str | None, path: Any) -> None:
+    """Stacked JCT breakdown (per job, or per group) and the queue-wait CDF, one PNG."""
+    from .errors import PswiftError
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PswiftError("--plot needs matplotlib: pip install 'pipeswift-slurm[plot]'") from None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [2, 1]})
+    parts = (("queue_s", "queue", "#8172B3"), ("setup_s", "setup", "#CCB974"),
+             ("training_s", "training", "#4C72B0"), ("checkpoint_s", "checkpoint/cleanup", "#DD8452"))
+    if groups is not None:
+        labels = [str(g[by]) for g in groups]
+        vals = {k: [g[k] / 3600 for g in groups] for k, _, _ in parts}
+        ax1.set_title(f"JCT breakdown per {by} (sum over jobs)", loc="left")
+    else:
+        shown = reps[-40:]
+        labels = [f"{r.job_id}\n{(r.name or '')[:10]}" for r in shown]
+        vals = {k: [getattr(r, k) / 3600 for r in shown] for k, _, _ in parts}
+        ax1.set_title("JCT breakdown per job", loc="left")
+    top = max((sum(vals[k][i] for k, _, _ in parts) for i in range(len(labels))), default=0.0)
+    unit, scale = ("seconds", 3600.0) if top < 120 / 3600 else ("minutes", 60.0) if top < 2 else ("hours", 1.0)
+    vals = {k: [v * scale for v in vs] for k, vs in vals.items()}
+    bottom = [0.0] * len(labels)
+    for k, label, color in parts:
+        ax1.bar(range(len(labels)), vals[k], bottom=bottom, label=label, color=color)
+        bottom = [b + v for b, v in zip(bottom, vals[k])]
+    ax1.set_xticks(range(len(labels)))
+    ax1.set_xticklabels(labels, fontsize=7, rotation=0 if len(labels) < 12 else 90)
+    ax1.set_ylabel(unit)
+    ax1.legend(fontsize=8)
+    waits = sorted(r.queue_s / 60 for r in reps)
+    if waits:
+        ax2.step(waits, [(i + 1) / len(waits) for i in range(len(waits))], where="post")
+    ax2.set_title("queue wait CDF", loc="left")
+    ax2.set_xlabel("minutes")
+    ax2.set_ylabel("fraction of jobs")
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise PswiftError(f"cannot write {path}: {e.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
+def diagnose(rep: JobReport, plan: dict[str, Any] | None = None, log_text: str = "") -> list[str]:
+    """The seed's symptom table applied to one job; every finding cites the numbers it used."""
+    from .simulate import simulate
+
+    out: list[str] = []
+    jct = rep.jct_s or 0.0
+    if jct > 0 and rep.queue_s / jct > 0.3:
+        out.append(f"queue: {rep.queue_s / jct:.0%} of the JCT ({_d(rep.queue_s)} of {_d(jct)}) was waiting "
+                   f"in the queue; allow a node range ([resources] nodes = [min, max]) so it starts on "
+                   f"what is free, or use a less busy partition (`pswift plan` compares them)")
+    if rep.preemptions:
+        out.append(f"preemption: preempted {rep.preemptions} time(s), {rep.steps_lost} step(s) lost, "
+                   f"{rep.device_hours_wasted:.3g} device-hours wasted; "
+                   + ("each stop checkpointed at a step boundary, so the waste is restarts: a "
+                      "non-preemptible partition removes it" if rep.steps_lost == 0 else
+                      "checkpoint more often ([training] checkpoint_interval) or make GraceTime cover "
+                      "the checkpoint"))
+    for a, b in zip(rep.attempt_rows, rep.attempt_rows[1:]):
+        if a["ended"] in ("preempted", "time_limit") and a["end_time"] and b["start_time"]:
+            wait = b["start_time"] - a["end_time"]
+            fixed = plan is not None and "-" not in str(plan.get("nodes_request", "-"))
+            if wait > 600 and fixed:
+                out.append(f"requeue: attempt {b['attempt']} waited {_d(wait)} for {a['nodes']} node(s) after "
+                           f"attempt {a['attempt']} stopped; the job cannot continue on fewer nodes: allow a "
+                           f"node range ([resources] nodes = [1, {a['nodes']}]) so it resumes with fewer stages")
+        if b["load_s"] and b["setup_s"] and b["load_s"] > max(30.0, 0.3 * b["setup_s"]):
+            out.append(f"restore: attempt {b['attempt']} spent {_d(b['load_s'])} loading its checkpoint "
+                       f"({b['load_s'] / b['setup_s']:.0%} of setup); keep checkpoints on a fast filesystem "
+                       f"near the nodes and with the stage layout metadata, so each rank reads only its part")
+    for a in rep.attempt_rows:
+        P, m = a["stages"] or 1, a["micro_batches"] or 1
+        bubble = (P - 1) / (m + P - 1)
+        if a["step_p50"] and a["step_p95"] and a["step_p95"] > 1.5 * a["step_p50"]:
+            out.append(f"variance: attempt {a['attempt']} step time p95 {_d(a['step_p95'])} vs p50 "
+                       f"{_d(a['step_p50'])}: stragglers or noisy neighbours; variance hurts JCT more than "
+                       f"a higher mean (exclusive nodes, fewer ranks per node)")
+        if plan and plan.get("prediction") and a["step_p50"]:
+            pred = plan["prediction"]["step_s"]
+            if a["step_p50"] > 1.3 * pred and bubble < 0.25:
+                out.append(f"slow steps: attempt {a['attempt']} ran {a['step_p50'] / pred:.1f}x the predicted "
+                           f"{_d(pred)} per step with a small bubble ({bubble:.0%} at P={P}, m={m}): "
+                           f"communication or too many micro-batches; try fewer, larger micro-batches or "
+                           f"fewer stages (`pswift simulate` shows the schedule)")
+            elif a["step_p50"] > 1.3 * pred:
+                sim = simulate([1.0] * P, [2.0] * P, m, "1f1b")
+                out.append(f"bubble: attempt {a['attempt']} has a pipeline bubble of {sim.bubble_ratio:.0%} "
+                           f"(P={P}, m={m}); raise micro_batches or balance stages by measured time")
+    if "out of memory" in log_text.lower() or "outofmemory" in log_text.lower():
+        out.append("memory: the job log reports out-of-memory; rebalance stages by time and memory: "
+                   "`pswift partition --costs ... --memory ... --memory-cap ...` or more stages")
+    if not out:
+        out.append(f"no problem found: JCT {_d(jct)} = queue {_d(rep.queue_s)} + setup {_d(rep.setup_s)} + "
+                   f"training {_d(rep.training_s)} + checkpoint/cleanup {_d(rep.checkpoint_s)}")
+    return out
+
+
+def _d(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if 0 < s < 1:
+        return f"{s * 1000:.0f} ms"
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.2f} h"

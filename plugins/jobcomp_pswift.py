@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""pswift jobcomp/script program: slurmctld runs it once per job attempt (preemption included)
+with the job's fields in its environment (JOBID, JOBSTATE, START, END, NODES, WORK_DIR, ...).
+
+It must be fast and must never fail or hang slurmctld, so it:
+1. spools the record first: one JSON file, written to a temp name and renamed (stdlib only);
+2. then, best effort within a few seconds, merges it (and, for a pswift job, the run
+   directory's event log) into the history database and removes the spool file.
+Anything going wrong in step 2 (locked or corrupt DB, missing run dir, no pipeswift_slurm on
+this Python) leaves the spool file for `pswift history ingest --spool DIR` and logs one line to
+stderr. If even step 1 fails (full disk), it logs and exits 0 all the same.
+
+Install (see README "Admin: Slurm plugins"): a wrapper that runs this file with --spool and
+--db, named by JobCompType=jobcomp/script + JobCompLoc=<wrapper> in slurm.conf.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+FIELDS = ("ACCOUNT", "BATCH", "CLUSTER", "DERIVED_EC", "END", "EXITCODE", "GID", "GROUPNAME",
+          "JOBID", "JOBNAME", "JOBSTATE", "LIMIT", "NODECNT", "NODES", "PARTITION", "PROCS", "QOS",
+          "START", "STATEREASONPREV", "STDOUT", "SUBMIT", "UID", "USERNAME", "WORK_DIR",
+          "ARRAYJOBID", "ARRAYTASKID", "RESERVATION")
+
+
+def log(msg: str) -> None:
+    try:
+        print(f"pswift-jobcomp: {msg}", file=sys.stderr, flush=True)
+    except Exception:
+        pass
+
+
+def spool(record: dict, spool_dir: str) -> str:
+    os.makedirs(spool_dir, exist_ok=True)
+    name = f"{record.get('JOBID', 'x')}.{record.get('START', '0')}.{time.time_ns()}.json"
+    tmp = os.path.join(spool_dir, f".{name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(record, f)
+        f.flush()
+        os.fsync(f.fileno())
+    path = os.path.join(spool_dir, name)
+    os.replace(tmp, path)
+    return path
+
+
+def merge(path: str, db: str | None) -> None:
+    from pipeswift_slurm.history import History
+
+    h = History(db, timeout=2.0)
+    try:
+        h.ingest_spool_file(path)
+    finally:
+        h.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--spool", required=True)
+    ap.add_argument("--db", default=None)
+    ap.add_argument("--timeout", type=float, default=8.0)
+    args = ap.parse_args(argv)
+    # never hang slurmctld: give up on the merge (the spool file stays) after --timeout
+    signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("merge timed out")))
+    signal.setitimer(signal.ITIMER_REAL, args.timeout)
+    record = {k: os.environ[k] for k in FIELDS if k in os.environ}
+    record["recorded_at"] = time.time()
+    try:
+        path = spool(record, args.spool)
+    except Exception as e:  # full disk, unwritable dir: nothing else we can do
+        log(f"cannot spool job {record.get('JOBID')}: {e}")
+        return 0
+    try:
+        merge(path, args.db)
+    except BaseException as e:  # locked/corrupt DB, timeout, no pipeswift_slurm: keep the spool
+        log(f"job {record.get('JOBID')} spooled at {path}, not merged ({type(e).__name__}: {e})")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException as e:  # pragma: no cover - last resort: never a non-zero exit
+        log(f"unexpected: {type(e).__name__}: {e}")
+    sys.exit(0)

@@ -1,0 +1,213 @@
+"""Admin side (issue: history): the jobcomp plugin's failure paths, job_submit.lua through real
+sbatch, and a mixed workload on the real cluster through ingest, reports, plot and doctor."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CLUSTER_DB, CLUSTER_SPOOL, ROOT, copy_example, pswift, wait_state
+from pipeswift_slurm.history import History
+
+PLUGIN = ROOT / "plugins" / "jobcomp_pswift.py"
+ENV = {"JOBID": "777", "JOBNAME": "plain job", "JOBSTATE": "COMPLETED", "PARTITION": "low",
+       "NODECNT": "1", "NODES": "node1", "SUBMIT": "1700000000", "START": "1700000060",
+       "END": "1700000660", "USERNAME": "alice", "UID": "1000", "EXITCODE": "0", "PROCS": "1"}
+
+
+def run_plugin(spool: Path, db: Path, **env: str) -> subprocess.CompletedProcess:
+    full = {**os.environ, **ENV, **env}
+    t = time.time()
+    proc = subprocess.run([sys.executable, str(PLUGIN), "--spool", str(spool), "--db", str(db),
+                           "--timeout", "5"], env=full, capture_output=True, text=True, timeout=60)
+    proc.seconds = time.time() - t  # type: ignore[attr-defined]
+    return proc
+
+
+def slurm_rows(db: Path) -> list[dict]:
+    h = History(db)
+    try:
+        return list(h.db["slurm_jobs"].rows)
+    finally:
+        h.close()
+
+
+def test_plugin_merges_at_once_when_all_is_well(tmp_path):
+    proc = run_plugin(tmp_path / "spool", tmp_path / "h.db")
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert not list((tmp_path / "spool").glob("*.json"))
+    (row,) = slurm_rows(tmp_path / "h.db")
+    assert (row["job_id"], row["user"], row["state"], row["start"], row["end"]) == \
+        ("777", "alice", "COMPLETED", 1700000060.0, 1700000660.0)
+
+
+def test_plugin_spools_when_the_db_is_locked_and_ingest_merges_later(tmp_path):
+    db = tmp_path / "h.db"
+    History(db).close()
+    holder = sqlite3.connect(db)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        proc = run_plugin(tmp_path / "spool", db)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert proc.returncode == 0 and proc.seconds < 10
+    assert "spooled at" in proc.stderr and "locked" in proc.stderr
+    assert len(list((tmp_path / "spool").glob("*.json"))) == 1
+    out = pswift("history", "ingest", "--spool", str(tmp_path / "spool"), "--db", str(db), "--no-registered")
+    assert out.returncode == 0 and "1 spooled record(s)" in out.stdout, out.stderr
+    assert [r["job_id"] for r in slurm_rows(db)] == ["777"]
+    again = pswift("history", "ingest", "--spool", str(tmp_path / "spool"), "--db", str(db), "--no-registered")
+    assert "0 spooled record(s)" in again.stdout and len(slurm_rows(db)) == 1  # idempotent
+
+
+def test_plugin_spools_when_the_db_is_corrupt(tmp_path):
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"garbage" * 1000)
+    proc = run_plugin(tmp_path / "spool", bad)
+    assert proc.returncode == 0 and "unusable" in proc.stderr
+    assert bad.read_bytes() == b"garbage" * 1000  # nothing overwritten
+    good = tmp_path / "good.db"
+    pswift("history", "ingest", "--spool", str(tmp_path / "spool"), "--db", str(good), "--no-registered",
+           check=True)
+    assert [r["job_id"] for r in slurm_rows(good)] == ["777"]
+
+
+def test_plugin_with_a_run_dir_gone_still_records_the_job(tmp_path):
+    proc = run_plugin(tmp_path / "spool", tmp_path / "h.db", WORK_DIR=str(tmp_path / "gone"))
+    assert proc.returncode == 0
+    assert [r["work_dir"] for r in slurm_rows(tmp_path / "h.db")] == [str(tmp_path / "gone")]
+
+
+def test_plugin_cannot_spool_exits_0_and_says_why(tmp_path):
+    blocker = tmp_path / "spool"
+    blocker.write_text("a file where the spool folder should be")
+    proc = run_plugin(blocker, tmp_path / "h.db")
+    assert proc.returncode == 0 and "cannot spool job 777" in proc.stderr
+
+
+def test_jobcomp_filetxt_parsing_of_recorded_lines(tmp_path):
+    """Lines recorded from this Slurm 22.05's jobcomp/filetxt (names and paths with spaces)."""
+    f = tmp_path / "jobcomp.txt"
+    f.write_text(
+        "JobId=9 UserId=root(0) GroupId=root(0) Name=it's \"$(touch PWNED)\" x JobState=COMPLETED "
+        "Partition=low TimeLimit=15 StartTime=2026-11-29T15:05:27 EndTime=2026-11-29T15:05:31 "
+        "NodeList=node[1-2] NodeCnt=2 ProcCnt=2 WorkDir=/tmp/run dir 'quoted' ReservationName= "
+        "Tres=cpu=2,mem=125G,node=2,billing=2 Account= QOS= WcKey= Cluster=unknown "
+        "SubmitTime=2026-11-29T15:05:26 EligibleTime=2026-11-29T15:05:26 DerivedExitCode=0:0 ExitCode=0:0\n"
+        "JobId=10 UserId=bob(1001) GroupId=bob(1001) Name=wrap JobState=PREEMPTED Partition=low "
+        "TimeLimit=UNLIMITED StartTime=2026-11-29T15:06:00 EndTime=2026-11-29T15:07:00 NodeList=node3 "
+        "NodeCnt=1 ProcCnt=1 WorkDir=/home/bob SubmitTime=2026-11-29T15:05:59 ExitCode=0:15\n")
+    db = tmp_path / "h.db"
+    out = pswift("history", "ingest", "--jobcomp-file", str(f), "--db", str(db), "--no-registered", check=True)
+    assert "2 jobcomp line(s)" in out.stdout
+    rows = sorted(slurm_rows(db), key=lambda r: int(r["job_id"]))
+    assert rows[0]["name"] == "it's \"$(touch PWNED)\" x" and rows[0]["work_dir"] == "/tmp/run dir 'quoted'"
+    assert (rows[1]["user"], rows[1]["state"], rows[1]["node_count"]) == ("bob", "PREEMPTED", 1)
+    pswift("history", "ingest", "--jobcomp-file", str(f), "--db", str(db), "--no-registered", check=True)
+    assert len(slurm_rows(db)) == 2
+
+
+# ----------------------------------------------------------------------------- job_submit.lua
+PSWIFT_LIKE = "#!/bin/bash\n{extra}\n# runs: python -m pipeswift_launch plan.json\ntrue\n"
+
+
+def sbatch_script(tmp_path, text: str, *args: str) -> subprocess.CompletedProcess:
+    s = tmp_path / "job.sh"
+    s.write_text(text)
+    return subprocess.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null", *args, str(s)],
+                          capture_output=True, text=True)
+
+
+def requeue_flag(job_id: str) -> str:
+    show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    subprocess.run(["scancel", job_id])
+    return show.split("Requeue=")[1].split()[0]
+
+
+@pytest.mark.slurm
+def test_job_submit_adds_requeue_to_pswift_jobs_only(cluster, tmp_path):
+    p = sbatch_script(tmp_path, PSWIFT_LIKE.format(extra=""))
+    assert p.returncode == 0, p.stderr
+    assert requeue_flag(p.stdout.strip()) == "1"
+    plain = sbatch_script(tmp_path, "#!/bin/bash\ntrue\n")
+    assert requeue_flag(plain.stdout.strip()) == "0"  # JobRequeue=0 on this cluster
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("extra,args,needle", [
+    ("", ("--no-requeue",), "asks --no-requeue"),
+    ("#SBATCH --signal=USR1@60", (), "SIGUSR1 conflicts with NCCL"),
+    ("#SBATCH --open-mode=truncate", (), "would erase the log of earlier attempts"),
+])
+def test_job_submit_rejects_contradictions_at_sbatch_time(cluster, tmp_path, extra, args, needle):
+    p = sbatch_script(tmp_path, PSWIFT_LIKE.format(extra=extra), *args)
+    assert p.returncode != 0 and needle in p.stderr, p.stderr
+
+
+@pytest.mark.slurm
+def test_job_submit_message_reaches_a_pswift_user(cluster, example, tmp_path):
+    proc = pswift("sbatch", "--run-dir", str(tmp_path / "run"), str(example), "--", "--no-requeue")
+    assert proc.returncode == 1 and "asks --no-requeue" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+# ----------------------------------------------------------------------------- mixed workload
+@pytest.mark.slurm
+@pytest.mark.deepspeed
+def test_mixed_workload_in_reports_plot_and_doctor(cluster, tmp_path):
+    from test_preemption import SLOW_DATA, events
+
+    plain = [subprocess.run(["sbatch", "--parsable", "-J", f"plain{i}", "-o", "/dev/null", "--wrap",
+                             "sleep 2"], capture_output=True, text=True, check=True).stdout.strip()
+             for i in range(2)]
+    toml = copy_example(tmp_path / "ex", {"steps": "60", "checkpoint_interval": "0", "name": '"preempted-one"'})
+    (toml.parent / "slow.py").write_text(SLOW_DATA)
+    toml.write_text(toml.read_text().replace('data = "model:batch"', 'data = "slow:batch"'))
+    run = tmp_path / "run"
+    job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
+    deadline = time.time() + 120
+    while sum(e["event"] == "step" for e in events(run)) < 5:
+        assert time.time() < deadline
+        time.sleep(0.3)
+    nodes = subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], capture_output=True, text=True).stdout.strip()
+    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-w", nodes, "--exclusive", "-o", "/dev/null",
+                           "--wrap", "sleep 2"], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240) == "COMPLETED"
+        for j in plain:
+            wait_state(j, {"COMPLETED"}, timeout=60)
+    finally:
+        subprocess.run(["scancel", high])
+    time.sleep(2)  # the last jobcomp records
+    db = str(CLUSTER_DB)
+    pswift("history", "ingest", "--spool", str(CLUSTER_SPOOL), "--db", db, "--no-registered", check=True)
+    rows = {r["job_id"]: r for r in json.loads(pswift("history", "jobs", "--db", db, "--format", "json",
+                                                      check=True).stdout)}
+    for j in plain:
+        assert rows[j]["pswift"] is False and rows[j]["state"] == "COMPLETED"
+        assert rows[j]["training_s"] >= 1 and rows[j]["jct_s"] >= rows[j]["training_s"]
+    r = rows[job]
+    assert r["pswift"] is True and r["attempts"] == 2 and r["preemptions"] == 1 and r["steps_lost"] == 0
+    assert r["state"] == "COMPLETED" and r["setup_s"] > 0 and r["training_s"] > 0
+    assert r["queue_s"] >= 5  # the requeue's wait (BeginTime) counts as queue
+    parts = r["queue_s"] + r["setup_s"] + r["training_s"] + r["checkpoint_s"]
+    assert abs(parts - r["jct_s"]) < 0.05 * r["jct_s"] + 2
+    show = pswift("history", "show", job, "--db", db, check=True).stdout
+    assert "2 attempt(s), 1 preemption(s), 0 step(s) lost" in show and "attempt 1:" in show
+    png = tmp_path / "report.png"
+    rep = pswift("history", "report", "--db", db, "--by", "partition", "--plot", str(png), check=True)
+    assert "low" in rep.stdout and png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
+    doc = pswift("doctor", job, "--db", db, check=True).stdout
+    assert "preemption: preempted 1 time(s), 0 step(s) lost" in doc
+    csv = pswift("history", "export", "--db", db, "--pswift-only", check=True).stdout
+    import csv as csvmod
+    ids = {r["job_id"] for r in csvmod.DictReader(csv.splitlines())}
+    assert job in ids and not ids & set(plain)
