@@ -68,7 +68,8 @@ def past_runs(cfg: TrainConfig, h: hist_mod.History | None) -> PastRuns:
         w = h.partition_waits(cfg.job.partition, n)
         if w:
             waits[n] = statistics.median(w)
-    return PastRuns(step_times=steps, setup_s=statistics.median(setups) if setups else None, waits=waits)
+    return PastRuns(step_times=steps, setup_s=statistics.median(setups) if setups else None, waits=waits,
+                    preemptions_per_hour=h.preemptions_per_hour(cfg.job.partition))
 
 
 def step_key_for(cfg: TrainConfig) -> Callable[[Candidate], str]:

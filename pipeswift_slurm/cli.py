@@ -739,17 +739,28 @@ def history_report(db: Path | None, user: str | None, partition: str | None, sin
 
         pswift history report --by user --plot jct.png
     """
-    from .report import aggregate
+    from .history import History
+    from .report import aggregate, aggregate_sql, job_reports, wait_quantiles
     from .report import plot as draw
-    reps = _reports(db, user, partition, since, until, state, pswift_only)
-    groups = aggregate(reps, by)
+
+    h = History(db, create=False)
+    try:
+        if by == "config":  # pswift configs: the (small) pswift tables
+            reps = job_reports(h, user, partition, _since(since), _since(until), state, True)
+            groups = aggregate(reps, by)
+            waits = [r.queue_s for r in reps]
+        else:  # any number of Slurm jobs: aggregated inside SQLite
+            groups = aggregate_sql(h, by, user, partition, _since(since), _since(until), state, pswift_only)
+            waits = wait_quantiles(h) if plot is not None else []
+    finally:
+        h.close()
     _emit(groups, fmt, [(by, by), ("jobs", "jobs"), ("attempts", "attempts"), ("wait_p50_s", "wait p50"),
                         ("wait_p95_s", "wait p95"), ("jct_p50_s", "JCT p50"), ("jct_p95_s", "JCT p95"),
                         ("preemption_rate", "preempt rate"), ("steps_lost", "steps lost"),
                         ("device_hours_wasted", "device-h wasted"), ("step_time_var", "step var"),
                         ("predicted_vs_actual_jct", "pred/actual JCT")])
     if plot is not None:
-        draw(reps, groups, by, plot)
+        draw([], groups, by, plot, waits)
         _warn(f"plot written to {plot}")
 
 

@@ -66,11 +66,43 @@ MIGRATIONS: list[str] = [
         name TEXT, user TEXT, partition TEXT, state TEXT, node_count INTEGER, nodes TEXT,
         submit REAL, end REAL, exit_code TEXT, work_dir TEXT, time_limit TEXT, procs INTEGER,
         source TEXT, PRIMARY KEY (cluster, job_id, start)
-    );
+    ) WITHOUT ROWID;
     CREATE INDEX slurm_jobs_submit ON slurm_jobs(submit);
     CREATE INDEX slurm_jobs_work_dir ON slurm_jobs(work_dir);
     """,
+    # 3: one row per Slurm job (all its attempts rolled up), kept current by every ingest, so
+    #    reports over millions of jobs read one narrow row per job
+    """
+    CREATE TABLE job_rollup (
+        cluster TEXT NOT NULL, job_id TEXT NOT NULL, partition TEXT, user TEXT, nodes INTEGER,
+        work_dir TEXT, submit REAL, attempts INTEGER, preempted INTEGER, run_s REAL, jct_s REAL,
+        queue_s REAL, last_state TEXT, PRIMARY KEY (cluster, job_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX job_rollup_submit ON job_rollup(submit);
+    CREATE INDEX job_rollup_partition ON job_rollup(partition, submit);
+    INSERT INTO job_rollup SELECT cluster, job_id, MAX(partition), MAX(user), MAX(node_count),
+        MAX(work_dir), MIN(submit), COUNT(*),
+        SUM(CASE WHEN state IN ('PREEMPTED', 'REQUEUED') THEN 1 ELSE 0 END), SUM(end - start),
+        MAX(end) - MIN(submit), MAX(end) - MIN(submit) - SUM(end - start), NULL
+        FROM slurm_jobs GROUP BY cluster, job_id;
+    """,
 ]
+
+_COLS = ("cluster", "job_id", "start", "name", "user", "partition", "state", "node_count", "nodes",
+         "submit", "end", "exit_code", "work_dir", "time_limit", "procs", "source")
+_UPSERT = (f"INSERT INTO slurm_jobs ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))}) "
+           f"ON CONFLICT (cluster, job_id, start) DO UPDATE SET " +
+           ", ".join(f"{c} = excluded.{c}" for c in _COLS[3:]))
+_ROLLUP = """
+    INSERT OR REPLACE INTO job_rollup
+    SELECT s.cluster, s.job_id, MAX(s.partition), MAX(s.user), MAX(s.node_count), MAX(s.work_dir),
+        MIN(s.submit), COUNT(*), SUM(CASE WHEN s.state IN ('PREEMPTED', 'REQUEUED') THEN 1 ELSE 0 END),
+        SUM(s.end - s.start), MAX(s.end) - MIN(s.submit), MAX(s.end) - MIN(s.submit) - SUM(s.end - s.start),
+        (SELECT l.state FROM slurm_jobs l WHERE l.cluster = s.cluster AND l.job_id = s.job_id
+         ORDER BY l.start DESC LIMIT 1)
+    FROM slurm_jobs s JOIN temp.touched t ON t.cluster = s.cluster AND t.job_id = s.job_id
+    GROUP BY s.cluster, s.job_id
+"""
 
 
 def default_path() -> Path:
@@ -198,9 +230,15 @@ class History:
         if not rows:
             return 0
         conn = self.db.conn
+        conn.execute("CREATE TEMP TABLE IF NOT EXISTS touched (cluster TEXT, job_id TEXT, "
+                     "PRIMARY KEY (cluster, job_id)) WITHOUT ROWID")
         conn.execute("BEGIN IMMEDIATE")
         try:
-            self.db["slurm_jobs"].upsert_all(rows, pk=("cluster", "job_id", "start"))
+            conn.execute("DELETE FROM temp.touched")
+            conn.executemany(_UPSERT, [tuple(r[c] for c in _COLS) for r in rows])
+            conn.executemany("INSERT OR IGNORE INTO temp.touched VALUES (?, ?)",
+                             {(r["cluster"], r["job_id"]) for r in rows})
+            conn.execute(_ROLLUP)
             conn.execute("COMMIT")
         except Exception:
             conn.execute("ROLLBACK")
@@ -266,6 +304,18 @@ class History:
             "ORDER BY end_time DESC LIMIT ?", [limit])
         return [dict(zip(("job_id", "name", "predicted_step_s", "actual_step_s", "predicted_jct_s",
                           "actual_jct_s"), r)) for r in rows]
+
+    def preemptions_per_hour(self, partition: str | None, days: float = 30.0,
+                             now: float | None = None) -> float:
+        """Preemptions per hour of run time on a partition over the last ``days`` (recent
+        behaviour, and an index range scan however long the history)."""
+        import time as _time
+        since = (now if now is not None else _time.time()) - days * 86400
+        row = self.db.conn.execute(
+            "SELECT SUM(preempted), SUM(run_s) FROM job_rollup WHERE partition IS ? AND submit >= ?",
+            [partition, since]).fetchone()
+        pre, run = row if row else (None, None)
+        return (pre or 0) / (run / 3600) if run else 0.0
 
     def partition_waits(self, partition: str | None, nodes: int) -> list[float]:
         rows = self.db.conn.execute(

@@ -225,7 +225,8 @@ def to_json(rows: list[dict[str, Any]]) -> str:
     return json.dumps(rows, indent=2)
 
 
-def plot(reps: list[JobReport], groups: list[dict[str, Any]] | None, by: str | None, path: Any) -> None:
+def plot(reps: list[JobReport], groups: list[dict[str, Any]] | None, by: str | None, path: Any,
+         waits_s: list[float] | None = None) -> None:
     """Stacked JCT breakdown (per job, or per group) and the queue-wait CDF, one PNG."""
     from .errors import PswiftError
     try:
@@ -257,7 +258,7 @@ def plot(reps: list[JobReport], groups: list[dict[str, Any]] | None, by: str | N
     ax1.set_xticklabels(labels, fontsize=7, rotation=0 if len(labels) < 12 else 90)
     ax1.set_ylabel(unit)
     ax1.legend(fontsize=8)
-    waits = sorted(r.queue_s / 60 for r in reps)
+    waits = sorted(w / 60 for w in (waits_s if waits_s is not None else [r.queue_s for r in reps]))
     if waits:
         ax2.step(waits, [(i + 1) / len(waits) for i in range(len(waits))], where="post")
     ax2.set_title("queue wait CDF", loc="left")
@@ -335,3 +336,98 @@ def _d(s: float | None) -> str:
     if 0 < s < 1:
         return f"{s * 1000:.0f} ms"
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.2f} h"
+
+
+_KEYS = {"partition": "partition", "user": "user", "nodes": "nodes"}
+
+
+def aggregate_sql(h: History, by: str, user: str | None = None, partition: str | None = None,
+                  since: float | None = None, until: float | None = None, state: str | None = None,
+                  pswift_only: bool = False) -> list[dict[str, Any]]:
+    """:func:`aggregate` computed in SQLite (per-job roll-up, window-function percentiles), for
+    millions of jobs; pswift-only figures (setup, checkpoints, steps lost, waste, step-time
+    variance, predicted JCT) come from the pswift tables, which are small."""
+    if by not in _KEYS:
+        raise ValueError(by)
+    where, params = ["1=1"], []
+    for col, val in (("r.user", user), ("r.partition", partition)):
+        if val is not None:
+            where.append(f"{col} = ?")
+            params.append(val)
+    if since is not None:
+        where.append("r.submit >= ?")
+        params.append(since)
+    if until is not None:
+        where.append("r.submit < ?")
+        params.append(until)
+    if pswift_only:
+        where.append("r.work_dir IN (SELECT run_dir FROM jobs)")
+    if state is not None:
+        where.append("UPPER(COALESCE(r.last_state, '')) = ?")
+        params.append(state.upper())
+    key = _KEYS[by]
+    col = {"partition": "r.partition", "user": "r.user", "nodes": "r.nodes"}[key]
+    conn = h.db.conn
+    out: dict[Any, dict[str, Any]] = {}
+    waits: dict[Any, list[float]] = {}
+    jcts: dict[Any, list[float]] = {}
+    # one narrow row per job from the roll-up table; percentiles by sorting in Python
+    q = (f"SELECT {col}, attempts, preempted, queue_s, run_s, jct_s FROM job_rollup r "
+         f"WHERE {' AND '.join(where)}")
+    for k, attempts, pre, queue, run, jct in conn.execute(q, params):
+        g = out.get(k)
+        if g is None:
+            g = out[k] = {by: k, "jobs": 0, "attempts": 0, "pre": 0, "queue_s": 0.0, "setup_s": 0.0,
+                          "training_s": 0.0, "checkpoint_s": 0.0, "steps_lost": 0,
+                          "device_hours_wasted": 0.0, "step_time_var": None, "predicted_vs_actual_jct": None}
+            waits[k], jcts[k] = [], []
+        g["jobs"] += 1
+        g["attempts"] += attempts
+        g["pre"] += pre or 0
+        if queue is not None:
+            g["queue_s"] += queue
+            waits[k].append(queue)
+        if run is not None:
+            g["training_s"] += run
+        if jct is not None:
+            jcts[k].append(jct)
+    for k, g in out.items():
+        g["preemption_rate"] = g.pop("pre") / max(1, g["attempts"])
+        for name, xs in (("wait", waits[k]), ("jct", jcts[k])):
+            xs.sort()
+            g[f"{name}_p50_s"] = xs[int(0.5 * (len(xs) - 1))] if xs else None
+            g[f"{name}_p95_s"] = xs[int(0.95 * (len(xs) - 1) + 0.5)] if xs else None
+    # pswift jobs: split their run time into setup / training / checkpoint and add their waste
+    runs = {r[0] for r in conn.execute("SELECT run_dir FROM jobs")}
+    if runs:
+        reps = [r for r in job_reports(h, user, partition, since, until, state, pswift_only)
+                if r.pswift and r.attempts and r.run_dir in runs and r.submit is not None]
+        per: dict[Any, list[JobReport]] = {}
+        for r in reps:
+            per.setdefault(GROUPS[by](r), []).append(r)
+        for k, rs in per.items():
+            g = out.get(k)
+            if g is None:
+                continue
+            for r in rs:
+                g["training_s"] -= r.setup_s + r.checkpoint_s
+                g["setup_s"] += r.setup_s
+                g["checkpoint_s"] += r.checkpoint_s
+                g["steps_lost"] += r.steps_lost
+                g["device_hours_wasted"] += r.device_hours_wasted
+            g["step_time_var"] = _q([r.step_var for r in rs if r.step_var is not None], 0.5)
+            pred = [(r.predicted_jct_s, r.jct_s) for r in rs if r.predicted_jct_s and r.jct_s]
+            g["predicted_vs_actual_jct"] = statistics.median(p / a for p, a in pred) if pred else None
+    cols = [by, "jobs", "attempts", "wait_p50_s", "wait_p95_s", "jct_p50_s", "jct_p95_s", "preemption_rate",
+            "steps_lost", "device_hours_wasted", "step_time_var", "queue_s", "setup_s", "training_s",
+            "checkpoint_s", "predicted_vs_actual_jct"]
+    return [{c: g.get(c) for c in cols} for _, g in sorted(out.items(), key=lambda kv: str(kv[0]))]
+
+
+def wait_quantiles(h: History, points: int = 200) -> list[float]:
+    """Queue waits per job at ``points`` quantiles, for the CDF plot."""
+    xs = sorted(w for (w,) in h.db.conn.execute("SELECT queue_s FROM job_rollup WHERE queue_s IS NOT NULL"))
+    if not xs:
+        return []
+    step = max(1, len(xs) // points)
+    return xs[::step] + [xs[-1]]

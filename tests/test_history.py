@@ -30,9 +30,9 @@ def test_ingest_is_idempotent_and_keeps_attempts_profiles_and_stats(trained, tmp
     toml, run, home = trained
     db = tmp_path / "h.db"
     first = pswift("history", "ingest", str(run), "--db", str(db))
-    assert first.returncode == 0 and "ingested 1 changed run directory; 1 job(s)" in first.stdout
+    assert first.returncode == 0 and "ingested 1 changed run directory; 0 Slurm attempt(s), 1 pswift job(s)" in first.stdout
     again = pswift("history", "ingest", str(run), "--db", str(db))
-    assert "ingested 0 changed run directories; 1 job(s)" in again.stdout
+    assert "ingested 0 changed run directories; 0 Slurm attempt(s), 1 pswift job(s)" in again.stdout
     h = History(db)
     try:
         (a,) = list(h.db["attempts"].rows)
@@ -87,3 +87,36 @@ def test_locked_db_does_not_break_planning(trained, tmp_path):
         holder.close()
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_partition_preemption_history_raises_expected_loss(tmp_path):
+    from pipeswift_slurm.history import History
+    db = tmp_path / "h.db"
+    h = History(db)
+    recs = []
+    for i in range(10):  # 10 jobs of 1 h on "low", every other one preempted once
+        start = 1_700_000_000 + i * 10_000
+        if i % 2:
+            recs.append({"JOBID": str(i), "PARTITION": "low", "JOBSTATE": "PREEMPTED", "SUBMIT": start - 60,
+                         "START": start, "END": start + 1800})
+            start += 1900
+        recs.append({"JOBID": str(i), "PARTITION": "low", "JOBSTATE": "COMPLETED", "SUBMIT": start - 60,
+                     "START": start, "END": start + (1800 if i % 2 else 3600)})
+    h.add_slurm_records(recs, "test")
+    assert h.preemptions_per_hour("low", now=1_700_100_000) == pytest.approx(0.5)
+    assert h.preemptions_per_hour("high", now=1_700_100_000) == 0.0
+    assert h.preemptions_per_hour("low", now=1_700_100_000 + 40 * 86400) == 0.0  # older than 30 days
+    h.close()
+
+
+def test_sacct_json_parsing():
+    """The openapi layout of `sacct --json` (slurmdbd clusters; there is none here to run it)."""
+    from pipeswift_slurm.history import normalise_record, parse_sacct_json
+    doc = {"jobs": [{"job_id": 5, "name": "train", "user": "ann", "partition": "gpu", "cluster": "c1",
+                     "state": {"current": "COMPLETED"}, "time": {"submission": 100, "start": 160, "end": 400},
+                     "nodes": "g[1-2]", "allocation_nodes": 2, "working_directory": "/runs/a",
+                     "exit_code": {"return_code": 0}}]}
+    (rec,) = parse_sacct_json(json.dumps(doc))
+    row = normalise_record(rec, "sacct")
+    assert (row["job_id"], row["user"], row["state"], row["node_count"], row["submit"], row["start"],
+            row["end"], row["work_dir"]) == ("5", "ann", "COMPLETED", 2, 100.0, 160.0, 400.0, "/runs/a")

@@ -142,3 +142,12 @@ def test_contention_decided_from_live_cluster_state(cluster, tmp_path, limit, no
         assert f"#SBATCH --nodes={nodes}\n" in dry
     finally:
         subprocess.run(["scancel", blocker])
+
+
+def test_partition_preemption_rate_adds_expected_loss(tmp_path):
+    cfg = load_config(big_toml(tmp_path))
+    prof = Profile(cfg.model.layer_costs, None, None, 1, "toml")
+    calm = plan(cfg, prof, Hardware(host_cores=8), cluster(None)).chosen.estimate
+    stormy = plan(cfg, prof, Hardware(host_cores=8), cluster(None), PastRuns(preemptions_per_hour=2.0)).chosen.estimate
+    assert calm.preemption_s == 0 and stormy.preemption_s > 0
+    assert stormy.jct_s == pytest.approx(calm.jct_s + stormy.preemption_s)

@@ -1,0 +1,49 @@
+"""Simulator speed: 64 stages x 512 micro-batches per schedule, against a bare loop that only
+visits the same number of operations (the floor for any event-by-event simulator), same run.
+
+    python bench/simulator.py [--out bench/results/simulator.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipeswift_slurm.simulate import simulate  # noqa: E402
+
+
+def best_of(fn, n: int = 3) -> float:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return min(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "simulator.json"))
+    args = ap.parse_args()
+    P, m = 64, 512
+    fwd, bwd = [1.0] * P, [2.0] * P
+    ops = 2 * P * m
+    floor = best_of(lambda: sum(1 for _ in range(ops)))
+    res = {"benchmark": "simulator", "stages": P, "micro_batches": m, "bare_loop_s": floor, "schedules": {}}
+    for sch, kw in (("gpipe", {}), ("1f1b", {}), ("interleaved", {"chunks": 2}), ("zb-h1", {})):
+        t = best_of(lambda: simulate(fwd, bwd, m, sch, keep_ops=False, **kw))
+        res["schedules"][sch] = {"seconds": t, "vs_bare_loop": t / floor}
+        print(f"{sch:12s} {P} x {m}: {t * 1000:7.1f} ms ({t / floor:.0f}x a bare loop over the ops)")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
