@@ -84,8 +84,8 @@ def step_key_for(cfg: TrainConfig) -> Callable[[Candidate], str]:
     return key
 
 
-def make_plan(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn
-              ) -> tuple[PlanResult | None, list[dict]]:
+def make_plan(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn,
+              test_only: bool = False) -> tuple[PlanResult | None, list[dict]]:
     """The planner's result (None without any per-layer costs) and the model's recent errors."""
     h = hist_mod.safe_open(db, warn)
     errors: list[dict] = []
@@ -107,7 +107,20 @@ def make_plan(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn
                 cluster = slurm.cluster_state()
             except PswiftError as e:
                 warn(f"warning: no live cluster state ({e}); queue waits from history")
-        res = plan(cfg, profile, hardware(cfg, cluster), cluster, past_runs(cfg, h), step_key_for(cfg))
+        starts = None
+        if test_only and cluster is not None:
+            r = cfg.resources
+            starts = {}
+            for n in r.node_counts:
+                try:
+                    starts[n] = slurm.test_only_start(n, r.tasks_per_node * r.cpus_per_task,
+                                                      cfg.job.partition, cfg.job.time)
+                except PswiftError as e:
+                    warn(f"warning: sbatch --test-only failed ({e}); using the backfill estimate")
+                    starts = None
+                    break
+        res = plan(cfg, profile, hardware(cfg, cluster), cluster, past_runs(cfg, h), step_key_for(cfg),
+                   starts)
         return res, errors
     finally:
         if h is not None:

@@ -15,6 +15,7 @@ import click
 from . import __version__, rundir, slurm
 from .config import TrainConfig, load_config
 from .errors import PswiftError, RunDirError
+from .fmt import duration
 from .plan import build_plan, rule_layouts, write_plan
 from .sbatch import options_for, render
 
@@ -273,8 +274,10 @@ def status(job: str, as_json: bool) -> None:
 @click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="PSWIFT_DB",
               help="History database (default $PSWIFT_HOME/history.db).")
 @click.option("--no-live", is_flag=True, help="Do not ask Slurm for the live cluster state.")
+@click.option("--test-only", is_flag=True,
+              help="Ask `sbatch --test-only` for each node count's start (uses a job id each).")
 @_errors
-def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool) -> None:
+def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_only: bool) -> None:
     """Rank every candidate layout of TOML by estimated job completion time, and say why.
 
     JCT = queue wait (live sinfo/squeue) + setup + steps x step time (cost model on per-layer
@@ -295,7 +298,7 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool) -> None:
 
     cfg = load_config(toml)
     rule_layouts(cfg)
-    res, errors = make_plan(cfg, db, not no_live, _warn)
+    res, errors = make_plan(cfg, db, not no_live, _warn, test_only)
     if res is None:
         raise CLIError(f"{toml}: nothing to plan with: add [model] layer_costs (seconds per layer "
                        f"per micro-batch) or run the job once so its profile is in the history", 2)
@@ -633,12 +636,8 @@ def _reports(db: Path | None, user: str | None, partition: str | None, since: st
         h.close()
 
 
-def _fmt_s(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if 0 < s < 1:
-        return f"{s * 1000:.0f}ms"
-    return f"{s:.0f}s" if s < 120 else f"{s / 60:.1f}m" if s < 7200 else f"{s / 3600:.2f}h"
+def _dur(s: float | None) -> str:
+    return duration(s, compact=True)
 
 
 def _emit(rows: list[dict[str, Any]], fmt: str, columns: list[tuple[str, str]]) -> None:
@@ -653,7 +652,7 @@ def _emit(rows: list[dict[str, Any]], fmt: str, columns: list[tuple[str, str]]) 
     from rich.table import Table
     table = Table(*[c[1] for c in columns])
     for r in rows:
-        table.add_row(*[_fmt_s(r[k]) if k.endswith("_s") else
+        table.add_row(*[_dur(r[k]) if k.endswith("_s") else
                         (f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k] if r[k] is not None else "-"))
                         for k, _ in columns])
     Console(highlight=False, width=max(150, shutil.get_terminal_size().columns)).print(table)
@@ -708,16 +707,16 @@ def history_show(job_id: str, db: Path | None, as_json: bool) -> None:
         return
     click.echo(f"job {r.job_id} {r.name!r} ({'pswift' if r.pswift else 'plain'}), user {r.user}, "
                f"partition {r.partition}: {r.state}")
-    click.echo(f"JCT {_fmt_s(r.jct_s)} = queue {_fmt_s(r.queue_s)} + setup {_fmt_s(r.setup_s)} + "
-               f"training {_fmt_s(r.training_s)} + checkpoint/cleanup {_fmt_s(r.checkpoint_s)}")
+    click.echo(f"JCT {_dur(r.jct_s)} = queue {_dur(r.queue_s)} + setup {_dur(r.setup_s)} + "
+               f"training {_dur(r.training_s)} + checkpoint/cleanup {_dur(r.checkpoint_s)}")
     if r.predicted_jct_s:
-        click.echo(f"predicted JCT {_fmt_s(r.predicted_jct_s)}")
+        click.echo(f"predicted JCT {_dur(r.predicted_jct_s)}")
     click.echo(f"{r.attempts} attempt(s), {r.preemptions} preemption(s), {r.steps_lost} step(s) lost, "
                f"{r.device_hours_wasted:.3g} device-hours wasted")
     for a in r.attempt_rows:
         click.echo(f"  attempt {a['attempt']}: {a['nodes']} node(s), {a['stages']} stage(s) x "
                    f"{a['data_parallel']} dp, steps {a['start_step']} -> {a['end_step']}, {a['ended']}, "
-                   f"setup {_fmt_s(a['setup_s'])}, step p50 {_fmt_s(a['step_p50'])}")
+                   f"setup {_dur(a['setup_s'])}, step p50 {_dur(a['step_p50'])}")
 
 
 @history.command("report")

@@ -86,6 +86,15 @@ MIGRATIONS: list[str] = [
         MAX(end) - MIN(submit), MAX(end) - MIN(submit) - SUM(end - start), NULL
         FROM slurm_jobs GROUP BY cluster, job_id;
     """,
+    # 4: every candidate the planner weighed for a job, with its prediction or rejection
+    """
+    CREATE TABLE plan_decisions (
+        job INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, rank INTEGER NOT NULL,
+        chosen INTEGER, nodes INTEGER, stages INTEGER, data_parallel INTEGER, micro_batches INTEGER,
+        boundaries TEXT, queue_s REAL, step_s REAL, train_s REAL, jct_s REAL, step_source TEXT,
+        rejected TEXT, PRIMARY KEY (job, rank)
+    );
+    """,
 ]
 
 _COLS = ("cluster", "job_id", "start", "name", "user", "partition", "state", "node_count", "nodes",
@@ -201,6 +210,9 @@ class History:
                 self.db["attempts"].insert_all(attempts)
             if profiles:
                 self.db["layer_profiles"].upsert_all(profiles, pk=("model_key", "micro_batch_size", "layer"))
+            decisions = _decisions(job_pk, plan)
+            if decisions:
+                self.db["plan_decisions"].insert_all(decisions)
             self.db["ingest_state"].upsert({"run_dir": str(run), "size": size, "mtime": mtime},
                                            pk="run_dir")
             conn.execute("COMMIT")
@@ -431,6 +443,20 @@ def _quantile(xs: list[float], q: float) -> float:
     if len(xs) == 1:
         return xs[0]
     return statistics.quantiles(xs, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))]
+
+
+def _decisions(job_pk: int, plan: dict[str, Any]) -> list[dict[str, Any]]:
+    pred = plan.get("prediction") or {}
+    out = []
+    for rank, c in enumerate(plan.get("candidates") or []):
+        e = c.get("estimate") or {}
+        out.append({"job": job_pk, "rank": rank,
+                    "chosen": int(rank == 0 and c.get("rejected") is None and c.get("nodes") == pred.get("nodes")),
+                    "nodes": c.get("nodes"), "stages": c.get("stages"), "data_parallel": c.get("data_parallel"),
+                    "micro_batches": c.get("micro_batches"), "boundaries": json.dumps(c.get("boundaries")),
+                    "queue_s": e.get("queue_s"), "step_s": e.get("step_s"), "train_s": e.get("train_s"),
+                    "jct_s": e.get("jct_s"), "step_source": e.get("step_source"), "rejected": c.get("rejected")})
+    return out
 
 
 def _from_events(run: Path, plan: dict[str, Any], events: list[dict[str, Any]]

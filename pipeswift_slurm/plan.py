@@ -160,6 +160,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
     (``planned``), else the simple rule. ConfigError if none is feasible."""
     layouts, infeasible = rule_layouts(cfg)
     prediction = None
+    candidates: list[dict[str, Any]] = []
     nodes_request = cfg.resources.nodes_spec
     if planned is not None and planned.chosen is not None:
         best = planned.best_per_nodes()
@@ -173,6 +174,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
                       if c.rejected and str(c.nodes) not in layouts}
         ch = planned.chosen
         e = ch.estimate
+        candidates = [c.to_dict() for c in planned.candidates]
         prediction = {"nodes": ch.nodes, "step_s": e.step_s, "jct_s": e.jct_s, "queue_s": e.queue_s,
                       "train_s": e.train_s, "step_source": e.step_source,
                       "profile_source": planned.profile_source}
@@ -221,6 +223,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         "layouts": layouts,
         "infeasible": infeasible,
         "prediction": prediction,
+        "candidates": candidates,
         "nodes_request": nodes_request,
     }
 

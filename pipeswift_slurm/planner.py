@@ -14,6 +14,7 @@ from typing import Any
 
 from .config import TrainConfig
 from .costmodel import Hardware, Profile, checkpoint_seconds, estimate_step, fit_overhead
+from .fmt import duration
 from .partition import PartitionError, balanced_boundaries
 from .queue import ClusterState, WaitEstimate, estimate_wait
 
@@ -106,7 +107,8 @@ def _splits(cfg: TrainConfig, world: int, n_layers: int) -> list[tuple[int, int,
 
 
 def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState | None,
-         history: PastRuns | None = None, step_key: Any = None) -> PlanResult:
+         history: PastRuns | None = None, step_key: Any = None,
+         slurm_starts: dict[int, float | None] | None = None) -> PlanResult:
     """Rank all candidates by estimated JCT. ``step_key(candidate) -> config key`` links
     candidates to measured step times in ``history``."""
     history = history or PastRuns()
@@ -185,6 +187,12 @@ def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState
         w = (estimate_wait(cluster, c.nodes, c.tasks_per_node * cfg.resources.cpus_per_task,
                            cfg.job.partition) if cluster is not None else
              WaitEstimate(history.waits.get(c.nodes, 0.0), 0, 0, "no live cluster state"))
+        if slurm_starts is not None and c.nodes in slurm_starts and cluster is not None:
+            start = slurm_starts[c.nodes]
+            w = (WaitEstimate(math.inf, w.free_now, w.usable, "sbatch --test-only: cannot start")
+                 if start is None else
+                 WaitEstimate(max(0.0, start - cluster.now), w.free_now, w.usable,
+                              f"sbatch --test-only: starts in {duration(max(0.0, start - cluster.now))}"))
         if math.isinf(w.seconds):
             c.rejected, c.estimate = f"never starts: {w.why}", None
             continue
@@ -210,24 +218,14 @@ def explain(res: PlanResult) -> str:
         return "no feasible candidate: " + "; ".join(sorted({x.rejected or "" for x in res.candidates}))
     e = c.estimate
     lines = [f"chosen: {c.nodes} node(s), {c.stages} stage(s) x {c.data_parallel} dp, m={c.micro_batches}, "
-             f"boundaries {c.boundaries}: JCT {_h(e.jct_s)} = queue {_h(e.queue_s)} + setup {_h(e.setup_s)} "
-             f"+ train {_h(e.train_s)} ({e.step_s:.4g} s/step, {e.step_source}) + checkpoints "
-             f"{_h(e.checkpoint_s)} + preemption {_h(e.preemption_s)}"]
+             f"boundaries {c.boundaries}: JCT {duration(e.jct_s)} = queue {duration(e.queue_s)} + setup {duration(e.setup_s)} "
+             f"+ train {duration(e.train_s)} ({e.step_s:.4g} s/step, {e.step_source}) + checkpoints "
+             f"{duration(e.checkpoint_s)} + preemption {duration(e.preemption_s)}"]
     best = res.best_per_nodes()
     for n, o in sorted(best.items()):
         if n == c.nodes:
             continue
         d = o.estimate.jct_s - e.jct_s
-        lines.append(f"vs {n} node(s): JCT {_h(o.estimate.jct_s)} ({'+' if d >= 0 else ''}{_h(d)}): "
-                     f"queue {_h(o.estimate.queue_s)} ({o.estimate.queue_why}), train {_h(o.estimate.train_s)}")
+        lines.append(f"vs {n} node(s): JCT {duration(o.estimate.jct_s)} ({'+' if d >= 0 else ''}{duration(d)}): "
+                     f"queue {duration(o.estimate.queue_s)} ({o.estimate.queue_why}), train {duration(o.estimate.train_s)}")
     return "\n".join(lines)
-
-
-def _h(s: float) -> str:
-    a = abs(s)
-    sign = "-" if s < 0 else ""
-    if a < 90:
-        return f"{sign}{a:.0f} s"
-    if a < 5400:
-        return f"{sign}{a / 60:.1f} min"
-    return f"{sign}{a / 3600:.2f} h"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .fmt import duration
+
 UNUSABLE = ("down", "drain", "drained", "draining", "fail", "failing", "maint", "future",
             "not_responding", "unknown", "reboot", "power")
 
@@ -90,14 +92,6 @@ def estimate_wait(state: ClusterState, nodes: int, cpus_per_node: int,
     wait = max(0.0, start - state.now)
     why = (f"{free_now} of {len(usable)} node(s) free now" +
            (f", {ahead} pending job(s) ahead" if ahead else "") +
-           ("" if wait == 0 else f"; {nodes} free in {_fmt(wait)} (running jobs' time limits)"
+           ("" if wait == 0 else f"; {nodes} free in {duration(wait)} (running jobs' time limits)"
             if not math.isinf(wait) else f"; {nodes} never free (unlimited jobs hold them)"))
     return WaitEstimate(wait, free_now, len(usable), why)
-
-
-def _fmt(s: float) -> str:
-    if s < 90:
-        return f"{s:.0f} s"
-    if s < 5400:
-        return f"{s / 60:.0f} min"
-    return f"{s / 3600:.1f} h"

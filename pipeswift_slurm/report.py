@@ -18,6 +18,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .fmt import duration, pyplot, save
 from .history import History
 
 
@@ -58,20 +59,27 @@ def _q(xs: list[float], q: float) -> float | None:
     return xs[i]
 
 
-def job_reports(h: History, user: str | None = None, partition: str | None = None,
-                since: float | None = None, until: float | None = None, state: str | None = None,
-                pswift_only: bool = False, job_id: str | None = None) -> list[JobReport]:
+def _where(t: str, user: str | None, partition: str | None, since: float | None,
+           until: float | None, job_id: str | None = None) -> tuple[list[str], list[Any]]:
+    """SQL conditions (on table alias ``t``) and parameters for the report filters."""
     where, params = ["1=1"], []
     for col, val in (("user", user), ("partition", partition), ("job_id", job_id)):
         if val is not None:
-            where.append(f"s.{col} = ?")
+            where.append(f"{t}.{col} = ?")
             params.append(val)
     if since is not None:
-        where.append("s.submit >= ?")
+        where.append(f"{t}.submit >= ?")
         params.append(since)
     if until is not None:
-        where.append("s.submit < ?")
+        where.append(f"{t}.submit < ?")
         params.append(until)
+    return where, params
+
+
+def job_reports(h: History, user: str | None = None, partition: str | None = None,
+                since: float | None = None, until: float | None = None, state: str | None = None,
+                pswift_only: bool = False, job_id: str | None = None) -> list[JobReport]:
+    where, params = _where("s", user, partition, since, until, job_id=job_id)
     sql = ("SELECT s.cluster, s.job_id, s.start, s.end, s.submit, s.name, s.user, s.partition, s.state, "
            "s.node_count, s.procs, s.work_dir FROM slurm_jobs s WHERE " + " AND ".join(where) +
            " ORDER BY s.cluster, s.job_id, s.start")
@@ -228,13 +236,7 @@ def to_json(rows: list[dict[str, Any]]) -> str:
 def plot(reps: list[JobReport], groups: list[dict[str, Any]] | None, by: str | None, path: Any,
          waits_s: list[float] | None = None) -> None:
     """Stacked JCT breakdown (per job, or per group) and the queue-wait CDF, one PNG."""
-    from .errors import PswiftError
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise PswiftError("--plot needs matplotlib: pip install 'pipeswift-slurm[plot]'") from None
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [2, 1]})
     parts = (("queue_s", "queue", "#8172B3"), ("setup_s", "setup", "#CCB974"),
              ("training_s", "training", "#4C72B0"), ("checkpoint_s", "checkpoint/cleanup", "#DD8452"))
@@ -266,12 +268,7 @@ def plot(reps: list[JobReport], groups: list[dict[str, Any]] | None, by: str | N
     ax2.set_ylabel("fraction of jobs")
     ax2.grid(alpha=0.3)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as e:
-        raise PswiftError(f"cannot write {path}: {e.strerror}") from None
-    finally:
-        plt.close(fig)
+    save(fig, path)
 
 
 def diagnose(rep: JobReport, plan: dict[str, Any] | None = None, log_text: str = "") -> list[str]:
@@ -281,7 +278,7 @@ def diagnose(rep: JobReport, plan: dict[str, Any] | None = None, log_text: str =
     out: list[str] = []
     jct = rep.jct_s or 0.0
     if jct > 0 and rep.queue_s / jct > 0.3:
-        out.append(f"queue: {rep.queue_s / jct:.0%} of the JCT ({_d(rep.queue_s)} of {_d(jct)}) was waiting "
+        out.append(f"queue: {rep.queue_s / jct:.0%} of the JCT ({duration(rep.queue_s)} of {duration(jct)}) was waiting "
                    f"in the queue; allow a node range ([resources] nodes = [min, max]) so it starts on "
                    f"what is free, or use a less busy partition (`pswift plan` compares them)")
     if rep.preemptions:
@@ -296,25 +293,25 @@ def diagnose(rep: JobReport, plan: dict[str, Any] | None = None, log_text: str =
             wait = b["start_time"] - a["end_time"]
             fixed = plan is not None and "-" not in str(plan.get("nodes_request", "-"))
             if wait > 600 and fixed:
-                out.append(f"requeue: attempt {b['attempt']} waited {_d(wait)} for {a['nodes']} node(s) after "
+                out.append(f"requeue: attempt {b['attempt']} waited {duration(wait)} for {a['nodes']} node(s) after "
                            f"attempt {a['attempt']} stopped; the job cannot continue on fewer nodes: allow a "
                            f"node range ([resources] nodes = [1, {a['nodes']}]) so it resumes with fewer stages")
         if b["load_s"] and b["setup_s"] and b["load_s"] > max(30.0, 0.3 * b["setup_s"]):
-            out.append(f"restore: attempt {b['attempt']} spent {_d(b['load_s'])} loading its checkpoint "
+            out.append(f"restore: attempt {b['attempt']} spent {duration(b['load_s'])} loading its checkpoint "
                        f"({b['load_s'] / b['setup_s']:.0%} of setup); keep checkpoints on a fast filesystem "
                        f"near the nodes and with the stage layout metadata, so each rank reads only its part")
     for a in rep.attempt_rows:
         P, m = a["stages"] or 1, a["micro_batches"] or 1
         bubble = (P - 1) / (m + P - 1)
         if a["step_p50"] and a["step_p95"] and a["step_p95"] > 1.5 * a["step_p50"]:
-            out.append(f"variance: attempt {a['attempt']} step time p95 {_d(a['step_p95'])} vs p50 "
-                       f"{_d(a['step_p50'])}: stragglers or noisy neighbours; variance hurts JCT more than "
+            out.append(f"variance: attempt {a['attempt']} step time p95 {duration(a['step_p95'])} vs p50 "
+                       f"{duration(a['step_p50'])}: stragglers or noisy neighbours; variance hurts JCT more than "
                        f"a higher mean (exclusive nodes, fewer ranks per node)")
         if plan and plan.get("prediction") and a["step_p50"]:
             pred = plan["prediction"]["step_s"]
             if a["step_p50"] > 1.3 * pred and bubble < 0.25:
                 out.append(f"slow steps: attempt {a['attempt']} ran {a['step_p50'] / pred:.1f}x the predicted "
-                           f"{_d(pred)} per step with a small bubble ({bubble:.0%} at P={P}, m={m}): "
+                           f"{duration(pred)} per step with a small bubble ({bubble:.0%} at P={P}, m={m}): "
                            f"communication or too many micro-batches; try fewer, larger micro-batches or "
                            f"fewer stages (`pswift simulate` shows the schedule)")
             elif a["step_p50"] > 1.3 * pred:
@@ -325,17 +322,9 @@ def diagnose(rep: JobReport, plan: dict[str, Any] | None = None, log_text: str =
         out.append("memory: the job log reports out-of-memory; rebalance stages by time and memory: "
                    "`pswift partition --costs ... --memory ... --memory-cap ...` or more stages")
     if not out:
-        out.append(f"no problem found: JCT {_d(jct)} = queue {_d(rep.queue_s)} + setup {_d(rep.setup_s)} + "
-                   f"training {_d(rep.training_s)} + checkpoint/cleanup {_d(rep.checkpoint_s)}")
+        out.append(f"no problem found: JCT {duration(jct)} = queue {duration(rep.queue_s)} + setup {duration(rep.setup_s)} + "
+                   f"training {duration(rep.training_s)} + checkpoint/cleanup {duration(rep.checkpoint_s)}")
     return out
-
-
-def _d(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if 0 < s < 1:
-        return f"{s * 1000:.0f} ms"
-    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.2f} h"
 
 
 _KEYS = {"partition": "partition", "user": "user", "nodes": "nodes"}
@@ -349,17 +338,7 @@ def aggregate_sql(h: History, by: str, user: str | None = None, partition: str |
     variance, predicted JCT) come from the pswift tables, which are small."""
     if by not in _KEYS:
         raise ValueError(by)
-    where, params = ["1=1"], []
-    for col, val in (("r.user", user), ("r.partition", partition)):
-        if val is not None:
-            where.append(f"{col} = ?")
-            params.append(val)
-    if since is not None:
-        where.append("r.submit >= ?")
-        params.append(since)
-    if until is not None:
-        where.append("r.submit < ?")
-        params.append(until)
+    where, params = _where("r", user, partition, since, until)
     if pswift_only:
         where.append("r.work_dir IN (SELECT run_dir FROM jobs)")
     if state is not None:

@@ -8,6 +8,7 @@ Debian's Slurm 22.05 (PyPI's pyslurm needs 25.11), so the CLI is the backend her
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -185,6 +186,32 @@ def accounting_records(jobcomp_file: str | None = None) -> tuple[str, str] | Non
         except OSError:
             return None
     return None
+
+
+def test_only_start(nodes: int, cpus_per_node: int, partition: str | None, time_limit: str | None,
+                    now: float | None = None) -> float | None:
+    """Slurm's own estimate (``sbatch --test-only``) of when a job of this shape would start,
+    as epoch seconds; None when Slurm says it cannot. It consumes a job id per call."""
+    import datetime as _dt
+    import re as _re
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as f:
+        f.write("#!/bin/bash\ntrue\n")
+        script = f.name
+    try:
+        cmd = ["sbatch", "--test-only", f"--nodes={nodes}", f"--mincpus={cpus_per_node}"]
+        if partition:
+            cmd.append(f"--partition={partition}")
+        if time_limit:
+            cmd.append(f"--time={time_limit}")
+        proc = _run([*cmd, script], check=False)
+    finally:
+        os.unlink(script)
+    m = _re.search(r"to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", proc.stderr + proc.stdout)
+    if proc.returncode != 0 or m is None:
+        return None
+    return _dt.datetime.fromisoformat(m.group(1)).timestamp()
 
 
 def requeue(job_id: str) -> None:

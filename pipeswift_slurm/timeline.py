@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from .errors import PswiftError
+from .fmt import pyplot, save
 from .simulate import SimResult
 
 _TEXT = {"F": "Ff", "B": "Bb", "W": "Ww"}  # upper/lower case alternate per micro-batch
@@ -38,13 +38,8 @@ def text_timeline(res: SimResult, width: int = 96) -> list[str]:
 
 def plot(results: Sequence[SimResult], path: Path, title: str = "") -> None:
     """One panel per schedule, one lane per stage, a box per operation labelled by micro-batch."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-    except ImportError:
-        raise PswiftError("--plot needs matplotlib: pip install 'pipeswift-slurm[plot]'") from None
+    plt = pyplot()
+    from matplotlib.patches import Patch
     n = len(results)
     lanes = max(r.devices for r in results)
     fig, axes = plt.subplots(n, 1, figsize=(13, 0.9 + 0.55 * lanes * n + 0.4 * n), squeeze=False,
@@ -70,9 +65,4 @@ def plot(results: Sequence[SimResult], path: Path, title: str = "") -> None:
                loc="upper right", fontsize=8, ncol=3, frameon=False)
     fig.suptitle(title or "pipeline schedule", fontsize=11, x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as e:
-        raise PswiftError(f"cannot write {path}: {e.strerror}") from None
-    finally:
-        plt.close(fig)
+    save(fig, path)

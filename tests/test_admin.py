@@ -163,14 +163,12 @@ def test_job_submit_message_reaches_a_pswift_user(cluster, example, tmp_path):
 @pytest.mark.slurm
 @pytest.mark.deepspeed
 def test_mixed_workload_in_reports_plot_and_doctor(cluster, tmp_path):
-    from test_preemption import SLOW_DATA, events
+    from test_preemption import events, slow_example
 
     plain = [subprocess.run(["sbatch", "--parsable", "-J", f"plain{i}", "-o", "/dev/null", "--wrap",
                              "sleep 2"], capture_output=True, text=True, check=True).stdout.strip()
              for i in range(2)]
-    toml = copy_example(tmp_path / "ex", {"steps": "60", "checkpoint_interval": "0", "name": '"preempted-one"'})
-    (toml.parent / "slow.py").write_text(SLOW_DATA)
-    toml.write_text(toml.read_text().replace('data = "model:batch"', 'data = "slow:batch"'))
+    toml = slow_example(tmp_path / "ex", {"steps": "60", "checkpoint_interval": "0", "name": '"preempted-one"'})
     run = tmp_path / "run"
     job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
     deadline = time.time() + 120

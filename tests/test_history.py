@@ -44,6 +44,9 @@ def test_ingest_is_idempotent_and_keeps_attempts_profiles_and_stats(trained, tmp
         assert min(x[1] for x in layers[1:5]) > max(layers[0][1], layers[5][1])
         (job,) = list(h.db["jobs"].rows)
         assert job["predicted_step_s"] > 0 and job["actual_step_s"] > 0 and job["actual_jct_s"] > 0
+        decisions = list(h.db["plan_decisions"].rows)  # every candidate the planner weighed
+        assert decisions and sum(d["chosen"] for d in decisions) == 1
+        assert all(d["jct_s"] is not None or d["rejected"] for d in decisions)
     finally:
         h.close()
 

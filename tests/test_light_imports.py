@@ -36,3 +36,19 @@ def test_dry_run_never_imports_torch(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "#SBATCH --nodes=2" in proc.stdout
+
+
+def test_planning_simulating_and_reporting_never_import_torch(tmp_path):
+    from conftest import EXAMPLE
+    code = ("import sys; from pipeswift_slurm.cli import cli\n"
+            "for args in (['plan', '--no-live', sys.argv[1]], ['simulate', sys.argv[1], '--json'],\n"
+            "             ['partition', '--costs', '1,2,3', '-P', '2'], ['history', 'ingest', '--db', sys.argv[2]],\n"
+            "             ['history', 'report', '--db', sys.argv[2]]):\n"
+            "    try:\n        cli.main(args, standalone_mode=False)\n    except SystemExit:\n        pass\n"
+            "bad=[m for m in sys.modules if m.split('.')[0] in ('torch','deepspeed')]\n"
+            "print('HEAVY', bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code, str(EXAMPLE / "train.toml"), str(tmp_path / "h.db")],
+                          capture_output=True, text=True, env={**__import__("os").environ,
+                                                               "PSWIFT_HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "HEAVY []" in proc.stdout and "chosen:" in proc.stdout

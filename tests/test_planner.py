@@ -140,6 +140,10 @@ def test_contention_decided_from_live_cluster_state(cluster, tmp_path, limit, no
         assert f"chosen: {nodes} node(s)" in text and "vs " in text
         dry = pswift("sbatch", "--dry-run", str(toml)).stdout
         assert f"#SBATCH --nodes={nodes}\n" in dry
+        # Slurm's own estimate agrees with the backfill estimate here
+        slurm_says = json.loads(pswift("plan", str(toml), "--json", "--test-only").stdout)
+        assert slurm_says["chosen"]["nodes"] == nodes
+        assert "sbatch --test-only" in slurm_says["chosen"]["estimate"]["queue_why"]
     finally:
         subprocess.run(["scancel", blocker])
 

@@ -29,6 +29,14 @@ def batch(**kw):
 '''
 
 
+def slow_example(dst: Path, replace: dict[str, str]) -> Path:
+    """The example with ~0.25 s steps (the data function sleeps), so signals land mid-run."""
+    toml = copy_example(dst, replace)
+    (toml.parent / "slow.py").write_text(SLOW_DATA)
+    toml.write_text(toml.read_text().replace('data = "model:batch"', 'data = "slow:batch"'))
+    return toml
+
+
 def events(run: Path) -> list[dict]:
     f = run / "events.jsonl"
     if not f.exists():
@@ -81,9 +89,7 @@ def slurm_log(run: Path) -> str:
 
 
 def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(cluster, tmp_path):
-    toml = copy_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "100", "checkpoint_interval": "0"})
-    (toml.parent / "slow.py").write_text(SLOW_DATA)
-    toml.write_text(toml.read_text().replace('data = "model:batch"', 'data = "slow:batch"'))
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "100", "checkpoint_interval": "0"})
     run = tmp_path / "run"
     proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
     assert proc.returncode == 0, proc.stderr
@@ -112,10 +118,8 @@ def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(cluster, tmp_path):
 def test_time_limit_checkpoints_on_usr2_requeues_itself_and_completes(cluster, tmp_path):
     # 2-minute limit: USR2 60 s before it (capped at half the limit); Slurm's periodic check may
     # deliver it up to ~30 s earlier. Steps take ~0.3-0.5 s, so 200 steps need 2-3 attempts.
-    toml = copy_example(tmp_path / "ex", {"time": '"2:00"', "steps": "200", "checkpoint_interval": "0",
+    toml = slow_example(tmp_path / "ex", {"time": '"2:00"', "steps": "200", "checkpoint_interval": "0",
                                           "max_requeues": "6"})
-    (toml.parent / "slow.py").write_text(SLOW_DATA)
-    toml.write_text(toml.read_text().replace('data = "model:batch"', 'data = "slow:batch"'))
     run = tmp_path / "run"
     proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
     assert proc.returncode == 0, proc.stderr
@@ -168,9 +172,7 @@ def test_kill_9_mid_checkpoint_resumes_from_the_previous_committed_one(cluster, 
 
 
 def test_max_requeues_stops_a_job_preempted_twice_with_a_clear_reason(cluster, tmp_path):
-    toml = copy_example(tmp_path / "ex", {"steps": "1000", "max_requeues": "1", "checkpoint_interval": "0"})
-    (toml.parent / "slow.py").write_text(SLOW_DATA)
-    toml.write_text(toml.read_text().replace('data = "model:batch"', 'data = "slow:batch"'))
+    toml = slow_example(tmp_path / "ex", {"steps": "1000", "max_requeues": "1", "checkpoint_interval": "0"})
     run = tmp_path / "run"
     job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
     highs = []

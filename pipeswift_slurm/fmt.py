@@ -1,0 +1,43 @@
+"""Human-readable durations, and matplotlib set-up shared by the commands that draw."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import PswiftError
+
+
+def duration(s: float | None, compact: bool = False) -> str:
+    """``1.2 s``, ``3.5 min``, ``2.00 h`` (``compact``: ``1s``, ``3.5m``, ``2.00h``); signed."""
+    if s is None:
+        return "-"
+    sign, a = ("-" if s < 0 else ""), abs(s)
+    sep = "" if compact else " "
+    if 0 < a < 1:
+        return f"{sign}{a * 1000:.0f}{sep}ms"
+    if a < 120:
+        return f"{sign}{a:.0f}{sep}s"
+    if a < 7200:
+        return f"{sign}{a / 60:.1f}{sep}{'m' if compact else 'min'}"
+    return f"{sign}{a / 3600:.2f}{sep}h"
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, or a one-line error saying how to install it."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PswiftError("--plot needs matplotlib: pip install 'pipeswift-slurm[plot]'") from None
+    return plt
+
+
+def save(fig: Any, path: Any) -> None:
+    plt = pyplot()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise PswiftError(f"cannot write {path}: {e.strerror}") from None
+    finally:
+        plt.close(fig)
