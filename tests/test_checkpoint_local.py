@@ -73,3 +73,16 @@ def test_sigterm_to_a_local_run_stops_every_rank_at_one_step_with_a_checkpoint(t
     assert man["step"] == end["step"] and man["stages"] == 2 and man["boundaries"] == [0, 3, 6]
     assert sorted(man["files"]) == ["stage_000.pt", "stage_001.pt"]
     assert all(len(v["sha256"]) == 64 and v["size"] > 0 for v in man["files"].values())
+
+
+def test_a_resumed_attempt_profiles_its_layers_too(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    a = with_ckpt(copy_example(tmp_path / "a", {"steps": "2", "checkpoint_interval": "0"}), ckpt)
+    assert pswift("run", "--run-dir", str(tmp_path / "ra"), str(a)).returncode == 0
+    b = with_ckpt(copy_example(tmp_path / "b", {"steps": "7", "checkpoint_interval": "0"}), ckpt)
+    assert pswift("run", "--run-dir", str(tmp_path / "rb"), str(b)).returncode == 0
+    evs = events(tmp_path / "rb")
+    assert [e["step"] for e in evs if e["event"] == "start"] == [2]
+    (prof,) = [e for e in evs if e["event"] == "layer_profile"]
+    assert sorted(prof["seconds"], key=int) == [str(i) for i in range(6)]
+    assert all(v > 0 for v in prof["seconds"].values())

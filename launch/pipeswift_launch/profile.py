@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-#: steps of each attempt that are profiled (the first step is warm-up)
+#: steps of each attempt (counted from its first step) that are profiled; step 1 is warm-up
 PROFILE_STEPS = range(2, 5)
 
 

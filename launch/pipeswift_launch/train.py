@@ -91,6 +91,7 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
                + (f" ({plan['infeasible'][str(denv.nodes)]})" if str(denv.nodes) in plan.get("infeasible", {}) else ""))
         _log(rank, f"error: {msg}")
         events.emit("end", reason="failed", error=msg)
+        events.close()
         return 2
     if denv.attempt > int(plan.get("max_requeues", 3)):
         msg = (f"attempt {denv.attempt} exceeds max_requeues = {plan['max_requeues']}: not training "
@@ -185,8 +186,9 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
         _log(rank, f"checkpoint {path.name} committed ({reason}) in {dur:.2f} s")
 
     profiler = LayerProfiler(engine.module, sync=plan["device"] == "cuda")
+    first = step  # the profiling window counts from this attempt's first step
     while step < steps:
-        profiler.active = (step + 1) in PROFILE_STEPS
+        profiler.active = (step + 1 - first) in PROFILE_STEPS
         batches = [data_fn(step=step, index=dp_rank * m + i, micro_batch_size=mbs, seed=int(t["seed"]),
                            **data_kwargs)
                    for i in range(m)]
@@ -198,7 +200,7 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
             lv = float(loss.item())
             events.emit("step", step=step, loss=lv, loss_hex=lv.hex(), step_time=round(dt, 6))
             print(f"step {step}/{steps} loss {lv:.6f} ({dt * 1000:.1f} ms)", flush=True)
-        if step == PROFILE_STEPS[-1] or (profiler.handles and step >= steps):
+        if profiler.handles and (step - first == PROFILE_STEPS[-1] or step >= steps):
             _emit_profile(profiler, engine, events, dist, denv.world_size, mbs)
         # every rank, same point of every step: agree whether anyone was asked to stop
         flag.fill_(float(requested()))
