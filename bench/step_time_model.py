@@ -33,7 +33,6 @@ from dataclasses import replace  # noqa: E402
 
 from pipeswift_slurm.costmodel import Hardware, Profile, estimate_step, fit_overhead  # noqa: E402
 from pipeswift_slurm.history import History  # noqa: E402
-from pipeswift_slurm.partition import balanced_boundaries  # noqa: E402
 from pipeswift_slurm.simulate import simulate, stage_times  # noqa: E402
 
 PS, MS = (1, 2, 4), (2, 4, 8, 16)

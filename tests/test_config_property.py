@@ -71,9 +71,11 @@ def invalid_docs(draw):
     elif kind == "batch_mismatch":
         doc["pipeline"]["micro_batches"] = draw(st.integers(1, 64).filter(lambda m: 8 * m != 32))
     text = tomli_w.dumps(doc)
-    if kind == "syntax":
-        pos = draw(st.integers(0, len(text)))
-        text = text[:pos] + draw(st.sampled_from(["[[", "= =", "\"", "[job]\nname = 1\n"])) + text[pos:]
+    if kind == "syntax":  # garbage on a line of its own (inside a string it could be valid TOML)
+        lines = text.split("\n")
+        pos = draw(st.integers(0, len(lines)))
+        junk = draw(st.sampled_from(["[[", "= =", "\"unterminated", "[job]\nname = 1"]))
+        text = "\n".join(lines[:pos] + [junk] + lines[pos:])
     return kind, text
 
 
