@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .simulate import simulate, stage_times
+from .simulate import simulate, simulate_shared_1f1b, stage_times
 
 #: bytes per parameter byte held by training: weights + gradients + Adam's two moments (fp32)
 TRAIN_STATE_FACTOR = 4
@@ -83,14 +83,22 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
     allreduce = (2 * (data_parallel - 1) / data_parallel * max(params) / hw.allreduce_bandwidth
                  if data_parallel > 1 else 0.0)
     optimizer = TRAIN_STATE_FACTOR * max(params) / hw.optimizer_bandwidth
-    contention = 1.0
-    if hw.device == "cpu" and hw.host_cores:
-        ranks = hw.ranks_per_host or tasks_per_node
-        # ranks on one host run at once only while busy: average demand = busy / makespan
+    makespan = sim.step_time
+    ranks = hw.ranks_per_host or tasks_per_node
+    if (hw.device == "cpu" and hw.host_cores and data_parallel == 1
+            and min(ranks, P) * hw.threads_per_rank > hw.host_cores):
+        # more busy ranks than cores on a host: the stages sharing it slow each other down
+        # while they overlap (processor sharing over the same 1F1B graph)
+        host_of = [d // max(1, ranks) for d in range(P)]
+        makespan = simulate_shared_1f1b(fwd, bwd, micro_batches, p2p, host_of, hw.host_cores,
+                                        hw.threads_per_rank)
+    elif hw.device == "cpu" and hw.host_cores:
+        # data-parallel replicas on a host: all ranks busy at once, averaged
         demand = min(ranks, P * data_parallel) * (sum(sim.busy) / (P * sim.step_time or 1.0))
-        contention = max(1.0, demand * hw.threads_per_rank / hw.host_cores)
-    compute = sim.step_time - 2 * (P - 1) * p2p if P > 1 else sim.step_time
-    step = sim.step_time * contention + allreduce + optimizer
+        makespan *= max(1.0, demand * hw.threads_per_rank / hw.host_cores)
+    contention = makespan / sim.step_time if sim.step_time else 1.0
+    compute = makespan - 2 * (P - 1) * p2p if P > 1 else makespan
+    step = makespan + allreduce + optimizer
     memory = []
     for s in range(P):
         a = (act[boundaries[s + 1] - 1] * micro_batch_size / profile.micro_batch_size) if act else 0.0

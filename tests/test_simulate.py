@@ -90,3 +90,21 @@ def test_bad_input_is_a_clear_error():
         simulate([1], [2], 4, "pipedream")
     with pytest.raises(SimulationError, match="2 forward times but 1 backward"):
         simulate([1, 1], [2], 4)
+
+
+@settings(max_examples=100, deadline=None)
+@given(f=st.lists(st.floats(0.1, 5.0), min_size=1, max_size=5), data=st.data())
+def test_shared_cores_simulation(f, data):
+    from pipeswift_slurm.simulate import simulate_shared_1f1b
+    P = len(f)
+    b = data.draw(st.lists(st.floats(0.1, 5.0), min_size=P, max_size=P))
+    m = data.draw(st.integers(1, 8))
+    c = data.draw(st.floats(0.0, 0.5))
+    # with a core per rank it is exactly the list-scheduling simulator
+    assert simulate_shared_1f1b(f, b, m, c, [0] * P, cores=P) == pytest.approx(
+        simulate(f, b, m, "1f1b", p2p=c).step_time)
+    # with fewer cores: no faster than the uncontended run, nor than the work over the cores
+    cores = data.draw(st.integers(1, P))
+    shared = simulate_shared_1f1b(f, b, m, c, [0] * P, cores=cores)
+    assert shared >= simulate(f, b, m, "1f1b", p2p=c).step_time - 1e-9
+    assert shared >= m * (sum(f) + sum(b)) / cores - 1e-9
