@@ -67,7 +67,6 @@ MIGRATIONS: list[str] = [
         submit REAL, end REAL, exit_code TEXT, work_dir TEXT, time_limit TEXT, procs INTEGER,
         source TEXT, PRIMARY KEY (cluster, job_id, start)
     ) WITHOUT ROWID;
-    CREATE INDEX slurm_jobs_submit ON slurm_jobs(submit);
     CREATE INDEX slurm_jobs_work_dir ON slurm_jobs(work_dir);
     """,
     # 3: one row per Slurm job (all its attempts rolled up), kept current by every ingest, so
@@ -78,7 +77,6 @@ MIGRATIONS: list[str] = [
         work_dir TEXT, submit REAL, attempts INTEGER, preempted INTEGER, run_s REAL, jct_s REAL,
         queue_s REAL, last_state TEXT, PRIMARY KEY (cluster, job_id)
     ) WITHOUT ROWID;
-    CREATE INDEX job_rollup_submit ON job_rollup(submit);
     CREATE INDEX job_rollup_partition ON job_rollup(partition, submit);
     INSERT INTO job_rollup SELECT cluster, job_id, MAX(partition), MAX(user), MAX(node_count),
         MAX(work_dir), MIN(submit), COUNT(*),
