@@ -105,6 +105,27 @@ def _order_interleaved(d: int, devices: int, m: int, v: int) -> list[tuple[str, 
 
 
 # ----------------------------------------------------------------------------- simulation
+def _ready(kind: str, s: int, k: int, device: int, devices: int, stages: int, free: float,
+           done: dict[tuple[str, int, int], float], p2p: float) -> float | None:
+    """When operation ``kind`` of micro-batch ``k`` on (virtual) stage ``s`` can start on
+    ``device``: the device is free and its inputs are done (F needs F of stage s-1; B its own F
+    and B of stage s+1; W its B), plus ``p2p`` for an input made on another device. None while
+    an input is not done yet. Virtual stage ``v`` runs on device ``v % devices``."""
+    if kind == "F":
+        deps = [("F", s - 1, k)] if s > 0 else []
+    elif kind == "B":
+        deps = [("F", s, k)] + ([("B", s + 1, k)] if s < stages - 1 else [])
+    else:
+        deps = [("B", s, k)]
+    t = free
+    for key in deps:
+        e = done.get(key)
+        if e is None:
+            return None
+        t = max(t, e + (p2p if key[1] % devices != device else 0.0))
+    return t
+
+
 def simulate(fwd: Sequence[float], bwd: Sequence[float], micro_batches: int,
              schedule: str = "1f1b", p2p: float = 0.0, chunks: int = 1,
              wgrad: Sequence[float] | None = None, keep_ops: bool = True) -> SimResult:
@@ -171,23 +192,8 @@ def simulate(fwd: Sequence[float], bwd: Sequence[float], micro_batches: int,
             order = orders[d]
             while ptr[d] < len(order):
                 kind, s, k = order[ptr[d]]
-                if kind == "F":
-                    deps = [(("F", s - 1, k), (s - 1) % devices != d)] if s > 0 else []
-                elif kind == "B":
-                    deps = [(("F", s, k), False)]
-                    if s < nv - 1:
-                        deps.append((("B", s + 1, k), (s + 1) % devices != d))
-                else:
-                    deps = [(("B", s, k), False)]
-                ready = free[d]
-                ok = True
-                for key, remote in deps:
-                    t = done.get(key)
-                    if t is None:
-                        ok = False
-                        break
-                    ready = max(ready, t + (p2p if remote else 0.0))
-                if not ok:
+                ready = _ready(kind, s, k, d, devices, nv, free[d], done, p2p)
+                if ready is None:
                     break
                 end = ready + dur[kind][s]
                 done[(kind, s, k)] = end
@@ -243,15 +249,7 @@ def _simulate_zb(orders: list[list[tuple[str, int, int]]], vf: list[float], vb: 
             ops.append(Op(kind, d, k, d, start, end))
 
     def ready_at(d: int, kind: str, k: int) -> float | None:
-        deps = ([("F", d - 1, k)] if d > 0 else []) if kind == "F" else \
-            [("F", d, k)] + ([("B", d + 1, k)] if d < devices - 1 else [])
-        t = free[d]
-        for key in deps:
-            e = done.get(key)
-            if e is None:
-                return None
-            t = max(t, e + (p2p if key[1] != d else 0.0))
-        return t
+        return _ready(kind, d, k, d, devices, devices, free[d], done, p2p)
 
     while any(ptr[d] < len(orders[d]) or pending[d] for d in range(devices)):
         decided = False
@@ -320,15 +318,7 @@ def simulate_shared_1f1b(fwd: Sequence[float], bwd: Sequence[float], micro_batch
 
     def ready_time(d: int) -> float | None:
         kind, s, k = orders[d][ptr[d]]
-        deps = ([("F", s - 1, k)] if s > 0 else []) if kind == "F" else \
-            [("F", s, k)] + ([("B", s + 1, k)] if s < P - 1 else [])
-        t = free_at[d]
-        for key in deps:
-            e = done.get(key)
-            if e is None:
-                return None
-            t = max(t, e + (p2p if key[1] != d else 0.0))
-        return t
+        return _ready(kind, s, k, d, P, P, free_at[d], done, p2p)
 
     left = sum(len(o) for o in orders)
     while left:
