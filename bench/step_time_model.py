@@ -1,9 +1,11 @@
 """Predicted vs measured step time over a real DeepSpeed CPU grid (issues: planner, simulator).
 
-1. Profile: one real run of the tiny-gpt example (2 stages, m=4) records per-layer costs in
-   the history (the launcher's profiling hooks).
+1. Profile: real runs of the tiny-gpt example (2 stages, m=4) record per-layer costs in the
+   history (the launcher's profiling hooks); the median over --repeats runs is used.
 2. Grid: P in {1, 2, 4} x m in {2, 4, 8, 16} (global batch = 8 x m, one data-parallel rank),
-   each trained for real with `pswift run` on this machine; measured = median step time.
+   each trained for real with `pswift run` on this machine --repeats times; measured = the
+   median over runs of each run's median step time (this host's noise moves a single run by
+   up to 15-20 %).
 3. Prediction for every cell from that one profile: the cost model (1F1B simulator + CPU
    contention: all ranks share this machine's cores), before and after calibration: the
    per-micro-batch overhead outside the layers is fitted on the profiling run's own measured
@@ -59,24 +61,31 @@ def run(toml: Path, run_dir: Path, env: dict) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=14)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs per cell (and profiling runs); medians tame this host's noise")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "step_time_model.json"))
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="pswift-bench-") as tmp:
         tmp = Path(tmp)
         env = {**os.environ, "PSWIFT_HOME": str(tmp / "home"), "PSWIFT_DB": str(tmp / "h.db")}
-        # 1) the profiling run
-        prof_events = run(config(tmp / "prof", 2, 4, args.steps), tmp / "prof-run", env)
-        h = History(tmp / "h.db")
-        h.ingest_run_dir(tmp / "prof-run")
-        mbs, secs, params, acts = next(iter([h.layer_profile(k) for (k,) in
-                                             h.db.conn.execute("SELECT model_key FROM jobs")]))
-        h.close()
+        # 1) the profiling runs: per-layer costs and measured step time, medians over --repeats
+        profiles, prof_steps, prof_start = [], [], None
+        for r in range(args.repeats):
+            ev = run(config(tmp / f"prof{r}", 2, 4, args.steps), tmp / f"prof-run{r}", env)
+            h = History(tmp / "h.db")
+            h.ingest_run_dir(tmp / f"prof-run{r}")
+            mkey = next(iter(h.db.conn.execute("SELECT model_key FROM jobs")))[0]
+            profiles.append(h.layer_profile(mkey))
+            h.close()
+            prof_steps.append(statistics.median([e["step_time"] for e in ev if e["event"] == "step"][1:]))
+            prof_start = [e for e in ev if e["event"] == "start"][0]
+        mbs = profiles[0][0]
+        secs = [statistics.median(p[1][i] for p in profiles) for i in range(len(profiles[0][1]))]
+        params, acts = profiles[0][2], profiles[0][3]
         profile = Profile(tuple(secs), tuple(params), tuple(acts), mbs, "history")
-        prof_steps = [e["step_time"] for e in prof_events if e["event"] == "step"][1:]
-        prof_start = [e for e in prof_events if e["event"] == "start"][0]
         # what the planner does once a model has run: fit the per-micro-batch overhead on the
-        # profiling run's own measured step time (P=2, m=4), then predict every cell
+        # profiling runs' own measured step time (P=2, m=4), then predict every cell
         overhead = fit_overhead(profile, [(prof_start["boundaries"], 4, 8, 1, 1, statistics.median(prof_steps))],
                                 Hardware(host_cores=cores, ranks_per_host=2))
         tuned = replace(profile, overhead_s=overhead)
@@ -84,8 +93,11 @@ def main() -> None:
         cells = []
         for P in PS:
             for m in MS:
-                ev = run(config(tmp / f"c{P}-{m}", P, m, args.steps), tmp / f"r{P}-{m}", env)
-                measured = statistics.median([e["step_time"] for e in ev if e["event"] == "step"][2:])
+                runs = []
+                for r in range(args.repeats):
+                    ev = run(config(tmp / f"c{P}-{m}-{r}", P, m, args.steps), tmp / f"r{P}-{m}-{r}", env)
+                    runs.append(statistics.median([e["step_time"] for e in ev if e["event"] == "step"][2:]))
+                measured = statistics.median(runs)
                 start = [e for e in ev if e["event"] == "start"][0]
                 b = start["boundaries"]
                 hw = Hardware(host_cores=cores, ranks_per_host=P)
@@ -94,6 +106,7 @@ def main() -> None:
                 fwd, bwd = stage_times(list(profile.costs), b)
                 sim = simulate(fwd, bwd, m, "1f1b").step_time
                 cells.append({"stages": P, "micro_batches": m, "boundaries": b, "measured_s": measured,
+                              "measured_runs_s": runs,
                               "predicted_s": est.step_s, "calibrated_s": cal.step_s,
                               "simulated_1f1b_s": sim, "contention": cal.contention})
                 print(f"P={P} m={m:2d} boundaries={b}: measured {measured * 1000:7.1f} ms, "
@@ -112,7 +125,7 @@ def main() -> None:
                         "model_choice_stages": chosen["stages"],
                         "choice_vs_fastest": chosen["measured_s"] / fastest["measured_s"]})
     summary = {
-        "cores": cores, "fitted_overhead_ms_per_microbatch_per_stage": overhead * 1000,
+        "repeats": args.repeats, "cores": cores, "fitted_overhead_ms_per_microbatch_per_stage": overhead * 1000,
         "median_abs_error_model": statistics.median(abs(c["predicted_error"]) for c in cells),
         "median_abs_error_calibrated": statistics.median(abs(c["calibrated_error"]) for c in cells),
         "max_abs_error_calibrated": max(abs(c["calibrated_error"]) for c in cells),
