@@ -33,8 +33,9 @@ def load_profile(cfg: TrainConfig, h: hist_mod.History | None) -> Profile | None
         n = cfg.layer_count
         if got is not None and (n is None or len(got[1]) == n):
             mbs, secs, params, acts = got
+            over = h.pipe_overheads(hist_mod.model_key(_model_dict(cfg)), mbs) or {}
             return Profile(tuple(secs), tuple(params) if any(params) else None,
-                           tuple(acts) if any(acts) else None, mbs, "history")
+                           tuple(acts) if any(acts) else None, mbs, "history", **over)
     if cfg.model.layer_costs is not None:
         return Profile(cfg.model.layer_costs, cfg.model.layer_memory, None,
                        cfg.training.micro_batch_size, "toml")

@@ -2,15 +2,21 @@
 
 step = 1F1B makespan from the schedule simulator (bottleneck stage x (m + P - 1) for balanced
 stages, plus point-to-point activation transfers) + data-parallel gradient all-reduce + the
-optimizer step, times a CPU-contention factor when more ranks than cores share a host.
+fixed per-step work (optimizer step, gradient bookkeeping, loss broadcast), times a
+CPU-contention factor when more ranks than cores share a host. Stage times are the layers'
+forward+backward plus what the engine spends per micro-batch outside them: the launcher times
+each DeepSpeed pipeline instruction, and :func:`overheads_from_instructions` turns that into a
+per-stage overhead, the last stage's extra (the loss), the cost of one send, and the per-step
+work, so that one profiled layout predicts the others (a single stage pays no sends).
 Memory per stage = weights + gradients + Adam state + activations of the micro-batches in
 flight, against the device memory. Calibrated by history: a measured config's step time
-replaces the estimate, and measured configs of the same model scale the others.
+replaces the estimate, and the ratio measured / estimated of the measured configs scales the
+others (:func:`calibrate`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from .simulate import simulate, simulate_shared_1f1b, stage_times
@@ -30,6 +36,10 @@ class Hardware:
     host_cores: int | None = None        # CPU: cores the ranks of one host share
     ranks_per_host: int | None = None    # CPU: ranks placed on one host (default tasks/node)
     threads_per_rank: int = 1
+    #: CPU: fraction of ideal processor sharing an oversubscribed host delivers (context
+    #: switches, wake-up delays on every hand-off); divides the step's shared makespan;
+    #: 1.0 = ideal, calibrated from measured oversubscribed runs
+    shared_efficiency: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -40,9 +50,23 @@ class Profile:
     activation_bytes: tuple[int, ...] | None = None
     micro_batch_size: int = 1
     source: str = "toml"
-    #: seconds per micro-batch per stage outside the layers (engine dispatch, p2p send/recv,
-    #: data, loss), fitted from measured runs by :func:`fit_overhead`
+    #: seconds per micro-batch per stage outside the layers (engine dispatch, data loading)
     overhead_s: float = 0.0
+    #: extra seconds per micro-batch on the last stage (the loss and its backward)
+    last_stage_overhead_s: float = 0.0
+    #: seconds the sending stage spends on one point-to-point send (activation or gradient)
+    send_s: float = 0.0
+    #: seconds per step outside the micro-batches (optimizer step, gradient bookkeeping, loss
+    #: broadcast); None: estimated from the optimizer state and ``Hardware.optimizer_bandwidth``
+    step_overhead_s: float | None = None
+
+    def scaled(self, factor: float) -> "Profile":
+        """Every time in the profile times ``factor`` (a calibration: this host runs slower)."""
+        return replace(self, costs=tuple(c * factor for c in self.costs),
+                       overhead_s=self.overhead_s * factor,
+                       last_stage_overhead_s=self.last_stage_overhead_s * factor,
+                       send_s=self.send_s * factor,
+                       step_overhead_s=None if self.step_overhead_s is None else self.step_overhead_s * factor)
 
 
 @dataclass(frozen=True)
@@ -63,14 +87,26 @@ def _scaled(profile: Profile, mbs: int) -> list[float]:
     return [c * f for c in profile.costs]
 
 
+def oversubscribed(stages: int, data_parallel: int, tasks_per_node: int, hw: Hardware) -> bool:
+    """Do more CPU ranks (x threads) than cores share a host in this layout?"""
+    ranks = hw.ranks_per_host or tasks_per_node
+    return bool(hw.device == "cpu" and hw.host_cores
+                and min(ranks, stages * data_parallel) * hw.threads_per_rank > hw.host_cores)
+
+
 def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: int,
                   micro_batch_size: int, data_parallel: int, tasks_per_node: int,
                   hw: Hardware) -> StepEstimate:
     costs = _scaled(profile, micro_batch_size)
     P = len(boundaries) - 1
     fwd, bwd = stage_times(costs, boundaries)
-    o = profile.overhead_s
-    fwd, bwd = [f + o / 3 for f in fwd], [b + 2 * o / 3 for b in bwd]
+    # the engine's work outside the layers: one third in the forward, two in the backward as
+    # for the layers; the sender pays for its sends (activations forward, gradients back)
+    o, last, snd = profile.overhead_s, profile.last_stage_overhead_s, profile.send_s
+    fwd = [f + o / 3 + (last / 3 if s == P - 1 else 0.0) + (snd if s < P - 1 else 0.0)
+           for s, f in enumerate(fwd)]
+    bwd = [b + 2 * o / 3 + (2 * last / 3 if s == P - 1 else 0.0) + (snd if s > 0 else 0.0)
+           for s, b in enumerate(bwd)]
     act = profile.activation_bytes
     p2p = 0.0
     if P > 1:
@@ -82,20 +118,22 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
         if profile.param_bytes else [0] * P
     allreduce = (2 * (data_parallel - 1) / data_parallel * max(params) / hw.allreduce_bandwidth
                  if data_parallel > 1 else 0.0)
-    optimizer = TRAIN_STATE_FACTOR * max(params) / hw.optimizer_bandwidth
+    optimizer = (profile.step_overhead_s if profile.step_overhead_s is not None
+                 else TRAIN_STATE_FACTOR * max(params) / hw.optimizer_bandwidth)
     makespan = sim.step_time
     ranks = hw.ranks_per_host or tasks_per_node
-    if (hw.device == "cpu" and hw.host_cores and data_parallel == 1
-            and min(ranks, P) * hw.threads_per_rank > hw.host_cores):
+    if oversubscribed(P, data_parallel, tasks_per_node, hw) and data_parallel == 1:
         # more busy ranks than cores on a host: the stages sharing it slow each other down
-        # while they overlap (processor sharing over the same 1F1B graph)
+        # while they overlap (processor sharing over the same 1F1B graph), and the host loses
+        # some of its time to switching between them (measured: roughly a constant share)
         host_of = [d // max(1, ranks) for d in range(P)]
         makespan = simulate_shared_1f1b(fwd, bwd, micro_batches, p2p, host_of, hw.host_cores,
-                                        hw.threads_per_rank)
+                                        hw.threads_per_rank) / hw.shared_efficiency
     elif hw.device == "cpu" and hw.host_cores:
         # data-parallel replicas on a host: all ranks busy at once, averaged
         demand = min(ranks, P * data_parallel) * (sum(sim.busy) / (P * sim.step_time or 1.0))
-        makespan *= max(1.0, demand * hw.threads_per_rank / hw.host_cores)
+        over = demand * hw.threads_per_rank / hw.host_cores
+        makespan *= over / hw.shared_efficiency if over > 1.0 else 1.0
     contention = makespan / sim.step_time if sim.step_time else 1.0
     compute = makespan - 2 * (P - 1) * p2p if P > 1 else makespan
     step = makespan + allreduce + optimizer
@@ -110,28 +148,84 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
                         fits=max(memory) <= hw.device_memory)
 
 
-def fit_overhead(profile: Profile, measured: list[tuple[Sequence[int], int, int, int, int, float]],
-                 hw: Hardware) -> float:
-    """The per-micro-batch overhead that makes the model match measured step times.
+@dataclass(frozen=True)
+class Calibration:
+    """How far measured step times are from the model: ``scale`` multiplies every time in the
+    profile; ``shared_efficiency`` is what an oversubscribed CPU host delivers."""
+    scale: float = 1.0
+    shared_efficiency: float = 1.0
+    measured: int = 0
+    oversubscribed: int = 0
+
+
+Measured = tuple[Sequence[int], int, int, int, int, float]
+
+
+def calibrate(profile: Profile, measured: list[Measured], hw: Hardware) -> Calibration:
+    """Fit the calibration to measured step times.
 
     ``measured``: (boundaries, micro_batches, micro_batch_size, data_parallel, tasks_per_node,
-    seconds) per measured config; each is solved by bisection, the median is returned."""
-    from dataclasses import replace
+    seconds) per measured config. ``scale`` = the median of measured / estimated over the
+    configs whose ranks have a core each (all configs when none has); then, if some measured
+    configs oversubscribe their host, ``shared_efficiency`` = the median over them of the
+    simulated shared makespan / (measured - per-step work), within [0.2, 2]."""
+    def ratios(prof: Profile, rows: list[Measured]) -> list[float]:
+        return sorted(seconds / est for bounds, m, mbs, dp, tpn, seconds in rows
+                      if (est := estimate_step(prof, bounds, m, mbs, dp, tpn, hw).step_s) > 0)
 
-    fits = []
-    for bounds, m, mbs, dp, tpn, seconds in measured:
-        def step(o: float) -> float:
-            return estimate_step(replace(profile, overhead_s=o), bounds, m, mbs, dp, tpn, hw).step_s
-        if step(0.0) >= seconds:
-            fits.append(0.0)
-            continue
-        lo, hi = 0.0, seconds
-        for _ in range(50):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if step(mid) < seconds else (lo, mid)
-        fits.append((lo + hi) / 2)
-    fits.sort()
-    return fits[len(fits) // 2] if fits else 0.0
+    def median(xs: list[float]) -> float:
+        return xs[len(xs) // 2]
+
+    over = [r for r in measured if oversubscribed(len(r[0]) - 1, r[3], r[4], hw)]
+    plain = [r for r in measured if r not in over] or over
+    first = ratios(profile, plain)
+    if not first:
+        return Calibration()
+    scale = median(first)
+    scale *= median(ratios(profile.scaled(scale), plain))  # transfer latency does not scale
+    effs = []
+    if plain is not over:
+        # step = shared makespan / efficiency + per-step work: two estimates separate the parts
+        tuned = profile.scaled(scale)
+        ideal, half = replace(hw, shared_efficiency=1.0), replace(hw, shared_efficiency=0.5)
+        for bounds, m, mbs, dp, tpn, seconds in over:
+            whole = estimate_step(tuned, bounds, m, mbs, dp, tpn, ideal).step_s
+            shared = estimate_step(tuned, bounds, m, mbs, dp, tpn, half).step_s - whole
+            if shared > 0 and seconds > whole - shared:
+                effs.append(shared / (seconds - (whole - shared)))
+    eff = min(2.0, max(0.2, median(sorted(effs)))) if effs else 1.0
+    return Calibration(scale, eff, len(measured), len(over))
+
+
+def overheads_from_instructions(instructions: dict[str, dict[str, float]], layer_seconds: dict[str, float],
+                                boundaries: Sequence[int], micro_batches: int) -> dict[str, float]:
+    """Profile overheads from one profiled layout's instruction times (seconds per step per
+    stage, as the launcher records them) and its per-layer seconds per micro-batch.
+
+    - per stage: (forward + backward + loading) / m minus the stage's layers;
+      ``overhead_s`` = the median over all but the last stage (a single stage: its own), and
+      ``last_stage_overhead_s`` = what the last stage pays beyond that (the loss);
+    - ``send_s`` = all send time / the 2 (P - 1) m sends (receives include waiting: left out);
+    - ``step_overhead_s`` = the first stage's optimizer step, gradient reduction and the time
+      outside any instruction; in 1F1B the first stage finishes last, so it does not wait there.
+    """
+    P, m = len(boundaries) - 1, max(1, micro_batches)
+    per_mb = []
+    for s in range(P):
+        ins = instructions.get(str(s)) or {}
+        layers = sum(layer_seconds.get(str(i), 0.0) for i in range(boundaries[s], boundaries[s + 1]))
+        busy = ins.get("ForwardPass", 0.0) + ins.get("BackwardPass", 0.0) + ins.get("LoadMicroBatch", 0.0)
+        per_mb.append(max(0.0, busy / m - layers))
+    common = sorted(per_mb[:-1] or per_mb)
+    overhead = common[len(common) // 2]
+    sends = sum((instructions.get(str(s)) or {}).get(k, 0.0) for s in range(P)
+                for k in ("SendActivation", "SendGrad"))
+    first = instructions.get("0") or {}
+    inside = sum(v for k, v in first.items() if k != "step")
+    fixed = (first.get("OptimizerStep", 0.0) + first.get("ReduceGrads", 0.0) + first.get("ReduceTiedGrads", 0.0)
+             + max(0.0, first.get("step", 0.0) - inside))
+    return {"overhead_s": overhead, "last_stage_overhead_s": max(0.0, per_mb[-1] - overhead) if P > 1 else 0.0,
+            "send_s": sends / (2 * (P - 1) * m) if P > 1 else 0.0, "step_overhead_s": fixed}
 
 
 def checkpoint_seconds(profile: Profile, bandwidth: float = 200e6, fixed: float = 2.0) -> float:

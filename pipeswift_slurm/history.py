@@ -20,6 +20,7 @@ from typing import Any
 
 import sqlite_utils
 
+from .costmodel import overheads_from_instructions
 from .errors import PswiftError
 from .rundir import EVENTS, read_events, state_dir
 
@@ -91,6 +92,14 @@ MIGRATIONS: list[str] = [
         chosen INTEGER, nodes INTEGER, stages INTEGER, data_parallel INTEGER, micro_batches INTEGER,
         boundaries TEXT, queue_s REAL, step_s REAL, train_s REAL, jct_s REAL, step_source TEXT,
         rejected TEXT, PRIMARY KEY (job, rank)
+    );
+    """,
+    # 5: what the engine spends outside the layers, from the launcher's instruction timing
+    """
+    CREATE TABLE pipe_overheads (
+        model_key TEXT NOT NULL, micro_batch_size INTEGER NOT NULL, stages INTEGER,
+        micro_batches INTEGER, overhead_s REAL, last_stage_overhead_s REAL, send_s REAL,
+        step_overhead_s REAL, updated REAL, PRIMARY KEY (model_key, micro_batch_size)
     );
     """,
 ]
@@ -196,7 +205,7 @@ class History:
             plan = json.loads(plan_path.read_text())
         except (OSError, ValueError):
             return False
-        job, attempts, profiles = _from_events(run, plan, list(read_events(run)))
+        job, attempts, profiles, overheads = _from_events(run, plan, list(read_events(run)))
         conn = self.db.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -208,6 +217,8 @@ class History:
                 self.db["attempts"].insert_all(attempts)
             if profiles:
                 self.db["layer_profiles"].upsert_all(profiles, pk=("model_key", "micro_batch_size", "layer"))
+            if overheads:
+                self.db["pipe_overheads"].upsert_all(overheads, pk=("model_key", "micro_batch_size"))
             decisions = _decisions(job_pk, plan)
             if decisions:
                 self.db["plan_decisions"].insert_all(decisions)
@@ -291,6 +302,15 @@ class History:
         mbs = rows[0][0]
         mine = sorted((r for r in rows if r[0] == mbs), key=lambda r: r[1])
         return mbs, [r[2] for r in mine], [int(r[3] or 0) for r in mine], [int(r[4] or 0) for r in mine]
+
+    def pipe_overheads(self, mkey: str, micro_batch_size: int) -> dict[str, float] | None:
+        """The engine's overheads outside the layers for this model (newest profile)."""
+        row = self.db.conn.execute(
+            "SELECT overhead_s, last_stage_overhead_s, send_s, step_overhead_s FROM pipe_overheads "
+            "WHERE model_key = ? AND micro_batch_size = ?", [mkey, micro_batch_size]).fetchone()
+        if row is None:
+            return None
+        return dict(zip(("overhead_s", "last_stage_overhead_s", "send_s", "step_overhead_s"), row))
 
     def config_step_times(self, mkey: str) -> dict[str, dict[str, float]]:
         """Measured step time per config of a model: {config_key: {mean, p50, p95, count}}."""
@@ -458,7 +478,7 @@ def _decisions(job_pk: int, plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _from_events(run: Path, plan: dict[str, Any], events: list[dict[str, Any]]
-                 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+                 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     mkey = model_key(plan.get("model", {}))
     pred = plan.get("prediction") or {}
     job: dict[str, Any] = {
@@ -473,6 +493,7 @@ def _from_events(run: Path, plan: dict[str, Any], events: list[dict[str, Any]]
     attempts: dict[int, dict[str, Any]] = {}
     steps: dict[int, list[float]] = {}
     profiles: list[dict[str, Any]] = []
+    overheads: list[dict[str, Any]] = []
     for ev in events:
         n = int(ev.get("attempt", 0))
         a = attempts.setdefault(n, {"attempt": n, "checkpoint_s": 0.0})
@@ -506,6 +527,16 @@ def _from_events(run: Path, plan: dict[str, Any], events: list[dict[str, Any]]
                                  "param_bytes": (ev.get("param_bytes") or {}).get(layer),
                                  "activation_bytes": (ev.get("activation_bytes") or {}).get(layer),
                                  "samples": ev.get("samples"), "updated": t})
+            bounds, m = ev.get("boundaries") or json.loads(a.get("boundaries") or "null"), \
+                ev.get("micro_batches") or a.get("micro_batches")
+            if ev.get("instructions") and bounds and m:
+                try:
+                    o = overheads_from_instructions(ev["instructions"], ev.get("seconds") or {}, bounds, int(m))
+                except (TypeError, ValueError, AttributeError):
+                    o = None  # a malformed record: the layer costs still count
+                if o is not None:
+                    overheads[:] = [{"model_key": mkey, "micro_batch_size": ev.get("micro_batch_size"),
+                                     "stages": len(bounds) - 1, "micro_batches": int(m), **o, "updated": t}]
     for n, a in attempts.items():
         xs = steps.get(n, [])
         # the first step of an attempt includes warm-up: statistics use the rest when there is one
@@ -527,7 +558,7 @@ def _from_events(run: Path, plan: dict[str, Any], events: list[dict[str, Any]]
             job["actual_step_s"] = statistics.median(all_steps)
         if job["state"] == "completed" and job.get("submit_time") and job.get("end_time"):
             job["actual_jct_s"] = job["end_time"] - job["submit_time"]
-    return job, ordered, profiles
+    return job, ordered, profiles, overheads
 
 
 def safe_open(path: Path | str | None = None, warn: Any = None) -> History | None:

@@ -164,12 +164,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
     nodes_request = cfg.resources.nodes_spec
     if planned is not None and planned.chosen is not None:
         best = planned.best_per_nodes()
-        layouts = {str(n): asdict(Layout(nodes=c.nodes, tasks_per_node=c.tasks_per_node,
-                                         world_size=c.nodes * c.tasks_per_node, stages=c.stages,
-                                         data_parallel=c.data_parallel, micro_batches=c.micro_batches,
-                                         micro_batch_size=c.micro_batch_size, boundaries=c.boundaries,
-                                         partition=c.partition))
-                   for n, c in sorted(best.items())}
+        layouts = {str(n): asdict(c.layout()) for n, c in sorted(best.items())}
         infeasible = {str(c.nodes): c.rejected for c in planned.candidates
                       if c.rejected and str(c.nodes) not in layouts}
         ch = planned.chosen

@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .config import TrainConfig
-from .costmodel import Hardware, Profile, checkpoint_seconds, estimate_step, fit_overhead
+from .costmodel import Calibration, Hardware, Profile, calibrate, checkpoint_seconds, estimate_step
 from .fmt import duration
 from .partition import PartitionError, balanced_boundaries
+from .plan import Layout
 from .queue import ClusterState, WaitEstimate, estimate_wait
 
 DEFAULT_SETUP_S = 30.0
@@ -48,6 +49,14 @@ class Candidate:
     rejected: str | None = None
     stage_memory: list[float] = field(default_factory=list)
 
+    def layout(self) -> Layout:
+        """The layout plan.json records for this candidate."""
+        return Layout(nodes=self.nodes, tasks_per_node=self.tasks_per_node,
+                      world_size=self.nodes * self.tasks_per_node, stages=self.stages,
+                      data_parallel=self.data_parallel, micro_batches=self.micro_batches,
+                      micro_batch_size=self.micro_batch_size, boundaries=self.boundaries,
+                      partition=self.partition)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         if self.estimate is not None:
@@ -70,7 +79,7 @@ class PlanResult:
     chosen: Candidate | None
     candidates: list[Candidate]
     profile_source: str
-    calibration: float
+    calibration: Calibration
     notes: list[str]
 
     def best_per_nodes(self) -> dict[int, Candidate]:
@@ -83,7 +92,7 @@ class PlanResult:
     def to_dict(self) -> dict[str, Any]:
         return {"chosen": self.chosen.to_dict() if self.chosen else None,
                 "candidates": [c.to_dict() for c in self.candidates],
-                "profile_source": self.profile_source, "calibration": self.calibration,
+                "profile_source": self.profile_source, "calibration": asdict(self.calibration),
                 "notes": self.notes}
 
 
@@ -154,26 +163,31 @@ def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState
             c.estimate = Estimate(0, 0, est.step_s, 0, 0, 0, 0, "model")
             cands.append(c)
 
-    # calibration: measured configs replace their estimate, and fit the per-micro-batch
-    # overhead the layer costs leave out, which then corrects every other candidate
+    # calibration: measured configs replace their estimate, and the ratio measured / estimated
+    # (this host, this software, the profiling hooks' cost) scales every other candidate
     measured = []
     for c in cands:
         if c.estimate is not None and step_key is not None:
             got = history.step_times.get(step_key(c))
             if got:
                 measured.append((c, got))
-    calibration = 0.0
+    calibration = Calibration()
     if measured:
-        calibration = fit_overhead(profile, [(c.boundaries, c.micro_batches, c.micro_batch_size,
-                                              c.data_parallel, c.tasks_per_node, got)
-                                             for c, got in measured], hw)
-        tuned = replace(profile, overhead_s=calibration)
-        notes.append(f"calibrated by {len(measured)} measured config(s): "
-                     f"{calibration * 1000:.2f} ms per micro-batch per stage outside the layers")
+        calibration = calibrate(profile, [(c.boundaries, c.micro_batches, c.micro_batch_size,
+                                           c.data_parallel, c.tasks_per_node, got)
+                                          for c, got in measured], hw)
+        tuned = profile.scaled(calibration.scale)
+        tuned_hw = replace(hw, shared_efficiency=calibration.shared_efficiency)
+        note = (f"calibrated by {len(measured)} measured config(s): measured / estimated step time = "
+                f"{calibration.scale:.3f}, applied to the others")
+        if 0 < calibration.oversubscribed < calibration.measured:
+            note += (f"; {calibration.oversubscribed} with more ranks than cores: the host delivers "
+                     f"{calibration.shared_efficiency:.0%} of its cores when oversubscribed")
+        notes.append(note)
         for c in cands:
             if c.estimate is not None:
                 c.estimate.step_s = estimate_step(tuned, c.boundaries, c.micro_batches, c.micro_batch_size,
-                                                  c.data_parallel, c.tasks_per_node, hw).step_s
+                                                  c.data_parallel, c.tasks_per_node, tuned_hw).step_s
                 c.estimate.step_source = "calibrated"
         for c, got in measured:
             c.estimate.step_s, c.estimate.step_source = got, "measured"

@@ -42,6 +42,12 @@ def test_ingest_is_idempotent_and_keeps_attempts_profiles_and_stats(trained, tmp
         assert [x[0] for x in layers] == list(range(6)) and all(x[1] > 0 for x in layers)
         # transformer blocks cost more than the embedding and the head
         assert min(x[1] for x in layers[1:5]) > max(layers[0][1], layers[5][1])
+        # the engine's time outside the layers, from the launcher's instruction timing (2 stages)
+        (o,) = list(h.db["pipe_overheads"].rows)
+        assert (o["stages"], o["micro_batches"]) == (2, 4)
+        assert o["send_s"] > 0 and o["step_overhead_s"] > 0 and o["overhead_s"] >= 0
+        # sends of 8 x 32 x 128 floats and the optimizer of a 0.8 M-parameter model: far below a step
+        assert o["send_s"] < a["step_p50"] / 8 and o["step_overhead_s"] < a["step_p50"]
         (job,) = list(h.db["jobs"].rows)
         assert job["predicted_step_s"] > 0 and job["actual_step_s"] > 0 and job["actual_jct_s"] > 0
         decisions = list(h.db["plan_decisions"].rows)  # every candidate the planner weighed

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-from dataclasses import replace
 
 import pytest
 
 from conftest import copy_example, pswift
 from pipeswift_slurm.config import load_config
-from pipeswift_slurm.costmodel import Hardware, Profile, estimate_step
+from pipeswift_slurm.costmodel import Hardware, Profile, calibrate, estimate_step, overheads_from_instructions
 from pipeswift_slurm.planner import PastRuns, explain, plan
 from pipeswift_slurm.queue import ClusterState, NodeState, PendingJob, RunningJob, estimate_wait
 
@@ -87,14 +86,65 @@ def test_measured_step_time_replaces_and_calibrates_the_model(tmp_path):
     res = plan(cfg, prof, hw, cluster(None), PastRuns(step_times={"1/1": one * 1.5}), key)
     best = res.best_per_nodes()
     assert best[1].estimate.step_source == "measured" and best[1].estimate.step_s == pytest.approx(1.5 * one)
-    # the fitted per-micro-batch overhead reproduces the measurement and raises the others
-    assert res.calibration > 0
+    # the calibration factor reproduces the measurement and raises the others
+    assert res.calibration.scale == pytest.approx(1.5, rel=1e-3) and res.calibration.shared_efficiency == 1.0
     c1 = best[1]
-    again = estimate_step(replace(prof, overhead_s=res.calibration), c1.boundaries, c1.micro_batches,
+    again = estimate_step(prof.scaled(res.calibration.scale), c1.boundaries, c1.micro_batches,
                           c1.micro_batch_size, c1.data_parallel, c1.tasks_per_node, hw).step_s
     assert again == pytest.approx(1.5 * one, rel=1e-6)
     assert best[4].estimate.step_source == "calibrated"
     assert best[4].estimate.step_s > base.best_per_nodes()[4].estimate.step_s
+
+
+def test_overheads_from_instruction_times():
+    """2 stages, m = 4, layers 10 ms + 10 ms | 15 ms per micro-batch (the launcher's record)."""
+    layers = {"0": 0.010, "1": 0.010, "2": 0.015}
+    ins = {"0": {"ForwardPass": 0.030, "BackwardPass": 0.060, "LoadMicroBatch": 0.002,
+                 "SendActivation": 0.004, "RecvGrad": 0.050, "OptimizerStep": 0.003,
+                 "ReduceGrads": 0.001, "step": 0.160},
+           "1": {"ForwardPass": 0.028, "BackwardPass": 0.056, "LoadMicroBatch": 0.000,
+                 "SendGrad": 0.008, "RecvActivation": 0.020, "OptimizerStep": 0.040, "step": 0.160}}
+    o = overheads_from_instructions(ins, layers, [0, 2, 3], 4)
+    assert o["overhead_s"] == pytest.approx(0.092 / 4 - 0.020)                 # 3 ms per micro-batch
+    assert o["last_stage_overhead_s"] == pytest.approx(0.084 / 4 - 0.015 - 0.003)  # the loss: 3 ms
+    assert o["send_s"] == pytest.approx(0.012 / 8)                             # 2 (P - 1) m sends
+    # the first stage's optimizer + reduction + time outside any instruction (the last stage's
+    # optimizer step includes waiting for the first stage's last backward: not used)
+    assert o["step_overhead_s"] == pytest.approx(0.003 + 0.001 + (0.160 - 0.150))
+    single = overheads_from_instructions({"0": {"ForwardPass": 0.05, "BackwardPass": 0.1, "step": 0.2}},
+                                         {"0": 0.03}, [0, 1], 4)
+    assert single["send_s"] == 0 and single["last_stage_overhead_s"] == 0
+    assert single["overhead_s"] == pytest.approx(0.15 / 4 - 0.03)
+
+
+def test_sends_and_the_loss_are_paid_where_they_happen():
+    base = Profile((0.01,) * 4, None, None, 1, step_overhead_s=0.005)
+    costly = Profile((0.01,) * 4, None, None, 1, send_s=0.004, last_stage_overhead_s=0.002,
+                     step_overhead_s=0.005)
+    hw = Hardware(host_cores=8)
+    one = [estimate_step(p, [0, 4], 8, 1, 1, 1, hw).step_s for p in (base, costly)]
+    two = [estimate_step(p, [0, 2, 4], 8, 1, 1, 1, hw).step_s for p in (base, costly)]
+    assert one[1] - one[0] == pytest.approx(8 * 0.002)    # one stage: the loss, no sends
+    assert two[1] - two[0] > 8 * (0.002 + 0.004)          # two: the loss and a send per micro-batch
+    assert one[0] == pytest.approx(8 * 0.04 + 0.005)      # layers x m + the per-step work
+
+
+def test_calibration_learns_the_scale_and_what_an_oversubscribed_host_delivers():
+    prof = Profile((0.01, 0.02, 0.02, 0.01), None, None, 1, overhead_s=0.002, send_s=0.0005,
+                   step_overhead_s=0.004)
+    hw = Hardware(host_cores=2, ranks_per_host=4)
+    truth_prof, truth_hw = prof.scaled(1.2), Hardware(host_cores=2, ranks_per_host=4, shared_efficiency=0.8)
+    layouts = [([0, 2, 4], 4), ([0, 1, 2, 3, 4], 4), ([0, 1, 2, 3, 4], 16)]   # 2 stages fit 2 cores, 4 do not
+    measured = [(b, m, 1, 1, 1, estimate_step(truth_prof, b, m, 1, 1, 1, truth_hw).step_s) for b, m in layouts]
+    cal = calibrate(prof, measured[:2], hw)
+    assert cal.scale == pytest.approx(1.2, rel=1e-3) and cal.shared_efficiency == pytest.approx(0.8, rel=1e-3)
+    assert (cal.measured, cal.oversubscribed) == (2, 1)
+    # the fitted pair predicts the layout it has not seen
+    tuned_hw = Hardware(host_cores=2, ranks_per_host=4, shared_efficiency=cal.shared_efficiency)
+    got = estimate_step(prof.scaled(cal.scale), [0, 1, 2, 3, 4], 16, 1, 1, 1, tuned_hw).step_s
+    assert got == pytest.approx(measured[2][5], rel=1e-3)
+    # ideal sharing would have been too optimistic for it
+    assert estimate_step(prof.scaled(cal.scale), [0, 1, 2, 3, 4], 16, 1, 1, 1, hw).step_s < 0.9 * measured[2][5]
 
 
 def test_queue_estimate_with_jobs_ahead():

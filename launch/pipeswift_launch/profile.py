@@ -86,3 +86,45 @@ class LayerProfiler:
             h.remove()
         self.handles = []
         self.active = False
+
+
+class InstructionTimer:
+    """Seconds per step this rank spends in each DeepSpeed pipeline instruction.
+
+    Wraps the engine's instruction table on the instance (DeepSpeed looks it up through
+    ``self``), so only this engine is affected; ``remove()`` restores the class table. Receive
+    times include waiting for the neighbour stage; the planner uses the instructions that do not
+    wait (forward, backward, loading, sending, the optimizer) to split its fitted overhead."""
+
+    def __init__(self, engine: Any, sync: bool) -> None:
+        self.engine, self.sync, self.active = engine, sync, False
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.steps = 0
+        table = dict(type(engine)._INSTRUCTION_MAP)
+        engine._INSTRUCTION_MAP = {k: self._timed(k.__name__, f) for k, f in table.items()}
+
+    def _timed(self, name: str, fn: Any) -> Any:
+        def run(engine: Any, *args: Any, **kwargs: Any) -> Any:
+            if not self.active:
+                return fn(engine, *args, **kwargs)
+            if self.sync:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            try:
+                return fn(engine, *args, **kwargs)
+            finally:
+                if self.sync:
+                    torch.cuda.synchronize()
+                self.seconds[name] += time.perf_counter() - t0
+                self.calls[name] += 1
+        return run
+
+    def result(self) -> dict[str, Any]:
+        """{instruction: seconds per step} over the profiled steps."""
+        n = max(1, self.steps)
+        return {k: v / n for k, v in sorted(self.seconds.items())}
+
+    def remove(self) -> None:
+        self.engine.__dict__.pop("_INSTRUCTION_MAP", None)
+        self.active = False

@@ -15,7 +15,7 @@ import torch
 from . import checkpoint as ckpt
 from .dist_env import DistEnv
 from .pipe import build_pipe, resolve
-from .profile import PROFILE_STEPS, LayerProfiler
+from .profile import PROFILE_STEPS, InstructionTimer, LayerProfiler
 from .signals import STOP_NONE, STOP_TIME, requested
 
 class Events:
@@ -186,22 +186,26 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
         _log(rank, f"checkpoint {path.name} committed ({reason}) in {dur:.2f} s")
 
     profiler = LayerProfiler(engine.module, sync=plan["device"] == "cuda")
+    timer = InstructionTimer(engine, sync=plan["device"] == "cuda")
     first = step  # the profiling window counts from this attempt's first step
     while step < steps:
-        profiler.active = (step + 1 - first) in PROFILE_STEPS
+        profiler.active = timer.active = (step + 1 - first) in PROFILE_STEPS
         batches = [data_fn(step=step, index=dp_rank * m + i, micro_batch_size=mbs, seed=int(t["seed"]),
                            **data_kwargs)
                    for i in range(m)]
         ts = time.time()
         loss = engine.train_batch(data_iter=iter(batches))
         dt = time.time() - ts
+        if timer.active:
+            timer.steps += 1
+            timer.seconds["step"] += dt
         step = int(engine.global_steps)
         if rank == 0:
             lv = float(loss.item())
             events.emit("step", step=step, loss=lv, loss_hex=lv.hex(), step_time=round(dt, 6))
             print(f"step {step}/{steps} loss {lv:.6f} ({dt * 1000:.1f} ms)", flush=True)
         if profiler.handles and (step - first == PROFILE_STEPS[-1] or step >= steps):
-            _emit_profile(profiler, engine, events, dist, denv.world_size, mbs)
+            _emit_profile(profiler, timer, engine, events, dist, denv.world_size, mbs, m, boundaries)
         # every rank, same point of every step: agree whether anyone was asked to stop
         flag.fill_(float(requested()))
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -228,21 +232,27 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
     return rc
 
 
-def _emit_profile(profiler: LayerProfiler, engine: Any, events: Events, dist: Any, world: int,
-                  mbs: int) -> None:
-    """Gather every stage's layer times (data-parallel rank 0 of each) into one event."""
-    mine = profiler.result() if engine.grid.data_parallel_id == 0 else None
+def _emit_profile(profiler: LayerProfiler, timer: InstructionTimer, engine: Any, events: Events,
+                  dist: Any, world: int, mbs: int, m: int, boundaries: list[int]) -> None:
+    """Gather every stage's layer times and instruction times (data-parallel rank 0 of each)
+    into one event."""
+    mine = None
+    if engine.grid.data_parallel_id == 0:
+        mine = profiler.result()
+        mine["instructions"] = {str(engine.stage_id): timer.result()}
     profiler.remove()
+    timer.remove()
     allp: list[Any] = [None] * world
     dist.all_gather_object(allp, mine)
-    merged: dict[str, Any] = {"seconds": {}, "param_bytes": {}, "activation_bytes": {}}
+    merged: dict[str, Any] = {"seconds": {}, "param_bytes": {}, "activation_bytes": {}, "instructions": {}}
     samples = []
     for p in allp:
         if p:
             for k in merged:
                 merged[k].update(p[k])
             samples.append(p["samples"])
-    events.emit("layer_profile", micro_batch_size=mbs, samples=min(samples, default=0), **merged)
+    events.emit("layer_profile", micro_batch_size=mbs, micro_batches=m, boundaries=boundaries,
+                samples=min(samples, default=0), **merged)
 
 
 def _ending(plan: dict[str, Any], denv: DistEnv, step: int, steps: int,
