@@ -44,7 +44,10 @@ class Hardware:
 
 @dataclass(frozen=True)
 class Profile:
-    """Per-layer forward+backward seconds per micro-batch of ``micro_batch_size`` on one device."""
+    """Per-layer forward+backward seconds per micro-batch of ``micro_batch_size`` on one device.
+
+    Layer costs scale with the micro-batch size of a candidate; the engine's overheads below
+    are per micro-batch or per step, whatever their size."""
     costs: tuple[float, ...]
     param_bytes: tuple[int, ...] | None = None
     activation_bytes: tuple[int, ...] | None = None

@@ -527,8 +527,7 @@ def _from_events(run: Path, plan: dict[str, Any], events: list[dict[str, Any]]
                                  "param_bytes": (ev.get("param_bytes") or {}).get(layer),
                                  "activation_bytes": (ev.get("activation_bytes") or {}).get(layer),
                                  "samples": ev.get("samples"), "updated": t})
-            bounds, m = ev.get("boundaries") or json.loads(a.get("boundaries") or "null"), \
-                ev.get("micro_batches") or a.get("micro_batches")
+            bounds, m = ev.get("boundaries"), ev.get("micro_batches")
             if ev.get("instructions") and bounds and m:
                 try:
                     o = overheads_from_instructions(ev["instructions"], ev.get("seconds") or {}, bounds, int(m))

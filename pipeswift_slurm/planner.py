@@ -181,8 +181,8 @@ def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState
         note = (f"calibrated by {len(measured)} measured config(s): measured / estimated step time = "
                 f"{calibration.scale:.3f}, applied to the others")
         if 0 < calibration.oversubscribed < calibration.measured:
-            note += (f"; {calibration.oversubscribed} with more ranks than cores: the host delivers "
-                     f"{calibration.shared_efficiency:.0%} of its cores when oversubscribed")
+            note += (f"; {calibration.oversubscribed} with more ranks than cores: an oversubscribed "
+                     f"host delivers {calibration.shared_efficiency:.0%} of ideal core sharing")
         notes.append(note)
         for c in cands:
             if c.estimate is not None:

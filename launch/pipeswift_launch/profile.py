@@ -92,14 +92,14 @@ class InstructionTimer:
     """Seconds per step this rank spends in each DeepSpeed pipeline instruction.
 
     Wraps the engine's instruction table on the instance (DeepSpeed looks it up through
-    ``self``), so only this engine is affected; ``remove()`` restores the class table. Receive
-    times include waiting for the neighbour stage; the planner uses the instructions that do not
-    wait (forward, backward, loading, sending, the optimizer) to split its fitted overhead."""
+    ``self``), so only this engine is affected; ``remove()`` restores the class table. The
+    training loop adds each profiled step's wall time as ``step``. Receive times include
+    waiting for the neighbour stage; the planner's cost model uses the others (forward,
+    backward, loading, sending, the optimizer) to tell the engine's overheads apart."""
 
     def __init__(self, engine: Any, sync: bool) -> None:
         self.engine, self.sync, self.active = engine, sync, False
         self.seconds: dict[str, float] = defaultdict(float)
-        self.calls: dict[str, int] = defaultdict(int)
         self.steps = 0
         table = dict(type(engine)._INSTRUCTION_MAP)
         engine._INSTRUCTION_MAP = {k: self._timed(k.__name__, f) for k, f in table.items()}
@@ -117,11 +117,10 @@ class InstructionTimer:
                 if self.sync:
                     torch.cuda.synchronize()
                 self.seconds[name] += time.perf_counter() - t0
-                self.calls[name] += 1
         return run
 
     def result(self) -> dict[str, Any]:
-        """{instruction: seconds per step} over the profiled steps."""
+        """{instruction (and ``step``): seconds per step} over the profiled steps."""
         n = max(1, self.steps)
         return {k: v / n for k, v in sorted(self.seconds.items())}
 
