@@ -2,9 +2,14 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CLUSTER := scripts/slurm-dev-cluster
+# The second Slurm the tests run on: built from source (cached in its prefix), with pyslurm.
+NEW_SLURM ?= 25.11
+NEW_PREFIX ?= /opt/slurm-$(NEW_SLURM)
+SLURM_TARBALL ?= $(firstword $(wildcard ../shared/slurm-$(NEW_SLURM)/slurm-$(NEW_SLURM).*.tar.gz))
+PYSLURM ?= pyslurm==25.11.2
 export SLURM_CONF ?= $(or $(PSWIFT_CLUSTER_DIR),/tmp/pswift-dev-cluster)/etc/slurm.conf
 
-.PHONY: setup cluster demo test bench stop
+.PHONY: setup cluster demo test test-22.05 test-new slurm-new pyslurm bench stop
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -23,8 +28,33 @@ cluster: setup
 demo: cluster
 	$(VENV)/bin/pswift sbatch --wait examples/tiny-gpt/train.toml
 
-test: cluster
-	$(PY) -m pytest -q
+# every test on Debian's Slurm 22.05, then every Slurm-facing test on $(NEW_SLURM)
+test: test-22.05 test-new
 
+test-22.05: setup
+	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm 22.05 $(CLUSTER) start
+	scripts/with-slurm 22.05 $(PY) -m pytest -q
+
+test-new: setup slurm-new pyslurm
+	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) start
+	PSWIFT_REQUIRE_PYSLURM=1 scripts/with-slurm $(NEW_SLURM) $(PY) -m pytest -q -m slurm
+
+# Slurm $(NEW_SLURM) from its source tarball (skipped when $(NEW_PREFIX) has it)
+slurm-new:
+	@[ -n "$(SLURM_TARBALL)" ] || { echo "no Slurm $(NEW_SLURM) source tarball: set SLURM_TARBALL=/path/slurm-$(NEW_SLURM).N.tar.gz" >&2; exit 2; }
+	scripts/build-slurm $(SLURM_TARBALL) $(NEW_PREFIX)
+
+# pyslurm built against that Slurm, kept beside it ($(NEW_PREFIX)/python; with-slurm puts it on PYTHONPATH)
+pyslurm: slurm-new setup
+	@if [ ! -f $(NEW_PREFIX)/python/.installed ]; then \
+	  echo "building $(PYSLURM) against $(NEW_PREFIX) (about 5 minutes)..."; \
+	  SLURM_INCLUDE_DIR=$(NEW_PREFIX)/include SLURM_LIB_DIR=$(NEW_PREFIX)/lib \
+	    $(PY) -m pip install -q --no-deps --target $(NEW_PREFIX)/python $(PYSLURM) && touch $(NEW_PREFIX)/python/.installed; \
+	fi
+
+# every dev cluster of both versions, the tests' accounting clusters (*-acct) too
 stop:
-	$(CLUSTER) stop
+	-scripts/with-slurm 22.05 $(CLUSTER) stop
+	-PSWIFT_CLUSTER_DIR=/tmp/pswift-dev-cluster-acct scripts/with-slurm 22.05 $(CLUSTER) stop
+	-[ ! -x $(NEW_PREFIX)/sbin/slurmctld ] || scripts/with-slurm $(NEW_SLURM) $(CLUSTER) stop
+	-[ ! -x $(NEW_PREFIX)/sbin/slurmctld ] || PSWIFT_CLUSTER_DIR=/tmp/pswift-dev-cluster-$(NEW_SLURM)-acct scripts/with-slurm $(NEW_SLURM) $(CLUSTER) stop

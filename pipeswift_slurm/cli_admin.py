@@ -35,7 +35,9 @@ _db_option = click.option("--db", type=click.Path(dir_okay=False, path_type=Path
               help="The jobcomp plugin's spool folder to merge.")
 @click.option("--jobcomp-file", type=click.Path(dir_okay=False, path_type=Path),
               help="A jobcomp/filetxt file (what `sacct -c` reads) to merge.")
-@click.option("--sacct", "use_sacct", is_flag=True, help="Also merge `sacct --json` (needs slurmdbd).")
+@click.option("--sacct", "use_sacct", is_flag=True,
+              help="Also merge slurmdbd's accounting (`sacct --json`), from where the last "
+                   "`--sacct` ingest of this cluster stopped.")
 @click.option("--no-registered", is_flag=True,
               help="Without RUN_DIRS, skip the jobs pswift submitted (merge only the sources named).")
 @_db_option
@@ -53,7 +55,7 @@ def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file:
 
         pswift history ingest --spool /var/spool/pswift --jobcomp-file /var/log/slurm/jobcomp.txt
     """
-    from .history import History, parse_jobcomp_filetxt, parse_sacct_json
+    from .history import History, parse_jobcomp_filetxt
 
     h = History(db)
     try:
@@ -74,13 +76,15 @@ def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file:
             if not jobcomp_file.is_file():
                 raise CLIError(f"{jobcomp_file}: no such file", 2)
             recs = parse_jobcomp_filetxt(jobcomp_file.read_text(encoding="utf-8", errors="replace"))
-            msgs.append(f"{h.add_slurm_records(recs, 'filetxt')} jobcomp line(s)")
+            msgs.append(f"{len(recs)} jobcomp line(s) ({h.add_slurm_records(recs, 'filetxt')} new)")
         if use_sacct:
-            got = slurm.accounting_records()
-            if got is None:
+            cluster = slurm.cluster_name()
+            recs = slurm.sacct_jobs(since=h.sacct_since(cluster))
+            if recs is None:
                 _warn("warning: `sacct --json` gave nothing (no slurmdbd here?); use --jobcomp-file")
             else:
-                msgs.append(f"{h.add_slurm_records(parse_sacct_json(got[1]), 'sacct')} sacct job(s)")
+                new = h.add_sacct(cluster, recs)
+                msgs.append(f"{len(recs)} sacct record(s) of cluster {cluster} ({new} new)")
         total = h.db["slurm_jobs"].count, h.db["jobs"].count
     finally:
         h.close()
@@ -272,21 +276,27 @@ def history_export(db: Path | None, user: str | None, partition: str | None, sin
 
 
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", required=False)
 @click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="PSWIFT_DB",
               help="History database (default $PSWIFT_HOME/history.db).")
 @_errors
-def doctor(job_id: str, db: Path | None) -> None:
+def doctor(job_id: str | None, db: Path | None) -> None:
     """Explain where JOB_ID's completion time went and what to try, citing the numbers.
 
     Applies the symptom table: queue or preemption dominating JCT, slow steps despite a small
     bubble, a large bubble, step-time variance, slow restores, a job that could not continue on
-    fewer nodes, out-of-memory.
+    fewer nodes, out-of-memory. Without JOB_ID: check this machine's set-up (SLURM_CONF, Slurm
+    version, query backend, accounting, history DB), each problem with its fix; exit 1 if any.
 
-    Example:
+    Examples:
+
+        pswift doctor
 
         pswift doctor 42
     """
+    if job_id is None:
+        _environment_checkup(db)
+        return
     from .history import History
     from .report import diagnose, job_reports
 
@@ -307,3 +317,14 @@ def doctor(job_id: str, db: Path | None) -> None:
     click.echo(f"job {job_id} ({rep.name}): {rep.state}, {rep.attempts} attempt(s)")
     for finding in diagnose(rep, plan, log or ""):
         click.echo(f"- {finding}")
+
+
+def _environment_checkup(db: Path | None) -> None:
+    from .checkup import environment
+
+    findings = environment(db)
+    for f in findings:
+        click.echo(f"{'ok ' if f.ok else 'BAD'} {f.what}: {f.value}" + ("" if f.ok else f"\n    fix: {f.fix}"))
+    bad = [f for f in findings if not f.ok]
+    if bad:
+        raise CLIError(f"{len(bad)} problem(s): {'; '.join(f'{f.what}: {f.fix}' for f in bad)}", 1)

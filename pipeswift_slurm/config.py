@@ -36,6 +36,7 @@ class JobSection:
     partition: str | None = None
     time: str | None = None
     account: str | None = None
+    qos: str | None = None
     sbatch_options: tuple[str, ...] = ()
     max_requeues: int = 3
     python: str | None = None
@@ -211,7 +212,7 @@ def _check_keys(section: str, table: dict[str, Any], valid: tuple[str, ...],
 
 
 def _job(t: dict[str, Any]) -> JobSection:
-    valid = ("name", "partition", "time", "account", "sbatch_options", "max_requeues", "python")
+    valid = ("name", "partition", "time", "account", "qos", "sbatch_options", "max_requeues", "python")
     _check_keys("job", t, valid, ("name",))
     time = t.get("time")
     if time is not None:
@@ -238,6 +239,7 @@ def _job(t: dict[str, Any]) -> JobSection:
         partition=_str("job", "partition", t["partition"]) if "partition" in t else None,
         time=time,
         account=_str("job", "account", t["account"]) if "account" in t else None,
+        qos=_str("job", "qos", t["qos"]) if "qos" in t else None,
         sbatch_options=tuple(opts),
         max_requeues=_int("job", "max_requeues", t.get("max_requeues", 3), lo=0),
         python=_str("job", "python", t["python"]) if "python" in t else None,

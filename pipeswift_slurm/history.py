@@ -102,6 +102,10 @@ MIGRATIONS: list[str] = [
         step_overhead_s REAL, updated REAL, PRIMARY KEY (model_key, micro_batch_size)
     );
     """,
+    # 6: how far `ingest --sacct` has read each cluster's accounting (the newest end time seen)
+    """
+    CREATE TABLE sacct_state (cluster TEXT PRIMARY KEY, last_end REAL NOT NULL) WITHOUT ROWID;
+    """,
 ]
 
 _COLS = ("cluster", "job_id", "start", "name", "user", "partition", "state", "node_count", "nodes",
@@ -246,16 +250,20 @@ class History:
         return n
 
     def add_slurm_records(self, records: list[dict[str, Any]], source: str) -> int:
-        """Upsert Slurm attempt records (normalised by :func:`normalise_record`)."""
+        """Upsert Slurm attempt records (normalised by :func:`normalise_record`); returns how
+        many were new (an attempt already stored is updated, never duplicated)."""
         rows = [r for r in (normalise_record(x, source) for x in records) if r is not None]
         if not rows:
             return 0
+        keys = {(r["cluster"], r["job_id"], r["start"]) for r in rows}
         conn = self.db.conn
         conn.execute("CREATE TEMP TABLE IF NOT EXISTS touched (cluster TEXT, job_id TEXT, "
                      "PRIMARY KEY (cluster, job_id)) WITHOUT ROWID")
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute("DELETE FROM temp.touched")
+            known = sum(conn.execute("SELECT COUNT(*) FROM slurm_jobs WHERE cluster = ? AND "
+                                     "job_id = ? AND start = ?", k).fetchone()[0] for k in keys)
             conn.executemany(_UPSERT, [tuple(r[c] for c in _COLS) for r in rows])
             conn.executemany("INSERT OR IGNORE INTO temp.touched VALUES (?, ?)",
                              {(r["cluster"], r["job_id"]) for r in rows})
@@ -264,7 +272,25 @@ class History:
         except Exception:
             conn.execute("ROLLBACK")
             raise
-        return len(rows)
+        return len(keys) - known
+
+    def sacct_since(self, cluster: str) -> float | None:
+        """Where the next `ingest --sacct` of ``cluster`` starts reading (None: from the start)."""
+        row = self.db.conn.execute("SELECT last_end FROM sacct_state WHERE cluster = ?",
+                                   [cluster]).fetchone()
+        return None if row is None else float(row[0])
+
+    def add_sacct(self, cluster: str, records: list[dict[str, Any]]) -> int:
+        """Merge ``sacct`` records of ``cluster`` and move its read mark to the newest end time
+        among them (running jobs have none: they are read again until they end). Returns how
+        many attempts were new."""
+        new = self.add_slurm_records(records, "sacct")
+        ends = [e for e in (_epoch(r.get("END")) for r in records) if e is not None]
+        if ends:
+            self.db.conn.execute(
+                "INSERT INTO sacct_state VALUES (?, ?) ON CONFLICT (cluster) DO UPDATE SET "
+                "last_end = MAX(last_end, excluded.last_end)", [cluster, max(ends)])
+        return new
 
     def ingest_spool_file(self, path: Path | str) -> None:
         """Merge one jobcomp spool record (and its pswift run dir, if any), then delete it."""
@@ -408,24 +434,6 @@ def parse_jobcomp_filetxt(text: str) -> list[dict[str, Any]]:
                     "NODECNT": f.get("NodeCnt"), "PROCS": f.get("ProcCnt"),
                     "WORK_DIR": f.get("WorkDir"), "SUBMIT": f.get("SubmitTime"),
                     "EXITCODE": f.get("ExitCode"), "CLUSTER": f.get("Cluster")})
-    return out
-
-
-def parse_sacct_json(text: str) -> list[dict[str, Any]]:
-    """Records of ``sacct --json`` (slurmdbd clusters); one per job (requeues are separate
-    attempts only in jobcomp/filetxt, sacct keeps the last)."""
-    doc = json.loads(text)
-    out = []
-    for j in doc.get("jobs", []):
-        t = j.get("time") or {}
-        st = j.get("state") or {}
-        out.append({"JOBID": j.get("job_id"), "JOBNAME": j.get("name"), "USERNAME": j.get("user"),
-                    "PARTITION": j.get("partition"), "CLUSTER": j.get("cluster"),
-                    "JOBSTATE": st.get("current") if isinstance(st, dict) else st,
-                    "SUBMIT": t.get("submission"), "START": t.get("start"), "END": t.get("end"),
-                    "NODES": j.get("nodes"), "NODECNT": str((j.get("allocation_nodes") or "")),
-                    "WORK_DIR": j.get("working_directory"),
-                    "EXITCODE": (j.get("exit_code") or {}).get("return_code")})
     return out
 
 

@@ -1,7 +1,7 @@
 """When would a job of N nodes start? A small backfill-style estimate from live cluster state.
 
-Pure function of a :class:`ClusterState` (parsed from ``sinfo --json`` and ``squeue --json`` by
-:mod:`slurm`): every usable node of the partition is free now (enough idle CPUs) or when the
+Pure function of a :class:`ClusterState` (built by :func:`cluster_view` from the nodes and jobs
+that :mod:`slurm` reads through either backend): every usable node of the partition is free now (enough idle CPUs) or when the
 jobs running on it reach their time limit; pending jobs ahead of ours take the earliest-free
 nodes first, for their own time limit; our job starts when N nodes are free.
 """
@@ -12,18 +12,10 @@ import math
 from dataclasses import dataclass, field
 
 from .fmt import duration
+from .slurm_json import JobInfo, NodeState
 
 UNUSABLE = ("down", "drain", "drained", "draining", "fail", "failing", "maint", "future",
             "not_responding", "unknown", "reboot", "power")
-
-
-@dataclass(frozen=True)
-class NodeState:
-    name: str
-    state: str
-    cpus: int
-    idle_cpus: int
-    partitions: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -47,6 +39,21 @@ class ClusterState:
     nodes: list[NodeState]
     running: list[RunningJob] = field(default_factory=list)
     pending: list[PendingJob] = field(default_factory=list)  # in priority order
+
+
+def cluster_view(nodes: list[NodeState], jobs: list[JobInfo], now: float) -> ClusterState:
+    """The planner's view: every node, running jobs with their nodes and end times, pending jobs
+    in priority order (highest first; ties by job id, i.e. submission order)."""
+    running, pending = [], []
+    for j in sorted(jobs, key=lambda j: (-j.priority, int(j.job_id) if j.job_id.isdigit() else 0)):
+        if j.state == "RUNNING":
+            running.append(RunningJob(j.job_id, j.node_names,
+                                      float(j.end_time) if j.end_time else math.inf))
+        elif j.state == "PENDING":
+            limit = j.time_limit_min
+            pending.append(PendingJob(j.job_id, j.partition, j.node_count or 1,
+                                      float(limit) * 60 if limit else math.inf))
+    return ClusterState(now=now, nodes=list(nodes), running=running, pending=pending)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ class SbatchOptions:
     partition: str | None = None
     time: str | None = None
     account: str | None = None
+    qos: str | None = None
     gpus_per_node: int = 0
     signal: str | None = None
     extra: tuple[str, ...] = field(default=())
@@ -48,7 +49,7 @@ class SbatchOptions:
             "cpus-per-task": None if ranged else self.cpus_per_task,
             "mincpus": self.ntasks_per_node * self.cpus_per_task if ranged else None,
             "output": self.output, "partition": self.partition,
-            "time": self.time, "account": self.account, "signal": self.signal,
+            "time": self.time, "account": self.account, "qos": self.qos, "signal": self.signal,
             "gres": f"gpu:{self.gpus_per_node}" if self.gpus_per_node else None,
             "open-mode": "append",  # a requeued attempt appends to the same log
             "requeue": True,        # preemption in REQUEUE mode and self-requeue need it
@@ -77,7 +78,7 @@ def options_for(cfg: TrainConfig, run_dir: str, signal_lead_s: int | None,
     return SbatchOptions(
         job_name=j.name, nodes=nodes or r.nodes_spec, ntasks_per_node=r.tasks_per_node,
         cpus_per_task=r.cpus_per_task, output=f"{run_dir}/slurm-%j.out", partition=j.partition,
-        time=j.time, account=j.account, gpus_per_node=r.gpus_per_node,
+        time=j.time, account=j.account, qos=j.qos, gpus_per_node=r.gpus_per_node,
         # USR2 (not USR1, which NCCL may catch) to the step tasks before the time limit
         signal=f"USR2@{signal_lead_s}" if signal_lead_s else None,
         extra=j.sbatch_options,

@@ -1,30 +1,33 @@
-"""The one module that talks to Slurm (through its CLI: sbatch, squeue, scontrol, sacct).
+"""The one module that talks to Slurm.
 
-Every call goes through :func:`_run`, which turns any failure into a :class:`SlurmError` that
-carries the command, its exit code and Slurm's own words on one line. pyslurm is not usable with
-Debian's Slurm 22.05 (PyPI's pyslurm needs 25.11), so the CLI is the backend here.
+Queries (nodes, jobs, a job's preemption) go through one of two backends with one interface:
+``pyslurm`` (Slurm's C API in-process, ~2 ms) where it is importable and built for the running
+Slurm's major.minor, else Slurm's commands (``scontrol``/``sinfo``/``squeue --json``, ~13 ms).
+``PSWIFT_SLURM_BACKEND=cli|pyslurm`` forces one; a pyslurm that does not match the Slurm here is
+a one-line warning and the commands, never a crash. Submitting, requeueing, cancelling and
+accounting always use the commands. Every command goes through :func:`_run`: bounded in time,
+any failure a :class:`SlurmError` with the command, its exit code and Slurm's own words on one
+line. What Slurm prints is parsed in :mod:`slurm_json`, for every supported version.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from .queue import ClusterState
 
+from . import slurm_json
 from .errors import SlurmError
+from .slurm_json import JobInfo, NodeState
 
-TERMINAL_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-    "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED",
-})
+TERMINAL_STATES = slurm_json.TERMINAL_STATES
+QUERY_TIMEOUT = 30.0
 
 
 def _one_line(text: str, limit: int = 400) -> str:
@@ -39,10 +42,13 @@ def _run(cmd: Sequence[str], timeout: float = 60.0, check: bool = True) -> subpr
         raise SlurmError(f"{exe}: command not found; install Slurm's client tools (slurm-client) or "
                          f"start the dev cluster with scripts/slurm-dev-cluster start")
     try:
-        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise SlurmError(f"`{shlex.join(cmd)}` did not answer within {timeout:.0f} s; "
-                         f"is slurmctld running (scontrol ping)?") from None
+        hint = ("SLURM_CONF is not set, and Slurm may be looking for a configless server: "
+                "export SLURM_CONF=/path/to/slurm.conf" if not os.environ.get("SLURM_CONF")
+                else "is slurmctld running (scontrol ping)?")
+        raise SlurmError(f"`{shlex.join(cmd)}` did not answer within {timeout:.0f} s; {hint}") from None
     if check and proc.returncode != 0:
         said = _one_line(proc.stderr or proc.stdout or "no output")
         raise SlurmError(f"`{shlex.join(cmd)}` failed (exit {proc.returncode}): {said}")
@@ -61,63 +67,88 @@ def submit(script: str, extra_args: Sequence[str] = (), cwd: str | None = None) 
     return job_id
 
 
-@dataclass(frozen=True)
-class JobInfo:
-    job_id: str
-    name: str
-    state: str
-    reason: str
-    partition: str
-    nodes: str
-    node_count: int
-    restarts: int
-    submit_time: int | None
-    start_time: int | None
-    end_time: int | None
-    time_limit_min: int | None
-
-    @property
-    def terminal(self) -> bool:
-        return self.state in TERMINAL_STATES
+# ----------------------------------------------------------------------------- version, backend
+_cache: dict[str, Any] = {}
 
 
-def _state(v: Any) -> str:
-    if isinstance(v, list):  # openapi >= 0.0.40 gives a list of flags
-        return str(v[0]) if v else "UNKNOWN"
-    return str(v or "UNKNOWN")
+def slurm_version() -> tuple[int, int, int]:
+    """(major, minor, micro) of the Slurm whose commands are on PATH (``scontrol --version``),
+    asked once per process."""
+    if "version" not in _cache:
+        out = _run(["scontrol", "--version"], timeout=QUERY_TIMEOUT).stdout
+        m = re.search(r"(\d+)\.(\d+)\.(\d+)", out)
+        if m is None:
+            raise SlurmError(f"cannot read a version from `scontrol --version`: {_one_line(out)!r}")
+        _cache["version"] = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    return _cache["version"]
 
 
-def _num(v: Any) -> int | None:
-    if isinstance(v, dict):  # newer openapi: {"set": bool, "infinite": bool, "number": N}
-        return int(v["number"]) if v.get("set") and not v.get("infinite") else None
-    return int(v) if isinstance(v, (int, float)) else None
+class CliBackend:
+    """Queries through Slurm's commands and their JSON (``--json`` needs Slurm 21.08+)."""
+
+    name = "cli"
+
+    def nodes(self) -> list[NodeState]:
+        if slurm_version()[:2] >= (23, 2):   # sinfo --json answers node groups from 23.02 on
+            cmd = ["scontrol", "show", "nodes", "--json"]
+        else:
+            cmd = ["sinfo", "--json"]
+        return slurm_json.nodes(slurm_json.load(_run(cmd, timeout=QUERY_TIMEOUT).stdout, cmd[0]))
+
+    def jobs(self, job_id: str | None = None) -> list[JobInfo]:
+        cmd = ["squeue", "--json"]
+        if job_id is not None:
+            cmd += ["--states=all", "--jobs", str(job_id)]
+        proc = _run(cmd, timeout=QUERY_TIMEOUT, check=False)
+        if proc.returncode != 0:
+            if job_id is not None and "Invalid job id" in (proc.stderr + proc.stdout):
+                return []
+            raise SlurmError(f"`{shlex.join(cmd)}` failed (exit {proc.returncode}): "
+                             f"{_one_line(proc.stderr or proc.stdout or 'no output')}")
+        return slurm_json.jobs(slurm_json.load(proc.stdout, "squeue --json"))
+
+    def preempt_time_set(self, job_id: str) -> bool:
+        return show_job(job_id).get("PreemptTime", "None") not in ("None", "Unknown", "")
 
 
-def parse_squeue_json(text: str) -> list[JobInfo]:
-    """Jobs from ``squeue --json`` (openapi v0.0.38 as in Slurm 22.05, and later layouts)."""
-    data = json.loads(text)
-    jobs = []
-    for j in data.get("jobs", []):
-        jobs.append(JobInfo(
-            job_id=str(j.get("job_id")), name=str(j.get("name", "")), state=_state(j.get("job_state")),
-            reason=str(j.get("state_reason", "")), partition=str(j.get("partition", "")),
-            nodes=str(j.get("nodes", "")), node_count=_num(j.get("node_count")) or 0,
-            restarts=_num(j.get("restart_cnt")) or 0, submit_time=_num(j.get("submit_time")),
-            start_time=_num(j.get("start_time")), end_time=_num(j.get("end_time")),
-            time_limit_min=_num(j.get("time_limit")),
-        ))
-    return jobs
+def backend() -> Any:
+    """The query backend for this process (chosen once): see the module's docstring."""
+    if "backend" not in _cache:
+        from . import slurm_pyslurm
+
+        want = os.environ.get("PSWIFT_SLURM_BACKEND", "auto").strip().lower() or "auto"
+        if want not in ("auto", "cli", "pyslurm"):
+            raise SlurmError(f"PSWIFT_SLURM_BACKEND={want!r}: use cli, pyslurm or leave it unset")
+        chosen: Any = CliBackend()
+        if want != "cli":
+            problem = slurm_pyslurm.unusable(slurm_version())
+            if problem is None:
+                chosen = slurm_pyslurm.PyslurmBackend()
+            elif want == "pyslurm" or problem[1]:
+                # forced, or installed but not for this Slurm: say so, once; not installed: quiet
+                import sys
+                print(f"pswift: warning: {problem[0]}; using Slurm's commands instead", file=sys.stderr)
+        _cache["backend"] = chosen
+    return _cache["backend"]
+
+
+# ----------------------------------------------------------------------------- queries
+def config() -> dict[str, str]:
+    """``scontrol show config`` as a dict (ClusterName, SLURM_VERSION, AccountingStorageType...)."""
+    if "config" not in _cache:
+        out = _run(["scontrol", "show", "config"], timeout=QUERY_TIMEOUT).stdout
+        _cache["config"] = {k.strip(): v.strip() for k, sep, v in
+                            (line.partition("=") for line in out.splitlines()) if sep}
+    return _cache["config"]
+
+
+def cluster_name() -> str:
+    return config().get("ClusterName", "")
 
 
 def job_info(job_id: str) -> JobInfo | None:
     """The job as squeue sees it (including recently finished jobs), or None once purged."""
-    proc = _run(["squeue", "--json", "--states=all", "--jobs", str(job_id)], check=False)
-    if proc.returncode != 0:
-        if "Invalid job id" in (proc.stderr + proc.stdout):
-            return None
-        raise SlurmError(f"`squeue --json --jobs {job_id}` failed (exit {proc.returncode}): "
-                         f"{_one_line(proc.stderr or proc.stdout or 'no output')}")
-    for j in parse_squeue_json(proc.stdout):
+    for j in backend().jobs(str(job_id)):
         if j.job_id == str(job_id):
             return j
     return None
@@ -125,67 +156,46 @@ def job_info(job_id: str) -> JobInfo | None:
 
 def show_job(job_id: str) -> dict[str, str]:
     """``scontrol show job -o JOBID`` as a dict (values may hold spaces)."""
-    out = _run(["scontrol", "show", "job", "-o", str(job_id)]).stdout.strip()
-    fields: dict[str, str] = {}
-    for part in re.split(r" (?=[A-Za-z][A-Za-z:/_]*=)", out):
-        key, sep, value = part.partition("=")
-        if sep:
-            fields[key] = value
-    return fields
+    return slurm_json.scontrol_fields(_run(["scontrol", "show", "job", "-o", str(job_id)],
+                                           timeout=QUERY_TIMEOUT).stdout)
 
 
 def being_preempted(job_id: str) -> bool:
-    """True while Slurm is preempting the job (PreemptTime is set; a plain scancel leaves it None).
-
-    A job whose tasks stop during GraceTime ends COMPLETED or FAILED instead of being requeued,
-    so the job must requeue itself after its checkpoint."""
-    value = show_job(job_id).get("PreemptTime", "None")
-    return value not in ("None", "Unknown", "")
+    """True while Slurm is preempting the job (PreemptTime is set; a plain scancel leaves it unset)."""
+    return backend().preempt_time_set(str(job_id))
 
 
 def cluster_state(now: float | None = None) -> "ClusterState":
-    """Nodes (``sinfo --json``) and running/pending jobs (``squeue --json``) for the planner."""
+    """Every node and the running/pending jobs, as the planner sees them, on any Slurm version."""
     import time as _time
 
-    from .queue import ClusterState, NodeState, PendingJob, RunningJob
+    from .queue import cluster_view
 
-    nodes_doc = json.loads(_run(["sinfo", "--json"]).stdout)
-    nodes = [NodeState(name=str(n["name"]), state=_state(n.get("state")).lower(),
-                       cpus=int(n.get("cpus") or 0), idle_cpus=int(n.get("idle_cpus") or 0),
-                       partitions=tuple(n.get("partitions") or ()))
-             for n in nodes_doc.get("nodes", [])]
-    jobs_doc = json.loads(_run(["squeue", "--json"]).stdout)
-    running, pending = [], []
-    for j in sorted(jobs_doc.get("jobs", []), key=lambda j: -(_num(j.get("priority")) or 0)):
-        state = _state(j.get("job_state"))
-        if state == "RUNNING":
-            alloc = (j.get("job_resources") or {}).get("allocated_nodes") or []
-            names = tuple(str(a.get("nodename")) for a in alloc if isinstance(a, dict))
-            end = _num(j.get("end_time"))
-            running.append(RunningJob(str(j.get("job_id")), names, float(end) if end else float("inf")))
-        elif state == "PENDING":
-            limit = _num(j.get("time_limit"))
-            pending.append(PendingJob(str(j.get("job_id")), str(j.get("partition", "")),
-                                      _num(j.get("node_count")) or 1,
-                                      float(limit) * 60 if limit else float("inf")))
-    return ClusterState(now=now if now is not None else _time.time(), nodes=nodes,
-                        running=running, pending=pending)
+    b = backend()
+    return cluster_view(b.nodes(), b.jobs(), now if now is not None else _time.time())
+
+def sacct_jobs(since: float | None = None) -> list[dict[str, Any]] | None:
+    """Every job attempt slurmdbd knows that ran at or after ``since`` (epoch seconds; None: all),
+    requeued attempts included (``--duplicates``), as history records; None where there is no
+    slurmdbd (sacct then refuses or prints no JSON)."""
+    import datetime as _dt
+
+    if shutil.which("sacct") is None:
+        return None
+    start = "1970-01-01T00:00:00" if since is None else \
+        _dt.datetime.fromtimestamp(max(0.0, since)).strftime("%Y-%m-%dT%H:%M:%S")
+    proc = _run(["sacct", "--json", "--allusers", "--duplicates", f"--starttime={start}",
+                 "--endtime=now"], timeout=120.0, check=False)
+    if proc.returncode != 0 or not proc.stdout.lstrip().startswith("{"):
+        return None
+    return slurm_json.sacct_records(slurm_json.load(proc.stdout, "sacct --json"))
 
 
-def accounting_records(jobcomp_file: str | None = None) -> tuple[str, str] | None:
-    """(source, text) of finished-job records: ``sacct --json`` where slurmdbd exists, else the
-    jobcomp/filetxt file (``sacct -c`` reads the same; its ``--json`` fails), else None."""
-    if shutil.which("sacct") is not None:
-        proc = _run(["sacct", "--json", "--allusers", "--starttime=1970-01-01"], check=False)
-        if proc.returncode == 0 and proc.stdout.lstrip().startswith("{"):
-            return "sacct", proc.stdout
-    if jobcomp_file:
-        try:
-            with open(jobcomp_file, encoding="utf-8", errors="replace") as f:
-                return "filetxt", f.read()
-        except OSError:
-            return None
-    return None
+def accounting_problem() -> str | None:
+    """None when slurmdbd answers sacct, else Slurm's words."""
+    proc = _run(["sacct", "-n", "-X", "--starttime=now", "--endtime=now"], timeout=QUERY_TIMEOUT,
+                check=False)
+    return None if proc.returncode == 0 else _one_line(proc.stderr or proc.stdout or "no output")
 
 
 def test_only_start(nodes: int, cpus_per_node: int, partition: str | None, time_limit: str | None,
@@ -212,6 +222,20 @@ def test_only_start(nodes: int, cpus_per_node: int, partition: str | None, time_
     if proc.returncode != 0 or m is None:
         return None
     return _dt.datetime.fromisoformat(m.group(1)).timestamp()
+
+
+def requeues_preempted_jobs() -> bool:
+    """Whether Slurm itself requeues a preempted job (PreemptMode=REQUEUE) whose tasks end within
+    GraceTime. From 24.05 it does ("For PreemptMode=CANCEL and PreemptMode=REQUEUE assume that
+    job signalled for GraceTime was preempted", CHANGELOG 24.05.0rc1): a job that requeued itself
+    as well is requeued twice and runs one attempt too many. Before, such a job ends COMPLETED or
+    FAILED unless it requeues itself. Checked on 22.05.8 and 25.11.7 by tests/test_preemption.py."""
+    return slurm_version()[:2] >= (24, 5)
+
+
+def forbid_requeue(job_id: str) -> None:
+    """Keep Slurm from requeueing the job when it ends (a preempted job then ends PREEMPTED)."""
+    _run(["scontrol", "update", f"JobId={job_id}", "Requeue=0"])
 
 
 def requeue(job_id: str) -> None:

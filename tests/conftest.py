@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -66,6 +67,24 @@ def cluster() -> str:
     conf = proc.stdout.strip().rsplit("SLURM_CONF=", 1)[-1]
     os.environ["SLURM_CONF"] = conf
     return conf
+
+
+@pytest.fixture(scope="session")
+def acct_cluster() -> Iterator[str]:
+    """SLURM_CONF of a second dev cluster of the same Slurm version beside the main one, with real
+    accounting (MariaDB + slurmdbd) and QOS preemption (standby preempted by normal); stopped at
+    the end of the session. Tests point SLURM_CONF at it with monkeypatch."""
+    base = int(os.environ.get("PSWIFT_CLUSTER_CTLD_PORT", "6917"))
+    env = {**os.environ, "PSWIFT_PYTHON": sys.executable, "PSWIFT_CLUSTER_PLUGINS": "0",
+           "PSWIFT_CLUSTER_DIR": f"{CLUSTER_DIR}-acct", "PSWIFT_CLUSTER_NAME": "pswiftacct",
+           "PSWIFT_CLUSTER_CTLD_PORT": str(base + 20),
+           "PSWIFT_CLUSTER_BASEPORT": str(int(os.environ.get("PSWIFT_CLUSTER_BASEPORT", "17100")) + 50),
+           "PSWIFT_CLUSTER_ACCOUNTING": "1", "PSWIFT_CLUSTER_PREEMPT": "qos"}
+    proc = subprocess.run([str(CLUSTER), "start"], capture_output=True, text=True, timeout=600, env=env)
+    if proc.returncode != 0:
+        pytest.fail(f"accounting dev cluster did not start: {proc.stdout}\n{proc.stderr}")
+    yield proc.stdout.strip().rsplit("SLURM_CONF=", 1)[-1]
+    subprocess.run([str(CLUSTER), "stop"], capture_output=True, text=True, timeout=300, env=env)
 
 
 CLUSTER_DIR = Path(os.environ.get("PSWIFT_CLUSTER_DIR", "/tmp/pswift-dev-cluster"))

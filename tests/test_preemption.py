@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import copy_example, pswift, wait_state
+from pipeswift_slurm import slurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
 
@@ -88,14 +89,29 @@ def slurm_log(run: Path) -> str:
     return "".join(p.read_text() for p in run.glob("slurm-*.out"))
 
 
-def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(cluster, tmp_path):
+@pytest.fixture(params=["partition", "qos"])
+def preemption(request, monkeypatch) -> tuple[list[str], str]:
+    """(sbatch options of the preempting job, [job] lines of the preemptible one) for the two
+    common site set-ups: partition priority (partition high preempts low) on the main dev
+    cluster, and QOS preemption (normal preempts standby, PreemptType=preempt/qos, with slurmdbd)
+    on the accounting dev cluster."""
+    if request.param == "partition":
+        request.getfixturevalue("cluster")
+        return ["-p", "high"], ""
+    monkeypatch.setenv("SLURM_CONF", request.getfixturevalue("acct_cluster"))
+    return ["--qos=normal"], 'qos = "standby"\n'
+
+
+def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path):
+    preemptor, job_lines = preemption
     toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "100", "checkpoint_interval": "0"})
+    toml.write_text(toml.read_text().replace("[job]\n", "[job]\n" + job_lines, 1))
     run = tmp_path / "run"
     proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip()
     wait_steps(run, 8)
-    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", "--exclusive", "-o", "/dev/null",
+    high = subprocess.run(["sbatch", "--parsable", *preemptor, "-N2", "--exclusive", "-o", "/dev/null",
                            "--wrap", "sleep 120"], capture_output=True, text=True, check=True).stdout.strip()
     try:
         assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300) == "COMPLETED", slurm_log(run)
@@ -189,7 +205,11 @@ def test_max_requeues_stops_a_job_preempted_twice_with_a_clear_reason(cluster, t
                                         capture_output=True, text=True, check=True).stdout.strip())
             if attempt == 0:
                 wait_state(job, {"PENDING"}, timeout=60)
-        assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120) == "FAILED"
+        # before 24.05 the launcher's exit 3 ends the job FAILED; from 24.05 Slurm would requeue
+        # a preempted job itself, so the launcher forbids it and the job ends PREEMPTED
+        final = "PREEMPTED" if slurm.requeues_preempted_jobs() else "FAILED"
+        assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "PREEMPTED"}, timeout=120) == final
+        assert slurm.show_job(job)["Restarts"] == "1"
     finally:
         subprocess.run(["scancel", *highs])
     log = slurm_log(run)

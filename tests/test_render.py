@@ -47,7 +47,7 @@ def test_signal_lead_is_capped_by_the_time_limit(tmp_path):
 def test_golden_all_fields(tmp_path):
     opts = SbatchOptions(job_name="big job's run", nodes="2-4", ntasks_per_node=4, cpus_per_task=8,
                          output="/scratch/my runs/x/slurm-%j.out", partition="gpu", time="1-00:00:00",
-                         account="proj$(id)", gpus_per_node=4, signal="USR2@180",
+                         account="proj$(id)", qos="standby", gpus_per_node=4, signal="USR2@180",
                          extra=("--qos=high", "--comment=a b"))
     check_golden("all-fields.sbatch", render(opts, "/scratch/my runs/x", "/opt/py env/bin/python"))
 
@@ -86,3 +86,11 @@ def test_newline_cannot_reach_a_directive():
     opts = SbatchOptions(job_name="a\n#SBATCH --x", nodes="1", ntasks_per_node=1, cpus_per_task=1, output="o")
     with pytest.raises(ConfigError, match="newline"):
         opts.directives()
+
+
+def test_job_qos_from_the_toml(tmp_path):
+    toml = copy_example(tmp_path / "ex")
+    toml.write_text(toml.read_text().replace("[job]\n", '[job]\nqos = "standby"\n', 1))
+    cfg = load_config(toml)
+    assert cfg.job.qos == "standby"
+    assert "#SBATCH --qos=standby" in options_for(cfg, "/r", None).directives()

@@ -1,33 +1,111 @@
-"""Parsing of Slurm's JSON (unit level; the real thing is exercised in test_slurm_e2e)."""
+"""Slurm's JSON parsed for every supported version, from real output recorded on each
+(tests/slurm_json/<version>/, made by capture.sh in one fixed situation: 3 of 4 nodes held by a
+60-minute job, a 4-node job pending, one job finished with exit 3). The live twin of these tests,
+on whichever Slurm is running, is test_slurm_versions.py."""
 
 import json
+from pathlib import Path
 
 import pytest
 
-from pipeswift_slurm import slurm
+from pipeswift_slurm import slurm, slurm_json
 from pipeswift_slurm.errors import SlurmError
+from pipeswift_slurm.queue import cluster_view, estimate_wait
 
-V0038 = {"meta": {"plugin": {"type": "openapi/v0.0.38"}}, "jobs": [{
-    "job_id": 12, "name": "tiny", "job_state": "RUNNING", "state_reason": "None", "partition": "low",
-    "nodes": "node[1-2]", "node_count": 2, "restart_cnt": 1, "submit_time": 10, "start_time": 12,
-    "end_time": 1000, "time_limit": 15}]}
-V0040 = {"jobs": [{"job_id": 13, "name": "t", "job_state": ["PENDING"], "state_reason": "Resources",
-                   "partition": "high", "nodes": "", "node_count": {"set": True, "infinite": False, "number": 4},
-                   "restart_cnt": 0, "submit_time": {"set": True, "infinite": False, "number": 5},
-                   "start_time": {"set": False, "infinite": False, "number": 0},
-                   "end_time": {"set": False, "number": 0},
-                   "time_limit": {"set": True, "infinite": True, "number": 0}}]}
+DATA = Path(__file__).parent / "slurm_json"
+VERSIONS = sorted(p.name for p in DATA.iterdir() if p.is_dir())
 
 
-def test_parse_v0038():
-    (j,) = slurm.parse_squeue_json(json.dumps(V0038))
-    assert (j.job_id, j.state, j.node_count, j.restarts, j.time_limit_min) == ("12", "RUNNING", 2, 1, 15)
-    assert not j.terminal
+def doc(version: str, name: str) -> dict:
+    return slurm_json.load((DATA / version / name).read_text(), name)
 
 
-def test_parse_newer_layout():
-    (j,) = slurm.parse_squeue_json(json.dumps(V0040))
-    assert (j.state, j.node_count, j.submit_time, j.start_time, j.time_limit_min) == ("PENDING", 4, 5, None, None)
+def node_doc(version: str) -> dict:
+    """What the CLI backend asks on that version: sinfo (22.05) or scontrol (23.02+)."""
+    f = "scontrol_nodes.json" if (DATA / version / "scontrol_nodes.json").exists() else "sinfo.json"
+    return doc(version, f)
+
+
+def test_both_supported_versions_are_recorded():
+    assert {"22.05", "25.11"} <= set(VERSIONS)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_planner_view_is_the_same_on_every_version(version):
+    nodes = slurm_json.nodes(node_doc(version))
+    assert [(n.name, n.cpus, n.idle_cpus, n.partitions) for n in nodes] == [
+        ("node1", 8, 8, ("low", "high")), ("node2", 8, 0, ("low", "high")),
+        ("node3", 8, 0, ("low", "high")), ("node4", 8, 0, ("low", "high"))]
+    assert nodes[0].state.startswith("idle") and nodes[1].state.startswith("allocated")
+    jobs = {j.name: j for j in slurm_json.jobs(doc(version, "squeue.json"))}
+    holder, waiter = jobs["holder"], jobs["waiter"]
+    assert (holder.state, holder.node_names, holder.node_count, holder.time_limit_min) == (
+        "RUNNING", ("node2", "node3", "node4"), 3, 60)
+    assert holder.end_time - holder.start_time == 3600
+    assert (waiter.state, waiter.node_names, waiter.node_count, waiter.time_limit_min) == (
+        "PENDING", (), 4, 30)
+    view = cluster_view(nodes, list(jobs.values()), now=holder.start_time)
+    assert [(r.nodes, r.end_time - view.now) for r in view.running] == [(("node2", "node3", "node4"), 3600)]
+    assert [(p.node_count, p.time_limit_s) for p in view.pending] == [(4, 1800)]
+    four = estimate_wait(view, 4, 8, "low")
+    assert (four.free_now, four.usable) == (1, 4)
+    assert four.seconds == 3600 + 1800   # behind the holder, then behind the pending 4-node job
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_sinfo_node_groups_of_newer_slurm_are_refused_with_the_fix(version):
+    d = doc(version, "sinfo.json")
+    if "sinfo" in d:
+        with pytest.raises(SlurmError, match="scontrol show nodes --json"):
+            slurm_json.nodes(d)
+    else:
+        assert len(slurm_json.nodes(d)) == 4
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_sacct_records(version):
+    (rec,) = slurm_json.sacct_records(doc(version, "sacct.json"))
+    assert rec["JOBNAME"] == "finished" and rec["JOBSTATE"] == "FAILED" and rec["USERNAME"] == "root"
+    assert rec["QOS"] == "normal" and rec["NODECNT"] == 1 and rec["LIMIT"] == 5
+    assert rec["START"] and rec["END"] >= rec["START"] >= rec["SUBMIT"]
+    assert rec["CLUSTER"] and rec["WORK_DIR"]
+    assert rec["EXITCODE"] is not None
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_scontrol_job_fields(version):
+    f = slurm_json.scontrol_fields((DATA / version / "scontrol_job.txt").read_text())
+    assert (f["JobName"], f["JobState"], f["NodeList"], f["PreemptTime"]) == ("holder", "RUNNING", "node[2-4]", "None")
+
+
+def test_version_from_meta():
+    assert slurm_json.version(doc("22.05", "squeue.json")) == (22, 5)
+    assert slurm_json.version(doc("25.11", "squeue.json")) == (25, 11)
+
+
+@pytest.mark.parametrize("text,names", [
+    ("node[1-3,5],gpu07", ("node1", "node2", "node3", "node5", "gpu07")),
+    ("n[08-10]", ("n08", "n09", "n10")),
+    ("a1", ("a1",)), ("", ()),
+    ("rack[1-2]-n", ("rack1-n", "rack2-n")),
+])
+def test_expand_hostlist(text, names):
+    assert slurm_json.expand_hostlist(text) == names
+
+
+def test_numbers_states_and_garbage():
+    assert slurm_json.number({"set": True, "infinite": False, "number": 4}) == 4
+    assert slurm_json.number({"set": True, "infinite": True, "number": 0}) is None
+    assert slurm_json.number({"set": False, "number": 7}) is None
+    assert slurm_json.number(float("nan")) is None and slurm_json.number("12") is None
+    assert slurm_json.state(["PENDING", "REQUEUED"]) == "PENDING" and slurm_json.state({"current": ["FAILED"]}) == "FAILED"
+    assert slurm_json.state(None) == "UNKNOWN"
+    with pytest.raises(SlurmError, match="did not print JSON"):
+        slurm_json.load("Slurm says no", "squeue --json")
+    with pytest.raises(SlurmError, match="not an object"):
+        slurm_json.load("[1]", "squeue --json")
+    # odd shapes in a newer layout are skipped or unknown, never an exception
+    assert slurm_json.sacct_records({"jobs": [7, {"state": {"current": []}, "time": None}]})[0]["JOBSTATE"] == "UNKNOWN"
 
 
 def test_run_reports_command_exit_code_and_stderr():
@@ -38,3 +116,9 @@ def test_run_reports_command_exit_code_and_stderr():
 def test_missing_command():
     with pytest.raises(SlurmError, match="command not found"):
         slurm._run(["no-such-slurm-binary-xyz"])
+
+
+def test_a_hung_command_is_bounded_and_names_slurm_conf(monkeypatch):
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    with pytest.raises(SlurmError, match="did not answer within 1 s; SLURM_CONF is not set"):
+        slurm._run(["sleep", "5"], timeout=1)

@@ -217,17 +217,13 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
 
     decision = [_ending(plan, denv, step, steps, stop_code) if rank == 0 else None]
     dist.broadcast_object_list(decision, src=0)  # one scontrol call, one decision for all ranks
-    reason, requeue, rc = decision[0]
-    events.emit("end", reason=reason, step=step, requeue=requeue)
+    reason, requeue_by, rc = decision[0]
+    events.emit("end", reason=reason, step=step, requeue=requeue_by is not None)
     events.close()
     _log(rank, f"attempt {denv.attempt} ended: {reason} at step {step}")
     dist.barrier()
-    if requeue and rank == 0:
-        from pipeswift_slurm import slurm  # the one module that talks to Slurm
-        # after the checkpoint is committed: Slurm never requeues a timed-out job, and a
-        # preempted job whose tasks end within GraceTime would end COMPLETED, not requeued
-        _log(rank, f"requeueing job {denv.job_id}")
-        slurm.requeue(denv.job_id)
+    if rank == 0 and denv.job_id is not None:
+        _requeue_or_not(denv, reason, requeue_by)
     dist.destroy_process_group()
     return rc
 
@@ -256,27 +252,50 @@ def _emit_profile(profiler: LayerProfiler, timer: InstructionTimer, engine: Any,
 
 
 def _ending(plan: dict[str, Any], denv: DistEnv, step: int, steps: int,
-            stop_code: int) -> tuple[str, bool, int]:
-    """(reason, requeue?, exit code) of this attempt; rank 0 decides for all."""
+            stop_code: int) -> tuple[str, str | None, int]:
+    """(reason, who requeues the job: "pswift", "slurm" or None, exit code) of this attempt;
+    rank 0 decides for all."""
     if step >= steps:
-        return "completed", False, 0
+        return "completed", None, 0
     if denv.job_id is None:
-        return ("time_limit" if stop_code == STOP_TIME else "stopped"), False, 0
+        return ("time_limit" if stop_code == STOP_TIME else "stopped"), None, 0
+    from pipeswift_slurm import slurm
     if stop_code == STOP_TIME:
         reason = "time_limit"
     else:
-        from pipeswift_slurm import slurm
         try:
             reason = "preempted" if slurm.being_preempted(denv.job_id) else "cancelled"
         except Exception as e:  # cannot ask Slurm: assume preemption (requeue is the safe side)
             _log(denv.rank, f"cannot tell preemption from cancellation ({e}); assuming preemption")
             reason = "preempted"
     if reason == "cancelled":
-        return reason, False, 0
+        return reason, None, 0
     budget = int(plan.get("max_requeues", 3))
     if denv.attempt >= budget:
         _log(denv.rank, f"{reason} at step {step}, but this was attempt {denv.attempt} and "
                         f"max_requeues = {budget} is spent: not requeueing; raise [job] "
                         f"max_requeues and resubmit to continue from the checkpoint")
-        return reason, False, 3
-    return reason, True, 0
+        return reason, None, 3
+    # Slurm never requeues a timed-out job; a preempted one only from 24.05 on (slurm.py)
+    return reason, "slurm" if reason == "preempted" and _slurm_requeues_preempted() else "pswift", 0
+
+
+def _slurm_requeues_preempted() -> bool:
+    from pipeswift_slurm import slurm
+    try:
+        return slurm.requeues_preempted_jobs()
+    except Exception:  # cannot ask: requeue ourselves (at worst one attempt too many, never a lost job)
+        return False
+
+
+def _requeue_or_not(denv: DistEnv, reason: str, requeue_by: str | None) -> None:
+    """After the checkpoint is committed: requeue the job where Slurm will not, and keep Slurm
+    from requeueing a preempted job whose requeue budget is spent."""
+    from pipeswift_slurm import slurm  # the one module that talks to Slurm
+    if requeue_by == "pswift":
+        _log(denv.rank, f"requeueing job {denv.job_id}")
+        slurm.requeue(denv.job_id)
+    elif requeue_by == "slurm":
+        _log(denv.rank, f"Slurm requeues preempted job {denv.job_id} itself")
+    elif reason == "preempted" and _slurm_requeues_preempted():
+        slurm.forbid_requeue(denv.job_id)

@@ -1,0 +1,180 @@
+"""The Slurm boundary on whichever Slurm runs the suite (`make test` runs this file on Debian's
+22.05 and on 25.11 built from source): the planner's view of a live situation, through every
+query backend there is; backend choice and its failure modes; accounting through a real
+slurmdbd, read incrementally; the environment check."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import pswift, wait_state
+
+pytestmark = [pytest.mark.slurm]
+
+VIEW = """
+import json, sys
+from pipeswift_slurm import slurm
+state = slurm.cluster_state()
+ids = sys.argv[1:]
+print(json.dumps({
+    "backend": slurm.backend().name, "now": state.now,
+    "nodes": [[n.name, n.cpus, n.idle_cpus, list(n.partitions), n.state.split("+")[0]] for n in state.nodes],
+    "running": [[r.job_id, list(r.nodes), r.end_time] for r in state.running if r.job_id in ids],
+    "pending": [[p.job_id, p.partition, p.node_count, p.time_limit_s] for p in state.pending if p.job_id in ids],
+    "job": [getattr(slurm.job_info(i), k) for i in ids[:1] for k in ("state", "node_names", "node_count", "time_limit_min", "end_time")],
+    "preempting": slurm.being_preempted(ids[0]),
+}))
+"""
+
+
+def sbatch(*args: str) -> str:
+    return subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", *args], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def pyslurm_usable() -> bool:
+    from pipeswift_slurm import slurm, slurm_pyslurm
+    return slurm_pyslurm.unusable(slurm.slurm_version()) is None
+
+
+def backends() -> list[str]:
+    """cli always; pyslurm where it serves this Slurm (`make test-new` sets PSWIFT_REQUIRE_PYSLURM:
+    there a missing pyslurm fails instead of skipping)."""
+    return ["cli", "pyslurm"]
+
+
+def view(backend: str, *ids: str) -> tuple[dict, str]:
+    proc = subprocess.run([sys.executable, "-c", VIEW, *ids], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PSWIFT_SLURM_BACKEND": backend})
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), proc.stderr
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_the_planner_sees_a_live_situation_the_same_on_every_version_and_backend(cluster, backend):
+    if backend == "pyslurm" and not pyslurm_usable():
+        if os.environ.get("PSWIFT_REQUIRE_PYSLURM") == "1":
+            pytest.fail("PSWIFT_REQUIRE_PYSLURM=1 but pyslurm cannot serve this Slurm")
+        pytest.skip("pyslurm is not installed for this Slurm (make pyslurm builds it for 25.11)")
+    hold = sbatch("-N3", "-t", "60", "--exclusive", "-J", "holder", "--wrap", "sleep 300")
+    try:
+        wait_state(hold, {"RUNNING"}, timeout=60)
+        wait = sbatch("-N4", "-t", "30", "-J", "waiter", "--wrap", "true")
+        time.sleep(1.5)
+        got, err = view(backend, hold, wait)
+    finally:
+        subprocess.run(["scancel", hold, wait if "wait" in locals() else hold])
+    assert got["backend"] == backend and err == ""
+    held = got["running"][0][1]
+    assert len(held) == 3 and got["running"][0][0] == hold
+    assert abs(got["running"][0][2] - got["now"] - 3600) < 30        # start + 60 min
+    assert got["pending"] == [[wait, "low", 4, 1800.0]]
+    for name, cpus, idle, parts, state in got["nodes"]:
+        assert cpus == 8 and parts == ["low", "high"]
+        if name in held:
+            assert (idle, state) == (0, "allocated")
+    free = [n for n in got["nodes"] if n[0] not in held]
+    assert len(free) == 1 and free[0][2] == 8 and free[0][4] in ("idle", "mixed")
+    assert got["job"][:4] == ["RUNNING", held, 3, 60] and got["preempting"] is False
+
+
+def test_a_pyslurm_for_another_slurm_is_one_warning_and_the_commands(cluster, tmp_path):
+    """A pyslurm built for another Slurm major.minor is never imported (its import would load
+    that Slurm's library): one warning line, and the CLI answers."""
+    fake = tmp_path / "site" / "pyslurm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise SystemExit('imported a pyslurm built for another Slurm')\n")
+    (fake / "version.py").write_text('__version__ = "19.05.0"\n')
+    env = {"PYTHONPATH": str(tmp_path / "site")}
+    got, err = view_env("auto", env)
+    assert got["backend"] == "cli"
+    assert err.count("\n") == 1 and err.startswith("pswift: warning: pyslurm 19.05.0 does not match the Slurm")
+    assert "using Slurm's commands instead" in err
+    proc = pswift("doctor", env=env)
+    assert "query backend: cli (pyslurm 19.05.0 does not match" in proc.stdout
+
+
+def view_env(backend: str, extra: dict[str, str]) -> tuple[dict, str]:
+    hold = sbatch("-N1", "-t", "5", "--wrap", "sleep 30")
+    try:
+        proc = subprocess.run([sys.executable, "-c", VIEW, hold], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, **extra, "PSWIFT_SLURM_BACKEND": backend})
+    finally:
+        subprocess.run(["scancel", hold])
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), proc.stderr
+
+
+def test_backend_choice_errors_are_one_line(cluster, tmp_path):
+    proc = pswift("status", "1", env={"PSWIFT_SLURM_BACKEND": "slurmrestd"})
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+    assert "PSWIFT_SLURM_BACKEND='slurmrestd': use cli, pyslurm or leave it unset" in proc.stderr
+    if not pyslurm_usable():
+        got, err = view_env("pyslurm", {})
+        assert got["backend"] == "cli" and err.startswith("pswift: warning: pyslurm")
+
+
+def test_doctor_checks_the_environment(cluster, tmp_path):
+    proc = pswift("doctor", "--db", str(tmp_path / "h.db"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    from pipeswift_slurm import slurm
+    v = ".".join(map(str, slurm.slurm_version()))
+    assert f"ok  Slurm: {v}, cluster pswiftdev" in proc.stdout
+    assert "ok  SLURM_CONF: " + os.environ["SLURM_CONF"] in proc.stdout
+    assert "history DB: " in proc.stdout and "accounting: off (no slurmdbd)" in proc.stdout
+    bad = pswift("doctor", env={"SLURM_CONF": str(tmp_path / "nope.conf")})
+    assert bad.returncode == 1 and "BAD SLURM_CONF" in bad.stdout
+    assert bad.stderr.count("\n") == 1 and "point SLURM_CONF at an existing slurm.conf" in bad.stderr
+
+
+def sacct_has(*ids: str, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "jobid,state", "-j", ",".join(ids)],
+                             capture_output=True, text=True).stdout.split()
+        done = [line for line in out if line.split("|")[1] in ("COMPLETED", "FAILED")]
+        if len(done) >= len(ids):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"sacct does not show {ids} finished after {timeout} s")
+
+
+def ingest(db: Path) -> tuple[int, int]:
+    proc = pswift("history", "ingest", "--sacct", "--no-registered", "--db", str(db))
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stdout + proc.stderr
+    import re
+    m = re.search(r"(\d+) sacct record\(s\) of cluster pswiftacct \((\d+) new\)", proc.stdout)
+    assert m, proc.stdout
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_ingest_sacct_reads_a_real_slurmdbd_incrementally(acct_cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", acct_cluster)
+    ok = sbatch("-J", "ok", "--wrap", "true")
+    bad = sbatch("-J", "bad", "--wrap", "exit 3")
+    sacct_has(ok, bad)
+    db = tmp_path / "history.db"
+    read, new = ingest(db)
+    assert 2 <= new <= read
+    import sqlite3
+    rows = {r[0]: r[1:] for r in sqlite3.connect(db).execute(
+        "SELECT job_id, cluster, name, state, exit_code, user FROM slurm_jobs WHERE job_id IN (?, ?)", (ok, bad))}
+    assert rows[ok] == ("pswiftacct", "ok", "COMPLETED", "0:0", "root")
+    assert rows[bad][:3] == ("pswiftacct", "bad", "FAILED")
+    from pipeswift_slurm import slurm
+    if slurm.slurm_version()[:2] > (22, 5):  # 22.05's sacct --json reports return_code 0 here
+        assert rows[bad][3] == "3:0"
+    assert ingest(db)[1] == 0                     # twice: nothing new, nothing duplicated
+    third = sbatch("-J", "third", "--wrap", "true")
+    sacct_has(third)
+    read3, new3 = ingest(db)
+    assert new3 == 1 and read3 <= 3, (read3, read)   # from the last end time on, not from 1970
+    count = sqlite3.connect(db).execute("SELECT COUNT(*), COUNT(DISTINCT job_id || start) FROM slurm_jobs").fetchone()
+    assert count[0] == count[1]
