@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import history as hist_mod
+from . import runrows
 from . import slurm
 from .config import TrainConfig
 from .costmodel import Hardware, Profile
@@ -23,17 +24,19 @@ from .queue import ClusterState
 Warn = Callable[[str], None]
 
 
-def _model_dict(cfg: TrainConfig) -> dict:
-    return {"entry": cfg.model.entry, "kwargs": cfg.model.kwargs, "num_layers": cfg.layer_count}
+def _model_key(cfg: TrainConfig) -> str:
+    """This user's key of the model (profiles are per user: another's cannot steer this plan)."""
+    model = {"entry": cfg.model.entry, "kwargs": cfg.model.kwargs, "num_layers": cfg.layer_count}
+    return runrows.model_key(model, runrows.current_user())
 
 
 def load_profile(cfg: TrainConfig, h: hist_mod.History | None) -> Profile | None:
     if h is not None:
-        got = h.layer_profile(hist_mod.model_key(_model_dict(cfg)))
+        got = h.layer_profile(_model_key(cfg))
         n = cfg.layer_count
         if got is not None and (n is None or len(got[1]) == n):
             mbs, secs, params, acts = got
-            over = h.pipe_overheads(hist_mod.model_key(_model_dict(cfg)), mbs) or {}
+            over = h.pipe_overheads(_model_key(cfg), mbs) or {}
             return Profile(tuple(secs), tuple(params) if any(params) else None,
                            tuple(acts) if any(acts) else None, mbs, "history", **over)
     if cfg.model.layer_costs is not None:
@@ -59,7 +62,7 @@ def hardware(cfg: TrainConfig, cluster: ClusterState | None) -> Hardware:
 def past_runs(cfg: TrainConfig, h: hist_mod.History | None) -> PastRuns:
     if h is None:
         return PastRuns()
-    mkey = hist_mod.model_key(_model_dict(cfg))
+    mkey = _model_key(cfg)
     steps = {k: v["mean"] for k, v in h.config_step_times(mkey).items()}
     setups = [r[0] for r in h.db.conn.execute(
         "SELECT a.setup_s FROM attempts a JOIN jobs j ON j.id = a.job WHERE j.model_key = ? "
@@ -74,10 +77,10 @@ def past_runs(cfg: TrainConfig, h: hist_mod.History | None) -> PastRuns:
 
 
 def step_key_for(cfg: TrainConfig) -> Callable[[Candidate], str]:
-    mkey = hist_mod.model_key(_model_dict(cfg))
+    mkey = _model_key(cfg)
 
     def key(c: Candidate) -> str:
-        return hist_mod.config_key(mkey, {"nodes": c.nodes, "tasks_per_node": c.tasks_per_node,
+        return runrows.config_key(mkey, {"nodes": c.nodes, "tasks_per_node": c.tasks_per_node,
                                           "stages": c.stages, "data_parallel": c.data_parallel,
                                           "micro_batches": c.micro_batches,
                                           "micro_batch_size": c.micro_batch_size,

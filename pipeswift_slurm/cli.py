@@ -285,7 +285,7 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
         out["model_error"] = errors
         click.echo(json.dumps(out, indent=2))
         return
-    con = Console(highlight=False, soft_wrap=True, width=max(140, shutil.get_terminal_size().columns))
+    con = Console(highlight=False, markup=False, soft_wrap=True, width=max(140, shutil.get_terminal_size().columns))
     table = Table("nodes", "PxDP", "m", "boundaries", "queue", "setup", "step", "train", "ckpt",
                   "preempt", "JCT", "")
     f = lambda s: f"{s:.0f}" if s >= 10 else f"{s:.3g}"  # noqa: E731
@@ -299,7 +299,7 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
                       str(c.boundaries), f(e.queue_s), f(e.setup_s), f"{e.step_s:.4g}", f(e.train_s),
                       f(e.checkpoint_s), f(e.preemption_s), f(e.jct_s),
                       "chosen" if c is res.chosen else f"#{i + 1}")
-    con.print(f"profile: {res.profile_source}; seconds" + "".join(f"; {n}" for n in res.notes))
+    con.print(f"profile: {res.profile_source}; seconds" + "".join(f"; {n}" for n in res.notes), markup=False)
     con.print(table)
     con.print(explain(res), markup=False)
     if errors:
@@ -401,7 +401,7 @@ def simulate(toml: Path | None, fwd: str | None, bwd: str | None, micro_batches:
         out = [r.to_dict() for r in results]
         click.echo(json.dumps(out[0] if len(out) == 1 else out, indent=2))
         return
-    con = Console(highlight=False, soft_wrap=True)
+    con = Console(highlight=False, markup=False, soft_wrap=True)
     if title:
         con.print(title)
     table = Table("schedule", "step time", "bubble", "peak in-flight", "slowest stage (busy)")

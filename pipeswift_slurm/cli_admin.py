@@ -55,7 +55,7 @@ def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file:
 
         pswift history ingest --spool /var/spool/pswift --jobcomp-file /var/log/slurm/jobcomp.txt
     """
-    from .history import History, parse_jobcomp_filetxt
+    from .history import History, IngestRefused, parse_jobcomp_filetxt
 
     h = History(db)
     try:
@@ -63,15 +63,22 @@ def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file:
             for d in run_dirs:
                 if not (d / "plan.json").is_file():
                     raise CLIError(f"{d} is not a run directory (no plan.json)", 2)
-            n = sum(h.ingest_run_dir(d) for d in run_dirs)
+            n = 0
+            for d in run_dirs:
+                try:
+                    n += h.ingest_run_dir(d)
+                except IngestRefused as e:
+                    _warn(f"warning: {d}: {e}")
         else:
             n = 0 if no_registered else h.ingest_registered()
         msgs = [f"{n} changed run director{'y' if n == 1 else 'ies'}"]
+        if h.skipped_events:
+            msgs[0] += f" ({h.skipped_events} bad event line(s) skipped)"
         if spool is not None:
             merged, problems = h.ingest_spool(spool)
             msgs.append(f"{merged} spooled record(s)")
             for p in problems:
-                _warn(f"warning: spool file {p}; moved to {spool / 'bad'}")
+                _warn(f"warning: spool file {p}")
         if jobcomp_file is not None:
             if not jobcomp_file.is_file():
                 raise CLIError(f"{jobcomp_file}: no such file", 2)
@@ -146,12 +153,13 @@ def _emit(rows: list[dict[str, Any]], fmt: str, columns: list[tuple[str, str]]) 
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
     table = Table(*[c[1] for c in columns])
-    for r in rows:
-        table.add_row(*[_dur(r[k]) if k.endswith("_s") else
-                        (f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k] if r[k] is not None else "-"))
+    for r in rows:   # Text: a job named "[/oops]" is shown as it is, never read as markup
+        table.add_row(*[Text(_dur(r[k]) if k.endswith("_s") else
+                             (f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k] if r[k] is not None else "-")))
                         for k, _ in columns])
-    Console(highlight=False, width=max(150, shutil.get_terminal_size().columns)).print(table)
+    Console(highlight=False, markup=False, width=max(150, shutil.get_terminal_size().columns)).print(table)
 
 
 _format_option = click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]),

@@ -24,6 +24,11 @@ def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*a, **kw)
         except PswiftError as e:
             raise CLIError(str(e), e.exit_code) from None
+        except Exception as e:  # a query outside History's guarded methods (reports)
+            if type(e).__module__ != "sqlite3":
+                raise
+            raise CLIError(f"history database: {e}; if it is corrupt, move it aside and run "
+                           f"`pswift history ingest` to rebuild it", 1) from None
     return wrapper
 
 

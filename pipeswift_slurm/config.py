@@ -137,12 +137,50 @@ def _type_name(v: Any) -> str:
             dict: "table"}.get(type(v), type(v).__name__)
 
 
-def _int(section: str, key: str, v: Any, lo: int = 1) -> int:
+#: the largest sizes pswift plans for (each a clear error above it): enough for any cluster job,
+#: small enough that enumerating and simulating every candidate stays well under a second
+LIMITS = {"nodes": 4096, "node_range": 64, "tasks_per_node": 64, "micro_batches": 4096,
+          "layers": 4096, "int": 2**31 - 1, "depth": 16}
+
+
+def _int(section: str, key: str, v: Any, lo: int = 1, hi: int = LIMITS["int"]) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise ConfigError(f"{_where(section, key)} must be an integer, got {_type_name(v)} {v!r}")
+        raise ConfigError(f"{_where(section, key)} must be an integer, got {_type_name(v)} {_short(v)}")
     if v < lo:
-        raise ConfigError(f"{_where(section, key)} = {v} must be >= {lo}")
+        raise ConfigError(f"{_where(section, key)} = {_short(v)} must be >= {lo}")
+    if v > hi:
+        raise ConfigError(f"{_where(section, key)} = {_short(v)} is larger than pswift supports "
+                          f"({hi}); use a smaller value")
     return v
+
+
+def _short(v: Any) -> str:
+    text = repr(v) if not isinstance(v, int) or abs(v) < 10**30 else f"<{len(str(abs(v)))}-digit integer>"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _json_value(where: str, v: Any, depth: int = 0) -> None:
+    """Tables passed on to Python code and DeepSpeed (kwargs, ds_config, optimizer params) must
+    be JSON-like: no dates or times, finite numbers, int64 integers, bounded nesting."""
+    if depth > LIMITS["depth"]:
+        raise ConfigError(f"{where} is nested deeper than {LIMITS['depth']} levels; flatten it")
+    if isinstance(v, dict):
+        for k, x in v.items():
+            _json_value(f"{where}.{k}", x, depth + 1)
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            _json_value(f"{where}[{i}]", x, depth + 1)
+    elif isinstance(v, bool) or isinstance(v, str) or v is None:
+        return
+    elif isinstance(v, int):
+        if not -2**63 <= v < 2**63:
+            raise ConfigError(f"{where} = {_short(v)} does not fit in 64 bits; use a smaller number")
+    elif isinstance(v, float):
+        if not math.isfinite(v):
+            raise ConfigError(f"{where} = {v} is not a finite number; use a finite value")
+    else:
+        raise ConfigError(f"{where} = {_short(v)} is a TOML {_type_name(v)}, which cannot be passed "
+                          f"on; write it as a string")
 
 
 def _str(section: str, key: str, v: Any) -> str:
@@ -166,7 +204,8 @@ def _float(section: str, key: str, v: Any, lo: float = 0.0) -> float:
 
 def _table(section: str, key: str, v: Any) -> dict[str, Any]:
     if not isinstance(v, dict):
-        raise ConfigError(f"{_where(section, key)} must be a table, got {_type_name(v)} {v!r}")
+        raise ConfigError(f"{_where(section, key)} must be a table, got {_type_name(v)} {_short(v)}")
+    _json_value(_where(section, key), v)
     return v
 
 
@@ -253,17 +292,20 @@ def _resources(t: dict[str, Any]) -> ResourcesSection:
     if isinstance(nodes, list):
         if len(nodes) != 2:
             raise ConfigError(f"[resources] nodes = {nodes!r} must be an integer or a [min, max] pair")
-        lo = _int("resources", "nodes", nodes[0])
-        hi = _int("resources", "nodes", nodes[1])
+        lo = _int("resources", "nodes", nodes[0], hi=LIMITS["nodes"])
+        hi = _int("resources", "nodes", nodes[1], hi=LIMITS["nodes"])
         if lo > hi:
             raise ConfigError(f"[resources] nodes = [{lo}, {hi}]: min > max; write [{hi}, {lo}]")
+        if hi - lo >= LIMITS["node_range"]:
+            raise ConfigError(f"[resources] nodes = [{lo}, {hi}] spans {hi - lo + 1} node counts; "
+                              f"pswift plans at most {LIMITS['node_range']}: narrow the range")
     else:
-        lo = hi = _int("resources", "nodes", nodes)
+        lo = hi = _int("resources", "nodes", nodes, hi=LIMITS["nodes"])
     device = _str("resources", "device", t.get("device", "cpu"))
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"[resources] device = {device!r} must be 'cpu' or 'cuda'")
     gpus = _int("resources", "gpus_per_node", t.get("gpus_per_node", 0), lo=0)
-    tasks = _int("resources", "tasks_per_node", t.get("tasks_per_node", gpus or 1))
+    tasks = _int("resources", "tasks_per_node", t.get("tasks_per_node", gpus or 1), hi=LIMITS["tasks_per_node"])
     if device == "cuda" and gpus == 0:
         raise ConfigError("[resources] device = 'cuda' needs gpus_per_node >= 1 "
                           "(set gpus_per_node = tasks_per_node, one GPU per task)")
@@ -279,17 +321,21 @@ def _model(t: dict[str, Any], base_dir: Path) -> ModelSection:
     valid = ("entry", "kwargs", "loss", "num_layers", "layer_costs", "layer_memory")
     _check_keys("model", t, valid, ("entry",))
     costs = mem = None
+    for key in ("layer_costs", "layer_memory"):
+        if isinstance(t.get(key), list) and len(t[key]) > LIMITS["layers"]:
+            raise ConfigError(f"[model] {key} has {len(t[key])} layers; pswift plans at most "
+                              f"{LIMITS['layers']}: group layers into larger blocks")
     if "layer_costs" in t:
         v = t["layer_costs"]
         if not isinstance(v, list) or not v:
-            raise ConfigError(f"[model] layer_costs must be a non-empty array of seconds per layer, got {v!r}")
+            raise ConfigError(f"[model] layer_costs must be a non-empty array of seconds per layer, got {_short(v)}")
         costs = tuple(_float("model", "layer_costs", x) for x in v)
     if "layer_memory" in t:
         v = t["layer_memory"]
         if not isinstance(v, list) or not v:
-            raise ConfigError(f"[model] layer_memory must be a non-empty array of bytes per layer, got {v!r}")
-        mem = tuple(_int("model", "layer_memory", x, lo=0) for x in v)
-    num_layers = _int("model", "num_layers", t["num_layers"]) if "num_layers" in t else None
+            raise ConfigError(f"[model] layer_memory must be a non-empty array of bytes per layer, got {_short(v)}")
+        mem = tuple(_int("model", "layer_memory", x, lo=0, hi=2**62) for x in v)
+    num_layers = _int("model", "num_layers", t["num_layers"], hi=LIMITS["layers"]) if "num_layers" in t else None
     lengths = {k: n for k, n in (("num_layers", num_layers), ("layer_costs", costs and len(costs)),
                                  ("layer_memory", mem and len(mem))) if n}
     if len(set(lengths.values())) > 1:
@@ -314,6 +360,7 @@ def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
         _check_keys("training.optimizer", opt, ("type", "params"))
         _str("training.optimizer", "type", opt.get("type", "AdamW"))
         _table("training.optimizer", "params", opt.get("params", {}))
+    _json_value("[training] optimizer", opt)
     ckpt_dir = None
     if "checkpoint_dir" in t:
         ckpt_dir = (base_dir / _str("training", "checkpoint_dir", t["checkpoint_dir"])).resolve()
@@ -419,6 +466,9 @@ def load_config(path: str | Path) -> TrainConfig:
         raise ConfigError(f"{p}: not UTF-8 text ({e.reason}); save it as UTF-8") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: invalid TOML: {' '.join(str(e).split())}") from None
+    except (ValueError, RecursionError) as e:   # a 5000-digit integer, arrays nested 1000 deep
+        raise ConfigError(f"{p}: TOML that cannot be read ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:120]}); simplify the value") from None
     try:
         return parse_config(data, p)
     except ConfigError as e:

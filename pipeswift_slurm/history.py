@@ -10,22 +10,30 @@ and skipped while its events file is unchanged. Schema changes are numbered migr
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import re
 import sqlite3
-import statistics
+import stat
 from pathlib import Path
 from typing import Any
 
 import sqlite_utils
 
-from .costmodel import overheads_from_instructions
+from . import events as events_mod
+from . import userfiles
 from .errors import PswiftError
-from .rundir import EVENTS, read_events, state_dir
+from .rundir import state_dir
+from .runrows import Owner, RunRows, rows, user_name
 
 
 class HistoryError(PswiftError):
+    exit_code = 1
+
+
+class IngestRefused(PswiftError):
+    """A run directory or spool file that is not read (unsafe, too big, too slow): the reason."""
+
     exit_code = 1
 
 
@@ -130,36 +138,25 @@ def default_path() -> Path:
     return Path(env) if env else state_dir() / "history.db"
 
 
-def model_key(model: dict[str, Any]) -> str:
-    """Identity of a model across jobs: entry point, its arguments and layer count."""
-    blob = json.dumps([model.get("entry"), model.get("kwargs"), model.get("num_layers")], sort_keys=True)
-    return hashlib.sha1(blob.encode()).hexdigest()[:16]
-
-
-def config_key(mkey: str, layout: dict[str, Any]) -> str:
-    parts = [mkey] + [str(layout.get(k)) for k in ("nodes", "tasks_per_node", "stages", "data_parallel",
-                                                    "micro_batches", "micro_batch_size")]
-    parts.append(",".join(map(str, layout.get("boundaries") or [])))
-    return "/".join(parts)
-
-
 class History:
     """An open history database (migrated to the newest schema)."""
 
     def __init__(self, path: Path | str | None = None, create: bool = True,
                  timeout: float = 30.0) -> None:
         self.path = Path(path) if path else default_path()
+        self.skipped_events = 0   # bad lines in the events files ingested through this handle
         if not create and not self.path.exists():
             raise HistoryError(f"no history database at {self.path}; run `pswift history ingest` "
                                f"or pass --db")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+            _create_private(self.path)
             conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None)
             conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")
+            _retry_locked(lambda: conn.execute("PRAGMA journal_mode = WAL"), timeout)
             conn.execute("PRAGMA foreign_keys = ON")
             self.db = sqlite_utils.Database(conn)
-            self._migrate()
+            _retry_locked(self._migrate, timeout)
         except sqlite3.OperationalError as e:
             raise _db_error(self.path, e) from None
         except sqlite3.DatabaseError as e:
@@ -170,72 +167,84 @@ class History:
 
     def _migrate(self) -> None:
         conn = self.db.conn
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > len(MIGRATIONS):
-            raise HistoryError(f"history database {self.path} has schema {version}, newer than this "
-                               f"pswift ({len(MIGRATIONS)}); upgrade pipeswift-slurm")
-        for i in range(version, len(MIGRATIONS)):
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+        if conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS):
+            return
+        conn.execute("BEGIN IMMEDIATE")   # the version is read again under the write lock, so
+        try:                              # two first openers cannot both create the tables
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(MIGRATIONS):
+                raise HistoryError(f"history database {self.path} has schema {version}, newer than "
+                                   f"this pswift ({len(MIGRATIONS)}); upgrade pipeswift-slurm")
+            for i in range(version, len(MIGRATIONS)):
                 for stmt in filter(str.strip, MIGRATIONS[i].split(";")):
                     conn.execute(stmt)
-                conn.execute(f"PRAGMA user_version = {i + 1}")
-                conn.execute("COMMIT")
-            except Exception:
-                conn.execute("ROLLBACK")
-                raise
+            conn.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
+            conn.execute("COMMIT")
+        except Exception:
+            conn.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         self.db.conn.close()
 
     # ------------------------------------------------------------------------- ingest
-    def ingest_run_dir(self, run_dir: Path | str) -> bool:
-        """Replace the rows of one run directory; False if unchanged since the last ingest."""
-        run = Path(run_dir).resolve()
-        ev_path = run / EVENTS
-        plan_path = run / "plan.json"
-        if not plan_path.is_file():
-            return False
+    def ingest_run_dir(self, run_dir: Path | str, owner: Owner | None = None,
+                       timeout: float = 30.0) -> bool:
+        """Replace the rows of one run directory; False if unchanged since the last ingest or
+        not a run directory. ``owner``: Slurm's record of whose job it is (the jobcomp plugin's);
+        without it, the directory's owner. Files are read through :mod:`userfiles` (no symlinks,
+        the owner's regular files only, bounded; as the owner, killed at ``timeout``, when this
+        process is root); a directory refused there raises :class:`IngestRefused`."""
+        run = os.path.abspath(run_dir)    # not resolve(): that would follow the user's symlinks
         try:
-            st = ev_path.stat()
+            st = os.stat(os.path.join(run, events_mod.FILE), follow_symlinks=False)
             size, mtime = st.st_size, st.st_mtime
-        except FileNotFoundError:
+        except OSError:
             size, mtime = 0, 0.0
         row = self.db.conn.execute("SELECT size, mtime FROM ingest_state WHERE run_dir = ?",
-                                   [str(run)]).fetchone()
+                                   [run]).fetchone()
         if row is not None and row[0] == size and row[1] == mtime:
             return False
         try:
-            plan = json.loads(plan_path.read_text())
-        except (OSError, ValueError):
+            if owner is None:
+                files = userfiles.read_run_files(run)
+                owner = Owner(user_name(files.owner), files.owner, -1)
+            else:
+                files = userfiles.read_run_files_as(run, owner.uid, owner.gid, timeout)
+        except userfiles.UnsafeFile as e:
+            raise IngestRefused(f"run directory not ingested: {e}") from None
+        got = rows(run, files, owner)
+        if got is None:
             return False
-        job, attempts, profiles, overheads = _from_events(run, plan, list(read_events(run)))
+        self.skipped_events += got.skipped_events
+        self._replace_run(run, got, files.events_size, files.events_mtime)
+        return True
+
+    def _replace_run(self, run: str, got: RunRows, size: int, mtime: float) -> None:
         conn = self.db.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute("DELETE FROM jobs WHERE run_dir = ?", [str(run)])
-            job_pk = self.db["jobs"].insert(job).last_pk
-            for a in attempts:
+            conn.execute("DELETE FROM jobs WHERE run_dir = ?", [run])
+            job_pk = self.db["jobs"].insert(got.job).last_pk
+            for a in got.attempts:
                 a["job"] = job_pk
-            if attempts:
-                self.db["attempts"].insert_all(attempts)
-            if profiles:
-                self.db["layer_profiles"].upsert_all(profiles, pk=("model_key", "micro_batch_size", "layer"))
-            if overheads:
-                self.db["pipe_overheads"].upsert_all(overheads, pk=("model_key", "micro_batch_size"))
-            decisions = _decisions(job_pk, plan)
-            if decisions:
-                self.db["plan_decisions"].insert_all(decisions)
-            self.db["ingest_state"].upsert({"run_dir": str(run), "size": size, "mtime": mtime},
-                                           pk="run_dir")
+            if got.attempts:
+                self.db["attempts"].insert_all(got.attempts)
+            if got.profiles:
+                self.db["layer_profiles"].upsert_all(got.profiles, pk=("model_key", "micro_batch_size", "layer"))
+            if got.overheads:
+                self.db["pipe_overheads"].upsert_all(got.overheads, pk=("model_key", "micro_batch_size"))
+            if got.decisions:
+                self.db["plan_decisions"].insert_all({**d, "job": job_pk} for d in got.decisions)
+            self.db["ingest_state"].upsert({"run_dir": run, "size": size, "mtime": mtime}, pk="run_dir")
             conn.execute("COMMIT")
         except Exception:
             conn.execute("ROLLBACK")
             raise
-        return True
 
     def ingest_registered(self) -> int:
-        """Ingest every run directory in the per-user job registry; returns how many changed."""
+        """Ingest every run directory in the per-user job registry; returns how many changed
+        (a directory refused as unsafe is skipped)."""
         n = 0
         jobs = state_dir() / "jobs"
         if not jobs.is_dir():
@@ -243,10 +252,9 @@ class History:
         for f in jobs.glob("*.json"):
             try:
                 run = json.loads(f.read_text())["run_dir"]
-            except (OSError, ValueError, KeyError):
+                n += self.ingest_run_dir(str(run))
+            except (OSError, ValueError, KeyError, TypeError, IngestRefused):
                 continue
-            if Path(run).is_dir():
-                n += self.ingest_run_dir(run)
         return n
 
     def add_slurm_records(self, records: list[dict[str, Any]], source: str) -> int:
@@ -292,29 +300,41 @@ class History:
                 "last_end = MAX(last_end, excluded.last_end)", [cluster, max(ends)])
         return new
 
-    def ingest_spool_file(self, path: Path | str) -> None:
-        """Merge one jobcomp spool record (and its pswift run dir, if any), then delete it."""
-        p = Path(path)
-        rec = json.loads(p.read_text(encoding="utf-8"))
+    def ingest_spool_file(self, path: Path | str, timeout: float = 30.0) -> str | None:
+        """Merge one jobcomp spool record and, for a pswift job, its run directory (read as the
+        record's UID/GID: identity comes from Slurm's record only), then delete the spool file.
+        Returns why the run directory was not merged, or None. A spool file that cannot be read
+        safely raises IngestRefused (a symlink, not a regular file, over 64 KiB, not JSON)."""
+        rec = _read_spool(Path(path))
         self.add_slurm_records([rec], "jobcomp")
+        problem = None
+        owner = _record_owner(rec)
         work = rec.get("WORK_DIR")
-        if work and (Path(work) / "plan.json").is_file():
-            self.ingest_run_dir(work)
-        p.unlink(missing_ok=True)
+        if owner is not None and work and _lstat_regular(os.path.join(work, "plan.json")):
+            try:
+                self.ingest_run_dir(work, owner, timeout)
+            except IngestRefused as e:
+                problem = str(e)
+        Path(path).unlink(missing_ok=True)
+        return problem
 
-    def ingest_spool(self, spool_dir: Path | str) -> tuple[int, list[str]]:
-        """Merge every spooled record; returns (merged, problems). Unreadable files are moved
-        to ``bad/`` beside them, never lost."""
+    def ingest_spool(self, spool_dir: Path | str, timeout: float = 30.0) -> tuple[int, list[str]]:
+        """Merge every spooled record; returns (merged, problems). A spool file that cannot be
+        read is moved to ``bad/`` beside them with a ``.why`` file, never lost; the rest merge."""
         d = Path(spool_dir)
         merged, problems = 0, []
         for f in sorted(d.glob("*.json")) if d.is_dir() else []:
             try:
-                self.ingest_spool_file(f)
+                problem = self.ingest_spool_file(f, timeout)
                 merged += 1
-            except (ValueError, OSError) as e:
-                (d / "bad").mkdir(exist_ok=True)
-                f.rename(d / "bad" / f.name)
-                problems.append(f"{f.name}: {e}")
+                if problem:
+                    problems.append(f"{f.name}: merged the Slurm record only; {problem}")
+            except (ValueError, OSError, IngestRefused) as e:
+                bad = d / "bad"
+                bad.mkdir(mode=0o750, exist_ok=True)
+                os.replace(f, bad / f.name)
+                (bad / f"{f.name}.why").write_text(f"{e}\n")
+                problems.append(f"{f.name}: {e}; moved to {bad}")
         return merged, problems
 
     # ------------------------------------------------------------------------- queries
@@ -465,107 +485,66 @@ def _guarded(cls: type) -> type:
 History = _guarded(History)
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    if len(xs) == 1:
-        return xs[0]
-    return statistics.quantiles(xs, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))]
+def _create_private(path: Path) -> None:
+    """A new database file is 0640 (owner and an admin group), whatever the umask."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o640))
+    except FileExistsError:
+        pass
 
 
-def _decisions(job_pk: int, plan: dict[str, Any]) -> list[dict[str, Any]]:
-    pred = plan.get("prediction") or {}
-    out = []
-    for rank, c in enumerate(plan.get("candidates") or []):
-        e = c.get("estimate") or {}
-        out.append({"job": job_pk, "rank": rank,
-                    "chosen": int(rank == 0 and c.get("rejected") is None and c.get("nodes") == pred.get("nodes")),
-                    "nodes": c.get("nodes"), "stages": c.get("stages"), "data_parallel": c.get("data_parallel"),
-                    "micro_batches": c.get("micro_batches"), "boundaries": json.dumps(c.get("boundaries")),
-                    "queue_s": e.get("queue_s"), "step_s": e.get("step_s"), "train_s": e.get("train_s"),
-                    "jct_s": e.get("jct_s"), "step_source": e.get("step_source"), "rejected": c.get("rejected")})
-    return out
+def _retry_locked(fn: Any, timeout: float) -> Any:
+    """SQLite answers "locked" at once (no busy wait) to a few first-open steps, such as
+    switching to WAL while another process creates the file: retry those until ``timeout``."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
-def _from_events(run: Path, plan: dict[str, Any], events: list[dict[str, Any]]
-                 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    mkey = model_key(plan.get("model", {}))
-    pred = plan.get("prediction") or {}
-    job: dict[str, Any] = {
-        "run_dir": str(run), "name": plan.get("job_name"), "partition": plan.get("partition"),
-        "user": plan.get("user"), "model_key": mkey, "steps": plan.get("training", {}).get("steps"),
-        "submit_time": plan.get("submitted_at"), "chosen_nodes": pred.get("nodes"),
-        "predicted_step_s": pred.get("step_s"), "predicted_jct_s": pred.get("jct_s"),
-        "predicted_queue_s": pred.get("queue_s"),
-    }
-    jid = (run / "JOB_ID").read_text().strip() if (run / "JOB_ID").is_file() else None
-    job["job_id"] = jid
-    attempts: dict[int, dict[str, Any]] = {}
-    steps: dict[int, list[float]] = {}
-    profiles: list[dict[str, Any]] = []
-    overheads: list[dict[str, Any]] = []
-    for ev in events:
-        n = int(ev.get("attempt", 0))
-        a = attempts.setdefault(n, {"attempt": n, "checkpoint_s": 0.0})
-        kind = ev.get("event")
-        t = ev.get("time")
-        if kind == "start":
-            lay = {k: ev.get(k) for k in ("nodes", "stages", "data_parallel", "micro_batches",
-                                          "micro_batch_size", "boundaries")}
-            lay["tasks_per_node"] = (ev.get("world_size") or 0) // max(1, ev.get("nodes") or 1)
-            a.update(nodes=ev.get("nodes"), stages=ev.get("stages"), data_parallel=ev.get("data_parallel"),
-                     micro_batches=ev.get("micro_batches"), micro_batch_size=ev.get("micro_batch_size"),
-                     boundaries=json.dumps(ev.get("boundaries")), config_key=config_key(mkey, lay),
-                     start_step=ev.get("step"), resumed_from=ev.get("resumed_from"),
-                     setup_s=ev.get("setup_s"), load_s=ev.get("load_s"))
-            if t is not None and ev.get("setup_s") is not None:
-                a["start_time"] = t - float(ev["setup_s"])
-        elif kind == "step":
-            steps.setdefault(n, []).append(float(ev.get("step_time", 0.0)))
-            a["end_step"] = ev.get("step")
-            a["end_time"] = t
-        elif kind == "checkpoint":
-            a["checkpoint_s"] += float(ev.get("seconds") or 0.0)
-        elif kind == "end":
-            a["ended"] = ev.get("reason")
-            a["end_time"] = t
-            a["end_step"] = ev.get("step", a.get("end_step"))
-        elif kind == "layer_profile":
-            for layer, sec in (ev.get("seconds") or {}).items():
-                profiles.append({"model_key": mkey, "micro_batch_size": ev.get("micro_batch_size"),
-                                 "layer": int(layer), "seconds": sec,
-                                 "param_bytes": (ev.get("param_bytes") or {}).get(layer),
-                                 "activation_bytes": (ev.get("activation_bytes") or {}).get(layer),
-                                 "samples": ev.get("samples"), "updated": t})
-            bounds, m = ev.get("boundaries"), ev.get("micro_batches")
-            if ev.get("instructions") and bounds and m:
-                try:
-                    o = overheads_from_instructions(ev["instructions"], ev.get("seconds") or {}, bounds, int(m))
-                except (TypeError, ValueError, AttributeError):
-                    o = None  # a malformed record: the layer costs still count
-                if o is not None:
-                    overheads[:] = [{"model_key": mkey, "micro_batch_size": ev.get("micro_batch_size"),
-                                     "stages": len(bounds) - 1, "micro_batches": int(m), **o, "updated": t}]
-    for n, a in attempts.items():
-        xs = steps.get(n, [])
-        # the first step of an attempt includes warm-up: statistics use the rest when there is one
-        xs = xs[1:] if len(xs) > 1 else xs
-        if xs:
-            a.update(step_count=len(xs), step_mean=statistics.fmean(xs),
-                     step_var=statistics.pvariance(xs), step_p50=_quantile(xs, 0.5),
-                     step_p95=_quantile(xs, 0.95), train_s=sum(steps[n]))
-        else:
-            a.update(step_count=0)
-        a.setdefault("ended", "running")
-    ordered = [attempts[k] for k in sorted(attempts)]
-    if ordered:
-        job["start_time"] = ordered[0].get("start_time")
-        job["end_time"] = ordered[-1].get("end_time")
-        job["state"] = ordered[-1].get("ended")
-        all_steps = [x for k in sorted(steps) for x in steps[k][1:]]
-        if all_steps:
-            job["actual_step_s"] = statistics.median(all_steps)
-        if job["state"] == "completed" and job.get("submit_time") and job.get("end_time"):
-            job["actual_jct_s"] = job["end_time"] - job["submit_time"]
-    return job, ordered, profiles, overheads
+SPOOL_MAX = 64 << 10
+_SPOOL_KEY = re.compile(r"^[A-Z_]{1,32}$|^recorded_at$")
+
+
+def _read_spool(path: Path) -> dict[str, Any]:
+    """One spool record, read without following a symlink or blocking on a FIFO, bounded."""
+    try:
+        files = userfiles.read_one(str(path), SPOOL_MAX)
+    except userfiles.UnsafeFile as e:
+        raise IngestRefused(str(e)) from None
+    try:
+        rec = json.loads(files.decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise IngestRefused(f"{path.name} is not a JSON record ({type(e).__name__})") from None
+    if not isinstance(rec, dict):
+        raise IngestRefused(f"{path.name} is not a JSON object")
+    return {k: v for k, v in rec.items() if isinstance(k, str) and _SPOOL_KEY.match(k)
+            and (isinstance(v, str) and len(v) <= 4096 or isinstance(v, (int, float)) and not isinstance(v, bool))}
+
+
+def _record_owner(rec: dict[str, Any]) -> Owner | None:
+    """Whose job the record is, from Slurm's own fields (UID, GID, USERNAME, JOBID, PARTITION)."""
+    try:
+        uid, gid = int(str(rec["UID"])), int(str(rec["GID"]))
+    except (KeyError, ValueError):
+        return None
+    if not (0 <= uid < 2**32 and 0 <= gid < 2**32):
+        return None
+    return Owner(str(rec.get("USERNAME") or user_name(uid)), uid, gid,
+                 job_id=str(rec["JOBID"]) if rec.get("JOBID") else None,
+                 partition=str(rec["PARTITION"]) if rec.get("PARTITION") else None)
+
+
+def _lstat_regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def safe_open(path: Path | str | None = None, warn: Any = None) -> History | None:

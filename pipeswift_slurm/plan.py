@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .config import TrainConfig
+from .config import LIMITS, TrainConfig
 from .errors import ConfigError
 from .partition import PartitionError, balanced_boundaries, uniform_boundaries
 
@@ -87,6 +87,9 @@ def layout_for(cfg: TrainConfig, nodes: int) -> Layout:
                    else f"set global_batch_size = {mbs * m * dp}")
             raise ConfigError(f"micro_batch_size {mbs} x micro_batches {m} x data_parallel {dp} = "
                               f"{mbs * m * dp} != global_batch_size {gbs}; {fix}")
+    if m > LIMITS["micro_batches"]:
+        raise ConfigError(f"{m} micro-batches per step on {slots}: pswift plans at most "
+                          f"{LIMITS['micro_batches']}; raise micro_batch_size or lower global_batch_size")
     bounds, how = _boundaries(cfg, stages)
     return Layout(nodes=nodes, tasks_per_node=r.tasks_per_node, world_size=world, stages=stages,
                   data_parallel=dp, micro_batches=m, micro_batch_size=mbs, boundaries=bounds,

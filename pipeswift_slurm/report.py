@@ -225,8 +225,16 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(rows[0]))
     w.writeheader()
-    w.writerows(rows)
+    w.writerows({k: csv_cell(v) for k, v in r.items()} for r in rows)
     return buf.getvalue()
+
+
+def csv_cell(v: Any) -> Any:
+    """A text cell a spreadsheet would run as a formula (= + - @, tab, CR first) gets a leading
+    apostrophe; numbers stay numbers."""
+    if isinstance(v, str) and v[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + v
+    return v
 
 
 def to_json(rows: list[dict[str, Any]]) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from .errors import RunDirError
 
-EVENTS = "events.jsonl"
+EVENTS = "events.jsonl"  # written by the launcher, read through events.py
 
 
 def default_run_dir(job_name: str, base: Path | None = None) -> Path:
@@ -84,22 +84,6 @@ def lookup_job(job_id: str) -> Path | None:
         return None
 
 
-def read_events(run_dir: Path) -> Iterator[dict[str, Any]]:
-    """Events of the run, skipping a torn last line (a writer killed mid-line)."""
-    try:
-        fh = open(Path(run_dir) / EVENTS, encoding="utf-8")
-    except FileNotFoundError:
-        return
-    with fh:
-        for line in fh:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(ev, dict):
-                yield ev
-
-
 @dataclass
 class Attempt:
     attempt: int
@@ -119,8 +103,10 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     """Attempts, steps, last loss from the run's events."""
     attempts: dict[int, Attempt] = {}
     losses: list[tuple[int, float]] = []
-    for ev in read_events(run_dir):
-        a = attempts.setdefault(int(ev.get("attempt", 0)), Attempt(int(ev.get("attempt", 0))))
+    from . import events
+
+    for ev in events.read(run_dir)[0]:
+        a = attempts.setdefault(ev["attempt"], Attempt(ev["attempt"]))
         kind = ev.get("event")
         if kind == "start":
             a.nodes, a.stages = ev.get("nodes"), ev.get("stages")
@@ -128,7 +114,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             a.start_step, a.resumed_from = ev.get("step"), ev.get("resumed_from")
         elif kind == "step":
             a.end_step, a.last_loss = ev.get("step"), ev.get("loss")
-            a.step_times.append(float(ev.get("step_time", 0.0)))
+            a.step_times.append(float(ev["step_time"]))
             losses.append((int(ev["step"]), float(ev["loss"])))
         elif kind == "end":
             a.ended = str(ev.get("reason", "unknown"))

@@ -1,11 +1,19 @@
-"""Render the batch script: ``#SBATCH`` lines from typed fields, sorted and shell-quoted.
+r"""Render the batch script: ``#SBATCH`` lines from typed fields, sorted and quoted for Slurm.
 
-Slurm parses ``#SBATCH`` lines with shell-style quoting, so ``shlex.quote`` keeps job names and
-paths with spaces, quotes or ``$()`` inert; newlines cannot be represented and are refused.
+``#SBATCH`` lines are read by sbatch's own parser (``get_argument`` in src/sbatch/opt.c), not by
+bash: whitespace splits arguments, ``'`` or ``"`` group them, an unquoted ``#`` starts a comment,
+and a backslash escapes the next character *even inside single quotes* (so bash's quoting, which
+relies on ``'...'`` being literal, lets a job name holding ``\'`` smuggle options). Each argument
+that needs it is therefore written in double quotes with ``\`` and ``"`` backslash-escaped, which
+that parser reads back exactly (tested through real sbatch). Control characters cannot be
+represented and are refused. In the ``--output`` path ``%`` is a filename pattern: the run
+directory's own ``%`` is doubled, and a backslash (which turns patterns off) is refused.
+The script body (bash) quotes with ``shlex.quote``.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 from importlib import resources
@@ -65,11 +73,27 @@ class SbatchOptions:
         return lines
 
 
+_PLAIN = re.compile(r"^[A-Za-z0-9_=:/.,@%+-]+$")
+
+
 def _quote(arg: str) -> str:
-    if "\n" in arg or "\r" in arg:
-        raise ConfigError(f"sbatch option {arg!r} contains a newline, which a #SBATCH line cannot "
+    """One argument as sbatch's script parser reads it back exactly."""
+    bad = next((c for c in arg if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        what = "a newline" if bad in "\r\n" else f"the control character {bad!r}"
+        raise ConfigError(f"sbatch option {arg!r} contains {what}, which a #SBATCH line cannot "
                           f"hold; remove it")
-    return shlex.quote(arg)
+    if _PLAIN.match(arg):
+        return arg
+    return '"' + arg.replace('\\', '\\\\').replace('"', '\\"') + '"'
+
+
+def output_pattern(run_dir: str) -> str:
+    """The job log's ``--output`` in the run directory: its ``%`` literal, ``%j`` the job id."""
+    if "\\" in run_dir:
+        raise ConfigError(f"run directory {run_dir!r} contains a backslash, which turns off "
+                          f"Slurm's %j in the log name; choose a directory without one")
+    return f"{run_dir.replace('%', '%%')}/slurm-%j.out"
 
 
 def options_for(cfg: TrainConfig, run_dir: str, signal_lead_s: int | None,
@@ -77,7 +101,7 @@ def options_for(cfg: TrainConfig, run_dir: str, signal_lead_s: int | None,
     r, j = cfg.resources, cfg.job
     return SbatchOptions(
         job_name=j.name, nodes=nodes or r.nodes_spec, ntasks_per_node=r.tasks_per_node,
-        cpus_per_task=r.cpus_per_task, output=f"{run_dir}/slurm-%j.out", partition=j.partition,
+        cpus_per_task=r.cpus_per_task, output=output_pattern(run_dir), partition=j.partition,
         time=j.time, account=j.account, qos=j.qos, gpus_per_node=r.gpus_per_node,
         # USR2 (not USR1, which NCCL may catch) to the step tasks before the time limit
         signal=f"USR2@{signal_lead_s}" if signal_lead_s else None,

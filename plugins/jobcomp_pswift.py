@@ -2,13 +2,19 @@
 """pswift jobcomp/script program: slurmctld runs it once per job attempt (preemption included)
 with the job's fields in its environment (JOBID, JOBSTATE, START, END, NODES, WORK_DIR, ...).
 
-It must be fast and must never fail or hang slurmctld, so it:
-1. spools the record first: one JSON file, written to a temp name and renamed (stdlib only);
-2. then, best effort within a few seconds, merges it (and, for a pswift job, the run
-   directory's event log) into the history database and removes the spool file.
-Anything going wrong in step 2 (locked or corrupt DB, missing run dir, no pipeswift_slurm on
-this Python) leaves the spool file for `pswift history ingest --spool DIR` and logs one line to
-stderr. If even step 1 fails (full disk), it logs and exits 0 all the same.
+It runs as root (or SlurmUser) on user-controlled input, and must be fast and must never fail
+or hang slurmctld, so it:
+1. spools Slurm's own record first (only the environment slurmctld set: identity, times, state)
+   as one JSON file in a 0750 folder, written to a temp name and renamed (stdlib only, bounded);
+2. then, best effort within --timeout seconds, merges it into the history database (0640) and,
+   for a pswift job, reads the run directory (the job's WORK_DIR) through
+   pipeswift_slurm.userfiles: in a child dropped to the job's UID/GID, never through a symlink,
+   the user's regular files only, size-capped, SIGKILLed at the deadline; what the directory
+   says about its user or job id is ignored (identity comes from Slurm's record).
+Anything going wrong in step 2 (locked or corrupt DB, an unsafe or missing run dir, no
+pipeswift_slurm on this Python) leaves the Slurm record (merged or spooled for
+`pswift history ingest --spool DIR`) and logs one line to stderr. If even step 1 fails (full
+disk), it logs and exits 0 all the same.
 
 Install (see README "Admin: Slurm plugins"): a wrapper that runs this file with --spool and
 --db, named by JobCompType=jobcomp/script + JobCompLoc=<wrapper> in slurm.conf.
@@ -37,10 +43,11 @@ def log(msg: str) -> None:
 
 
 def spool(record: dict, spool_dir: str) -> str:
-    os.makedirs(spool_dir, exist_ok=True)
+    os.makedirs(spool_dir, mode=0o750, exist_ok=True)
     name = f"{record.get('JOBID', 'x')}.{record.get('START', '0')}.{time.time_ns()}.json"
     tmp = os.path.join(spool_dir, f".{name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
+    with open(fd, "w", encoding="utf-8") as f:
         json.dump(record, f)
         f.flush()
         os.fsync(f.fileno())
@@ -49,14 +56,16 @@ def spool(record: dict, spool_dir: str) -> str:
     return path
 
 
-def merge(path: str, db: str | None) -> None:
+def merge(path: str, db: str | None, deadline: float) -> None:
     from pipeswift_slurm.history import History
 
     h = History(db, timeout=2.0)
     try:
-        h.ingest_spool_file(path)
+        problem = h.ingest_spool_file(path, timeout=max(0.5, deadline - time.monotonic()))
     finally:
         h.close()
+    if problem:
+        log(problem)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     # never hang slurmctld: give up on the merge (the spool file stays) after --timeout
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("merge timed out")))
     signal.setitimer(signal.ITIMER_REAL, args.timeout)
-    record = {k: os.environ[k] for k in FIELDS if k in os.environ}
+    deadline = time.monotonic() + args.timeout - 1.0
+    record = {k: os.environ[k][:4096] for k in FIELDS if k in os.environ}
     record["recorded_at"] = time.time()
     try:
         path = spool(record, args.spool)
@@ -76,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"cannot spool job {record.get('JOBID')}: {e}")
         return 0
     try:
-        merge(path, args.db)
+        merge(path, args.db, deadline)
     except BaseException as e:  # locked/corrupt DB, timeout, no pipeswift_slurm: keep the spool
         log(f"job {record.get('JOBID')} spooled at {path}, not merged ({type(e).__name__}: {e})")
     finally:

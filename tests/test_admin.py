@@ -146,10 +146,26 @@ def test_job_submit_adds_requeue_to_pswift_jobs_only(cluster, tmp_path):
     ("", ("--no-requeue",), "asks --no-requeue"),
     ("#SBATCH --signal=USR1@60", (), "SIGUSR1 conflicts with NCCL"),
     ("#SBATCH --open-mode=truncate", (), "would erase the log of earlier attempts"),
+    ("#SBATCH --signal USR1@60", (), "SIGUSR1 conflicts with NCCL"),          # sbatch's space form
+    ("#SBATCH --time=5 --signal=B:10@60", (), "SIGUSR1 conflicts with NCCL"),  # by number
+    ('#SBATCH "--signal=sigusr1@30"', (), "SIGUSR1 conflicts with NCCL"),      # quoted
+    ("#SBATCH --open-mode truncate", (), "would erase the log of earlier attempts"),
 ])
 def test_job_submit_rejects_contradictions_at_sbatch_time(cluster, tmp_path, extra, args, needle):
     p = sbatch_script(tmp_path, PSWIFT_LIKE.format(extra=extra), *args)
     assert p.returncode != 0 and needle in p.stderr, p.stderr
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("extra", ["#SBATCH --signal=USR2@60 # not --signal=USR1@60",
+                                   "#SBATCH --comment='--open-mode truncate'",
+                                   "echo hi\n#SBATCH --open-mode=truncate"])
+def test_job_submit_reads_the_script_as_sbatch_does(cluster, tmp_path, extra):
+    """A comment, a quoted value and a line after the first command are not options to sbatch,
+    so they are not to the plugin either."""
+    p = sbatch_script(tmp_path, PSWIFT_LIKE.format(extra=extra))
+    assert p.returncode == 0, p.stderr
+    subprocess.run(["scancel", p.stdout.strip()])
 
 
 @pytest.mark.slurm

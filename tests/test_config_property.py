@@ -92,3 +92,66 @@ def test_mutated_toml_always_exit_2_one_line(tmp_path_factory, case):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: "), (kind, r.stderr)
     assert "Traceback" not in r.output
+
+
+# ----------------------------------------------------------------------------- hostile values
+KEY_PATHS = [(sec, key) for sec, keys in VALID_KEYS.items() for key in sorted(keys)] + [
+    ("model", "kwargs"), ("training", "ds_config"), ("resources", "nodes")]
+leaf = st.one_of(
+    st.integers(min_value=-2**70, max_value=2**70), st.sampled_from([2**62, 10**30, 100_000_000, 0, -1]),
+    st.floats(), st.booleans(), st.text(max_size=30), st.datetimes(), st.dates(), st.times(),
+    st.sampled_from(["auto", "uniform", "\u202e", "\x00", "é" * 50, "$(touch PWNED)", "[/oops]"]))
+hostile = st.recursive(leaf, lambda kids: st.one_of(st.lists(kids, max_size=4),
+                                                     st.dictionaries(identifiers, kids, max_size=3)),
+                       max_leaves=12)
+
+
+def nested(depth: int) -> object:
+    v: object = 1
+    for i in range(depth):
+        v = [v] if i % 2 else {"a": v}
+    return v
+
+
+@st.composite
+def hostile_docs(draw):
+    """Valid or not: any value at any key (types, huge ints, NaN/inf, datetimes, unicode, deep
+    nesting), node ranges and batches far past any cluster, raw bytes."""
+    doc = copy.deepcopy(BASE)
+    for _ in range(draw(st.integers(1, 3))):
+        sec, key = draw(st.sampled_from(KEY_PATHS))
+        doc.setdefault(sec, {})[key] = draw(st.one_of(
+            hostile, st.builds(nested, st.integers(10, 60)),
+            st.sampled_from([[1, 100_000_000], [1, 4096], [4096, 4096]]) if key == "nodes" else hostile))
+    try:
+        text = tomli_w.dumps(doc).encode()
+    except (TypeError, ValueError):
+        text = b"[job]\nname = 1\n"
+    kind = draw(st.sampled_from(["plain", "plain", "plain", "bytes", "huge_int"]))
+    if kind == "bytes":
+        pos = draw(st.integers(0, len(text)))
+        text = text[:pos] + draw(st.binary(min_size=1, max_size=8)) + text[pos:]
+    elif kind == "huge_int":
+        text += b"\n[model.kwargs]\nbig = " + b"9" * 5000 + b"\n"
+    return text
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(text=hostile_docs())
+def test_any_hostile_toml_is_exit_0_or_2_one_line_nothing_left_fast(tmp_path_factory, text):
+    import time
+    d = tmp_path_factory.mktemp("hostile")
+    toml = copy_example(d / "ex")
+    toml.write_bytes(text)
+    before = sorted(p.name for p in d.rglob("*"))
+    t0 = time.monotonic()
+    r = CliRunner().invoke(cli, ["plan", "--no-live", "--json", str(toml)])
+    took = time.monotonic() - t0
+    assert r.exit_code in (0, 2) and isinstance(r.exception, (SystemExit, type(None))), (repr(r.exception), text[:300])
+    if r.exit_code:
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: "), (r.stderr, text[:300])
+    assert "Traceback" not in r.output
+    assert took < 5, (took, text[:300])
+    assert sorted(p.name for p in d.rglob("*")) == before

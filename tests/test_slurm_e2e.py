@@ -107,3 +107,47 @@ def test_status_of_unknown_job_is_clear(cluster):
     proc = pswift("status", "999999")
     assert proc.returncode == 1 and "unknown to Slurm" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+HOSTILE = ["it's", "a\\'b --qos=smuggled", 'q"uote --time=1', "$(touch PWNED) `touch PWNED`",
+           "100% #not-a-comment", "back\\slash\\", "  lead and trail  ", "unicode ✓ ß", "'", '"', "\\"]
+
+
+def test_sbatch_reads_back_exactly_what_pswift_wrote(cluster, tmp_path):
+    """Round trip through Slurm's own #SBATCH parser (not bash): each hostile value comes back
+    as the job's name and comment, and none smuggles an option (a --qos=smuggled or --time=1
+    would change the job, or make sbatch refuse it)."""
+    from pipeswift_slurm.sbatch import SbatchOptions, render
+    jobs = {}
+    try:
+        for i, value in enumerate(HOSTILE):
+            opts = SbatchOptions(job_name=value, nodes="1", ntasks_per_node=1, cpus_per_task=1,
+                                 output="/dev/null", extra=(f"--comment={value}",))
+            script = tmp_path / f"s{i}.sbatch"
+            script.write_text(render(opts, str(tmp_path), "/bin/true"))
+            proc = subprocess.run(["sbatch", "--parsable", "--hold", str(script)], capture_output=True,
+                                  text=True, cwd=tmp_path)
+            assert proc.returncode == 0, (value, proc.stderr)
+            jobs[proc.stdout.strip()] = value
+        doc = json.loads(subprocess.run(["squeue", "--json", "-j", ",".join(jobs)], capture_output=True,
+                                        text=True, check=True).stdout)
+        got = {str(j["job_id"]): j for j in doc["jobs"]}
+        for jid, value in jobs.items():
+            assert (got[jid]["name"], got[jid]["comment"]) == (value, value)
+            assert got[jid]["qos"] != "smuggled"
+            limit = got[jid]["time_limit"]
+            assert (limit.get("number") if isinstance(limit, dict) else limit) != 1
+    finally:
+        if jobs:
+            subprocess.run(["scancel", *jobs])
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_values_sbatch_cannot_hold_are_refused_in_one_line(cluster, tmp_path):
+    toml = copy_example(tmp_path / "ex", {"name": json.dumps("tab\there")})
+    proc = pswift("sbatch", "--dry-run", str(toml))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "contains the control character '\\t'" in proc.stderr
+    run = tmp_path / "back\\slash"
+    proc = pswift("sbatch", "--dry-run", "--run-dir", str(run), str(copy_example(tmp_path / "ex2")))
+    assert proc.returncode == 2 and "contains a backslash" in proc.stderr and not run.exists()

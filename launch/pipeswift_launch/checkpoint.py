@@ -10,9 +10,13 @@ Layout of ``CKPT_DIR/step_00000040/``:
   fsync + rename. It lists step, samples, boundaries, P, DP, m, world size, data position and
   every file with its size and sha256.
 
-Only directories with a valid manifest are loaded; anything else is a half-written checkpoint
-and is removed at the next start. Loading reads only the stage files that overlap this rank's
-layers, checks their checksums, and refuses a checkpoint whose names or shapes do not match.
+Only directories with a valid manifest are loaded. One without a manifest is a half-written
+checkpoint and is removed at the next start; one whose manifest cannot be read or does not pass
+the schema check (another version, edited by hand) is moved aside, never deleted. Loading reads
+only the stage files that overlap this rank's layers with ``torch.load(weights_only=True)``
+(tensors and plain containers, no code), checks their checksums, and refuses a checkpoint of
+another model (the manifest records the model's id and layer count) or whose names or shapes do
+not match; the launcher then falls back to the previous committed checkpoint.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -98,21 +103,67 @@ def _sha256_file(path: Path, chunk: int = 8 << 20) -> str:
     return sha.hexdigest()
 
 
+_STAGE_FILE = re.compile(r"^stage_[0-9]{3}\.pt$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
+
+
+def manifest_problem(man: Any) -> str | None:
+    """Why a parsed manifest is unusable (schema, version, file names), or None."""
+    if not isinstance(man, dict):
+        return "not a JSON object"
+    if man.get("version") != MANIFEST_VERSION:
+        return f"manifest version {man.get('version')!r}, this pswift reads {MANIFEST_VERSION}"
+    if not all(_count(man.get(k)) for k in ("step", "samples", "stages")):
+        return "step, samples or stages is not a count"
+    b = man.get("boundaries")
+    if not (isinstance(b, list) and len(b) == man["stages"] + 1 and all(_count(x) for x in b)
+            and b[0] == 0 and all(x < y for x, y in zip(b, b[1:]))):
+        return "boundaries are not increasing layer indices from 0, one more than the stages"
+    files = man.get("files")
+    if not isinstance(files, dict):
+        return "no file list"
+    for name, meta in files.items():
+        if not (isinstance(name, str) and _STAGE_FILE.match(name) and isinstance(meta, dict)
+                and _count(meta.get("size")) and isinstance(meta.get("sha256"), str)
+                and _SHA256.match(meta["sha256"])):
+            return f"file entry {str(name)[:40]!r} is malformed"
+    if any(f"stage_{s:03d}.pt" not in files for s in range(man["stages"])):
+        return "a stage's file is not listed"
+    return None
+
+
 def read_manifest(path: Path) -> dict[str, Any] | None:
     """The manifest of a committed checkpoint whose files are all present, else None."""
+    return _manifest_state(path)[0]
+
+
+def _manifest_state(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(manifest, None) when committed and complete; (None, why) otherwise; why is "absent"
+    when there is no manifest at all (a half-written checkpoint)."""
     try:
-        man = json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(man, dict) or man.get("version") != MANIFEST_VERSION:
-        return None
-    for name, meta in man.get("files", {}).items():
+        text = (path / MANIFEST).read_text()
+    except FileNotFoundError:
+        return None, "absent"
+    except OSError as e:
+        return None, f"unreadable ({e.strerror})"
+    try:
+        man = json.loads(text)
+    except (ValueError, RecursionError):
+        return None, "not JSON"
+    problem = manifest_problem(man)
+    if problem:
+        return None, problem
+    for name, meta in man["files"].items():
         try:
             if (path / name).stat().st_size != meta["size"]:
-                return None
-        except (OSError, KeyError, TypeError):
-            return None
-    return man
+                return None, f"{name} has another size than the manifest says"
+        except OSError:
+            return None, f"{name} is missing"
+    return man, None
 
 
 def committed(ckpt_dir: Path) -> list[Path]:
@@ -123,16 +174,27 @@ def committed(ckpt_dir: Path) -> list[Path]:
     return [p for p in dirs if read_manifest(p) is not None]
 
 
-def remove_uncommitted(ckpt_dir: Path) -> list[str]:
-    """Delete half-written checkpoints (no valid manifest). Call on one rank, before training."""
-    removed = []
+def remove_uncommitted(ckpt_dir: Path) -> tuple[list[str], list[str]]:
+    """Delete half-written checkpoints (no manifest at all) and move those with a manifest that
+    cannot be used aside (``unreadable-step_N``, with the reason in ``WHY``); call on one rank,
+    before training. Returns (removed, moved aside with why)."""
+    removed: list[str] = []
+    aside: list[str] = []
     if not ckpt_dir.is_dir():
-        return removed
+        return removed, aside
     for p in sorted(ckpt_dir.iterdir()):
-        if p.is_dir() and p.name.startswith("step_") and read_manifest(p) is None:
+        if not (p.is_dir() and p.name.startswith("step_")):
+            continue
+        man, why = _manifest_state(p)
+        if why == "absent":
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p.name)
-    return removed
+        elif why is not None:
+            dest = p.with_name(f"unreadable-{p.name}")
+            os.replace(p, dest)
+            (dest / "WHY").write_text(why + "\n")
+            aside.append(f"{p.name} ({why})")
+    return removed, aside
 
 
 def prune(ckpt_dir: Path, keep: int) -> None:
@@ -184,11 +246,17 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
     return path
 
 
-def load(engine: Any, path: Path) -> dict[str, Any]:
-    """Load a committed checkpoint into this rank's stage, whatever layout wrote it."""
-    man = read_manifest(path)
+def load(engine: Any, path: Path, model_id: str | None = None, layers: int | None = None) -> dict[str, Any]:
+    """Load a committed checkpoint into this rank's stage, whatever layout wrote it; refuse one
+    of another model (``model_id``, total ``layers``) or with a corrupt file."""
+    man, why = _manifest_state(path)
     if man is None:
-        raise CheckpointError(f"{path} is not a committed checkpoint")
+        raise CheckpointError(f"{path} is not a committed checkpoint ({why})")
+    if model_id is not None and man.get("model_id") not in (None, model_id):
+        raise CheckpointError(f"{path} was written by another model (model id "
+                              f"{str(man.get('model_id'))[:16]}, this one {model_id})")
+    if layers is not None and man["boundaries"][-1] != layers:
+        raise CheckpointError(f"{path} holds {man['boundaries'][-1]} layers, this model has {layers}")
     own = engine.module.state_dict()
     own_layers = {_layer_of(k) for k in own}
     old_b = man["boundaries"]
@@ -201,15 +269,18 @@ def load(engine: Any, path: Path) -> dict[str, Any]:
     hyper = sched = None
     for name in want_files:
         if _sha256_file(path / name) != man["files"][name]["sha256"]:
-            raise CheckpointError(f"{path / name}: checksum mismatch (corrupt file); delete {path} "
-                                  f"to resume from the previous checkpoint")
-        # mmap: only this stage's tensors are read (the file is in the page cache after the hash)
-        blob = torch.load(path / name, map_location="cpu", weights_only=False, mmap=True)
-        model.update({k: v for k, v in blob["model"].items() if k in own})
-        optim.update({k: v for k, v in blob["optim"].items() if k in own})
-        hyper = blob["param_groups"]
-        if blob.get("lr_scheduler") is not None:
-            sched = blob["lr_scheduler"]
+            raise CheckpointError(f"{path / name}: checksum mismatch (corrupt file)")
+        # weights_only: tensors and plain containers, never code; mmap: only this stage's
+        # tensors are read (the file is in the page cache after the hash)
+        try:
+            blob = torch.load(path / name, map_location="cpu", weights_only=True, mmap=True)
+            model.update({k: v for k, v in blob["model"].items() if k in own})
+            optim.update({k: v for k, v in blob["optim"].items() if k in own})
+            hyper = blob["param_groups"]
+            sched = blob.get("lr_scheduler") if blob.get("lr_scheduler") is not None else sched
+        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, EOFError, OSError) as e:
+            raise CheckpointError(f"{path / name} cannot be loaded safely ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
     missing = sorted(set(own) - set(model), key=str)
     if missing:
         raise CheckpointError(f"{path} does not match the model: no saved value for "

@@ -119,33 +119,17 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
     ckpt_dir = Path(plan["training"]["checkpoint_dir"])
     if rank == 0:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        removed = ckpt.remove_uncommitted(ckpt_dir)
+        removed, aside = ckpt.remove_uncommitted(ckpt_dir)
         if removed:
             _log(rank, f"removed half-written checkpoint(s) {', '.join(removed)}")
             events.emit("checkpoint_discarded", names=removed)
+        if aside:
+            _log(rank, f"moved aside checkpoint(s) with an unusable manifest: {'; '.join(aside)}")
     dist.barrier()
-
-    resumed_from = None
-    found = ckpt.committed(ckpt_dir)
-    t_load = 0.0
-    if found:
-        tl = time.time()
-        man, err = None, None
-        try:
-            man = ckpt.load(engine, found[-1])
-        except ckpt.CheckpointError as e:
-            err = str(e)
-        errors: list[Any] = [None] * denv.world_size
-        dist.all_gather_object(errors, err)  # fail together, or peers die in a collective
-        first = next((e for e in errors if e), None)
-        if first:
-            if rank == 0:
-                raise ckpt.CheckpointError(first)
-            raise SystemExit(2)
-        t_load = time.time() - tl
-        resumed_from = str(found[-1])
-        _log(rank, f"resumed from {found[-1].name} (written by {man['stages']} stage(s) "
-                   f"{man['boundaries']}) into {layout['stages']} stage(s) {boundaries} in {t_load:.2f} s")
+    t_load = time.time()
+    mid = model_id(plan)
+    resumed_from = _resume(engine, ckpt_dir, mid, boundaries, layout, dist, denv)
+    t_load = time.time() - t_load if resumed_from else 0.0
     step = int(engine.global_steps)
     setup_s = time.time() - t0
     events.emit("start", nodes=denv.nodes, world_size=denv.world_size, stages=layout["stages"],
@@ -168,7 +152,7 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
 
     def save(reason: str) -> None:
         ts = time.time()
-        meta = {"samples": int(engine.global_samples), "boundaries": boundaries,
+        meta = {"samples": int(engine.global_samples), "boundaries": boundaries, "model_id": mid,
                 "stages": layout["stages"], "data_parallel": dp, "micro_batches": m,
                 "world_size": denv.world_size, "data_position": step, "reason": reason,
                 "job_id": denv.job_id, "attempt": denv.attempt}
@@ -226,6 +210,42 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
         _requeue_or_not(denv, reason, requeue_by)
     dist.destroy_process_group()
     return rc
+
+
+def model_id(plan: dict[str, Any]) -> str:
+    """What a checkpoint records of the model that wrote it: entry point, arguments, layers."""
+    import hashlib
+    m = plan.get("model", {})
+    blob = json.dumps([m.get("entry"), m.get("kwargs"), m.get("num_layers")], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _resume(engine: Any, ckpt_dir: Path, mid: str, boundaries: list[int], layout: dict[str, Any],
+            dist: Any, denv: DistEnv) -> str | None:
+    """Load the newest committed checkpoint that every rank can load; on a corrupt file or
+    another model's checkpoint, fall back to the previous one (all ranks together, one line
+    each time). Returns the path loaded, None when there is none; raises when none loads."""
+    first_error = None
+    for path in reversed(ckpt.committed(ckpt_dir)):
+        man, err = None, None
+        try:
+            man = ckpt.load(engine, path, mid, boundaries[-1])
+        except ckpt.CheckpointError as e:
+            err = str(e)
+        errors: list[Any] = [None] * denv.world_size
+        dist.all_gather_object(errors, err)  # fail together, or peers die in a collective
+        problem = next((e for e in errors if e), None)
+        if problem is None:
+            _log(denv.rank, f"resumed from {path.name} (written by {man['stages']} stage(s) "
+                            f"{man['boundaries']}) into {layout['stages']} stage(s) {boundaries}")
+            return str(path)
+        first_error = first_error or problem
+        _log(denv.rank, f"cannot resume from {path.name}: {problem}; trying the previous committed checkpoint")
+    if first_error is None:
+        return None
+    if denv.rank == 0:
+        raise ckpt.CheckpointError(f"no committed checkpoint in {ckpt_dir} can be loaded: {first_error}")
+    raise SystemExit(2)
 
 
 def _emit_profile(profiler: LayerProfiler, timer: InstructionTimer, engine: Any, events: Events,

@@ -1,0 +1,140 @@
+"""The events schema: what the launcher writes to ``events.jsonl``, and the one reader of it.
+
+A run directory belongs to its user, so every line is hostile input to whoever reads it (the
+jobcomp plugin runs as root). :func:`parse` keeps a line only when every field it uses has the
+right type and range (finite numbers, int64 integers, bounded strings and collections) and
+counts the rest as skipped; nothing in a line can raise past it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+FILE = "events.jsonl"
+INT64 = 2**63 - 1
+MAX_STR = 4096
+MAX_ITEMS = 100_000
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and -INT64 <= v <= INT64
+
+
+def _count(v: Any) -> bool:
+    return _int(v) and v >= 0
+
+
+def _num(v: Any) -> bool:
+    return (isinstance(v, float) and math.isfinite(v)) or _int(v)
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str) and len(v) <= MAX_STR
+
+
+def _ints(v: Any) -> bool:
+    return isinstance(v, list) and len(v) <= MAX_ITEMS and all(_count(x) for x in v)
+
+
+def _strs(v: Any) -> bool:
+    return isinstance(v, list) and len(v) <= MAX_ITEMS and all(_str(x) for x in v)
+
+
+def _by_layer(value: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """{"0": x, "1": y, ...}: layer indices as strings."""
+    return lambda v: (isinstance(v, dict) and len(v) <= MAX_ITEMS
+                      and all(isinstance(k, str) and k.isdigit() and len(k) < 10 and value(x)
+                              for k, x in v.items()))
+
+
+def _instructions(v: Any) -> bool:
+    """{"stage": {"InstructionName": seconds}}"""
+    return isinstance(v, dict) and len(v) <= 4096 and all(
+        isinstance(k, str) and len(k) < 10 and isinstance(d, dict) and len(d) <= 256
+        and all(_str(n) and _num(x) for n, x in d.items()) for k, d in v.items())
+
+
+Check = Callable[[Any], bool]
+#: every event kind and the fields its readers use, each (check, required); other fields are
+#: dropped, a missing optional one reads None
+SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
+    "start": {"nodes": (_count, True), "world_size": (_count, True), "stages": (_count, True),
+              "data_parallel": (_count, True), "micro_batches": (_count, True),
+              "micro_batch_size": (_count, True), "step": (_count, True),
+              "boundaries": (_ints, False), "resumed_from": (_str, False), "setup_s": (_num, False),
+              "load_s": (_num, False)},
+    "step": {"step": (_count, True), "loss": (_num, True), "step_time": (_num, True),
+             "loss_hex": (_str, False)},
+    "checkpoint": {"step": (_count, False), "path": (_str, False), "seconds": (_num, False),
+                   "reason": (_str, False)},
+    "checkpoint_discarded": {"names": (_strs, False)},
+    "end": {"reason": (_str, True), "step": (_count, False),
+            "requeue": (lambda v: isinstance(v, bool), False), "error": (_str, False)},
+    "layer_profile": {"micro_batch_size": (_count, True), "seconds": (_by_layer(_num), True),
+                      "micro_batches": (_count, False), "boundaries": (_ints, False),
+                      "samples": (_count, False), "param_bytes": (_by_layer(_count), False),
+                      "activation_bytes": (_by_layer(_count), False),
+                      "instructions": (_instructions, False)},
+}
+COMMON: dict[str, tuple[Check, bool]] = {
+    "time": (_num, False), "attempt": (lambda v: _count(v) and v < 1_000_000, False),
+    "job_id": (_str, False)}
+
+
+def validate(ev: Any) -> dict[str, Any] | None:
+    """The event with exactly its schema's fields (a missing optional one None; a missing
+    attempt 0), or None when anything it needs is missing or of the wrong type or range."""
+    if not isinstance(ev, dict):
+        return None
+    kind = ev.get("event")
+    fields = SCHEMA.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        return None
+    out: dict[str, Any] = {"event": kind}
+    for name, (check, required) in {**COMMON, **fields}.items():
+        value = ev.get(name)
+        if value is None:
+            if required:
+                return None
+        elif not check(value):
+            return None
+        out[name] = value
+    if out["attempt"] is None:
+        out["attempt"] = 0
+    return out
+
+
+def parse(lines: Iterable[bytes | str]) -> tuple[list[dict[str, Any]], int]:
+    """(valid events, how many non-empty lines were skipped) of events.jsonl's lines."""
+    good: list[dict[str, Any]] = []
+    skipped = 0
+    for line in lines:
+        if isinstance(line, bytes):
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError:
+                skipped += 1
+                continue
+        if not line.strip():
+            continue
+        try:
+            ev = validate(json.loads(line))
+        except (ValueError, RecursionError):   # bad JSON, 5000-digit ints, deep nesting
+            ev = None
+        if ev is None:
+            skipped += 1
+        else:
+            good.append(ev)
+    return good, skipped
+
+
+def read(run_dir: Path | str) -> tuple[list[dict[str, Any]], int]:
+    """The run's valid events and the count of skipped lines (a torn last line among them)."""
+    try:
+        with open(Path(run_dir) / FILE, "rb") as fh:
+            return parse(fh)
+    except FileNotFoundError:
+        return [], 0

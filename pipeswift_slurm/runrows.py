@@ -1,0 +1,240 @@
+"""A run directory's files (plan.json, JOB_ID, events.jsonl) into history rows.
+
+Everything read here comes from a user's directory and is hostile to the process ingesting it
+(often root): plan values are kept only as plain bounded scalars, events only through
+:mod:`events`. Identity (user, job id, partition) comes from the :class:`Owner` given, which is
+Slurm's own record where there is one (the jobcomp plugin, a spooled record), else the owner of
+the run directory; never from what the directory says about itself. Profiles are keyed by the
+model *and its user*, so one user's events cannot steer another user's plans.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import pwd
+import re
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import events as events_mod
+from .costmodel import overheads_from_instructions
+from .userfiles import RunFiles
+
+_JOB_ID = re.compile(r"^[0-9]{1,20}(_[0-9]{1,10})?$")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose job a run directory is, as Slurm (or the file system) says."""
+
+    user: str
+    uid: int
+    gid: int
+    job_id: str | None = None
+    partition: str | None = None
+
+
+@dataclass
+class RunRows:
+    job: dict[str, Any]
+    attempts: list[dict[str, Any]]
+    profiles: list[dict[str, Any]]
+    overheads: list[dict[str, Any]]
+    decisions: list[dict[str, Any]] = field(default_factory=list)   # "job" filled in on insert
+    skipped_events: int = 0
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def current_user() -> str:
+    import os
+    return user_name(os.getuid())
+
+
+def model_key(model: dict[str, Any], user: str) -> str:
+    """Identity of a model across one user's jobs: entry point, its arguments, layer count."""
+    blob = json.dumps([user, model.get("entry"), model.get("kwargs"), model.get("num_layers")],
+                      sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def config_key(mkey: str, layout: dict[str, Any]) -> str:
+    parts = [mkey] + [str(layout.get(k)) for k in ("nodes", "tasks_per_node", "stages", "data_parallel",
+                                                    "micro_batches", "micro_batch_size")]
+    parts.append(",".join(map(str, layout.get("boundaries") or [])))
+    return "/".join(parts)
+
+
+def plain(v: Any) -> Any:
+    """A value fit for one SQLite cell from hostile JSON: a bounded string, an int64, a finite
+    float, a bool as 0/1, or None for anything else."""
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v if -2**63 < v < 2**63 else None
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, str):
+        return v[:4096]
+    return None
+
+
+def number(v: Any) -> int | float | None:
+    """A finite int64 or float from hostile JSON, else None."""
+    v = plain(v)
+    return v if isinstance(v, (int, float)) else None
+
+
+def _dict(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _ints(v: Any) -> str | None:
+    return json.dumps(v) if isinstance(v, list) and len(v) <= 100_000 and all(
+        isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**31 for x in v) else None
+
+
+def parse_plan(blob: bytes | None) -> dict[str, Any] | None:
+    if blob is None:
+        return None
+    try:
+        plan = json.loads(blob.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return plan if isinstance(plan, dict) else None
+
+
+def rows(run: str, files: RunFiles, owner: Owner) -> RunRows | None:
+    """The rows of one run directory, or None when it holds no readable plan.json."""
+    plan = parse_plan(files.data.get("plan.json"))
+    if plan is None:
+        return None
+    job_id = owner.job_id
+    if job_id is None and files.data.get("JOB_ID"):
+        text = files.data["JOB_ID"].decode("ascii", "replace").strip()
+        job_id = text if _JOB_ID.match(text) else None
+    evs, skipped = events_mod.parse(files.data.get("events.jsonl", b"").splitlines()
+                                    if files.data.get("events.jsonl") else [])
+    mkey = model_key(_dict(plan.get("model")), owner.user)
+    pred = _dict(plan.get("prediction"))
+    job: dict[str, Any] = {
+        "run_dir": run, "name": plain(plan.get("job_name")),
+        "partition": owner.partition or plain(plan.get("partition")), "user": owner.user,
+        "model_key": mkey, "steps": number(_dict(plan.get("training")).get("steps")),
+        "submit_time": number(plan.get("submitted_at")), "chosen_nodes": number(pred.get("nodes")),
+        "predicted_step_s": number(pred.get("step_s")), "predicted_jct_s": number(pred.get("jct_s")),
+        "predicted_queue_s": number(pred.get("queue_s")), "job_id": job_id,
+    }
+    out = _from_events(mkey, job, evs)
+    out.decisions = _decisions(plan)
+    out.skipped_events = skipped
+    return out
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    if len(xs) == 1:
+        return xs[0]
+    return statistics.quantiles(xs, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))]
+
+
+def _decisions(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    pred = _dict(plan.get("prediction"))
+    cands = plan.get("candidates")
+    out = []
+    for rank, c in enumerate(cands[:10_000] if isinstance(cands, list) else []):
+        c = _dict(c)
+        e = _dict(c.get("estimate"))
+        out.append({"rank": rank,
+                    "chosen": int(rank == 0 and c.get("rejected") is None and c.get("nodes") == pred.get("nodes")),
+                    "nodes": number(c.get("nodes")), "stages": number(c.get("stages")),
+                    "data_parallel": number(c.get("data_parallel")),
+                    "micro_batches": number(c.get("micro_batches")), "boundaries": _ints(c.get("boundaries")),
+                    "queue_s": number(e.get("queue_s")), "step_s": number(e.get("step_s")),
+                    "train_s": number(e.get("train_s")), "jct_s": number(e.get("jct_s")),
+                    "step_source": plain(e.get("step_source")), "rejected": plain(c.get("rejected"))})
+    return out
+
+
+def _start(a: dict[str, Any], ev: dict[str, Any], mkey: str) -> None:
+    lay = {k: ev[k] for k in ("nodes", "stages", "data_parallel", "micro_batches",
+                              "micro_batch_size", "boundaries")}
+    lay["tasks_per_node"] = ev["world_size"] // max(1, ev["nodes"])
+    a.update(nodes=ev["nodes"], stages=ev["stages"], data_parallel=ev["data_parallel"],
+             micro_batches=ev["micro_batches"], micro_batch_size=ev["micro_batch_size"],
+             boundaries=json.dumps(ev["boundaries"]), config_key=config_key(mkey, lay),
+             start_step=ev["step"], resumed_from=ev["resumed_from"], setup_s=ev["setup_s"],
+             load_s=ev["load_s"])
+    if ev["time"] is not None and ev["setup_s"] is not None:
+        a["start_time"] = ev["time"] - ev["setup_s"]
+
+
+def _profile(ev: dict[str, Any], mkey: str, profiles: list, overheads: list) -> None:
+    t = ev["time"]
+    for layer, sec in ev["seconds"].items():
+        profiles.append({"model_key": mkey, "micro_batch_size": ev["micro_batch_size"],
+                         "layer": int(layer), "seconds": sec,
+                         "param_bytes": (ev["param_bytes"] or {}).get(layer),
+                         "activation_bytes": (ev["activation_bytes"] or {}).get(layer),
+                         "samples": ev["samples"], "updated": t})
+    bounds, m = ev["boundaries"], ev["micro_batches"]
+    if ev["instructions"] and bounds and m:
+        try:
+            o = overheads_from_instructions(ev["instructions"], ev["seconds"], bounds, int(m))
+        except (TypeError, ValueError, AttributeError, IndexError, KeyError, ZeroDivisionError):
+            o = None  # a malformed record: the layer costs still count
+        if o is not None:
+            overheads[:] = [{"model_key": mkey, "micro_batch_size": ev["micro_batch_size"],
+                             "stages": len(bounds) - 1, "micro_batches": int(m), **o, "updated": t}]
+
+
+def _from_events(mkey: str, job: dict[str, Any], evs: list[dict[str, Any]]) -> RunRows:
+    attempts: dict[int, dict[str, Any]] = {}
+    steps: dict[int, list[float]] = {}
+    profiles: list[dict[str, Any]] = []
+    overheads: list[dict[str, Any]] = []
+    for ev in evs:
+        n = ev["attempt"]
+        a = attempts.setdefault(n, {"attempt": n, "checkpoint_s": 0.0})
+        kind = ev["event"]
+        if kind == "start":
+            _start(a, ev, mkey)
+        elif kind == "step":
+            steps.setdefault(n, []).append(float(ev["step_time"]))
+            a["end_step"], a["end_time"] = ev["step"], ev["time"]
+        elif kind == "checkpoint":
+            a["checkpoint_s"] += float(ev["seconds"] or 0.0)
+        elif kind == "end":
+            a["ended"], a["end_time"] = ev["reason"], ev["time"]
+            a["end_step"] = ev["step"] if ev["step"] is not None else a.get("end_step")
+        elif kind == "layer_profile":
+            _profile(ev, mkey, profiles, overheads)
+    for n, a in attempts.items():
+        xs = steps.get(n, [])
+        # the first step of an attempt includes warm-up: statistics use the rest when there is one
+        xs = xs[1:] if len(xs) > 1 else xs
+        if xs:
+            a.update(step_count=len(xs), step_mean=statistics.fmean(xs),
+                     step_var=statistics.pvariance(xs), step_p50=_quantile(xs, 0.5),
+                     step_p95=_quantile(xs, 0.95), train_s=sum(steps[n]))
+        else:
+            a.update(step_count=0)
+        a.setdefault("ended", "running")
+    ordered = [attempts[k] for k in sorted(attempts)]
+    if ordered:
+        job["start_time"] = ordered[0].get("start_time")
+        job["end_time"] = ordered[-1].get("end_time")
+        job["state"] = ordered[-1].get("ended")
+        all_steps = [x for k in sorted(steps) for x in steps[k][1:]]
+        if all_steps:
+            job["actual_step_s"] = statistics.median(all_steps)
+        if job["state"] == "completed" and job.get("submit_time") and job.get("end_time"):
+            job["actual_jct_s"] = job["end_time"] - job["submit_time"]
+    return RunRows(job, ordered, profiles, overheads)

@@ -1,0 +1,265 @@
+"""Hostile and broken input (issue: security): run directories read as root, spool files,
+event lines, the history DB's creation, admin output. Each test is one of the reproductions:
+it failed (leaked, hung, crashed, forged) before the fix and passes now. Tests run as root (as
+slurmctld's plugin does); a second, unprivileged user is created for the privilege drop."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CLUSTER_DB, pswift, wait_state
+from pipeswift_slurm import userfiles
+from pipeswift_slurm.history import History, IngestRefused
+from pipeswift_slurm.runrows import Owner, model_key
+
+USER = "pswift-test"
+PLAN = {"job_name": "victim", "user": "alice", "partition": "low", "submitted_at": 1.0,
+        "model": {"entry": "model:layers", "kwargs": {}, "num_layers": 2}, "training": {"steps": 3}}
+GOOD = [{"event": "start", "attempt": 0, "time": 10.0, "nodes": 1, "world_size": 1, "stages": 1,
+         "data_parallel": 1, "micro_batches": 2, "micro_batch_size": 1, "boundaries": [0, 2],
+         "step": 0, "setup_s": 1.0},
+        {"event": "step", "attempt": 0, "time": 11.0, "step": 1, "loss": 2.0, "step_time": 0.5},
+        {"event": "step", "attempt": 0, "time": 12.0, "step": 2, "loss": 1.5, "step_time": 0.25},
+        {"event": "layer_profile", "attempt": 0, "time": 12.0, "micro_batch_size": 1,
+         "seconds": {"0": 0.1, "1": 400.0}},
+        {"event": "end", "attempt": 0, "time": 13.0, "reason": "completed", "step": 2}]
+HOSTILE_LINES = [b'{"event": "step", "attempt": null, "step": 3, "loss": 1.0, "step_time": "0.1"}',
+                 b'{"event": "step", "attempt": 0, "step": 123456789012345678901234567890, "loss": 1, "step_time": 1}',
+                 b'{"event": "step", "attempt": 0, "step": 4, "loss": 1e999, "step_time": 1}',
+                 b'{"event": "layer_profile", "attempt": 0, "micro_batch_size": 1, "seconds": [1, 2]}',
+                 b'{"event": "start", "attempt": "0"}', b'\xff\xfe not utf-8', b'[1, 2]', b'9' * 5000,
+                 b'{"event": "end", "attempt": 0, "reason": {"x": 1}}', b'[' * 100_000]
+
+
+@pytest.fixture(scope="session")
+def other_user() -> pwd.struct_passwd:
+    """An unprivileged user (created once; tests run as root like the plugin)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, as the jobcomp plugin runs")
+    try:
+        return pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", USER], check=True)
+        return pwd.getpwnam(USER)
+
+
+@pytest.fixture
+def public_tmp() -> Path:
+    """A folder the unprivileged user can reach (pytest's own tmp_path is under a 0700 folder)."""
+    import shutil
+    import tempfile
+    d = Path(tempfile.mkdtemp(prefix="pswift-sec-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def run_dir(path: Path, events: list[bytes] | None = None, owner: pwd.struct_passwd | None = None) -> Path:
+    path.mkdir(parents=True)
+    (path / "plan.json").write_text(json.dumps(PLAN))
+    (path / "JOB_ID").write_text("4242\n")
+    lines = [json.dumps(e).encode() for e in GOOD] + (events or [])
+    (path / "events.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    if owner is not None:
+        for p in (path, *path.iterdir()):
+            os.chown(p, owner.pw_uid, owner.pw_gid)
+    return path
+
+
+def test_hostile_event_lines_are_skipped_and_counted_never_raised(tmp_path):
+    run = run_dir(tmp_path / "run", HOSTILE_LINES)
+    proc = pswift("history", "ingest", str(run), "--db", str(tmp_path / "h.db"))
+    assert proc.returncode == 0, proc.stderr
+    assert f"({len(HOSTILE_LINES)} bad event line(s) skipped)" in proc.stdout
+    db = sqlite3.connect(tmp_path / "h.db")
+    assert db.execute("SELECT step_count, step_mean FROM attempts").fetchall() == [(1, 0.25)]
+    assert pswift("history", "jobs", "--db", str(tmp_path / "h.db")).returncode == 0
+
+
+def test_a_symlinked_event_log_is_not_followed(tmp_path):
+    run = run_dir(tmp_path / "run")
+    (run / "events.jsonl").unlink()
+    (run / "events.jsonl").symlink_to("/etc/shadow")
+    db = tmp_path / "h.db"
+    proc = pswift("history", "ingest", str(run), "--db", str(db))
+    assert proc.returncode == 0 and "symlinks are not followed" in proc.stderr
+    assert b"root:" not in db.read_bytes()
+    with pytest.raises(IngestRefused, match="symlinks are not followed"):
+        History(tmp_path / "h2.db").ingest_run_dir(run)
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_cannot_hang_ingest(tmp_path):
+    run = run_dir(tmp_path / "run")
+    (run / "events.jsonl").unlink()
+    os.mkfifo(run / "events.jsonl")
+    with pytest.raises(IngestRefused, match="not a regular file"):
+        History(tmp_path / "h.db").ingest_run_dir(run)
+
+
+def test_files_of_another_owner_and_oversized_files_are_refused(tmp_path, other_user):
+    run = run_dir(tmp_path / "run")
+    os.chown(run / "plan.json", other_user.pw_uid, other_user.pw_gid)
+    with pytest.raises(userfiles.UnsafeFile, match="belongs to uid"):
+        userfiles.read_run_files(str(run))
+    os.chown(run / "plan.json", 0, 0)
+    with open(run / "events.jsonl", "ab") as f:          # 3 GB, sparse: costs no disk
+        f.truncate(3 << 30)
+    with pytest.raises(userfiles.UnsafeFile, match="larger than"):
+        userfiles.read_run_files(str(run))
+
+
+def test_the_reader_drops_to_the_jobs_user(public_tmp, other_user):
+    """A file the user cannot read (mode 000) is read by root in-process, but not by the reader
+    that dropped to the user: the drop really happens."""
+    run = run_dir(public_tmp / "run", owner=other_user)
+    (run / "plan.json").chmod(0)
+    assert userfiles.read_run_files(str(run), other_user.pw_uid).data["plan.json"]   # root: yes
+    with pytest.raises(userfiles.UnsafeFile, match="Permission denied"):
+        userfiles.read_run_files_as(str(run), other_user.pw_uid, other_user.pw_gid, timeout=10)
+    (run / "plan.json").chmod(0o644)
+    got = userfiles.read_run_files_as(str(run), other_user.pw_uid, other_user.pw_gid, timeout=10)
+    assert json.loads(got.data["plan.json"]) == PLAN and got.owner == other_user.pw_uid
+
+
+@pytest.mark.timeout(30)
+def test_a_stalled_reader_is_killed_at_the_deadline():
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a reader stuck in a read that never returns
+        os.close(rfd)
+        time.sleep(60)
+        os._exit(0)
+    os.close(wfd)
+    t0 = time.monotonic()
+    with pytest.raises(userfiles.UnsafeFile, match="longer than the deadline"):
+        userfiles._collect(rfd, pid, time.monotonic() + 1.0, "/stalled")
+    assert time.monotonic() - t0 < 10
+    assert os.waitpid(pid, 0)[1] != 0          # SIGKILLed, not finished
+    os.close(rfd)
+
+
+def spool_record(owner: pwd.struct_passwd, work: Path, job: str = "4242") -> dict:
+    return {"JOBID": job, "UID": str(owner.pw_uid), "GID": str(owner.pw_gid), "USERNAME": owner.pw_name,
+            "PARTITION": "low", "JOBSTATE": "COMPLETED", "START": "100", "END": "200", "SUBMIT": "90",
+            "WORK_DIR": str(work), "CLUSTER": "c", "recorded_at": 1.0}
+
+
+def test_identity_comes_from_slurm_and_profiles_stay_with_their_user(tmp_path, public_tmp, other_user):
+    run = run_dir(public_tmp / "run", owner=other_user)      # plan.json claims user alice
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "1.json").write_text(json.dumps(spool_record(other_user, run)))
+    h = History(tmp_path / "h.db")
+    merged, problems = h.ingest_spool(spool)
+    assert (merged, problems) == (1, [])
+    user, job_id = h.db.conn.execute("SELECT user, job_id FROM jobs").fetchone()
+    assert (user, job_id) == (USER, "4242")
+    model = PLAN["model"]
+    assert h.layer_profile(model_key(model, USER)) is not None       # the job's own user: yes
+    assert h.layer_profile(model_key(model, "alice")) is None        # the user it claimed: no
+    assert h.layer_profile(model_key(model, "root")) is None
+
+
+def test_a_run_dir_of_someone_else_is_not_taken_for_the_jobs(tmp_path, public_tmp, other_user):
+    run = run_dir(public_tmp / "run")                     # root's directory, readable to all
+    h = History(tmp_path / "h.db")
+    with pytest.raises(IngestRefused, match="not the job's uid"):
+        h.ingest_run_dir(run, Owner(USER, other_user.pw_uid, other_user.pw_gid, "1"), timeout=10)
+
+
+@pytest.mark.timeout(60)
+def test_bad_spool_files_move_aside_with_their_reason_and_the_rest_merge(tmp_path, other_user):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    os.mkfifo(spool / "a-fifo.json")
+    (spool / "b-garbage.json").write_bytes(b"\x00not json")
+    (spool / "c-link.json").symlink_to("/etc/passwd")
+    (spool / "d-big.json").write_text(json.dumps({"JOBID": "x" * 100_000}))
+    (spool / "e-good.json").write_text(json.dumps(spool_record(other_user, tmp_path / "nowhere", "7")))
+    h = History(tmp_path / "h.db")
+    merged, problems = h.ingest_spool(spool)
+    assert merged == 1 and len(problems) == 4, problems
+    bad = sorted(p.name for p in (spool / "bad").iterdir())
+    assert bad == sorted([f"{n}.json{s}" for n in ("a-fifo", "b-garbage", "c-link", "d-big") for s in ("", ".why")])
+    assert "not a regular file" in (spool / "bad" / "a-fifo.json.why").read_text()
+    assert h.db.conn.execute("SELECT job_id FROM slurm_jobs").fetchall() == [("7",)]
+    assert not list(spool.glob("*.json"))
+
+
+def test_first_creation_races_and_permissions(tmp_path):
+    db = tmp_path / "new" / "h.db"
+    code = f"from pipeswift_slurm.history import History; History({str(db)!r}).close()"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    errs = [(p.wait(timeout=60), p.stderr.read()) for p in procs]
+    assert all(rc == 0 for rc, _ in errs), errs
+    assert oct(db.stat().st_mode & 0o777) == "0o640"
+    assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] > 0
+
+
+def test_a_db_corrupt_in_the_middle_is_one_line(tmp_path):
+    db = tmp_path / "h.db"
+    h = History(db)
+    h.add_slurm_records([{"JOBID": str(i), "START": 100 + i, "JOBNAME": "x" * 500} for i in range(2000)], "t")
+    h.close()
+    data = bytearray(db.read_bytes())
+    for at in range(len(data) // 4, 3 * len(data) // 4, 4096 * 7):   # pages in the middle
+        data[at:at + 4096] = bytes(range(256)) * 16
+    db.write_bytes(bytes(data))
+    for args in (["history", "jobs"], ["history", "report"], ["history", "export"], ["history", "show", "5"]):
+        proc = pswift(*args, "--db", str(db))
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert proc.returncode == 0 or proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_user_strings_in_tables_and_csv_stay_inert(tmp_path):
+    h = History(tmp_path / "h.db")
+    h.add_slurm_records([{"JOBID": "1", "START": 100, "END": 200, "JOBNAME": "[/oops]", "USERNAME": "=HYPERLINK(\"x\")",
+                          "PARTITION": "low", "JOBSTATE": "COMPLETED"}], "t")
+    h.close()
+    proc = pswift("history", "jobs", "--db", str(tmp_path / "h.db"))
+    assert proc.returncode == 0 and "[/oops]" in proc.stdout, proc.stderr
+    csv = pswift("history", "export", "--db", str(tmp_path / "h.db")).stdout
+    assert "'=HYPERLINK" in csv and ",=HYPERLINK" not in csv
+
+
+@pytest.mark.slurm
+def test_the_real_plugin_reads_a_users_run_dir_as_that_user_only(cluster, public_tmp, other_user):
+    """Through slurmctld: a job of the unprivileged user whose run directory holds a symlink
+    to /etc/shadow and a plan.json claiming to be alice's; the plugin (root) merges Slurm's
+    record, attributes the run to the job's real user, and never reads the shadow file."""
+    run = run_dir(public_tmp / "run", owner=other_user)
+    bad = run_dir(public_tmp / "bad", owner=other_user)
+    (bad / "events.jsonl").unlink()
+    os.symlink("/etc/shadow", bad / "events.jsonl")
+    os.lchown(bad / "events.jsonl", other_user.pw_uid, other_user.pw_gid)
+    ids = []
+    for d in (run, bad):
+        proc = subprocess.run(["runuser", "-u", USER, "--", "sbatch", "--parsable", "-o", "/dev/null",
+                               f"--chdir={d}", "--wrap", "true"], capture_output=True, text=True,
+                              env={**os.environ, "HOME": other_user.pw_dir})
+        assert proc.returncode == 0, proc.stderr
+        ids.append(proc.stdout.strip())
+    for j in ids:
+        wait_state(j, {"COMPLETED"}, timeout=60)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        db = sqlite3.connect(CLUSTER_DB)
+        got = db.execute(f"SELECT job_id, user FROM slurm_jobs WHERE job_id IN ({','.join('?' * len(ids))})",
+                         ids).fetchall()
+        if len(got) == 2:
+            break
+        time.sleep(0.5)
+    assert sorted(got) == sorted((j, USER) for j in ids)
+    rows = db.execute("SELECT job_id, user, run_dir FROM jobs WHERE job_id IN (?, ?)", ids).fetchall()
+    assert rows == [(ids[0], USER, str(run))]     # the bad one was refused, the good one is the user's
+    assert b"root:" not in CLUSTER_DB.read_bytes()
