@@ -35,7 +35,7 @@ def test_a_checkpoint_of_another_model_is_refused_clearly(tmp_path):
     proc = pswift("run", "--run-dir", str(tmp_path / "rb"), str(b))
     assert proc.returncode != 0
     err = [x for x in proc.stderr.splitlines() if x.startswith("pswift-launch: error:")]
-    assert err and "does not match the model" in err[0] and "step_00000002" in err[0], proc.stderr[-3000:]
+    assert err and "written by another model" in err[0] and "step_00000002" in err[0], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
 
 
@@ -50,7 +50,69 @@ def test_a_corrupt_stage_file_is_refused_with_the_fix(tmp_path):
     b = with_ckpt(copy_example(tmp_path / "b", {"steps": "4"}), ckpt)
     proc = pswift("run", "--run-dir", str(tmp_path / "rb"), str(b))
     assert proc.returncode != 0
-    assert "checksum mismatch (corrupt file); delete" in proc.stderr, proc.stderr[-3000:]
+    assert "no committed checkpoint in" in proc.stderr and "checksum mismatch (corrupt file)" in proc.stderr, proc.stderr[-3000:]
+
+
+def two_checkpoints(tmp_path: Path) -> tuple[Path, Path]:
+    """A run with committed checkpoints at steps 1 and 2, and the TOML that resumes from them."""
+    ckpt = tmp_path / "ckpt"
+    a = with_ckpt(copy_example(tmp_path / "a", {"steps": "2", "checkpoint_interval": "1"}), ckpt)
+    assert pswift("run", "--run-dir", str(tmp_path / "ra"), str(a)).returncode == 0
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step_00000001", "step_00000002"]
+    return ckpt, with_ckpt(copy_example(tmp_path / "b", {"steps": "3", "checkpoint_interval": "0"}), ckpt)
+
+
+def resume(tmp_path: Path, toml: Path) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    proc = pswift("run", "--run-dir", str(tmp_path / "rb"), str(toml))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc, events(tmp_path / "rb")
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    ckpt, b = two_checkpoints(tmp_path)
+    f = ckpt / "step_00000002" / "stage_000.pt"
+    data = bytearray(f.read_bytes())
+    data[-100] ^= 0xFF
+    f.write_bytes(bytes(data))
+    proc, evs = resume(tmp_path, b)
+    assert "cannot resume from step_00000002:" in proc.stdout and "checksum mismatch" in proc.stdout
+    assert "resumed from step_00000001" in proc.stdout
+    assert [e["step"] for e in evs if e["event"] == "start"] == [1]
+
+
+def test_a_crafted_stage_file_runs_no_code(tmp_path):
+    """A stage file rewritten to run code on unpickling, with a manifest forged to match it
+    (sizes and sha256 are written by the same hand): torch.load(weights_only=True) refuses it."""
+    import hashlib
+    import torch
+    ckpt, b = two_checkpoints(tmp_path)
+    marker = tmp_path / "PWNED"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    d = ckpt / "step_00000002"
+    torch.save({"model": Evil()}, d / "stage_001.pt")
+    blob = (d / "stage_001.pt").read_bytes()
+    man = json.loads((d / "MANIFEST.json").read_text())
+    man["files"]["stage_001.pt"] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+    (d / "MANIFEST.json").write_text(json.dumps(man))
+    proc, evs = resume(tmp_path, b)
+    assert not marker.exists()
+    assert "cannot be loaded safely" in proc.stdout and "resumed from step_00000001" in proc.stdout
+
+
+def test_an_unreadable_manifest_is_moved_aside_never_deleted(tmp_path):
+    ckpt, b = two_checkpoints(tmp_path)
+    man_path = ckpt / "step_00000002" / "MANIFEST.json"
+    man = json.loads(man_path.read_text())
+    man_path.write_text(json.dumps({**man, "version": 99}))
+    proc, evs = resume(tmp_path, b)
+    aside = ckpt / "unreadable-step_00000002"
+    assert aside.is_dir() and sorted(p.name for p in aside.glob("stage_*.pt")) == ["stage_000.pt", "stage_001.pt"]
+    assert "manifest version 99" in (aside / "WHY").read_text()
+    assert "moved aside" in proc.stdout and [e["step"] for e in evs if e["event"] == "start"] == [1]
 
 
 def test_sigterm_to_a_local_run_stops_every_rank_at_one_step_with_a_checkpoint(tmp_path):

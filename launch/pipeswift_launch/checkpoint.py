@@ -278,7 +278,7 @@ def load(engine: Any, path: Path, model_id: str | None = None, layers: int | Non
             optim.update({k: v for k, v in blob["optim"].items() if k in own})
             hyper = blob["param_groups"]
             sched = blob.get("lr_scheduler") if blob.get("lr_scheduler") is not None else sched
-        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, EOFError, OSError) as e:
+        except Exception as e:  # UnpicklingError (code refused), truncation, a wrong structure
             raise CheckpointError(f"{path / name} cannot be loaded safely ({type(e).__name__}: "
                                   f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
     missing = sorted(set(own) - set(model), key=str)
