@@ -115,6 +115,7 @@ def sbatch(toml: Path, sbatch_args: tuple[str, ...], run_dir: Path | None, dry_r
             click.echo(f"# sbatch arguments: {' '.join(sbatch_args)}")
         click.echo(script, nl=False)
         return
+    _warn_requeue_limit(cfg.job.max_requeues)
     _write_run_dir(cfg, target, plan, script)
     try:
         job_id = slurm.submit(str(target / "job.sbatch"), sbatch_args, cwd=str(target))
@@ -130,6 +131,17 @@ def sbatch(toml: Path, sbatch_args: tuple[str, ...], run_dir: Path | None, dry_r
         click.echo(f"run directory: {target}")
     if wait:
         sys.exit(_wait(job_id, target, timeout, quiet=parsable))
+
+
+def _warn_requeue_limit(max_requeues: int) -> None:
+    try:
+        limit = slurm.automatic_requeue_limit()
+    except PswiftError:
+        return   # the submission itself will say what is wrong with Slurm
+    if limit is not None and max_requeues >= limit:
+        _warn(f"warning: [job] max_requeues = {max_requeues}, but this Slurm holds a job after "
+              f"{limit - 1} automatic requeues (MaxBatchRequeue = {limit}; it requeues preempted "
+              f"jobs itself): set max_requeues <= {limit - 1} or raise MaxBatchRequeue in slurm.conf")
 
 
 def _wait(job_id: str, run: Path, timeout: float, quiet: bool = False) -> int:

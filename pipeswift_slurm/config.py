@@ -90,6 +90,10 @@ class TrainingSection:
     checkpoint_dir: Path | None = None
     checkpoint_interval: int = 0
     keep_checkpoints: int = 2
+    #: a rank making no progress for max(hang_timeout_min_s, hang_timeout_factor x p95 step
+    #: time) ends the attempt and requeues it (the hung rank's node excluded where possible)
+    hang_timeout_factor: float = 10.0
+    hang_timeout_min_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -353,7 +357,7 @@ def _model(t: dict[str, Any], base_dir: Path) -> ModelSection:
 def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
     valid = ("steps", "global_batch_size", "micro_batch_size", "data", "seed", "optimizer",
              "ds_config", "gradient_clipping", "checkpoint_dir", "checkpoint_interval",
-             "keep_checkpoints")
+             "keep_checkpoints", "hang_timeout_factor", "hang_timeout_min_s")
     _check_keys("training", t, valid, ("steps", "global_batch_size", "micro_batch_size", "data"))
     opt = _table("training", "optimizer", t.get("optimizer", {}))
     if opt:
@@ -381,6 +385,8 @@ def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
         checkpoint_dir=ckpt_dir,
         checkpoint_interval=_int("training", "checkpoint_interval", t.get("checkpoint_interval", 0), lo=0),
         keep_checkpoints=_int("training", "keep_checkpoints", t.get("keep_checkpoints", 2), lo=2),
+        hang_timeout_factor=_float("training", "hang_timeout_factor", t.get("hang_timeout_factor", 10.0), lo=2.0),
+        hang_timeout_min_s=_float("training", "hang_timeout_min_s", t.get("hang_timeout_min_s", 300.0), lo=1.0),
     )
 
 

@@ -64,11 +64,16 @@ class WaitEstimate:
     why: str
 
 
+def usable_nodes(state: ClusterState, partition: str | None, cpus_per_node: int) -> list[NodeState]:
+    """Nodes of the partition that are up and big enough."""
+    return [n for n in state.nodes
+            if (partition is None or partition in n.partitions)
+            and not any(u in n.state.lower() for u in UNUSABLE) and n.cpus >= cpus_per_node]
+
+
 def estimate_wait(state: ClusterState, nodes: int, cpus_per_node: int,
                   partition: str | None) -> WaitEstimate:
-    usable = [n for n in state.nodes
-              if (partition is None or partition in n.partitions)
-              and not any(u in n.state.lower() for u in UNUSABLE) and n.cpus >= cpus_per_node]
+    usable = usable_nodes(state, partition, cpus_per_node)
     if len(usable) < nodes:
         return WaitEstimate(math.inf, 0, len(usable),
                             f"partition {partition or '(default)'} has only {len(usable)} usable "

@@ -35,15 +35,18 @@ def _one_line(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _run(cmd: Sequence[str], timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess:
-    """Run a Slurm command; on failure raise SlurmError with command, exit code, stdout, stderr."""
+def _run(cmd: Sequence[str], timeout: float = 60.0, check: bool = True,
+         survive_term: bool = False) -> subprocess.CompletedProcess:
+    """Run a Slurm command; on failure raise SlurmError with command, exit code, stdout, stderr.
+    ``survive_term``: the command ignores SIGTERM (a job's own requeue sends it to every process
+    of the job, the commands that follow the requeue included)."""
     exe = cmd[0]
     if shutil.which(exe) is None:
         raise SlurmError(f"{exe}: command not found; install Slurm's client tools (slurm-client) or "
                          f"start the dev cluster with scripts/slurm-dev-cluster start")
     try:
         proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, preexec_fn=_ignore_term if survive_term else None)
     except subprocess.TimeoutExpired:
         hint = ("SLURM_CONF is not set, and Slurm may be looking for a configless server: "
                 "export SLURM_CONF=/path/to/slurm.conf" if not os.environ.get("SLURM_CONF")
@@ -53,6 +56,11 @@ def _run(cmd: Sequence[str], timeout: float = 60.0, check: bool = True) -> subpr
         said = _one_line(proc.stderr or proc.stdout or "no output")
         raise SlurmError(f"`{shlex.join(cmd)}` failed (exit {proc.returncode}): {said}")
     return proc
+
+
+def _ignore_term() -> None:
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def submit(script: str, extra_args: Sequence[str] = (), cwd: str | None = None) -> str:
@@ -174,18 +182,25 @@ def cluster_state(now: float | None = None) -> "ClusterState":
     b = backend()
     return cluster_view(b.nodes(), b.jobs(), now if now is not None else _time.time())
 
+#: every state an attempt ends in (requeued attempts too). With explicit states, sacct's -S/-E
+#: select attempts that *ended* in the window; without them, 22.05 selects by eligible time and
+#: misses jobs started at submission (slurmdbd records their eligible time as 0).
+ENDED_STATES = "BF,CA,CD,DL,F,NF,OOM,PR,RQ,TO"
+
+
 def sacct_jobs(since: float | None = None) -> list[dict[str, Any]] | None:
-    """Every job attempt slurmdbd knows that ran at or after ``since`` (epoch seconds; None: all),
-    requeued attempts included (``--duplicates``), as history records; None where there is no
-    slurmdbd (sacct then refuses or prints no JSON)."""
+    """Every job attempt slurmdbd knows that ended at or after ``since`` (epoch seconds; None:
+    all), requeued attempts included (``--duplicates``), as history records; None where there
+    is no slurmdbd (sacct then refuses or prints no JSON)."""
     import datetime as _dt
 
     if shutil.which("sacct") is None:
         return None
-    start = "1970-01-01T00:00:00" if since is None else \
-        _dt.datetime.fromtimestamp(max(0.0, since)).strftime("%Y-%m-%dT%H:%M:%S")
-    proc = _run(["sacct", "--json", "--allusers", "--duplicates", f"--starttime={start}",
-                 "--endtime=now"], timeout=120.0, check=False)
+    # not 1970-01-01: sacct reads a start at the epoch as "unset" and then selects nothing
+    start = "1971-01-01T00:00:00" if since is None else \
+        _dt.datetime.fromtimestamp(max(86400.0 * 366, since)).strftime("%Y-%m-%dT%H:%M:%S")
+    proc = _run(["sacct", "--json", "--allusers", "--duplicates", f"--state={ENDED_STATES}",
+                 f"--starttime={start}", "--endtime=now"], timeout=120.0, check=False)
     if proc.returncode != 0 or not proc.stdout.lstrip().startswith("{"):
         return None
     return slurm_json.sacct_records(slurm_json.load(proc.stdout, "sacct --json"))
@@ -233,13 +248,43 @@ def requeues_preempted_jobs() -> bool:
     return slurm_version()[:2] >= (24, 5)
 
 
+def automatic_requeue_limit() -> int | None:
+    """How many times Slurm requeues a job by itself before holding it (REQUEUE_HOLD, "launch
+    failure limit exceeded"): MaxBatchRequeue (default 5) counts every automatic requeue, so
+    from 24.05, where preemptions are requeued by Slurm, a job preempted that often is held.
+    None before 24.05 (pswift's own `scontrol requeue` is not counted)."""
+    if not requeues_preempted_jobs():
+        return None
+    try:
+        return int(config().get("MaxBatchRequeue", "5"))
+    except ValueError:
+        return 5
+
+
 def forbid_requeue(job_id: str) -> None:
     """Keep Slurm from requeueing the job when it ends (a preempted job then ends PREEMPTED)."""
     _run(["scontrol", "update", f"JobId={job_id}", "Requeue=0"])
 
 
-def requeue(job_id: str) -> None:
-    _run(["scontrol", "requeue", str(job_id)])
+def requeue(job_id: str, exclude: str | None = None, nodes_needed: int = 1) -> bool:
+    """Requeue the job; with ``exclude``, keep its next attempt off that node when the partition
+    still has ``nodes_needed`` other usable nodes (returns whether it did). A running job's
+    ExcNodeList cannot change, so it is set just after the requeue, while the job is pending;
+    the requeue's SIGTERM to the job's processes is ignored until then."""
+    from .queue import usable_nodes
+
+    new_exc = None
+    if exclude:
+        fields = show_job(job_id)
+        others = [n for n in usable_nodes(cluster_state(), fields.get("Partition") or None, 1)
+                  if n.name != exclude]
+        if len(others) >= nodes_needed:
+            old = [x for x in (fields.get("ExcNodeList") or "").split(",") if x and x != "(null)"]
+            new_exc = ",".join([*old, exclude])
+    _run(["scontrol", "requeue", str(job_id)], survive_term=exclude is not None)
+    if new_exc:
+        _run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={new_exc}"], survive_term=True)
+    return new_exc is not None
 
 
 def cancel(job_id: str) -> None:

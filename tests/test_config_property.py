@@ -20,12 +20,12 @@ else:  # pragma: no cover
 
 BASE = tomllib.loads((EXAMPLE / "train.toml").read_text())
 VALID_KEYS = {
-    "job": {"name", "partition", "time", "account", "sbatch_options", "max_requeues", "python"},
+    "job": {"name", "partition", "time", "account", "qos", "sbatch_options", "max_requeues", "python"},
     "resources": {"nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "device"},
     "model": {"entry", "kwargs", "loss", "num_layers", "layer_costs", "layer_memory"},
     "training": {"steps", "global_batch_size", "micro_batch_size", "data", "seed", "optimizer",
                  "ds_config", "gradient_clipping", "checkpoint_dir", "checkpoint_interval",
-                 "keep_checkpoints"},
+                 "keep_checkpoints", "hang_timeout_factor", "hang_timeout_min_s"},
     "pipeline": {"stages", "micro_batches", "partition", "data_parallel"},
 }
 POSITIVE_INTS = [("training", "steps"), ("training", "global_batch_size"),

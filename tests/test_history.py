@@ -116,16 +116,3 @@ def test_partition_preemption_history_raises_expected_loss(tmp_path):
     assert h.preemptions_per_hour("high", now=1_700_100_000) == 0.0
     assert h.preemptions_per_hour("low", now=1_700_100_000 + 40 * 86400) == 0.0  # older than 30 days
     h.close()
-
-
-def test_sacct_json_parsing():
-    """The openapi layout of `sacct --json` (slurmdbd clusters; there is none here to run it)."""
-    from pipeswift_slurm.history import normalise_record, parse_sacct_json
-    doc = {"jobs": [{"job_id": 5, "name": "train", "user": "ann", "partition": "gpu", "cluster": "c1",
-                     "state": {"current": "COMPLETED"}, "time": {"submission": 100, "start": 160, "end": 400},
-                     "nodes": "g[1-2]", "allocation_nodes": 2, "working_directory": "/runs/a",
-                     "exit_code": {"return_code": 0}}]}
-    (rec,) = parse_sacct_json(json.dumps(doc))
-    row = normalise_record(rec, "sacct")
-    assert (row["job_id"], row["user"], row["state"], row["node_count"], row["submit"], row["start"],
-            row["end"], row["work_dir"]) == ("5", "ann", "COMPLETED", 2, 100.0, 160.0, 400.0, "/runs/a")

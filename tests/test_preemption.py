@@ -8,6 +8,8 @@ not change the arithmetic of any layer, so any stage count gives the same bits).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -217,3 +219,98 @@ def test_max_requeues_stops_a_job_preempted_twice_with_a_clear_reason(cluster, t
     ends = [e for e in events(run) if e["event"] == "end"]
     assert [(e["attempt"], e["reason"], e["requeue"]) for e in ends] == [(0, "preempted", True),
                                                                           (1, "preempted", False)]
+
+
+def rank_process(run: Path, rank: int) -> tuple[int, str]:
+    """(pid, node) of the launcher process of ``rank`` in this run."""
+    plan = str(run / "plan.json")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            if b"pipeswift_launch" not in cmd or plan.encode() not in cmd:
+                continue
+            env = dict(x.split(b"=", 1) for x in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in x)
+        except OSError:
+            continue
+        if env.get(b"SLURM_PROCID") == str(rank).encode():
+            return int(pid), env[b"SLURMD_NODENAME"].decode()
+    raise AssertionError(f"no launcher process of rank {rank} for {run}")
+
+
+def test_a_stopped_rank_ends_the_attempt_and_the_job_resumes_without_its_node(cluster, tmp_path):
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "60", "checkpoint_interval": "5"})
+    toml.write_text(toml.read_text().replace("seed = 1", "seed = 1\nhang_timeout_min_s = 8\nhang_timeout_factor = 10"))
+    run = tmp_path / "run"
+    job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
+    wait_steps(run, 12)
+    pid, node = rank_process(run, 2)
+    os.kill(pid, signal.SIGSTOP)
+    t_stop = time.time()
+    assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300) == "COMPLETED", slurm_log(run)[-3000:]
+    (hung,) = [e for e in events(run) if e["event"] == "end" and e["reason"] == "hung"]
+    assert hung["requeue"] is True and f"rank 2 on node {node} stopped running" in hung["error"]
+    assert hung["time"] - t_stop < 8 + 10         # the limit, plus the watchdog's 1 s ticks and slack
+    st = json.loads(pswift("status", job, "--json", check=True).stdout)
+    a0, a1 = st["attempts"]
+    assert (a0["nodes"], a0["ended"]) == (4, "hung") and (a1["nodes"], a1["ended"]) == (3, "completed")
+    assert node in slurm.show_job(job)["ExcNodeList"]
+    assert f"the next attempt will not use node {node}" in slurm_log(run)
+    ref = reference(toml, tmp_path, nodes=4)
+    assert step_losses(run) == step_losses(ref)
+
+
+def test_a_storm_of_preemptions_loses_at_most_an_interval_each_and_ends_bitwise_equal(cluster, tmp_path):
+    """Five preemptions at random steps, the second while a periodic checkpoint is half written
+    (stage files on disk, no manifest yet): the job completes with the uninterrupted run's
+    weights, each resume starts from a committed checkpoint at most one interval back."""
+    import random
+    rng = random.Random(7)
+    interval, steps = 5, 70
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": str(steps), "max_requeues": "8",
+                                          "checkpoint_interval": str(interval)})
+    run = tmp_path / "run"
+    job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml),
+                 env={"PSWIFT_FAULT_SLOW_CHECKPOINT": "20:4"}, check=True).stdout.strip()
+    ckpt = run / "checkpoints"
+    highs = []
+    try:
+        for k in range(5):
+            attempt = k
+            deadline = time.time() + 180
+            if k == 1:   # inside the checkpoint of step 20: its stage files, no manifest yet
+                half = ckpt / "step_00000020"
+                while not (list(half.glob("stage_*.pt")) and not (half / "MANIFEST.json").exists()):
+                    assert time.time() < deadline, slurm_log(run)[-2000:]
+                    time.sleep(0.05)
+            else:
+                first = min([e["step"] for e in events(run) if e["event"] == "start" and e["attempt"] == attempt] or [0])
+                target = first + rng.randint(2, 6)
+                while not any(e["event"] == "step" and e["attempt"] == attempt and e["step"] >= target
+                              for e in events(run)):
+                    assert time.time() < deadline, slurm_log(run)[-2000:]
+                    time.sleep(0.1)
+            highs.append(subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", "--exclusive", "-o",
+                                         "/dev/null", "--wrap", "sleep 1"],
+                                        capture_output=True, text=True, check=True).stdout.strip())
+            while not any(e["event"] == "end" and e["attempt"] == attempt for e in events(run)):
+                assert time.time() < deadline, slurm_log(run)[-2000:]
+                time.sleep(0.2)
+        assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300) == "COMPLETED", slurm_log(run)[-3000:]
+    finally:
+        subprocess.run(["scancel", *highs])
+    evs = events(run)
+    ends = [e for e in evs if e["event"] == "end"]
+    assert [e["reason"] for e in ends] == ["preempted"] * 5 + ["completed"], ends
+    committed_before = set()
+    for e in evs:   # every resume loads a checkpoint committed earlier, never a partial one
+        if e["event"] == "checkpoint":
+            committed_before.add(e["path"])
+        elif e["event"] == "start" and e["resumed_from"]:
+            assert e["resumed_from"] in committed_before, e
+    st = json.loads(pswift("status", job, "--json", check=True).stdout)
+    for prev, nxt in zip(st["attempts"], st["attempts"][1:]):
+        assert prev["end_step"] - interval <= nxt["start_step"] <= prev["end_step"], (prev, nxt)
+    assert st["restarts"] == 5 and st["step"] == steps
+    ref = reference(toml, tmp_path, nodes=4)
+    assert step_losses(run) == step_losses(ref)
+    assert_same_weights(final_weights(run / "checkpoints", steps), final_weights(ref / "checkpoints", steps))

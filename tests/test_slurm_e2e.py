@@ -147,7 +147,7 @@ def test_values_sbatch_cannot_hold_are_refused_in_one_line(cluster, tmp_path):
     toml = copy_example(tmp_path / "ex", {"name": json.dumps("tab\there")})
     proc = pswift("sbatch", "--dry-run", str(toml))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-    assert "contains the control character '\\t'" in proc.stderr
+    assert "contains a control character" in proc.stderr
     run = tmp_path / "back\\slash"
     proc = pswift("sbatch", "--dry-run", "--run-dir", str(run), str(copy_example(tmp_path / "ex2")))
     assert proc.returncode == 2 and "contains a backslash" in proc.stderr and not run.exists()

@@ -166,11 +166,13 @@ def test_ingest_sacct_reads_a_real_slurmdbd_incrementally(acct_cluster, tmp_path
     import sqlite3
     rows = {r[0]: r[1:] for r in sqlite3.connect(db).execute(
         "SELECT job_id, cluster, name, state, exit_code, user FROM slurm_jobs WHERE job_id IN (?, ?)", (ok, bad))}
-    assert rows[ok] == ("pswiftacct", "ok", "COMPLETED", "0:0", "root")
-    assert rows[bad][:3] == ("pswiftacct", "bad", "FAILED")
     from pipeswift_slurm import slurm
-    if slurm.slurm_version()[:2] > (22, 5):  # 22.05's sacct --json reports return_code 0 here
-        assert rows[bad][3] == "3:0"
+    if slurm.slurm_version()[:2] > (22, 5):
+        assert rows[ok] == ("pswiftacct", "ok", "COMPLETED", "0:0", "root")
+        assert rows[bad] == ("pswiftacct", "bad", "FAILED", "3:0", "root")
+    else:  # 22.05's slurmdbd keeps a job that starts at submission as "allocation", exit 0:0
+        assert (rows[ok][0], rows[ok][2], rows[ok][4]) == ("pswiftacct", "COMPLETED", "root")
+        assert (rows[bad][0], rows[bad][2], rows[bad][4]) == ("pswiftacct", "FAILED", "root")
     assert ingest(db)[1] == 0                     # twice: nothing new, nothing duplicated
     third = sbatch("-J", "third", "--wrap", "true")
     sacct_has(third)
@@ -178,3 +180,21 @@ def test_ingest_sacct_reads_a_real_slurmdbd_incrementally(acct_cluster, tmp_path
     assert new3 == 1 and read3 <= 3, (read3, read)   # from the last end time on, not from 1970
     count = sqlite3.connect(db).execute("SELECT COUNT(*), COUNT(DISTINCT job_id || start) FROM slurm_jobs").fetchone()
     assert count[0] == count[1]
+
+
+def test_submit_warns_when_slurm_would_hold_the_job_before_max_requeues(acct_cluster, tmp_path, monkeypatch):
+    """From 24.05 Slurm requeues preempted jobs itself and holds a job after MaxBatchRequeue - 1
+    such requeues (seen in the preemption storm test before the dev cluster raised it): a
+    max_requeues past that is said at submission. Before 24.05 there is no such limit."""
+    from conftest import copy_example
+    from pipeswift_slurm import slurm
+    monkeypatch.setenv("SLURM_CONF", acct_cluster)
+    toml = copy_example(tmp_path / "ex", {"max_requeues": "6"})
+    proc = pswift("sbatch", "--parsable", "--run-dir", str(tmp_path / "run"), str(toml), "--", "--hold")
+    assert proc.returncode == 0, proc.stderr
+    subprocess.run(["scancel", proc.stdout.strip()])
+    if slurm.slurm_version()[:2] >= (24, 5):
+        assert proc.stderr.count("\n") == 1 and "holds a job after 4 automatic requeues (MaxBatchRequeue = 5" in proc.stderr
+        assert "set max_requeues <= 4 or raise MaxBatchRequeue" in proc.stderr
+    else:
+        assert proc.stderr == ""

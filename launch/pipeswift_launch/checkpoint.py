@@ -39,6 +39,9 @@ MANIFEST_VERSION = 1
 #: fault injection for recovery tests: at this step, the last stage's writer SIGKILLs itself
 #: right after writing its file and before the manifest exists (a crash mid-checkpoint)
 FAULT_ENV = "PSWIFT_FAULT_KILL_IN_CHECKPOINT"
+#: "STEP:SECONDS": at that step every writer waits that long between its stage file and the
+#: manifest, so a test can preempt the job while a checkpoint is half written
+FAULT_SLOW_ENV = "PSWIFT_FAULT_SLOW_CHECKPOINT"
 
 
 class CheckpointError(RuntimeError):
@@ -235,6 +238,9 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
         mine = (name, size, digest)
         if os.environ.get(FAULT_ENV) == str(step) and stage == engine.num_stages - 1:
             os.kill(os.getpid(), signal.SIGKILL)
+    slow_step, _, slow_s = os.environ.get(FAULT_SLOW_ENV, "").partition(":")
+    if slow_step == str(step):
+        time.sleep(float(slow_s or 0))
     files = [f for f in gather(mine) if f is not None]
     barrier()  # every stage's file is on disk
     if rank == 0:

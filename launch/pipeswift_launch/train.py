@@ -17,6 +17,7 @@ from .dist_env import DistEnv
 from .pipe import build_pipe, resolve
 from .profile import PROFILE_STEPS, InstructionTimer, LayerProfiler
 from .signals import STOP_NONE, STOP_TIME, requested
+from .watchdog import Watchdog, end_attempt
 
 class Events:
     """JSONL events of rank 0 in the run directory (other ranks write nothing)."""
@@ -169,6 +170,10 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
         events.emit("checkpoint", step=step, path=str(path), seconds=round(dur, 3), reason=reason)
         _log(rank, f"checkpoint {path.name} committed ({reason}) in {dur:.2f} s")
 
+    dog = Watchdog(run_dir, rank, os.environ.get("SLURMD_NODENAME", "local"),
+                   float(t.get("hang_timeout_factor", 10.0)), float(t.get("hang_timeout_min_s", 300.0)),
+                   lambda info: end_attempt(run_dir, plan, denv, info))
+    dog.start()
     profiler = LayerProfiler(engine.module, sync=plan["device"] == "cuda")
     timer = InstructionTimer(engine, sync=plan["device"] == "cuda")
     first = step  # the profiling window counts from this attempt's first step
@@ -184,6 +189,7 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
             timer.steps += 1
             timer.seconds["step"] += dt
         step = int(engine.global_steps)
+        dog.beat(step, dt)
         if rank == 0:
             lv = float(loss.item())
             events.emit("step", step=step, loss=lv, loss_hex=lv.hex(), step_time=round(dt, 6))
@@ -196,9 +202,11 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
         stop_code = int(flag.item())
         if stop_code or step >= steps or (interval and step % interval == 0):
             save("signal" if stop_code else "final" if step >= steps else "periodic")
+            dog.touch()
         if stop_code:
             break
 
+    dog.stop()
     decision = [_ending(plan, denv, step, steps, stop_code) if rank == 0 else None]
     dist.broadcast_object_list(decision, src=0)  # one scontrol call, one decision for all ranks
     reason, requeue_by, rc = decision[0]

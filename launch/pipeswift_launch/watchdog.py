@@ -1,0 +1,129 @@
+"""A hung rank is not a silent burn: every rank watches its own progress.
+
+Pipeline ranks meet in a collective after every step, so one rank that stops making progress
+(stopped, deadlocked, a dead GPU) blocks all of them until the time limit. Each rank runs a
+:class:`Watchdog` thread: the training loop calls :meth:`Watchdog.beat` after every step, and
+the thread writes a small heartbeat file every second (``run_dir/heartbeats/rank_N.json``:
+node, last step, wall time), so a stopped process's heartbeat goes stale while a blocked but
+live one's does not. When no step has finished for ``max(min_s, factor x p95 step time)`` the
+thread reads all heartbeats: the suspect is the rank whose heartbeat is stale (else the one with
+the fewest steps), and the lowest live other rank acts (one rank, never the stuck one): it
+records an ``end`` event
+``reason = "hung"`` naming the rank, node and stall, asks Slurm to requeue the job (within
+``max_requeues``), excludes the suspect's node from the next attempt when the partition keeps
+enough other nodes, and exits; Slurm then kills every task of the attempt. The next attempt
+resumes from the last committed checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+HUNG_EXIT = 75   # EX_TEMPFAIL: the attempt was ended by the watchdog
+HEARTBEAT_EVERY_S = 1.0
+STALE_S = 5.0    # a heartbeat older than this: that process is not running at all
+
+
+class Watchdog(threading.Thread):
+    def __init__(self, run_dir: Path, rank: int, node: str, factor: float, min_s: float,
+                 on_hang: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__(name="pswift-watchdog", daemon=True)
+        self.dir = run_dir / "heartbeats"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rank, self.node, self.factor, self.min_s = rank, node, factor, min_s
+        self.on_hang = on_hang
+        self.times: deque[float] = deque(maxlen=200)
+        self.last = time.monotonic()
+        self.step = -1
+        self.stopped = threading.Event()
+
+    def limit(self) -> float:
+        """Seconds without a finished step that count as hung."""
+        if len(self.times) < 5:
+            return self.min_s
+        xs = sorted(self.times)
+        return max(self.min_s, self.factor * xs[min(len(xs) - 1, int(0.95 * len(xs)))])
+
+    def beat(self, step: int, step_time: float) -> None:
+        self.step, self.last = step, time.monotonic()
+        self.times.append(step_time)
+
+    def touch(self) -> None:
+        """Progress that is not a step (a checkpoint written): restart the clock."""
+        self.last = time.monotonic()
+
+    def _write_heartbeat(self) -> None:
+        tmp = self.dir / f".rank_{self.rank}.tmp"
+        tmp.write_text(json.dumps({"rank": self.rank, "node": self.node, "step": self.step,
+                                   "time": time.time()}))
+        os.replace(tmp, self.dir / f"rank_{self.rank}.json")
+
+    def heartbeats(self) -> list[dict[str, Any]]:
+        out = []
+        for f in self.dir.glob("rank_*.json"):
+            try:
+                out.append(json.loads(f.read_text()))
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def run(self) -> None:
+        while not self.stopped.wait(HEARTBEAT_EVERY_S):
+            try:
+                self._write_heartbeat()
+            except OSError:
+                pass
+            stalled = time.monotonic() - self.last
+            if stalled <= self.limit():
+                continue
+            now = time.time()
+            beats = self.heartbeats()
+            stale = [b for b in beats if now - b.get("time", 0) > STALE_S]
+            pool = stale or beats
+            suspect = min(pool, key=lambda b: (b.get("time", 0) if stale else b.get("step", 0),
+                                               b.get("rank", 0)), default={})
+            live = sorted(b.get("rank") for b in beats if b not in stale and b is not suspect)
+            if live and live[0] != self.rank:
+                continue   # another live rank acts
+            self.on_hang({"suspect_rank": suspect.get("rank"), "suspect_node": suspect.get("node"),
+                          "certain": bool(stale), "stalled_s": round(stalled, 1),
+                          "limit_s": round(self.limit(), 1), "step": self.step})
+            return
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def end_attempt(run_dir: Path, plan: dict[str, Any], denv: Any, info: dict[str, Any]) -> None:
+    """What the acting rank does about a hang: record it, requeue within the budget (excluding
+    the suspect's node when that is safe), and end this process; Slurm ends the others."""
+    who = (f"rank {info['suspect_rank']} on node {info['suspect_node']} stopped running"
+           if info["certain"] else "no rank could be singled out (blocked, not stopped)")
+    msg = (f"no step finished for {info['stalled_s']} s (limit {info['limit_s']} s, after step "
+           f"{info['step']}): {who}")
+    budget = int(plan.get("max_requeues", 3))
+    requeue = denv.job_id is not None and denv.attempt < budget
+    rec = {"event": "end", "time": round(time.time(), 3), "attempt": denv.attempt,
+           "job_id": denv.job_id, "reason": "hung", "step": max(info["step"], 0),
+           "requeue": requeue, "error": msg}
+    with open(run_dir / "events.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(rec) + "\n")
+    print(f"pswift: rank {denv.rank}: {msg}; " + ("requeueing the job" if requeue else
+          f"not requeueing (attempt {denv.attempt}, max_requeues = {budget})"), flush=True)
+    if requeue:
+        # the requeue's SIGTERM only sets this process's stop flag (signals.py); the Slurm
+        # commands that follow it ignore it (slurm.requeue)
+        from pipeswift_slurm import slurm  # the one module that talks to Slurm
+        node = info["suspect_node"] if info["certain"] else None
+        try:
+            if slurm.requeue(denv.job_id, exclude=node, nodes_needed=min(int(n) for n in plan["layouts"])):
+                print(f"pswift: the next attempt will not use node {node}", flush=True)
+        except Exception as e:  # the job still ends; Slurm's word is in the message
+            print(f"pswift: requeue after the hang failed: {e}", flush=True)
+    os._exit(HUNG_EXIT)
