@@ -143,8 +143,8 @@ def _type_name(v: Any) -> str:
 
 #: the largest sizes pswift plans for (each a clear error above it): enough for any cluster job,
 #: small enough that enumerating and simulating every candidate stays well under a second
-LIMITS = {"nodes": 4096, "node_range": 64, "tasks_per_node": 64, "micro_batches": 4096,
-          "layers": 4096, "int": 2**31 - 1, "depth": 16}
+LIMITS = {"nodes": 4096, "node_range": 16, "tasks_per_node": 16, "micro_batches": 4096,
+          "layers": 512, "int": 2**31 - 1, "depth": 16}
 
 
 def _int(section: str, key: str, v: Any, lo: int = 1, hi: int = LIMITS["int"]) -> int:

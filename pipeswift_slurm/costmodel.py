@@ -19,10 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from .simulate import simulate, simulate_shared_1f1b, stage_times
+from .simulate import closed_form_1f1b, simulate, simulate_shared_1f1b, stage_times
 
 #: bytes per parameter byte held by training: weights + gradients + Adam's two moments (fp32)
 TRAIN_STATE_FACTOR = 4
+#: stage x micro-batch operations simulated exactly while planning (about 10 ms); larger
+#: pipelines use the 1F1B closed form, so planning any valid config stays well under a second
+SIMULATED_OPS_MAX = 2048
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,9 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
         scale = micro_batch_size / profile.micro_batch_size
         sent = max((act[b - 1] * scale for b in boundaries[1:-1]), default=0.0) if act else 0.0
         p2p = hw.p2p_latency + sent / hw.p2p_bandwidth
-    sim = simulate(fwd, bwd, micro_batches, "1f1b", p2p=p2p, keep_ops=False)
+    exact = P * micro_batches <= SIMULATED_OPS_MAX
+    sim = (simulate(fwd, bwd, micro_batches, "1f1b", p2p=p2p, keep_ops=False) if exact
+           else closed_form_1f1b(fwd, bwd, micro_batches, p2p))
     params = [sum(profile.param_bytes[a:b]) for a, b in zip(boundaries, boundaries[1:])] \
         if profile.param_bytes else [0] * P
     allreduce = (2 * (data_parallel - 1) / data_parallel * max(params) / hw.allreduce_bandwidth
@@ -125,7 +130,7 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
                  else TRAIN_STATE_FACTOR * max(params) / hw.optimizer_bandwidth)
     makespan = sim.step_time
     ranks = hw.ranks_per_host or tasks_per_node
-    if oversubscribed(P, data_parallel, tasks_per_node, hw) and data_parallel == 1:
+    if exact and oversubscribed(P, data_parallel, tasks_per_node, hw) and data_parallel == 1:
         # more busy ranks than cores on a host: the stages sharing it slow each other down
         # while they overlap (processor sharing over the same 1F1B graph), and the host loses
         # some of its time to switching between them (measured: roughly a constant share)

@@ -7,6 +7,8 @@ when ``memory``/``memory_cap`` are given, every stage's memory within the cap.
 
 from __future__ import annotations
 
+import functools
+
 from itertools import accumulate
 from typing import Sequence
 
@@ -56,6 +58,19 @@ def _split_to(bounds: list[int], costs: Sequence[float], stages: int) -> list[in
 
 def balanced_boundaries(costs: Sequence[float], stages: int, memory: Sequence[float] | None = None,
                         memory_cap: float | None = None) -> list[int]:
+    """The exact min-max boundaries (memoised: the planner asks the same stage count for every
+    node count of a range)."""
+    return list(_balanced(tuple(costs), stages, None if memory is None else tuple(memory), memory_cap))
+
+
+@functools.lru_cache(maxsize=1024)
+def _balanced(costs: tuple[float, ...], stages: int, memory: tuple[float, ...] | None,
+              memory_cap: float | None) -> tuple[int, ...]:
+    return tuple(_balanced_boundaries(costs, stages, memory, memory_cap))
+
+
+def _balanced_boundaries(costs: Sequence[float], stages: int, memory: Sequence[float] | None = None,
+                         memory_cap: float | None = None) -> list[int]:
     n = len(costs)
     if stages < 1:
         raise PartitionError(f"stages = {stages} must be >= 1")

@@ -100,9 +100,8 @@ def _splits(cfg: TrainConfig, world: int, n_layers: int) -> list[tuple[int, int,
     """(P, DP, rejection) pairs allowed by the TOML for ``world`` slots."""
     p = cfg.pipeline
     out = []
-    for P in range(1, world + 1):
-        if world % P:
-            continue
+    small = [d for d in range(1, math.isqrt(world) + 1) if world % d == 0]
+    for P in sorted({*small, *(world // d for d in small)}):
         dp = world // P
         if p.stages != "auto" and P != p.stages:
             continue

@@ -62,6 +62,32 @@ def _open_dir(path: str, uid: int | None) -> tuple[int, int]:
     return fd, owner
 
 
+_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _read_checked(shown: str, name: str, limit: int, dir_fd: int | None = None,
+                  owner: int | None = None) -> tuple[bytes, os.stat_result] | None:
+    """A regular file (of ``owner``, when given) not opened through a symlink, at most
+    ``limit`` bytes, with its stat; None when it does not exist."""
+    try:
+        fd = os.open(name, _FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise UnsafeFile(f"{shown}: {e.strerror or e} (symlinks are not followed)") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile(f"{shown} is not a regular file")
+        if owner is not None and st.st_uid != owner:
+            raise UnsafeFile(f"{shown} belongs to uid {st.st_uid}, not the run directory's owner {owner}")
+        if st.st_size > limit:
+            raise UnsafeFile(f"{shown} is larger than {limit} bytes")
+        return _read_capped(fd, limit, shown), st
+    finally:
+        os.close(fd)
+
+
 def read_run_files(path: str, uid: int | None = None) -> RunFiles:
     """Read the run directory's files in this process, with every check but the privilege drop.
     ``uid``: the user the directory and files must belong to (None: whoever owns the directory)."""
@@ -70,27 +96,10 @@ def read_run_files(path: str, uid: int | None = None) -> RunFiles:
     size, mtime = 0, 0.0
     try:
         for name, limit in LIMITS.items():
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-            except FileNotFoundError:
-                data[name] = None
-                continue
-            except OSError as e:
-                raise UnsafeFile(f"{path}/{name}: {e.strerror or e} (symlinks are not followed)") from None
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise UnsafeFile(f"{path}/{name} is not a regular file")
-                if st.st_uid != owner:
-                    raise UnsafeFile(f"{path}/{name} belongs to uid {st.st_uid}, not the run "
-                                     f"directory's owner {owner}")
-                if st.st_size > limit:
-                    raise UnsafeFile(f"{path}/{name} is larger than {limit} bytes")
-                data[name] = _read_capped(fd, limit, f"{path}/{name}")
-                if name == "events.jsonl":
-                    size, mtime = st.st_size, st.st_mtime
-            finally:
-                os.close(fd)
+            got = _read_checked(f"{path}/{name}", name, limit, dir_fd=dfd, owner=owner)
+            data[name] = None if got is None else got[0]
+            if got is not None and name == "events.jsonl":
+                size, mtime = got[1].st_size, got[1].st_mtime
     finally:
         os.close(dfd)
     return RunFiles(owner, data, size, mtime)
@@ -98,17 +107,10 @@ def read_run_files(path: str, uid: int | None = None) -> RunFiles:
 
 def read_one(path: str, limit: int) -> bytes:
     """One file (e.g. a spool record): not through a symlink, regular, at most ``limit`` bytes."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise UnsafeFile(f"{path}: {e.strerror or e} (symlinks are not followed)") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFile(f"{path} is not a regular file")
-        return _read_capped(fd, limit, path)
-    finally:
-        os.close(fd)
+    got = _read_checked(path, path, limit)
+    if got is None:
+        raise UnsafeFile(f"{path}: no such file")
+    return got[0]
 
 
 def _drop_to(uid: int, gid: int) -> None:

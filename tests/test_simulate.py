@@ -108,3 +108,13 @@ def test_shared_cores_simulation(f, data):
     shared = simulate_shared_1f1b(f, b, m, c, [0] * P, cores=cores)
     assert shared >= simulate(f, b, m, "1f1b", p2p=c).step_time - 1e-9
     assert shared >= m * (sum(f) + sum(b)) / cores - 1e-9
+
+
+@pytest.mark.parametrize("P,m", [(1, 1), (2, 8), (4, 4), (7, 33), (16, 64)])
+def test_the_closed_form_equals_the_simulator_for_uniform_stages(P, m):
+    from pipeswift_slurm.simulate import closed_form_1f1b
+    sim = simulate([1.0] * P, [2.0] * P, m, "1f1b", p2p=0.0, keep_ops=False)
+    cf = closed_form_1f1b([1.0] * P, [2.0] * P, m)
+    assert cf.step_time == pytest.approx(sim.step_time)
+    assert cf.busy == pytest.approx(sim.busy) and cf.bubble_ratio == pytest.approx(sim.bubble_ratio)
+    assert cf.peak_in_flight == sim.peak_in_flight
