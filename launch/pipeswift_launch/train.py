@@ -201,8 +201,8 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         stop_code = int(flag.item())
         if stop_code or step >= steps or (interval and step % interval == 0):
-            save("signal" if stop_code else "final" if step >= steps else "periodic")
-            dog.touch()
+            with dog.paused():
+                save("signal" if stop_code else "final" if step >= steps else "periodic")
         if stop_code:
             break
 

@@ -17,17 +17,19 @@ resumes from the last committed checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 HUNG_EXIT = 75   # EX_TEMPFAIL: the attempt was ended by the watchdog
 HEARTBEAT_EVERY_S = 1.0
 STALE_S = 5.0    # a heartbeat older than this: that process is not running at all
+HOLD_FACTOR = 4  # a checkpoint in progress may take this many times the limit
 
 
 class Watchdog(threading.Thread):
@@ -41,6 +43,7 @@ class Watchdog(threading.Thread):
         self.times: deque[float] = deque(maxlen=200)
         self.last = time.monotonic()
         self.step = -1
+        self.holding = False
         self.stopped = threading.Event()
 
     def limit(self) -> float:
@@ -54,9 +57,16 @@ class Watchdog(threading.Thread):
         self.step, self.last = step, time.monotonic()
         self.times.append(step_time)
 
-    def touch(self) -> None:
-        """Progress that is not a step (a checkpoint written): restart the clock."""
-        self.last = time.monotonic()
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Work that is not a step and may take long (a checkpoint of a big model on a slow
+        file system): allowed four times the limit; the clock restarts after it."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.last = time.monotonic()
+            self.holding = False
 
     def _write_heartbeat(self) -> None:
         tmp = self.dir / f".rank_{self.rank}.tmp"
@@ -80,7 +90,7 @@ class Watchdog(threading.Thread):
             except OSError:
                 pass
             stalled = time.monotonic() - self.last
-            if stalled <= self.limit():
+            if stalled <= self.limit() * (HOLD_FACTOR if self.holding else 1):
                 continue
             now = time.time()
             beats = self.heartbeats()
