@@ -267,11 +267,16 @@ class History:
         conn = self.db.conn
         conn.execute("CREATE TEMP TABLE IF NOT EXISTS touched (cluster TEXT, job_id TEXT, "
                      "PRIMARY KEY (cluster, job_id)) WITHOUT ROWID")
+        conn.execute("CREATE TEMP TABLE IF NOT EXISTS incoming (cluster TEXT, job_id TEXT, "
+                     "start REAL, PRIMARY KEY (cluster, job_id, start)) WITHOUT ROWID")
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute("DELETE FROM temp.touched")
-            known = sum(conn.execute("SELECT COUNT(*) FROM slurm_jobs WHERE cluster = ? AND "
-                                     "job_id = ? AND start = ?", k).fetchone()[0] for k in keys)
+            conn.execute("DELETE FROM temp.incoming")
+            conn.executemany("INSERT OR IGNORE INTO temp.incoming VALUES (?, ?, ?)", keys)
+            known = conn.execute("SELECT COUNT(*) FROM temp.incoming i JOIN slurm_jobs s ON "
+                                 "s.cluster = i.cluster AND s.job_id = i.job_id AND "
+                                 "s.start = i.start").fetchone()[0]
             conn.executemany(_UPSERT, [tuple(r[c] for c in _COLS) for r in rows])
             conn.executemany("INSERT OR IGNORE INTO temp.touched VALUES (?, ?)",
                              {(r["cluster"], r["job_id"]) for r in rows})
