@@ -68,7 +68,7 @@ def _layout_line(plan: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-@cli.command(context_settings={"ignore_unknown_options": True})
+@cli.command()
 @click.argument("toml", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -95,10 +95,10 @@ def sbatch(toml: Path, sbatch_args: tuple[str, ...], run_dir: Path | None, dry_r
 
         pswift sbatch train.toml -- --qos=high --mail-type=END
     """
-    for a in sbatch_args:
-        if not a.startswith("-"):
-            raise CLIError(f"unexpected argument {a!r}: options for sbatch go after `--` "
-                           f"(pswift sbatch train.toml -- --qos=high)", 2)
+    from .sbatch import planned_option
+    conflict = planned_option(sbatch_args)
+    if conflict:
+        raise CLIError(conflict, 2)
     cfg = load_config(toml)
     target = (run_dir or rundir.default_run_dir(cfg.job.name)).resolve()
     plan, script = _prepare(cfg, target, db)

@@ -248,7 +248,10 @@ def _check_keys(section: str, table: dict[str, Any], valid: tuple[str, ...],
                 required: tuple[str, ...] = ()) -> None:
     for key in table:
         if key not in valid:
-            raise ConfigError(f"unknown key {_where(section, key)}; valid keys: {', '.join(valid)}")
+            import difflib
+            near = difflib.get_close_matches(str(key), valid, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigError(f"unknown key {_where(section, key)}{hint}; valid keys: {', '.join(valid)}")
     for key in required:
         if key not in table:
             raise ConfigError(f"missing required key {_where(section, key)}")

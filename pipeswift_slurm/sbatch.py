@@ -124,3 +124,31 @@ def render(options: SbatchOptions, run_dir: str, python: str) -> str:
         tasks_per_node=int(options.ntasks_per_node),
         cpus_per_task=int(options.cpus_per_task),
     )
+
+
+#: sbatch options whose value pswift plans (or takes from train.toml): given after `--` they
+#: would contradict the plan the job starts with, so they are refused, naming the TOML key
+PLANNED = {"-N": "nodes", "--nodes": "nodes", "-n": "ntasks", "--ntasks": "ntasks",
+           "--ntasks-per-node": "ntasks-per-node", "-c": "cpus-per-task",
+           "--cpus-per-task": "cpus-per-task", "-p": "partition", "--partition": "partition",
+           "-t": "time", "--time": "time", "--gres": "gres", "--gpus-per-node": "gpus-per-node"}
+WHERE = {"nodes": "[resources] nodes", "ntasks": "[resources] nodes and tasks_per_node",
+         "ntasks-per-node": "[resources] tasks_per_node", "cpus-per-task": "[resources] cpus_per_task",
+         "partition": "[job] partition", "time": "[job] time", "gres": "[resources] gpus_per_node",
+         "gpus-per-node": "[resources] gpus_per_node"}
+
+
+def planned_option(args: tuple[str, ...] | list[str]) -> str | None:
+    """Why the sbatch arguments given after `--` cannot go with the plan, or None. Accepts the
+    forms sbatch does: ``--opt=V``, ``--opt V``, ``-xV``, ``-x V``."""
+    for a in args:
+        if not a.startswith("-"):
+            continue
+        name = a.split("=", 1)[0]
+        if name not in PLANNED and len(a) > 2 and not a.startswith("--"):
+            name = a[:2]                       # -N3
+        if name in PLANNED:
+            key = PLANNED[name]
+            return (f"sbatch option {a!r} would override the planned --{key}: set {WHERE[key]} "
+                    f"in train.toml instead (pswift plans the layout for it)")
+    return None

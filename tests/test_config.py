@@ -49,7 +49,8 @@ def mutate(path: tuple[str, ...], value=None, delete: bool = False) -> dict:
 
 BAD = [
     (mutate(("job", "nmae"), "x"), ["unknown key [job] nmae", "valid keys: name,"]),
-    (mutate(("training", "stepz"), 3), ["unknown key [training] stepz", "steps"]),
+    (mutate(("training", "stepz"), 3), ["unknown key [training] stepz (did you mean 'steps'?)", "steps"]),
+    (mutate(("training", "step"), 3), ["unknown key [training] step (did you mean 'steps'?)"]),
     (mutate(("optimiser",), {"lr": 1}), ["unknown section [optimiser]", "valid sections"]),
     (mutate(("training", "steps"), "40"), ["[training] steps must be an integer", "'40'"]),
     (mutate(("training", "steps"), 0), ["[training] steps = 0 must be >= 1"]),

@@ -60,10 +60,12 @@ def test_dry_run_submits_nothing(cluster, example, tmp_path):
     assert not run.exists()
 
 
-def test_pass_through_options_reach_sbatch(cluster, example, tmp_path):
+@pytest.mark.parametrize("args", [("--hold", "--comment=from pswift", "--mail-type=END"),
+                                  ("--hold", "--comment", "from pswift", "--mail-type", "END")])
+def test_pass_through_options_reach_sbatch(cluster, example, tmp_path, args):
+    """Both of sbatch's forms, --opt=V and --opt V, pass through unchanged."""
     run = tmp_path / "run"
-    proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(example),
-                  "--", "--hold", "--comment=from pswift", "--mail-type=END")
+    proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(example), "--", *args)
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip()
     assert job_id.isdigit()
@@ -73,6 +75,22 @@ def test_pass_through_options_reach_sbatch(cluster, example, tmp_path):
         assert "Reason=JobHeldUser" in show and "Requeue=1" in show
     finally:
         subprocess.run(["scancel", job_id])
+
+
+@pytest.mark.parametrize("args,key", [(("--nodes=3",), "[resources] nodes"), (("-N", "3"), "[resources] nodes"),
+                                      (("-N3",), "[resources] nodes"), (("-p", "high"), "[job] partition"),
+                                      (("--time", "5"), "[job] time"), (("--ntasks-per-node=2",), "tasks_per_node")])
+def test_options_that_contradict_the_plan_are_refused_before_queueing(cluster, example, tmp_path, args, key):
+    before = squeue_ids()
+    proc = pswift("sbatch", "--run-dir", str(tmp_path / "run"), str(example), "--", *args)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "would override the planned" in proc.stderr and key in proc.stderr
+    assert squeue_ids() == before and not (tmp_path / "run").exists()
+
+
+def test_a_mistyped_pswift_option_gets_a_suggestion(cluster, example):
+    proc = pswift("sbatch", "--dryrun", str(example))
+    assert proc.returncode == 2 and "No such option: --dryrun" in proc.stderr and "--dry-run" in proc.stderr
 
 
 @pytest.mark.deepspeed
