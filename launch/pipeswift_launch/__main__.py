@@ -22,13 +22,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from .checkpoint import CheckpointError
     from .dist_env import LaunchEnvError, derive
+    from .ds_compat import DeepSpeedVersionError
     try:
         plan = read_plan(argv[0])
         denv = derive(os.environ)
         os.environ.setdefault("OMP_NUM_THREADS", str(plan.get("cpus_per_task") or 1))
         from .train import run
         return run(plan, denv, started)
-    except (PswiftError, LaunchEnvError, CheckpointError) as e:
+    except (PswiftError, LaunchEnvError, CheckpointError, DeepSpeedVersionError) as e:
         print(f"pswift-launch: error: {e}", file=sys.stderr, flush=True)
         return 2
     except Exception as e:  # the job log keeps the traceback; the last line says what failed

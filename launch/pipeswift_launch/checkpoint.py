@@ -34,6 +34,8 @@ from typing import Any, Callable
 
 import torch
 
+from . import ds_compat
+
 MANIFEST = "MANIFEST.json"
 MANIFEST_VERSION = 1
 #: fault injection for recovery tests: at this step, the last stage's writer SIGKILLs itself
@@ -306,6 +308,5 @@ def load(engine: Any, path: Path, model_id: str | None = None, layers: int | Non
             g.update(h)
     if sched is not None and engine.lr_scheduler is not None:
         engine.lr_scheduler.load_state_dict(sched)
-    engine.global_steps = int(man["step"])
-    engine.global_samples = int(man["samples"])
+    ds_compat.set_progress(engine, man["step"], man["samples"])
     return man

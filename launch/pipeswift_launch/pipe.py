@@ -8,7 +8,9 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
-from deepspeed.pipe import LayerSpec, PipelineModule
+from deepspeed.pipe import LayerSpec
+
+from .ds_compat import ExplicitPipe
 
 
 def resolve(entry: str, search_dir: str) -> Callable[..., Any]:
@@ -28,35 +30,6 @@ def resolve(entry: str, search_dir: str) -> Callable[..., Any]:
 def lm_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Default loss: cross-entropy over the last dimension (works for (B, V) and (B, T, V))."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
-
-
-class ExplicitPipe(PipelineModule):
-    """PipelineModule whose stage s owns layers ``parts[s]:parts[s+1]``.
-
-    DeepSpeed 0.19 has no public API for explicit boundaries; ``_partition_layers`` is called from
-    ``PipelineModule.__init__`` before layers are built, so overriding it is enough (private API:
-    the version is pinned in pyproject and this is exercised by the tests).
-    """
-
-    def __init__(self, layers: list[Any], parts: list[int] | None = None, **kw: Any) -> None:
-        object.__setattr__(self, "_explicit_parts", None if parts is None else [int(p) for p in parts])
-        super().__init__(layers, **kw)
-
-    def _partition_layers(self, method: str = "uniform") -> None:
-        parts = self._explicit_parts
-        if parts is None:
-            super()._partition_layers(method)
-            # 'parameters' returns numpy ints; with seed_layers=True DeepSpeed then calls
-            # random.seed(base + np.int64), a TypeError on Python 3.11. Cast to int.
-            parts = [int(p) for p in self.parts]
-        n = len(self._layer_specs)
-        if (len(parts) != self.num_stages + 1 or parts[0] != 0 or parts[-1] != n
-                or any(a >= b for a, b in zip(parts, parts[1:]))):
-            raise RuntimeError(f"stage boundaries {parts} do not fit {self.num_stages} stages of "
-                               f"{n} layers; fix [pipeline] partition or [model] num_layers")
-        self.parts = parts
-        stage_id = self._topo.get_coord(self.global_rank).pipe
-        self._set_bounds(start=parts[stage_id], stop=parts[stage_id + 1])
 
 
 def build_pipe(plan: dict[str, Any], layout: dict[str, Any]) -> ExplicitPipe:

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from . import ds_compat
+
 #: steps of each attempt (counted from its first step) that are profiled; step 1 is warm-up
 PROFILE_STEPS = range(2, 5)
 
@@ -101,8 +103,8 @@ class InstructionTimer:
         self.engine, self.sync, self.active = engine, sync, False
         self.seconds: dict[str, float] = defaultdict(float)
         self.steps = 0
-        table = dict(type(engine)._INSTRUCTION_MAP)
-        engine._INSTRUCTION_MAP = {k: self._timed(k.__name__, f) for k, f in table.items()}
+        table = ds_compat.instruction_table(engine)
+        ds_compat.set_instruction_table(engine, {k: self._timed(k.__name__, f) for k, f in table.items()})
 
     def _timed(self, name: str, fn: Any) -> Any:
         def run(engine: Any, *args: Any, **kwargs: Any) -> Any:
@@ -125,5 +127,5 @@ class InstructionTimer:
         return {k: v / n for k, v in sorted(self.seconds.items())}
 
     def remove(self) -> None:
-        self.engine.__dict__.pop("_INSTRUCTION_MAP", None)
+        ds_compat.set_instruction_table(self.engine, None)
         self.active = False

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -76,9 +75,10 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
     import deepspeed
     from deepspeed import comm as dist
 
-    # CPU: init_distributed() would JIT-compile the shm op (~36 s) that training never uses.
+    from . import ds_compat
+    ds_compat.check_version()
     if plan["device"] != "cuda":
-        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+        ds_compat.skip_shm_build()
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     torch.set_num_threads(int(plan.get("cpus_per_task") or 1))
 
@@ -109,10 +109,7 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
     deepspeed.init_distributed(dist_backend=backend)
     model = build_pipe(plan, layout)
     if plan["training"].get("gradient_clipping") and layout["stages"] > 1:
-        # DeepSpeed 0.19 (fp32, ZeRO-0, >1 stage) counts only stage 0's grads in the clip norm
-        # unless parameters are marked model-parallel; each stage then adds its own.
-        for p in model.parameters():
-            p.model_parallel = True
+        ds_compat.mark_model_parallel(model.parameters())
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                            config=ds_config(plan, layout))
     boundaries = [int(b) for b in engine.module.parts]

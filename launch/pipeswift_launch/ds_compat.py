@@ -1,0 +1,105 @@
+"""Every DeepSpeed private access pswift makes, behind one fence with a version check.
+
+DeepSpeed 0.19 has no public API for these, so they live here and nowhere else:
+
+- ``PipelineModule._partition_layers`` (overridden), ``_layer_specs``, ``_topo``, ``_set_bounds``:
+  explicit stage boundaries (:class:`ExplicitPipe`);
+- ``PipeEngine._INSTRUCTION_MAP``: timing each pipeline instruction while profiling;
+- ``deepspeed.comm.torch.build_shm_op``: skipped on CPU (a ~36 s JIT build training never uses);
+- ``engine.global_steps`` / ``global_samples``: set when resuming from a checkpoint;
+- ``Parameter.model_parallel``: each stage adds its own gradients to the clipping norm.
+
+:func:`check_version` refuses a DeepSpeed outside the range these were verified on, in one
+line; ``tests/test_ds_compat.py`` exercises every access in seconds on CPU, without Slurm, so a
+DeepSpeed upgrade that breaks one fails there first.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Any, Callable, Iterable
+
+from deepspeed.pipe import PipelineModule
+
+#: [lowest, first unsupported) DeepSpeed version
+SUPPORTED = ((0, 19, 8), (0, 20, 0))
+
+
+class DeepSpeedVersionError(RuntimeError):
+    pass
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def check_version(version: str | None = None) -> str:
+    """The installed DeepSpeed version; DeepSpeedVersionError (one line, with the fix) outside
+    the supported range."""
+    if version is None:
+        import deepspeed
+        version = str(deepspeed.__version__)
+    lo, hi = SUPPORTED
+    if not lo <= _version_tuple(version) < hi:
+        want = f">={'.'.join(map(str, lo))},<{'.'.join(map(str, hi[:2]))}"
+        raise DeepSpeedVersionError(f"DeepSpeed {version} is outside the range pswift supports "
+                                    f"({want}): pip install 'deepspeed{want}'")
+    return version
+
+
+def skip_shm_build() -> None:
+    """CPU only: init_distributed() would JIT-compile the shm op that training never uses."""
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
+def instruction_table(engine: Any) -> dict[Any, Callable[..., Any]]:
+    """The engine class's {instruction type: method} table."""
+    return dict(type(engine)._INSTRUCTION_MAP)
+
+
+def set_instruction_table(engine: Any, table: dict[Any, Callable[..., Any]] | None) -> None:
+    """Give this engine (only) its own table; None restores the class's."""
+    if table is None:
+        engine.__dict__.pop("_INSTRUCTION_MAP", None)
+    else:
+        engine._INSTRUCTION_MAP = table
+
+
+def set_progress(engine: Any, steps: int, samples: int) -> None:
+    """Where training resumes: the step and sample counters the engine schedules from."""
+    engine.global_steps = int(steps)
+    engine.global_samples = int(samples)
+
+
+def mark_model_parallel(params: Iterable[Any]) -> None:
+    """DeepSpeed 0.19 (fp32, ZeRO-0, >1 stage) counts only stage 0's gradients in the clipping
+    norm unless parameters are marked model-parallel; each stage then adds its own."""
+    for p in params:
+        p.model_parallel = True
+
+
+class ExplicitPipe(PipelineModule):
+    """PipelineModule whose stage s owns layers ``parts[s]:parts[s+1]`` (``parts=None``:
+    DeepSpeed's own partition method)."""
+
+    def __init__(self, layers: list[Any], parts: list[int] | None = None, **kw: Any) -> None:
+        object.__setattr__(self, "_explicit_parts", None if parts is None else [int(p) for p in parts])
+        super().__init__(layers, **kw)
+
+    # called from PipelineModule.__init__ before the layers are built
+    def _partition_layers(self, method: str = "uniform") -> None:
+        parts = self._explicit_parts
+        if parts is None:
+            super()._partition_layers(method)
+            # 'parameters' returns numpy ints; with seed_layers=True DeepSpeed then calls
+            # random.seed(base + np.int64), a TypeError on Python 3.11. Cast to int.
+            parts = [int(p) for p in self.parts]
+        n = len(self._layer_specs)
+        if (len(parts) != self.num_stages + 1 or parts[0] != 0 or parts[-1] != n
+                or any(a >= b for a, b in zip(parts, parts[1:]))):
+            raise RuntimeError(f"stage boundaries {parts} do not fit {self.num_stages} stages "
+                               f"of {n} layers; fix [pipeline] partition or [model] num_layers")
+        self.parts = parts
+        stage_id = self._topo.get_coord(self.global_rank).pipe
+        self._set_bounds(start=parts[stage_id], stop=parts[stage_id + 1])

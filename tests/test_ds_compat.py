@@ -1,0 +1,69 @@
+"""Canary for DeepSpeed's private API (launch/pipeswift_launch/ds_compat.py): every access pswift
+makes, exercised in seconds on CPU without Slurm, so a DeepSpeed upgrade that breaks one fails
+here with its name rather than deep in an end-to-end run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.deepspeed]
+
+CANARY = r'''
+import os, socket
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT=str(port), DS_ACCELERATOR="cpu")
+import torch, deepspeed
+from deepspeed.pipe import LayerSpec
+from pipeswift_launch import ds_compat
+print("version", ds_compat.check_version())
+ds_compat.skip_shm_build()
+deepspeed.init_distributed(dist_backend="gloo")
+layers = [LayerSpec(torch.nn.Linear, 4, 4) for _ in range(3)]
+model = ds_compat.ExplicitPipe(layers, parts=[0, 3], num_stages=1, loss_fn=torch.nn.functional.mse_loss)
+assert model.parts == [0, 3], model.parts
+ds_compat.mark_model_parallel(model.parameters())
+assert all(p.model_parallel for p in model.parameters())
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
+    "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}, "steps_per_print": 10**9,
+    "zero_optimization": {"stage": 0}})
+table = ds_compat.instruction_table(engine)
+assert table and all(callable(f) for f in table.values())
+seen = []
+ds_compat.set_instruction_table(engine, {k: (lambda f, n: lambda *a, **kw: (seen.append(n), f(*a, **kw))[1])(f, k.__name__)
+                                         for k, f in table.items()})
+batches = [(torch.randn(1, 4), torch.randn(1, 4)) for _ in range(2)]
+engine.train_batch(data_iter=iter(batches))
+assert "ForwardPass" in seen and "BackwardPass" in seen and "OptimizerStep" in seen, seen
+ds_compat.set_instruction_table(engine, None)
+assert "_INSTRUCTION_MAP" not in engine.__dict__
+ds_compat.set_progress(engine, 7, 14)
+assert (engine.global_steps, engine.global_samples) == (7, 14)
+engine.train_batch(data_iter=iter(batches))
+assert engine.global_steps == 8
+print("canary ok")
+'''
+
+
+def test_every_private_deepspeed_access_still_works():
+    proc = subprocess.run([sys.executable, "-c", CANARY], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "canary ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("version", ["0.18.9", "0.19.7", "0.20.0", "1.0.0"])
+def test_a_deepspeed_outside_the_range_is_one_line_with_the_fix(version):
+    from pipeswift_launch.ds_compat import DeepSpeedVersionError, check_version
+    with pytest.raises(DeepSpeedVersionError) as e:
+        check_version(version)
+    msg = str(e.value)
+    assert "\n" not in msg and f"DeepSpeed {version} is outside the range" in msg
+    assert "pip install 'deepspeed>=0.19.8,<0.20'" in msg
+
+
+def test_the_supported_versions_pass():
+    from pipeswift_launch.ds_compat import check_version
+    assert check_version("0.19.8") == "0.19.8" and check_version("0.19.12+abc") == "0.19.12+abc"
