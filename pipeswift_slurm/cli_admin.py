@@ -12,6 +12,7 @@ import click
 
 from . import rundir, slurm
 from .cli_common import CLIError, _errors, _warn
+from .errors import PswiftError
 from .fmt import duration
 
 
@@ -320,7 +321,11 @@ def doctor(job_id: str | None, db: Path | None) -> None:
     run = Path(rep.run_dir) if rep.run_dir else rundir.lookup_job(job_id)
     plan = log = None
     if run is not None and (run / "plan.json").is_file():
-        plan = json.loads((run / "plan.json").read_text())
+        from .plan import read_plan
+        try:
+            plan = read_plan(run / "plan.json")
+        except PswiftError:
+            plan = None   # another version's or a damaged plan: the findings that need it are skipped
         log = "".join(p.read_text(errors="replace") for p in run.glob("slurm-*.out"))
     click.echo(f"job {job_id} ({rep.name}): {rep.state}, {rep.attempts} attempt(s)")
     for finding in diagnose(rep, plan, log or ""):

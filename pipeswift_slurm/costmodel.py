@@ -236,7 +236,14 @@ def overheads_from_instructions(instructions: dict[str, dict[str, float]], layer
             "send_s": sends / (2 * (P - 1) * m) if P > 1 else 0.0, "step_overhead_s": fixed}
 
 
-def checkpoint_seconds(profile: Profile, bandwidth: float = 200e6, fixed: float = 2.0) -> float:
-    """Seconds to write a checkpoint (weights + Adam state) at a conservative bandwidth."""
-    total = sum(profile.param_bytes) if profile.param_bytes else 0
-    return fixed + (TRAIN_STATE_FACTOR - 1) * total / bandwidth
+CHECKPOINT_BYTES_PER_S = 200e6   # a conservative write bandwidth
+CHECKPOINT_FIXED_S = 2.0
+
+
+def checkpoint_seconds(param_bytes: Sequence[float] | None, unknown: float = CHECKPOINT_FIXED_S) -> float:
+    """Seconds to write a checkpoint: weights + Adam's two moments at a conservative bandwidth,
+    plus a fixed cost; ``unknown`` without per-layer sizes (the planner's JCT takes the fixed
+    cost, the USR2 lead something safer)."""
+    if not param_bytes:
+        return unknown
+    return CHECKPOINT_FIXED_S + (TRAIN_STATE_FACTOR - 1) * sum(param_bytes) / CHECKPOINT_BYTES_PER_S

@@ -27,8 +27,6 @@ if TYPE_CHECKING:
 PLAN_VERSION = 1
 #: Slurm checks time limits periodically: --signal may arrive up to about a minute off
 SIGNAL_SLACK_S = 60
-#: conservative checkpoint write bandwidth for the estimate (a shared parallel filesystem)
-CHECKPOINT_BYTES_PER_S = 200e6
 
 
 @dataclass(frozen=True)
@@ -121,22 +119,14 @@ def _boundaries(cfg: TrainConfig, stages: int) -> tuple[list[int] | None, str]:
     return None, "parameters"  # 'parameters', or 'auto' without cost hints: DeepSpeed balances params
 
 
-def checkpoint_estimate_s(cfg: TrainConfig) -> float:
-    """Predicted seconds to write a checkpoint: weights + Adam's two moments (3x the layer
-    memory hints) at a conservative bandwidth, plus a fixed cost; 10 s without hints."""
-    mem = cfg.model.layer_memory
-    if not mem:
-        return 10.0
-    return 2.0 + 3 * sum(mem) / CHECKPOINT_BYTES_PER_S
-
-
 def signal_lead_s(cfg: TrainConfig) -> int | None:
     """Seconds before the time limit to send USR2: the checkpoint estimate plus Slurm's slack,
     at least 10 s and at most half the limit (None without a time limit)."""
     limit = cfg.job.time_seconds
     if limit is None:
         return None
-    want = math.ceil(checkpoint_estimate_s(cfg) + SIGNAL_SLACK_S)
+    from .costmodel import checkpoint_seconds
+    want = math.ceil(checkpoint_seconds(cfg.model.layer_memory, unknown=10.0) + SIGNAL_SLACK_S)
     return max(10, min(want, limit // 2))
 
 

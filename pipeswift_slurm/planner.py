@@ -190,7 +190,7 @@ def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState
                 c.estimate.step_source = "calibrated"
         for c, got in measured:
             c.estimate.step_s, c.estimate.step_source = got, "measured"
-    ckpt_s = checkpoint_seconds(profile)
+    ckpt_s = checkpoint_seconds(profile.param_bytes)
     n_ckpt = (t.steps // t.checkpoint_interval if t.checkpoint_interval else 0) + 1
     setup = history.setup_s if history.setup_s is not None else DEFAULT_SETUP_S
     for c in cands:
