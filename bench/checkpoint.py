@@ -31,13 +31,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_config(d: Path, ckpt: Path, steps: int) -> Path:
+def make_config(d: Path, ckpt: Path, steps: int, hidden: int = 1024) -> Path:
     shutil.copytree(ROOT / "examples" / "tiny-gpt", d, dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
     t = (d / "train.toml").read_text()
     t = re.sub(r"(?m)^nodes = .*$", "nodes = [2, 4]", t)
     t = re.sub(r"(?m)^num_layers = .*$", "num_layers = 4", t)
-    t = re.sub(r"(?m)^kwargs = .*$", "kwargs = { vocab = 96, hidden = 1024, heads = 8, blocks = 2, seq_len = 16 }", t)
+    t = re.sub(r"(?m)^kwargs = .*$", f"kwargs = {{ vocab = 96, hidden = {hidden}, heads = 8, blocks = 2, seq_len = 16 }}", t)
+    t = re.sub(r"(?m)^layer_costs = .*$", "", t)   # the example's 6 layers' costs; this model has 4
     t = re.sub(r"(?m)^steps = .*$", f"steps = {steps}", t)
     t = re.sub(r"(?m)^global_batch_size = .*$", "global_batch_size = 8", t)
     t = re.sub(r"(?m)^micro_batch_size = .*$", "micro_batch_size = 2", t)
@@ -58,9 +59,9 @@ def pswift_run(toml: Path, run: Path, nodes: int) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def one_round(work: Path) -> dict:
+def one_round(work: Path, hidden: int) -> dict:
     ckpt = work / "ckpt"
-    toml = make_config(work / "cfg", ckpt, steps=1000)
+    toml = make_config(work / "cfg", ckpt, steps=1000, hidden=hidden)
     # 1) 2 stages, SIGTERM after 3 steps -> committed checkpoint
     run = work / "save"
     p = pswift_run(toml, run, 2)
@@ -79,12 +80,12 @@ def one_round(work: Path) -> dict:
     size = sum(f.stat().st_size for f in (ckpt / f"step_{step:08d}").glob("stage_*.pt"))
 
     # 2) resume 2 -> 4 stages (one more step, then a final checkpoint written by 4 stages)
-    toml4 = make_config(work / "cfg", ckpt, steps=step + 1)
+    toml4 = make_config(work / "cfg", ckpt, steps=step + 1, hidden=hidden)
     r4 = work / "resume4"
     pswift_run(toml4, r4, 4).wait()
     load_2_to_4 = [e for e in events(r4) if e["event"] == "start"][0]["load_s"]
     # 3) resume 4 -> 2 stages
-    toml2 = make_config(work / "cfg", ckpt, steps=step + 2)
+    toml2 = make_config(work / "cfg", ckpt, steps=step + 2, hidden=hidden)
     r2 = work / "resume2"
     pswift_run(toml2, r2, 2).wait()
     start2 = [e for e in events(r2) if e["event"] == "start"][0]
@@ -117,11 +118,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "checkpoint.json"))
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="a 2 MB model, one round (CI: the bench still runs)")
     args = ap.parse_args()
+    if args.quick:
+        args.repeats = 1
+    hidden = 128 if args.quick else 1024
     rounds = []
     for i in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="pswift-bench-") as tmp:
-            rounds.append(one_round(Path(tmp)))
+            rounds.append(one_round(Path(tmp), hidden))
             print(f"round {i + 1}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
                                                  for k, v in rounds[-1].items()), flush=True)
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}

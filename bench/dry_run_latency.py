@@ -39,7 +39,10 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1_000_000)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "dry_run_latency.json"))
+    ap.add_argument("--quick", action="store_true", help="10k jobs, 2 repeats (CI: the bench still runs)")
     args = ap.parse_args()
+    if args.quick:
+        args.jobs, args.repeats = 10_000, 2
     with tempfile.TemporaryDirectory(prefix="pswift-bench-") as tmp:
         db = Path(tmp) / "h.db"
         h = History(db)

@@ -72,7 +72,10 @@ def main() -> None:
     ap.add_argument("--writers", type=int, default=64)
     ap.add_argument("--per-writer", type=int, default=200)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "history_scale.json"))
+    ap.add_argument("--quick", action="store_true", help="10k jobs, 4 writers (CI: the bench still runs)")
     args = ap.parse_args()
+    if args.quick:
+        args.jobs, args.writers, args.per_writer = 10_000, 4, 20
     res: dict = {"benchmark": "history_scale", "rows": args.jobs}
     with tempfile.TemporaryDirectory(prefix="pswift-bench-") as tmp:
         db = Path(tmp) / "h.db"

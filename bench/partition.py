@@ -41,6 +41,7 @@ def exact(costs: list[float], P: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "partition.json"))
+    ap.add_argument("--quick", action="store_true", help="100 layers x 8 stages (CI: the bench still runs)")
     args = ap.parse_args()
     from deepspeed.runtime.utils import partition_balanced, partition_uniform
 
@@ -64,12 +65,13 @@ def main() -> None:
 
     import random
     random.seed(1)
-    big = [random.uniform(0.5, 2.0) for _ in range(1000)]
-    mem = [random.randint(1, 100) for _ in range(1000)]
+    layers, stages = (100, 8) if args.quick else (1000, 64)
+    big = [random.uniform(0.5, 2.0) for _ in range(layers)]
+    mem = [random.randint(1, 100) for _ in range(layers)]
     reps = 20
     t = time.perf_counter()
     for _ in range(reps):
-        balanced_boundaries(big, 64)
+        balanced_boundaries(big, stages)
     ms = (time.perf_counter() - t) / reps * 1000
     t = time.perf_counter()
     for _ in range(reps):

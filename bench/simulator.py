@@ -30,8 +30,9 @@ def best_of(fn, n: int = 3) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "simulator.json"))
+    ap.add_argument("--quick", action="store_true", help="8 stages x 32 micro-batches (CI: the bench still runs)")
     args = ap.parse_args()
-    P, m = 64, 512
+    P, m = (8, 32) if args.quick else (64, 512)
     fwd, bwd = [1.0] * P, [2.0] * P
     ops = 2 * P * m
     floor = best_of(lambda: sum(1 for _ in range(ops)))

@@ -1,0 +1,48 @@
+"""Every benchmark runs in its quick mode and writes its JSON, so a benchmark that breaks fails
+CI (its figures are measured by `make bench`, never asserted here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCAL = {"simulator.py": "schedules", "partition.py": None, "history_scale.py": "ingest_rows_per_s",
+         "plan_worst_case.py": "worst_case_median_s"}
+TRAINING = {"checkpoint.py": "ratios", "step_time_model.py": "summary"}
+CLUSTER = {"dry_run_latency.py": "ratio", "slurm_backends.py": "cli_cold_median_ms"}
+
+
+def bench(name: str, key: str | None, tmp_path: Path) -> dict:
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / name), "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert key is None or key in res, sorted(res)
+    return res
+
+
+def test_every_bench_script_is_covered():
+    assert {p.name for p in (ROOT / "bench").glob("*.py")} == {*LOCAL, *TRAINING, *CLUSTER}
+
+
+@pytest.mark.parametrize("name", sorted(LOCAL))
+def test_local_benchmarks_run(name, tmp_path):
+    bench(name, LOCAL[name], tmp_path)
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("name", sorted(TRAINING))
+def test_training_benchmarks_run(name, tmp_path):
+    bench(name, TRAINING[name], tmp_path)
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("name", sorted(CLUSTER))
+def test_cluster_benchmarks_run(name, cluster, tmp_path):
+    bench(name, CLUSTER[name], tmp_path)
