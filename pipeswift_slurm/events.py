@@ -69,7 +69,7 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
     "step": {"step": (_count, True), "loss": (_num, True), "step_time": (_num, True),
              "loss_hex": (_str, False)},
     "checkpoint": {"step": (_count, False), "path": (_str, False), "seconds": (_num, False),
-                   "reason": (_str, False)},
+                   "reason": (_str, False), "write_s": (_num, False), "commit_s": (_num, False)},
     "checkpoint_discarded": {"names": (_strs, False)},
     "end": {"reason": (_str, True), "step": (_count, False),
             "requeue": (lambda v: isinstance(v, bool), False), "error": (_str, False)},

@@ -43,7 +43,7 @@ def test_a_corrupt_stage_file_is_refused_with_the_fix(tmp_path):
     ckpt = tmp_path / "ckpt"
     a = with_ckpt(copy_example(tmp_path / "a", {"steps": "2", "checkpoint_interval": "0"}), ckpt)
     assert pswift("run", "--run-dir", str(tmp_path / "ra"), str(a)).returncode == 0
-    f = ckpt / "step_00000002" / "stage_001.pt"
+    f = ckpt / "step_00000002" / "stage_001.safetensors"
     data = bytearray(f.read_bytes())
     data[-100] ^= 0xFF  # same size: only the checksum can tell
     f.write_bytes(bytes(data))
@@ -70,7 +70,7 @@ def resume(tmp_path: Path, toml: Path) -> tuple[subprocess.CompletedProcess, lis
 
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     ckpt, b = two_checkpoints(tmp_path)
-    f = ckpt / "step_00000002" / "stage_000.pt"
+    f = ckpt / "step_00000002" / "stage_000.safetensors"
     data = bytearray(f.read_bytes())
     data[-100] ^= 0xFF
     f.write_bytes(bytes(data))
@@ -80,11 +80,38 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     assert [e["step"] for e in evs if e["event"] == "start"] == [1]
 
 
-def test_a_crafted_stage_file_runs_no_code(tmp_path):
-    """A stage file rewritten to run code on unpickling, with a manifest forged to match it
-    (sizes and sha256 are written by the same hand): torch.load(weights_only=True) refuses it."""
+def to_version_1(d: Path, evil: object = None) -> None:
+    """Rewrite checkpoint ``d`` as manifest version 1 wrote it (torch.save pickles, SHA-256);
+    with ``evil``, stage 1's file is a pickle of that object instead (its sums forged to match)."""
     import hashlib
+
     import torch
+    from pipeswift_launch import stagefile
+    man = json.loads((d / "MANIFEST.json").read_text())
+    files = {}
+    for s in range(man["stages"]):
+        new = d / f"stage_{s:03d}.safetensors"
+        blob = stagefile.read(new)
+        old = d / f"stage_{s:03d}.pt"
+        torch.save({"model": evil} if evil is not None and s == 1 else blob, old)
+        new.unlink()
+        data = old.read_bytes()
+        files[old.name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (d / "MANIFEST.json").write_text(json.dumps({**man, "version": 1, "files": files}))
+
+
+def test_a_version_1_checkpoint_still_resumes(tmp_path):
+    ckpt, b = two_checkpoints(tmp_path)
+    to_version_1(ckpt / "step_00000002")
+    proc, evs = resume(tmp_path, b)
+    assert "resumed from step_00000002" in proc.stdout, proc.stdout[-2000:]
+    assert [e["step"] for e in evs if e["event"] == "start"] == [2]
+
+
+def test_a_crafted_stage_file_runs_no_code(tmp_path):
+    """A version-1 stage file rewritten to run code on unpickling, with a manifest forged to
+    match it (sizes and sha256 are written by the same hand): torch.load(weights_only=True)
+    refuses it, and the launcher falls back to the previous checkpoint."""
     ckpt, b = two_checkpoints(tmp_path)
     marker = tmp_path / "PWNED"
 
@@ -92,15 +119,24 @@ def test_a_crafted_stage_file_runs_no_code(tmp_path):
         def __reduce__(self):
             return (open, (str(marker), "w"))
 
-    d = ckpt / "step_00000002"
-    torch.save({"model": Evil()}, d / "stage_001.pt")
-    blob = (d / "stage_001.pt").read_bytes()
-    man = json.loads((d / "MANIFEST.json").read_text())
-    man["files"]["stage_001.pt"] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
-    (d / "MANIFEST.json").write_text(json.dumps(man))
+    to_version_1(ckpt / "step_00000002", evil=Evil())
     proc, evs = resume(tmp_path, b)
     assert not marker.exists()
     assert "cannot be loaded safely" in proc.stdout and "resumed from step_00000001" in proc.stdout
+
+
+def test_a_stage_file_that_is_not_safetensors_is_refused(tmp_path):
+    """Garbage with a matching checksum (a forged manifest): the safetensors reader refuses it."""
+    import zlib
+    ckpt, b = two_checkpoints(tmp_path)
+    d = ckpt / "step_00000002"
+    junk = (10**12).to_bytes(8, "little") + b'{"model/0.weight": {"dtype": "F32"}}' * 10
+    (d / "stage_001.safetensors").write_bytes(junk)
+    man = json.loads((d / "MANIFEST.json").read_text())
+    man["files"]["stage_001.safetensors"] = {"size": len(junk), "crc32": f"{zlib.crc32(junk):08x}"}
+    (d / "MANIFEST.json").write_text(json.dumps(man))
+    proc, evs = resume(tmp_path, b)
+    assert "is not a readable stage file" in proc.stdout and "resumed from step_00000001" in proc.stdout
 
 
 def test_an_unreadable_manifest_is_moved_aside_never_deleted(tmp_path):
@@ -110,7 +146,7 @@ def test_an_unreadable_manifest_is_moved_aside_never_deleted(tmp_path):
     man_path.write_text(json.dumps({**man, "version": 99}))
     proc, evs = resume(tmp_path, b)
     aside = ckpt / "unreadable-step_00000002"
-    assert aside.is_dir() and sorted(p.name for p in aside.glob("stage_*.pt")) == ["stage_000.pt", "stage_001.pt"]
+    assert aside.is_dir() and sorted(p.name for p in aside.glob("stage_*")) == ["stage_000.safetensors", "stage_001.safetensors"]
     assert "manifest version 99" in (aside / "WHY").read_text()
     assert "moved aside" in proc.stdout and [e["step"] for e in evs if e["event"] == "start"] == [1]
 
@@ -132,8 +168,8 @@ def test_sigterm_to_a_local_run_stops_every_rank_at_one_step_with_a_checkpoint(t
     assert end["reason"] == "stopped" and ck["reason"] == "signal" and ck["step"] == end["step"]
     man = json.loads((run / "checkpoints" / f"step_{end['step']:08d}" / "MANIFEST.json").read_text())
     assert man["step"] == end["step"] and man["stages"] == 2 and man["boundaries"] == [0, 3, 6]
-    assert sorted(man["files"]) == ["stage_000.pt", "stage_001.pt"]
-    assert all(len(v["sha256"]) == 64 and v["size"] > 0 for v in man["files"].values())
+    assert sorted(man["files"]) == ["stage_000.safetensors", "stage_001.safetensors"]
+    assert all(len(v["crc32"]) == 8 and v["size"] > 0 for v in man["files"].values())
 
 
 def test_a_resumed_attempt_profiles_its_layers_too(tmp_path):

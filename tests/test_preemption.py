@@ -58,10 +58,10 @@ def step_losses(run: Path) -> dict[int, str]:
 
 
 def final_weights(ckpt_dir: Path, step: int) -> dict:
-    import torch
+    from pipeswift_launch import stagefile
     out = {}
-    for f in sorted((ckpt_dir / f"step_{step:08d}").glob("stage_*.pt")):
-        out.update(torch.load(f, weights_only=False)["model"])
+    for f in sorted((ckpt_dir / f"step_{step:08d}").glob("stage_*.safetensors")):
+        out.update(stagefile.read(f)["model"])
     return out
 
 
@@ -168,7 +168,7 @@ def test_kill_9_mid_checkpoint_resumes_from_the_previous_committed_one(cluster, 
     assert proc.returncode == 0, proc.stderr
     assert wait_state(proc.stdout.strip(), {"COMPLETED", "FAILED", "CANCELLED"}) == "FAILED"
     partial = ckpt / "step_00000008"
-    assert partial.is_dir() and list(partial.glob("stage_*.pt")) and not (partial / "MANIFEST.json").exists()
+    assert partial.is_dir() and list(partial.glob("stage_*.safetensors")) and not (partial / "MANIFEST.json").exists()
     assert (ckpt / "step_00000004" / "MANIFEST.json").exists()
 
     again = tmp_path / "again"
@@ -279,7 +279,7 @@ def test_a_storm_of_preemptions_loses_at_most_an_interval_each_and_ends_bitwise_
             deadline = time.time() + 180
             if k == 1:   # inside the checkpoint of step 20: its stage files, no manifest yet
                 half = ckpt / "step_00000020"
-                while not (list(half.glob("stage_*.pt")) and not (half / "MANIFEST.json").exists()):
+                while not (list(half.glob("stage_*.safetensors")) and not (half / "MANIFEST.json").exists()):
                     assert time.time() < deadline, slurm_log(run)[-2000:]
                     time.sleep(0.05)
             else:

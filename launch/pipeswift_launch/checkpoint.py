@@ -2,27 +2,27 @@
 
 Layout of ``CKPT_DIR/step_00000040/``:
 
-- ``stage_003.pt`` per pipeline stage (written by that stage's data-parallel rank 0): the
-  stage's module state and its optimizer state keyed by **global parameter name**
-  (PipelineModule names layers by global index, so names do not depend on the split), plus the
-  LR scheduler state and the writer's RNG state;
+- ``stage_003.safetensors`` per pipeline stage (written by that stage's data-parallel rank 0,
+  see stagefile.py): the stage's module state and its optimizer state keyed by **global
+  parameter name** (PipelineModule names layers by global index, so names do not depend on the
+  split), plus the LR scheduler state and the writer's RNG state;
 - ``MANIFEST.json`` (the commit marker): written by rank 0 after a barrier, via temp file +
   fsync + rename. It lists step, samples, boundaries, P, DP, m, world size, data position and
-  every file with its size and sha256.
+  every file with its size and CRC-32.
 
 Only directories with a valid manifest are loaded. One without a manifest is a half-written
 checkpoint and is removed at the next start; one whose manifest cannot be read or does not pass
 the schema check (another version, edited by hand) is moved aside, never deleted. Loading reads
-only the stage files that overlap this rank's layers with ``torch.load(weights_only=True)``
-(tensors and plain containers, no code), checks their checksums, and refuses a checkpoint of
-another model (the manifest records the model's id and layer count) or whose names or shapes do
-not match; the launcher then falls back to the previous committed checkpoint.
+only the tensors of the stage files that overlap this rank's layers (safetensors: no code runs),
+checks the files' checksums, and refuses a checkpoint of another model (the manifest records the
+model's id and layer count) or whose names or shapes do not match; the launcher then falls back
+to the previous committed checkpoint. Checkpoints of manifest version 1 (``stage_003.pt``,
+``torch.save`` pickles with SHA-256 sums) still load, through ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
@@ -34,10 +34,12 @@ from typing import Any, Callable
 
 import torch
 
-from . import ds_compat
+from . import ds_compat, stagefile
 
 MANIFEST = "MANIFEST.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+#: manifest versions this launcher loads, with each one's stage-file suffix and checksum field
+READABLE = {1: (".pt", "sha256"), 2: (stagefile.SUFFIX, "crc32")}
 #: fault injection for recovery tests: at this step, the last stage's writer SIGKILLs itself
 #: right after writing its file and before the manifest exists (a crash mid-checkpoint)
 FAULT_ENV = "PSWIFT_FAULT_KILL_IN_CHECKPOINT"
@@ -71,34 +73,6 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-class _HashingWriter(io.RawIOBase):
-    """File writer that hashes what passes through (torch.save streams into it: no extra copy)."""
-
-    def __init__(self, fh: Any) -> None:
-        self.fh, self.sha, self.size = fh, hashlib.sha256(), 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b: Any) -> int:
-        self.sha.update(b)
-        n = self.fh.write(b)
-        self.size += n
-        return n
-
-
-def _save_hashed(obj: Any, path: Path) -> tuple[int, str]:
-    """torch.save to ``path`` atomically (temp + fsync + rename); returns (size, sha256)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        w = _HashingWriter(f)
-        torch.save(obj, w)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return w.size, w.sha.hexdigest()
-
-
 def _sha256_file(path: Path, chunk: int = 8 << 20) -> str:
     sha, buf = hashlib.sha256(), bytearray(chunk)
     view = memoryview(buf)
@@ -108,8 +82,12 @@ def _sha256_file(path: Path, chunk: int = 8 << 20) -> str:
     return sha.hexdigest()
 
 
-_STAGE_FILE = re.compile(r"^stage_[0-9]{3}\.pt$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_STAGE_FILE = re.compile(r"^stage_[0-9]{3}(\.pt|\.safetensors)$")
+_DIGEST = {"sha256": re.compile(r"^[0-9a-f]{64}$"), "crc32": re.compile(r"^[0-9a-f]{8}$")}
+
+
+def stage_file(stage: int, version: int = MANIFEST_VERSION) -> str:
+    return f"stage_{stage:03d}{READABLE[version][0]}"
 
 
 def _count(v: Any) -> bool:
@@ -120,8 +98,10 @@ def manifest_problem(man: Any) -> str | None:
     """Why a parsed manifest is unusable (schema, version, file names), or None."""
     if not isinstance(man, dict):
         return "not a JSON object"
-    if man.get("version") != MANIFEST_VERSION:
-        return f"manifest version {man.get('version')!r}, this pswift reads {MANIFEST_VERSION}"
+    version = man.get("version")
+    if version not in READABLE or isinstance(version, bool):
+        return f"manifest version {version!r}, this pswift reads {sorted(READABLE)}"
+    suffix, digest = READABLE[version]
     if not all(_count(man.get(k)) for k in ("step", "samples", "stages")):
         return "step, samples or stages is not a count"
     b = man.get("boundaries")
@@ -132,11 +112,11 @@ def manifest_problem(man: Any) -> str | None:
     if not isinstance(files, dict):
         return "no file list"
     for name, meta in files.items():
-        if not (isinstance(name, str) and _STAGE_FILE.match(name) and isinstance(meta, dict)
-                and _count(meta.get("size")) and isinstance(meta.get("sha256"), str)
-                and _SHA256.match(meta["sha256"])):
+        if not (isinstance(name, str) and _STAGE_FILE.match(name) and name.endswith(suffix)
+                and isinstance(meta, dict) and _count(meta.get("size"))
+                and isinstance(meta.get(digest), str) and _DIGEST[digest].match(meta[digest])):
             return f"file entry {str(name)[:40]!r} is malformed"
-    if any(f"stage_{s:03d}.pt" not in files for s in range(man["stages"])):
+    if any(stage_file(s, version) not in files for s in range(man["stages"])):
         return "a stage's file is not listed"
     return None
 
@@ -214,81 +194,81 @@ def _layer_of(name: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
+def _stage_blob(engine: Any) -> dict[str, Any]:
+    """This stage's state. No copies: every rank is inside save(), nothing updates it meanwhile."""
+    opt = engine.optimizer
+    name_of = {p: n for n, p in engine.module.named_parameters()}
+    state = {name_of[p]: opt.state[p] for group in opt.param_groups for p in group["params"]
+             if p in opt.state}
+    return {
+        "model": engine.module.state_dict(),
+        "optim": state,
+        "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
+        "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
+        "rng": torch.get_rng_state(),
+        "stage": engine.stage_id,
+    }
+
+
 def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
-         gather: Callable[[Any], list[Any]], barrier: Callable[[], None], rank: int) -> Path:
-    """Every rank calls this at the same step. Returns the committed directory."""
+         gather: Callable[[Any], list[Any]], barrier: Callable[[], None],
+         rank: int) -> tuple[Path, dict[str, float]]:
+    """Every rank calls this at the same step. Returns the committed directory and where the
+    time went: ``write_s`` (the slowest stage file) and ``commit_s`` (from the last file on disk
+    to the manifest committed on every rank)."""
     path = ckpt_dir / tag_for(step)
     path.mkdir(parents=True, exist_ok=True)
-    stage = engine.stage_id
     mine = None
     if engine.grid.data_parallel_id == 0:
-        opt = engine.optimizer
-        name_of = {p: n for n, p in engine.module.named_parameters()}
-        # no copies: every rank is inside save(), nothing updates these tensors meanwhile
-        state = {name_of[p]: opt.state[p] for group in opt.param_groups for p in group["params"]
-                 if p in opt.state}
-        blob = {
-            "model": engine.module.state_dict(),
-            "optim": state,
-            "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
-            "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
-            "rng": torch.get_rng_state(),
-            "stage": stage,
-        }
-        name = f"stage_{stage:03d}.pt"
-        size, digest = _save_hashed(blob, path / name)
-        mine = (name, size, digest)
-        if os.environ.get(FAULT_ENV) == str(step) and stage == engine.num_stages - 1:
+        t0 = time.perf_counter()
+        name = stage_file(engine.stage_id)
+        size, digest = stagefile.write(path / name, _stage_blob(engine))
+        mine = (name, size, digest, time.perf_counter() - t0)
+        if os.environ.get(FAULT_ENV) == str(step) and engine.stage_id == engine.num_stages - 1:
             os.kill(os.getpid(), signal.SIGKILL)
     slow_step, _, slow_s = os.environ.get(FAULT_SLOW_ENV, "").partition(":")
     if slow_step == str(step):
         time.sleep(float(slow_s or 0))
-    files = [f for f in gather(mine) if f is not None]
-    barrier()  # every stage's file is on disk
+    files = [f for f in gather(mine) if f is not None]  # every stage's file is on disk
+    t_commit = time.perf_counter()
     if rank == 0:
         man = dict(meta, version=MANIFEST_VERSION, step=step, created=time.time(),
-                   files={n: {"size": s, "sha256": h} for n, s, h in sorted(files)})
+                   files={n: {"size": s, "crc32": h} for n, s, h, _ in sorted(files)})
         _atomic_write(path / MANIFEST, (json.dumps(man, indent=1, sort_keys=True) + "\n").encode())
         _fsync_dir(path)
     barrier()  # committed before anyone moves on (or exits)
-    return path
+    return path, {"write_s": max(f[3] for f in files), "commit_s": time.perf_counter() - t_commit}
 
 
-def load(engine: Any, path: Path, model_id: str | None = None, layers: int | None = None) -> dict[str, Any]:
-    """Load a committed checkpoint into this rank's stage, whatever layout wrote it; refuse one
-    of another model (``model_id``, total ``layers``) or with a corrupt file."""
-    man, why = _manifest_state(path)
-    if man is None:
-        raise CheckpointError(f"{path} is not a committed checkpoint ({why})")
+def _read_stage(path: Path, name: str, man: dict[str, Any], wanted: set[str]) -> dict[str, Any]:
+    """One stage file's blob (only ``wanted`` parameters), its checksum checked first."""
+    _, digest = READABLE[man["version"]]
+    actual = stagefile.crc32_file(path / name) if digest == "crc32" else _sha256_file(path / name)
+    if actual != man["files"][name][digest]:
+        raise CheckpointError(f"{path / name}: checksum mismatch (corrupt file)")
+    try:
+        if man["version"] >= 2:
+            return stagefile.read(path / name, wanted)
+        # version 1: torch.save pickles; weights_only: tensors and plain containers, never code
+        blob = torch.load(path / name, map_location="cpu", weights_only=True, mmap=True)
+        return dict(blob, model={k: v for k, v in blob["model"].items() if k in wanted},
+                    optim={k: v for k, v in blob["optim"].items() if k in wanted})
+    except stagefile.StageFileError as e:
+        raise CheckpointError(str(e)) from None
+    except Exception as e:  # UnpicklingError (code refused), truncation, a wrong structure
+        raise CheckpointError(f"{path / name} cannot be loaded safely ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+
+
+def _check_identity(path: Path, man: dict[str, Any], model_id: str | None, layers: int | None) -> None:
     if model_id is not None and man.get("model_id") not in (None, model_id):
         raise CheckpointError(f"{path} was written by another model (model id "
                               f"{str(man.get('model_id'))[:16]}, this one {model_id})")
     if layers is not None and man["boundaries"][-1] != layers:
         raise CheckpointError(f"{path} holds {man['boundaries'][-1]} layers, this model has {layers}")
-    own = engine.module.state_dict()
-    own_layers = {_layer_of(k) for k in own}
-    old_b = man["boundaries"]
-    want_files = []
-    for s in range(len(old_b) - 1):
-        if own_layers & set(range(old_b[s], old_b[s + 1])) or None in own_layers:
-            want_files.append(f"stage_{s:03d}.pt")
-    model: dict[str, Any] = {}
-    optim: dict[str, Any] = {}
-    hyper = sched = None
-    for name in want_files:
-        if _sha256_file(path / name) != man["files"][name]["sha256"]:
-            raise CheckpointError(f"{path / name}: checksum mismatch (corrupt file)")
-        # weights_only: tensors and plain containers, never code; mmap: only this stage's
-        # tensors are read (the file is in the page cache after the hash)
-        try:
-            blob = torch.load(path / name, map_location="cpu", weights_only=True, mmap=True)
-            model.update({k: v for k, v in blob["model"].items() if k in own})
-            optim.update({k: v for k, v in blob["optim"].items() if k in own})
-            hyper = blob["param_groups"]
-            sched = blob.get("lr_scheduler") if blob.get("lr_scheduler") is not None else sched
-        except Exception as e:  # UnpicklingError (code refused), truncation, a wrong structure
-            raise CheckpointError(f"{path / name} cannot be loaded safely ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+
+
+def _check_match(path: Path, own: dict[str, Any], model: dict[str, Any]) -> None:
     missing = sorted(set(own) - set(model), key=str)
     if missing:
         raise CheckpointError(f"{path} does not match the model: no saved value for "
@@ -298,6 +278,30 @@ def load(engine: Any, path: Path, model_id: str | None = None, layers: int | Non
         if tuple(v.shape) != tuple(own[k].shape):
             raise CheckpointError(f"{path} does not match the model: {k} has shape "
                                   f"{tuple(v.shape)} in the checkpoint, {tuple(own[k].shape)} here")
+
+
+def load(engine: Any, path: Path, model_id: str | None = None, layers: int | None = None) -> dict[str, Any]:
+    """Load a committed checkpoint into this rank's stage, whatever layout wrote it; refuse one
+    of another model (``model_id``, total ``layers``) or with a corrupt file."""
+    man, why = _manifest_state(path)
+    if man is None:
+        raise CheckpointError(f"{path} is not a committed checkpoint ({why})")
+    _check_identity(path, man, model_id, layers)
+    own = engine.module.state_dict()
+    own_layers = {_layer_of(k) for k in own}
+    old_b = man["boundaries"]
+    model: dict[str, Any] = {}
+    optim: dict[str, Any] = {}
+    hyper = sched = None
+    for s in range(len(old_b) - 1):
+        if not (own_layers & set(range(old_b[s], old_b[s + 1])) or None in own_layers):
+            continue  # another stage's layers only: not read at all
+        blob = _read_stage(path, stage_file(s, man["version"]), man, set(own))
+        model.update(blob["model"])
+        optim.update(blob["optim"])
+        hyper = blob["param_groups"]
+        sched = blob.get("lr_scheduler") if blob.get("lr_scheduler") is not None else sched
+    _check_match(path, own, model)
     engine.module.load_state_dict(model, strict=True)
     opt = engine.optimizer
     for n, p in engine.module.named_parameters():

@@ -160,11 +160,12 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
             dist.all_gather_object(out, obj)
             return out
 
-        path = ckpt.save(engine, ckpt_dir, step, meta, gather, dist.barrier, rank)
+        path, phases = ckpt.save(engine, ckpt_dir, step, meta, gather, dist.barrier, rank)
         if rank == 0:
             ckpt.prune(ckpt_dir, int(t.get("keep_checkpoints") or 2))
         dur = time.time() - ts
-        events.emit("checkpoint", step=step, path=str(path), seconds=round(dur, 3), reason=reason)
+        events.emit("checkpoint", step=step, path=str(path), seconds=round(dur, 3), reason=reason,
+                    **{k: round(v, 4) for k, v in phases.items()})
         _log(rank, f"checkpoint {path.name} committed ({reason}) in {dur:.2f} s")
 
     dog = Watchdog(run_dir, rank, os.environ.get("SLURMD_NODENAME", "local"),

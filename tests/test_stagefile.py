@@ -1,0 +1,85 @@
+"""Stage files: written by pswift in one pass, read back by the safetensors library."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from hypothesis import given, settings, strategies as st  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from pipeswift_launch import stagefile  # noqa: E402
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
+          torch.uint8, torch.bool]
+
+
+def blob_of(tensors: dict) -> dict:
+    return {"model": tensors, "optim": {n: {"exp_avg": t.float() * 2, "step": 3} for n, t in tensors.items()},
+            "param_groups": [{"lr": 1e-3, "betas": [0.9, 0.99], "weight_decay": 0.0}],
+            "lr_scheduler": {"last_batch_iteration": 7}, "rng": torch.get_rng_state(), "stage": 1}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(DTYPES), st.lists(st.integers(0, 5), max_size=3)),
+                min_size=1, max_size=6))
+def test_what_is_written_is_what_safetensors_reads(tmp_path_factory, specs):
+    path = tmp_path_factory.mktemp("sf") / "stage_001.safetensors"
+    g = torch.Generator().manual_seed(0)
+    tensors = {f"{i}.w": (torch.randn(shape, generator=g) * 100).to(dt) for i, (dt, shape) in enumerate(specs)}
+    blob = blob_of(tensors)
+    rng = blob["rng"].clone()
+    size, crc = stagefile.write(path, blob)
+    assert size == path.stat().st_size and crc == f"{zlib.crc32(path.read_bytes()):08x}"
+    assert stagefile.crc32_file(path) == crc
+    raw = load_file(str(path))  # the library's own reader accepts the file
+    for n, t in tensors.items():
+        assert raw[f"model/{n}"].dtype == t.dtype and torch.equal(raw[f"model/{n}"], t)
+    back = stagefile.read(path)
+    assert back["model"].keys() == tensors.keys()
+    assert all(torch.equal(back["optim"][n]["exp_avg"], t.float() * 2) and back["optim"][n]["step"] == 3
+               for n, t in tensors.items())
+    assert back["lr_scheduler"] == {"last_batch_iteration": 7} and back["stage"] == 1
+    assert torch.equal(back["rng"], rng)
+
+
+def test_read_keeps_only_the_wanted_parameters(tmp_path):
+    path = tmp_path / "s.safetensors"
+    stagefile.write(path, blob_of({"0.w": torch.ones(3), "1.w": torch.zeros(2)}))
+    back = stagefile.read(path, {"1.w"})
+    assert list(back["model"]) == ["1.w"] and list(back["optim"]) == ["1.w"]
+
+
+def test_a_non_contiguous_tensor_is_written_by_value(tmp_path):
+    t = torch.arange(12.0).reshape(3, 4).t()
+    path = tmp_path / "s.safetensors"
+    stagefile.write(path, blob_of({"0.w": t}))
+    assert torch.equal(stagefile.read(path)["model"]["0.w"], t)
+
+
+def test_an_unsupported_dtype_is_named(tmp_path):
+    blob = dict(blob_of({}), model={"0.w": torch.zeros(2, dtype=torch.complex64)})
+    with pytest.raises(stagefile.StageFileError, match="complex64 cannot be checkpointed"):
+        stagefile.write(tmp_path / "s.safetensors", blob)
+    assert list(tmp_path.iterdir()) == []  # refused before any file exists
+
+
+@pytest.mark.parametrize("junk", [b"", b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ", b"x" * 64,
+                                  (10**12).to_bytes(8, "little") + b"{}"])
+def test_a_malformed_file_is_a_stage_file_error(tmp_path, junk):
+    path = tmp_path / "s.safetensors"
+    path.write_bytes(junk)
+    with pytest.raises(stagefile.StageFileError, match="not a readable stage file"):
+        stagefile.read(path)
+
+
+def test_the_header_records_the_non_tensor_state_as_json(tmp_path):
+    path = tmp_path / "s.safetensors"
+    stagefile.write(path, blob_of({"0.w": torch.ones(1)}))
+    n = int.from_bytes(path.read_bytes()[:8], "little")
+    assert n % 8 == 0
+    header = json.loads(path.read_bytes()[8:8 + n])
+    assert json.loads(header["__metadata__"]["pswift"])["param_groups"][0]["lr"] == 1e-3
