@@ -53,15 +53,16 @@ pyslurm: slurm-new setup
 	fi
 
 # every benchmark, full size, each writing bench/results/NAME.json (CI runs them in quick mode
-# through tests/test_bench_quick.py)
+# through tests/test_bench_quick.py), then the README's table from those files
 bench: setup
 	for b in simulator partition history_scale plan_worst_case checkpoint step_time_model; do \
 	  $(PY) bench/$$b.py || exit 1; done
 	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm 22.05 $(CLUSTER) start
-	scripts/with-slurm 22.05 $(PY) bench/dry_run_latency.py
+	scripts/with-slurm 22.05 $(PY) bench/submit_latency.py
 	$(MAKE) slurm-new pyslurm
 	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) start
 	scripts/with-slurm $(NEW_SLURM) $(PY) bench/slurm_backends.py
+	$(PY) bench/readme.py
 
 # every dev cluster of both versions, the tests' accounting clusters (*-acct) too
 stop:

@@ -22,6 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -124,11 +127,16 @@ def main() -> None:
         res.update(writers=args.writers, expected_rows=args.writers * args.per_writer, rows_written=got,
                    rows_lost=args.writers * args.per_writer - got,
                    locked_errors=sum(o[0] for o in outs), other_errors=sum(o[1] for o in outs))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     for k, v in res.items():
         print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
-    print(f"wrote {args.out}")
+    benchlib.save(args.out, res, quick=args.quick,
+                  what=f"{args.jobs:,} Slurm job attempts: ingest rate vs a bare `executemany` into the "
+                       f"same table; `history report` over all; {args.writers} concurrent writer processes",
+                  figures=f"ingest {res['ingest_rows_per_s'] / 1000:.0f}k rows/s ({res['ingest_vs_baseline']:.2f}× "
+                          f"the bare insert, which keeps no per-job roll-up); report {res['report_library_s']:.1f} s "
+                          f"(library), {res['report_cli_s']:.1f} s (CLI, with interpreter start); "
+                          f"{args.writers} writers × {args.per_writer} rows: {res['rows_lost']} lost, "
+                          f"{res['locked_errors']} \"database is locked\"")
 
 
 if __name__ == "__main__":

@@ -5,13 +5,12 @@ per node, 4096 micro-batches) exist so that planning any valid config takes unde
 worst case here: 512 layers of unequal costs, nodes [17, 32] x 16 tasks (every stage count that
 divides 272..512 slots), a global batch of 65536, all in-process (`pswift plan --no-live`).
 
-    .venv/bin/python bench/plan_worst_case.py [--repeats 7] [--quick]
+    python bench/plan_worst_case.py [--repeats 7] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import statistics
@@ -20,6 +19,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny-gpt"
@@ -68,11 +70,14 @@ def main() -> None:
            "worst_case_median_s": statistics.median(worst), "example_median_s": statistics.median(example),
            "ratio": statistics.median(worst) / statistics.median(example), "worst_case_s": worst,
            "example_s": example}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     for k in ("worst_case_median_s", "example_median_s", "ratio"):
         print(f"{k}: {res[k]:.3f}")
-    print(f"wrote {args.out}")
+    benchlib.save(args.out, res, quick=args.quick,
+                  what=f"`pswift plan --no-live` of the largest config the caps allow (512 layers, nodes "
+                       f"[17, 32] × 16 tasks, global batch 65536) vs of the example, {reps} alternated "
+                       f"rounds, interpreter start-up included",
+                  figures=f"{res['worst_case_median_s']:.2f} s vs {res['example_median_s']:.2f} s "
+                          f"({res['ratio']:.1f}×)")
 
 
 if __name__ == "__main__":

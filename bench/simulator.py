@@ -7,10 +7,12 @@ visits the same number of operations (the floor for any event-by-event simulator
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -41,9 +43,12 @@ def main() -> None:
         t = best_of(lambda: simulate(fwd, bwd, m, sch, keep_ops=False, **kw))
         res["schedules"][sch] = {"seconds": t, "vs_bare_loop": t / floor}
         print(f"{sch:12s} {P} x {m}: {t * 1000:7.1f} ms ({t / floor:.0f}x a bare loop over the ops)")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    names = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved (v=2)", "zb-h1": "zero-bubble"}
+    benchlib.save(args.out, res, quick=args.quick,
+                  what=f"{P} stages × {m} micro-batches per schedule vs a bare loop over the same "
+                       f"number of operations (best of repeats)",
+                  figures=", ".join(f"{names[k]} {v['seconds'] * 1000:.0f} ms ({v['vs_bare_loop']:.0f}×)"
+                                    for k, v in res["schedules"].items()))
 
 
 if __name__ == "__main__":

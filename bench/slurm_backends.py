@@ -7,7 +7,7 @@ process such as rank 0's grow checks pays) and *cold* (a fresh interpreter impor
 finding the Slurm version, choosing the backend and asking once: what one `pswift` command pays).
 Needs a running dev cluster with pyslurm built for its Slurm (`scripts/with-slurm 25.11 ...`).
 
-    scripts/with-slurm 25.11 .venv/bin/python bench/slurm_backends.py [--repeats 15] [--quick]
+    scripts/with-slurm 25.11 python bench/slurm_backends.py [--repeats 15] [--quick]
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -72,11 +75,22 @@ def main() -> None:
     if "pyslurm" in backends:
         res["warm_ratio_pyslurm_over_cli"] = res["pyslurm_warm_median_ms"] / res["cli_warm_median_ms"]
         res["cold_ratio_pyslurm_over_cli"] = res["pyslurm_cold_median_ms"] / res["cli_cold_median_ms"]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     for k, v in res.items():
         print(f"{k}: {round(v, 3) if isinstance(v, float) else v}")
-    print(f"wrote {args.out}")
+    if "pyslurm" in backends:
+        figures = (f"warm {res['pyslurm_warm_median_ms']:.1f} ms vs {res['cli_warm_median_ms']:.1f} ms "
+                   f"({res['warm_ratio_pyslurm_over_cli']:.2f}×); cold {res['pyslurm_cold_median_ms']:.0f} ms "
+                   f"vs {res['cli_cold_median_ms']:.0f} ms ({res['cold_ratio_pyslurm_over_cli']:.2f}×: "
+                   f"importing pyslurm eats the gain in a one-shot command)")
+    else:
+        figures = (f"CLI only (pyslurm: {res['pyslurm']}): warm {res['cli_warm_median_ms']:.1f} ms, "
+                   f"cold {res['cli_cold_median_ms']:.0f} ms")
+    benchlib.save(args.out, res, quick=args.quick,
+                  what=f"the planner's cluster query (`slurm.cluster_state()`) through the pyslurm backend "
+                       f"vs the CLI backend (`scontrol show nodes --json` + `squeue --json`), Slurm "
+                       f"{res['slurm']}, {reps} alternated rounds: *warm* (a process that asked before) "
+                       f"and *cold* (a fresh interpreter: import, version check, backend choice, one query)",
+                  figures=figures)
 
 
 if __name__ == "__main__":

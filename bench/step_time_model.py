@@ -36,6 +36,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -108,7 +111,7 @@ def main() -> None:
             ev = run(config(tmp / f"prof{r}", 2, 4, args.steps), tmp / f"prof-run{r}", env)
             h = History(tmp / "h.db")
             h.ingest_run_dir(tmp / f"prof-run{r}")
-            mkey = next(iter(h.db.conn.execute("SELECT model_key FROM jobs")))[0]
+            mkey = next(iter(h.conn.execute("SELECT model_key FROM jobs")))[0]
             profiles.append(h.layer_profile(mkey))
             overheads.append(h.pipe_overheads(mkey, profiles[-1][0]))
             h.close()
@@ -181,12 +184,33 @@ def main() -> None:
         if key != "simulated_1f1b_s":
             ch = choices(key)
             summary[name].update(choices=ch, worst_choice_vs_fastest=max(c["choice_vs_fastest"] for c in ch))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"benchmark": "step_time_model", "summary": summary,
-                                          "cells": cells}, indent=2) + "\n")
     for k2, v in summary.items():
         print(f"{k2}: {v}")
-    print(f"wrote {args.out}")
+    benchlib.save(args.out, {"benchmark": "step_time_model", "summary": summary, "cells": cells},
+                  quick=args.quick, what=STEP_MODEL_WHAT.format(P="{" + ",".join(map(str, PS)) + "}",
+                                                           m="{" + ",".join(map(str, MS)) + "}", r=args.repeats),
+                  figures=step_model_figures(summary))
+
+
+STEP_MODEL_WHAT = (
+    "real DeepSpeed runs P ∈ {P} × m ∈ {m}, {r} round(s) (profiling run, calibration run, every "
+    "cell shuffled; medians), vs the cost model from the profiled 2-stage run (layer costs + the "
+    "engine's overheads from the launcher's instruction timing; ranks sharing cores simulated by "
+    "processor sharing)")
+
+
+def step_model_figures(s: dict) -> str:
+    def errs(name: str) -> str:
+        e = s[name]
+        return (f"median error {e['median_abs_error']:.1%}, worst {e['max_abs_error']:.1%}, "
+                f"{e['cells_within_15pct']}/{s['cells']} cells within 15 % "
+                f"({e['cells_within_10pct']} within 10 %)")
+    right = sum(c["model_choice_stages"] == c["measured_fastest_stages"] for c in s["calibrated"]["choices"])
+    return (f"with the profiling run in the history: {errs('calibrated_profile_run')}; adding one "
+            f"4-stage run (the planner learns the host delivers "
+            f"{s['calibration']['shared_efficiency']:.0%} of ideal core sharing): {errs('calibrated')}. "
+            f"Plain simulator on layer costs: median {s['simulated_1f1b']['median_abs_error']:.0%}. "
+            f"Split choice = the measured fastest for {right} of {len(s['calibrated']['choices'])} m")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ simple layout rule of :mod:`plan` (one stage per slot / data_parallel).
 from __future__ import annotations
 
 import os
-import statistics
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +19,7 @@ from .costmodel import Hardware, Profile
 from .errors import PswiftError
 from .planner import Candidate, PastRuns, PlanResult, plan
 from .queue import ClusterState
+from .stats import median
 
 Warn = Callable[[str], None]
 
@@ -64,15 +64,13 @@ def past_runs(cfg: TrainConfig, h: hist_mod.History | None) -> PastRuns:
         return PastRuns()
     mkey = _model_key(cfg)
     steps = {k: v["mean"] for k, v in h.config_step_times(mkey).items()}
-    setups = [r[0] for r in h.db.conn.execute(
-        "SELECT a.setup_s FROM attempts a JOIN jobs j ON j.id = a.job WHERE j.model_key = ? "
-        "AND a.setup_s IS NOT NULL", [mkey])]
+    setups = h.setup_times(mkey)
     waits = {}
     for n in cfg.resources.node_counts:
         w = h.partition_waits(cfg.job.partition, n)
         if w:
-            waits[n] = statistics.median(w)
-    return PastRuns(step_times=steps, setup_s=statistics.median(setups) if setups else None, waits=waits,
+            waits[n] = median(w)
+    return PastRuns(step_times=steps, setup_s=median(setups) if setups else None, waits=waits,
                     preemptions_per_hour=h.preemptions_per_hour(cfg.job.partition))
 
 
@@ -96,7 +94,7 @@ def make_plan(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn,
     try:
         if h is not None:
             try:
-                h.ingest_registered()
+                h.ingest_registered(measured_only=True)  # what ran since: the planner learns
                 errors = h.recent_errors()
             except (PswiftError, OSError, ValueError) as e:
                 warn(f"warning: could not ingest finished runs ({e}); using the history as it is")

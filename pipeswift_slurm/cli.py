@@ -1,4 +1,8 @@
-"""`pswift`: a thin click CLI over the library. Library errors become one line and an exit code."""
+"""`pswift`: a thin click CLI over the library. Library errors become one line and an exit code.
+
+Each command imports the library modules it uses when it runs: `pswift sbatch` is a user's
+submit command, and its start-up counts (bench/submit_latency.py).
+"""
 
 from __future__ import annotations
 
@@ -11,15 +15,28 @@ from typing import Any
 
 import click
 
-from . import __version__, rundir, slurm
-from .config import TrainConfig, load_config
+from . import __version__
 from .cli_common import CLIError, _errors, _warn
-from .errors import PswiftError, RunDirError
-from .plan import build_plan, rule_layouts, write_plan
-from .sbatch import options_for, render
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """Commands defined in other modules are imported when asked for (click's lazy loading):
+    `pswift sbatch` does not pay for the admin commands."""
+
+    LAZY = {"history": "cli_admin:history", "doctor": "cli_admin:doctor"}
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.LAZY])
+
+    def get_command(self, ctx: Any, name: str) -> Any:
+        if name in self.LAZY:
+            import importlib
+            module, attr = self.LAZY[name].split(":")
+            return getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="pswift")
 def cli() -> None:
     """pipeswift-slurm: DeepSpeed pipeline training on Slurm, planned for job completion time.
@@ -28,44 +45,6 @@ def cli() -> None:
 
         pswift sbatch examples/tiny-gpt/train.toml
     """
-
-
-def _planned(cfg: TrainConfig, db: Path | None, live: bool) -> Any:
-    """The JCT planner's result, unless the TOML fixes the split method (uniform/parameters)."""
-    if cfg.pipeline.partition in ("uniform", "parameters"):
-        return None
-    from .autoplan import make_plan
-    return make_plan(cfg, db, live, _warn)[0]
-
-
-def _prepare(cfg: TrainConfig, run_dir: Path, db: Path | None = None,
-             live: bool = True) -> tuple[dict[str, Any], str]:
-    rule_layouts(cfg)  # the TOML's own invariants first: a bad TOML fails before any planning
-    plan = build_plan(cfg, run_dir, planned=_planned(cfg, db, live))
-    opts = options_for(cfg, str(run_dir), plan["signal_lead_s"], nodes=plan["nodes_request"])
-    return plan, render(opts, str(run_dir), plan["python"])
-
-
-def _write_run_dir(cfg: TrainConfig, run_dir: Path, plan: dict[str, Any], script: str) -> Path:
-    tmp = rundir.stage_run_dir(run_dir)
-    try:
-        shutil.copyfile(cfg.path, tmp / "train.toml")
-        write_plan(plan, tmp / "plan.json")
-        (tmp / "job.sbatch").write_text(script, encoding="utf-8")
-    except OSError as e:
-        rundir.discard(tmp)
-        raise RunDirError(f"cannot write run directory {run_dir}: {e.strerror}") from None
-    rundir.commit_run_dir(tmp, run_dir)
-    return run_dir
-
-
-def _layout_line(plan: dict[str, Any]) -> str:
-    parts = []
-    for n, lay in sorted(plan["layouts"].items(), key=lambda kv: int(kv[0])):
-        b = lay["boundaries"] if lay["boundaries"] else f"by {lay['partition']} in the job"
-        parts.append(f"{n} node(s): {lay['stages']} stage(s) x {lay['data_parallel']} dp, "
-                     f"m={lay['micro_batches']}, boundaries {b}")
-    return "; ".join(parts)
 
 
 @cli.command()
@@ -95,56 +74,39 @@ def sbatch(toml: Path, sbatch_args: tuple[str, ...], run_dir: Path | None, dry_r
 
         pswift sbatch train.toml -- --qos=high --mail-type=END
     """
-    from .sbatch import planned_option
-    conflict = planned_option(sbatch_args)
-    if conflict:
-        raise CLIError(conflict, 2)
-    cfg = load_config(toml)
-    target = (run_dir or rundir.default_run_dir(cfg.job.name)).resolve()
-    plan, script = _prepare(cfg, target, db)
-    plan["submitted_at"] = time.time()
+    from . import slurm
+    slurm.prefetch()   # asks Slurm while the planner's modules load
+    from . import submit as sub
+    p = sub.prepare(toml, run_dir, db, warn=_warn, sbatch_args=sbatch_args)
     if dry_run:
-        click.echo(f"# plan: {_layout_line(plan)}")
-        if plan["prediction"]:
-            p = plan["prediction"]
-            click.echo(f"# chosen: {p['nodes']} node(s), predicted {p['step_s']:.4g} s/step, JCT "
-                       f"{p['jct_s']:.0f} s (queue {p['queue_s']:.0f} s); request --nodes={plan['nodes_request']}")
-        for n, why in plan["infeasible"].items():
-            click.echo(f"# {n} node(s) infeasible: {why}")
-        if sbatch_args:
-            click.echo(f"# sbatch arguments: {' '.join(sbatch_args)}")
-        click.echo(script, nl=False)
+        _print_dry_run(p)
         return
-    _warn_requeue_limit(cfg.job.max_requeues)
-    _write_run_dir(cfg, target, plan, script)
-    try:
-        job_id = slurm.submit(str(target / "job.sbatch"), sbatch_args, cwd=str(target))
-    except PswiftError:
-        rundir.discard(target)  # nothing submitted: leave nothing behind
-        raise
-    (target / "JOB_ID").write_text(job_id + "\n")
-    rundir.register_job(job_id, target)
+    job = sub.submit(p, warn=_warn)
     if parsable:
-        click.echo(job_id)
+        click.echo(job.job_id)
     else:
-        click.echo(f"Submitted pswift job {job_id} ({_layout_line(plan)})")
-        click.echo(f"run directory: {target}")
+        click.echo(f"Submitted pswift job {job.job_id} ({p.layout_line()})")
+        click.echo(f"run directory: {job.run_dir}")
     if wait:
-        sys.exit(_wait(job_id, target, timeout, quiet=parsable))
+        sys.exit(_wait(job.job_id, job.run_dir, timeout, quiet=parsable))
 
 
-def _warn_requeue_limit(max_requeues: int) -> None:
-    try:
-        limit = slurm.automatic_requeue_limit()
-    except PswiftError:
-        return   # the submission itself will say what is wrong with Slurm
-    if limit is not None and max_requeues >= limit:
-        _warn(f"warning: [job] max_requeues = {max_requeues}, but this Slurm holds a job after "
-              f"{limit - 1} automatic requeues (MaxBatchRequeue = {limit}; it requeues preempted "
-              f"jobs itself): set max_requeues <= {limit - 1} or raise MaxBatchRequeue in slurm.conf")
+def _print_dry_run(p: Any) -> None:
+    plan = p.plan
+    click.echo(f"# plan: {p.layout_line()}")
+    if plan["prediction"]:
+        pr = plan["prediction"]
+        click.echo(f"# chosen: {pr['nodes']} node(s), predicted {pr['step_s']:.4g} s/step, JCT "
+                   f"{pr['jct_s']:.0f} s (queue {pr['queue_s']:.0f} s); request --nodes={plan['nodes_request']}")
+    for n, why in plan["infeasible"].items():
+        click.echo(f"# {n} node(s) infeasible: {why}")
+    if p.sbatch_args:
+        click.echo(f"# sbatch arguments: {' '.join(p.sbatch_args)}")
+    click.echo(p.script, nl=False)
 
 
 def _wait(job_id: str, run: Path, timeout: float, quiet: bool = False) -> int:
+    from . import rundir, slurm
     deadline = time.time() + timeout
     seen_state = None
     while True:
@@ -186,21 +148,20 @@ def run_cmd(toml: Path, run_dir: Path | None, nodes: int | None, db: Path | None
 
         pswift run examples/tiny-gpt/train.toml --run-dir /tmp/tiny
     """
+    from . import rundir
+    from . import submit as sub
     from .local import run_local
 
-    cfg = load_config(toml)
-    target = (run_dir or rundir.default_run_dir(cfg.job.name)).resolve()
-    plan, script = _prepare(cfg, target, db, live=False)
-    plan["submitted_at"] = time.time()
-    n = nodes or cfg.resources.nodes_min
-    if str(n) not in plan["layouts"]:
-        why = plan["infeasible"].get(str(n), f"outside [resources] nodes {cfg.resources.nodes_spec}")
+    p = sub.prepare(toml, run_dir, db, live=False, warn=_warn)
+    n = nodes or p.config.resources.nodes_min
+    if str(n) not in p.plan["layouts"]:
+        why = p.plan["infeasible"].get(str(n), f"outside [resources] nodes {p.config.resources.nodes_spec}")
         raise CLIError(f"--nodes {n}: {why}", 2)
-    _write_run_dir(cfg, target, plan, script)
+    target = sub.write_run_dir(p)
     rundir.register_job(f"local-{target.name}", target)  # so the history ingests local runs too
-    click.echo(f"running locally: {_layout_line({'layouts': {str(n): plan['layouts'][str(n)]}})}")
+    click.echo(f"running locally: {p.layout_line(n)}")
     click.echo(f"run directory: {target}")
-    rc = run_local(plan, str(target / "plan.json"), n)
+    rc = run_local(p.plan, str(target / "plan.json"), n)
     s = rundir.summarize(target)
     if s["first_loss"] is not None:
         click.echo(f"loss {s['first_loss']:.4f} -> {s['last_loss']:.4f} after step {s['step']}")
@@ -220,6 +181,7 @@ def status(job: str, as_json: bool) -> None:
 
         pswift status 42 --json
     """
+    from . import rundir, slurm
     run: Path | None
     job_id: str | None
     if job.isdigit():
@@ -284,6 +246,8 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
     from rich.table import Table
 
     from .autoplan import make_plan
+    from .config import load_config
+    from .plan import rule_layouts
     from .planner import explain
 
     cfg = load_config(toml)
@@ -315,14 +279,14 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
     con.print(table)
     con.print(explain(res), markup=False)
     if errors:
-        import statistics
+        from .stats import median
         se = [abs(e["predicted_step_s"] - e["actual_step_s"]) / e["actual_step_s"] for e in errors
               if e["actual_step_s"]]
         je = [abs(e["predicted_jct_s"] - e["actual_jct_s"]) / e["actual_jct_s"] for e in errors
               if e["actual_jct_s"] and e["predicted_jct_s"]]
-        line = f"model error over the last {len(errors)} planned job(s): step time {statistics.median(se):.0%}"
+        line = f"model error over the last {len(errors)} planned job(s): step time {median(se):.0%}"
         if je:
-            line += f", JCT {statistics.median(je):.0%}"
+            line += f", JCT {median(je):.0%}"
         con.print(line + " (median |predicted - actual| / actual)")
 
 
@@ -338,7 +302,9 @@ def _floats(opt: str, text: str | None) -> list[float] | None:
 def _stage_times_from_toml(toml: Path, nodes: int | None) -> tuple[list[float], list[float], int, str]:
     import tempfile
 
+    from .config import load_config
     from .partition import balanced_boundaries
+    from .plan import build_plan
     from .simulate import stage_times
 
     cfg = load_config(toml)
@@ -473,12 +439,6 @@ def partition(costs: str, stages: int, memory: str | None, memory_cap: float | N
         extra = f", memory {out['stage_memory'][s_]:g}" if mem is not None else ""
         click.echo(f"  stage {s_}: layers {a}-{z - 1}, cost {sums[s_]:g}{extra}")
     click.echo(f"bottleneck {max(sums):g}; balance {out['balance']:.1%} (mean stage / slowest)")
-
-
-from .cli_admin import doctor, history  # noqa: E402  (admin commands live in their own module)
-
-cli.add_command(history)
-cli.add_command(doctor)
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""train.toml: strict parsing into typed, frozen sections.
+"""train.toml: strict parsing into typed, immutable sections (named tuples: a tenth of a frozen
+dataclass's start-up cost, which `pswift sbatch` pays on every submission).
 
 Unknown keys are rejected with the list of valid ones; wrong types and out-of-range values name
 the key, the value and the fix. Cross-section invariants that depend on the node count
@@ -12,9 +13,8 @@ import importlib.util
 import math
 import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,8 +30,7 @@ _TIME_RE = re.compile(
 )
 
 
-@dataclass(frozen=True)
-class JobSection:
+class JobSection(NamedTuple):
     name: str
     partition: str | None = None
     time: str | None = None
@@ -46,8 +45,7 @@ class JobSection:
         return None if self.time is None else slurm_time_seconds(self.time)
 
 
-@dataclass(frozen=True)
-class ResourcesSection:
+class ResourcesSection(NamedTuple):
     nodes_min: int = 1
     nodes_max: int = 1
     tasks_per_node: int = 1
@@ -67,25 +65,23 @@ class ResourcesSection:
         return f"{self.nodes_min}-{self.nodes_max}"
 
 
-@dataclass(frozen=True)
-class ModelSection:
+class ModelSection(NamedTuple):
     entry: str
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = {}    # never mutated: the parser gives each config its own
     loss: str | None = None
     num_layers: int | None = None
     layer_costs: tuple[float, ...] | None = None
     layer_memory: tuple[int, ...] | None = None
 
 
-@dataclass(frozen=True)
-class TrainingSection:
+class TrainingSection(NamedTuple):
     steps: int
     global_batch_size: int
     micro_batch_size: int
     data: str
     seed: int = 1
-    optimizer: dict[str, Any] = field(default_factory=dict)
-    ds_config: dict[str, Any] = field(default_factory=dict)
+    optimizer: dict[str, Any] = {}
+    ds_config: dict[str, Any] = {}
     gradient_clipping: float = 0.0
     checkpoint_dir: Path | None = None
     checkpoint_interval: int = 0
@@ -96,16 +92,14 @@ class TrainingSection:
     hang_timeout_min_s: float = 300.0
 
 
-@dataclass(frozen=True)
-class PipelineSection:
+class PipelineSection(NamedTuple):
     stages: int | str = "auto"
     micro_batches: int | str = "auto"
     partition: str | tuple[int, ...] = "auto"
     data_parallel: int | None = None
 
 
-@dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(NamedTuple):
     path: Path
     job: JobSection
     resources: ResourcesSection

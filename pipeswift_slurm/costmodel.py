@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from .simulate import closed_form_1f1b, simulate, simulate_shared_1f1b, stage_times
+from .stats import median
 
 #: bytes per parameter byte held by training: weights + gradients + Adam's two moments (fp32)
 TRAIN_STATE_FACTOR = 4
@@ -180,9 +181,6 @@ def calibrate(profile: Profile, measured: list[Measured], hw: Hardware) -> Calib
     def ratios(prof: Profile, rows: list[Measured]) -> list[float]:
         return sorted(seconds / est for bounds, m, mbs, dp, tpn, seconds in rows
                       if (est := estimate_step(prof, bounds, m, mbs, dp, tpn, hw).step_s) > 0)
-
-    def median(xs: list[float]) -> float:
-        return xs[len(xs) // 2]
 
     over = [r for r in measured if oversubscribed(len(r[0]) - 1, r[3], r[4], hw)]
     plain = [r for r in measured if r not in over] or over

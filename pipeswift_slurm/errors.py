@@ -15,6 +15,12 @@ class ConfigError(PswiftError):
     exit_code = 2
 
 
+class UsageError(PswiftError):
+    """Arguments that contradict each other or the plan (sbatch options that the plan sets)."""
+
+    exit_code = 2
+
+
 class SlurmError(PswiftError):
     """A Slurm command failed; the message carries the command, exit code and Slurm's own words."""
 

@@ -63,7 +63,7 @@ Check = Callable[[Any], bool]
 SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
     "start": {"nodes": (_count, True), "world_size": (_count, True), "stages": (_count, True),
               "data_parallel": (_count, True), "micro_batches": (_count, True),
-              "micro_batch_size": (_count, True), "step": (_count, True),
+              "micro_batch_size": (_count, True), "step": (_count, True), "partition": (_str, False),
               "boundaries": (_ints, False), "resumed_from": (_str, False), "setup_s": (_num, False),
               "load_s": (_num, False)},
     "step": {"step": (_count, True), "loss": (_num, True), "step_time": (_num, True),
@@ -86,6 +86,52 @@ COMMON: dict[str, tuple[Check, bool]] = {
 
 _FIELDS = {kind: tuple((name, check, required) for name, (check, required) in {**COMMON, **f}.items())
            for kind, f in SCHEMA.items()}
+
+
+def unknown_fields(kind: str, fields: dict[str, Any]) -> list[str]:
+    """The fields a writer gives that the schema of ``kind`` does not have (all, for an unknown
+    kind): the launcher checks each event it writes against this."""
+    known = _FIELDS.get(kind)
+    if known is None:
+        return sorted(fields) or [f"<event kind {kind!r}>"]
+    names = {name for name, _, _ in known}
+    return sorted(k for k in fields if k not in names)
+
+
+class Writer:
+    """The launcher's side: appends events to ``run_dir/events.jsonl`` (rank 0 only; other
+    ranks pass ``enabled=False``), each checked against SCHEMA's field names first."""
+
+    def __init__(self, run_dir: Path, enabled: bool, attempt: int, job_id: str | None) -> None:
+        self.fh = open(Path(run_dir) / FILE, "a", encoding="utf-8") if enabled else None
+        self.base = {"attempt": attempt, "job_id": job_id}
+
+    def emit(self, event: str, **fields: Any) -> None:
+        unknown = unknown_fields(event, fields)
+        if unknown:  # a launcher bug: readers would drop these silently
+            raise ValueError(f"event {event!r}: {unknown} not in the events schema (pipeswift_slurm/events.py)")
+        if self.fh is None:
+            return
+        import time
+        rec = {"event": event, "time": round(time.time(), 3), **self.base, **fields}
+        self.fh.write(json.dumps(rec) + "\n")
+        self.fh.flush()
+
+    def close(self) -> None:
+        if self.fh is not None:
+            import os
+            os.fsync(self.fh.fileno())
+            self.fh.close()
+            self.fh = None
+
+
+def append(run_dir: Path, event: str, attempt: int, job_id: str | None, **fields: Any) -> None:
+    """One event from a rank that is not rank 0's writer (the watchdog's acting rank)."""
+    w = Writer(run_dir, True, attempt, job_id)
+    try:
+        w.emit(event, **fields)
+    finally:
+        w.close()
 
 
 def validate(ev: Any) -> dict[str, Any] | None:

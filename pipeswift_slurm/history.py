@@ -18,8 +18,6 @@ import stat
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
 from . import events as events_mod
 from . import userfiles
 from .errors import PswiftError
@@ -155,7 +153,8 @@ class History:
             conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
             _retry_locked(lambda: conn.execute("PRAGMA journal_mode = WAL"), timeout)
             conn.execute("PRAGMA foreign_keys = ON")
-            self.db = sqlite_utils.Database(conn)
+            self.conn = conn
+            self._db: Any = None
             _retry_locked(self._migrate, timeout)
         except sqlite3.OperationalError as e:
             raise _db_error(self.path, e) from None
@@ -165,8 +164,17 @@ class History:
         except OSError as e:
             raise HistoryError(f"cannot open history database {self.path}: {e.strerror}") from None
 
+    @property
+    def db(self) -> Any:
+        """The database through sqlite-utils (imported on first use: it pulls in numpy, which a
+        submission that only reads the history should not pay for)."""
+        if self._db is None:
+            import sqlite_utils
+            self._db = sqlite_utils.Database(self.conn)
+        return self._db
+
     def _migrate(self) -> None:
-        conn = self.db.conn
+        conn = self.conn
         if conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS):
             return
         conn.execute("BEGIN IMMEDIATE")   # the version is read again under the write lock, so
@@ -185,23 +193,27 @@ class History:
             raise
 
     def close(self) -> None:
-        self.db.conn.close()
+        self.conn.close()
 
     # ------------------------------------------------------------------------- ingest
     def ingest_run_dir(self, run_dir: Path | str, owner: Owner | None = None,
-                       timeout: float = 30.0) -> bool:
+                       timeout: float = 30.0, measured_only: bool = False) -> bool:
         """Replace the rows of one run directory; False if unchanged since the last ingest or
         not a run directory. ``owner``: Slurm's record of whose job it is (the jobcomp plugin's);
         without it, the directory's owner. Files are read through :mod:`userfiles` (no symlinks,
         the owner's regular files only, bounded; as the owner, killed at ``timeout``, when this
-        process is root); a directory refused there raises :class:`IngestRefused`."""
+        process is root); a directory refused there raises :class:`IngestRefused`.
+        ``measured_only``: skip a directory whose job has written no events yet (nothing to
+        learn from; it is ingested once it has)."""
         run = os.path.abspath(run_dir)    # not resolve(): that would follow the user's symlinks
         try:
             st = os.stat(os.path.join(run, events_mod.FILE), follow_symlinks=False)
             size, mtime = st.st_size, st.st_mtime
         except OSError:
             size, mtime = 0, 0.0
-        row = self.db.conn.execute("SELECT size, mtime FROM ingest_state WHERE run_dir = ?",
+        if measured_only and size == 0:
+            return False
+        row = self.conn.execute("SELECT size, mtime FROM ingest_state WHERE run_dir = ?",
                                    [run]).fetchone()
         if row is not None and row[0] == size and row[1] == mtime:
             return False
@@ -221,30 +233,24 @@ class History:
         return True
 
     def _replace_run(self, run: str, got: RunRows, size: int, mtime: float) -> None:
-        conn = self.db.conn
+        conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute("DELETE FROM jobs WHERE run_dir = ?", [run])
-            job_pk = self.db["jobs"].insert(got.job).last_pk
-            for a in got.attempts:
-                a["job"] = job_pk
-            if got.attempts:
-                self.db["attempts"].insert_all(got.attempts)
-            if got.profiles:
-                self.db["layer_profiles"].upsert_all(got.profiles, pk=("model_key", "micro_batch_size", "layer"))
-            if got.overheads:
-                self.db["pipe_overheads"].upsert_all(got.overheads, pk=("model_key", "micro_batch_size"))
-            if got.decisions:
-                self.db["plan_decisions"].insert_all({**d, "job": job_pk} for d in got.decisions)
-            self.db["ingest_state"].upsert({"run_dir": run, "size": size, "mtime": mtime}, pk="run_dir")
+            job_pk = _insert(conn, "jobs", [got.job])
+            _insert(conn, "attempts", [{**a, "job": job_pk} for a in got.attempts])
+            _insert(conn, "layer_profiles", got.profiles, ("model_key", "micro_batch_size", "layer"))
+            _insert(conn, "pipe_overheads", got.overheads, ("model_key", "micro_batch_size"))
+            _insert(conn, "plan_decisions", [{**d, "job": job_pk} for d in got.decisions])
+            _insert(conn, "ingest_state", [{"run_dir": run, "size": size, "mtime": mtime}], ("run_dir",))
             conn.execute("COMMIT")
         except Exception:
             conn.execute("ROLLBACK")
             raise
 
-    def ingest_registered(self) -> int:
+    def ingest_registered(self, measured_only: bool = False) -> int:
         """Ingest every run directory in the per-user job registry; returns how many changed
-        (a directory refused as unsafe is skipped)."""
+        (a directory refused as unsafe is skipped; with ``measured_only``, one without events)."""
         n = 0
         jobs = state_dir() / "jobs"
         if not jobs.is_dir():
@@ -252,7 +258,7 @@ class History:
         for f in jobs.glob("*.json"):
             try:
                 run = json.loads(f.read_text())["run_dir"]
-                n += self.ingest_run_dir(str(run))
+                n += self.ingest_run_dir(str(run), measured_only=measured_only)
             except (OSError, ValueError, KeyError, TypeError, IngestRefused):
                 continue
         return n
@@ -264,7 +270,7 @@ class History:
         if not rows:
             return 0
         keys = {(r["cluster"], r["job_id"], r["start"]) for r in rows}
-        conn = self.db.conn
+        conn = self.conn
         conn.execute("CREATE TEMP TABLE IF NOT EXISTS touched (cluster TEXT, job_id TEXT, "
                      "PRIMARY KEY (cluster, job_id)) WITHOUT ROWID")
         conn.execute("CREATE TEMP TABLE IF NOT EXISTS incoming (cluster TEXT, job_id TEXT, "
@@ -289,7 +295,7 @@ class History:
 
     def sacct_since(self, cluster: str) -> float | None:
         """Where the next `ingest --sacct` of ``cluster`` starts reading (None: from the start)."""
-        row = self.db.conn.execute("SELECT last_end FROM sacct_state WHERE cluster = ?",
+        row = self.conn.execute("SELECT last_end FROM sacct_state WHERE cluster = ?",
                                    [cluster]).fetchone()
         return None if row is None else float(row[0])
 
@@ -300,7 +306,7 @@ class History:
         new = self.add_slurm_records(records, "sacct")
         ends = [e for e in (_epoch(r.get("END")) for r in records) if e is not None]
         if ends:
-            self.db.conn.execute(
+            self.conn.execute(
                 "INSERT INTO sacct_state VALUES (?, ?) ON CONFLICT (cluster) DO UPDATE SET "
                 "last_end = MAX(last_end, excluded.last_end)", [cluster, max(ends)])
         return new
@@ -345,7 +351,7 @@ class History:
     # ------------------------------------------------------------------------- queries
     def layer_profile(self, mkey: str) -> tuple[int, list[float], list[int], list[int]] | None:
         """(micro_batch_size, seconds, param bytes, activation bytes per layer), newest profile."""
-        rows = list(self.db.conn.execute(
+        rows = list(self.conn.execute(
             "SELECT micro_batch_size, layer, seconds, param_bytes, activation_bytes FROM layer_profiles "
             "WHERE model_key = ? ORDER BY updated DESC, layer", [mkey]))
         if not rows:
@@ -356,7 +362,7 @@ class History:
 
     def pipe_overheads(self, mkey: str, micro_batch_size: int) -> dict[str, float] | None:
         """The engine's overheads outside the layers for this model (newest profile)."""
-        row = self.db.conn.execute(
+        row = self.conn.execute(
             "SELECT overhead_s, last_stage_overhead_s, send_s, step_overhead_s FROM pipe_overheads "
             "WHERE model_key = ? AND micro_batch_size = ?", [mkey, micro_batch_size]).fetchone()
         if row is None:
@@ -369,17 +375,24 @@ class History:
         q = ("SELECT a.config_key, a.step_count, a.step_mean, a.step_p50, a.step_p95 FROM attempts a "
              "JOIN jobs j ON j.id = a.job WHERE j.model_key = ? AND a.step_count > 0")
         acc: dict[str, list[tuple[int, float, float, float]]] = {}
-        for key, n, mean, p50, p95 in self.db.conn.execute(q, [mkey]):
+        for key, n, mean, p50, p95 in self.conn.execute(q, [mkey]):
             acc.setdefault(key, []).append((n, mean, p50, p95))
-        for key, rows in acc.items():
-            n = sum(r[0] for r in rows)
-            out[key] = {"count": n, "mean": sum(r[0] * r[1] for r in rows) / n,
-                        "p50": sum(r[0] * r[2] for r in rows) / n, "p95": max(r[3] for r in rows)}
+        for key, per_attempt in acc.items():
+            n = sum(a[0] for a in per_attempt)
+            out[key] = {"count": n, "mean": sum(a[0] * a[1] for a in per_attempt) / n,
+                        "p50": sum(a[0] * a[2] for a in per_attempt) / n,
+                        "p95": max(a[3] for a in per_attempt)}
         return out
+
+    def setup_times(self, mkey: str) -> list[float]:
+        """Measured setup seconds (start to first step) of every attempt of this model."""
+        return [r[0] for r in self.conn.execute(
+            "SELECT a.setup_s FROM attempts a JOIN jobs j ON j.id = a.job WHERE j.model_key = ? "
+            "AND a.setup_s IS NOT NULL", [mkey])]
 
     def recent_errors(self, limit: int = 20) -> list[dict[str, Any]]:
         """Predicted vs actual step time and JCT of the most recent finished, planned jobs."""
-        rows = self.db.conn.execute(
+        rows = self.conn.execute(
             "SELECT job_id, name, predicted_step_s, actual_step_s, predicted_jct_s, actual_jct_s "
             "FROM jobs WHERE predicted_step_s IS NOT NULL AND actual_step_s IS NOT NULL "
             "ORDER BY end_time DESC LIMIT ?", [limit])
@@ -392,17 +405,41 @@ class History:
         behaviour, and an index range scan however long the history)."""
         import time as _time
         since = (now if now is not None else _time.time()) - days * 86400
-        row = self.db.conn.execute(
+        row = self.conn.execute(
             "SELECT SUM(preempted), SUM(run_s) FROM job_rollup WHERE partition IS ? AND submit >= ?",
             [partition, since]).fetchone()
         pre, run = row if row else (None, None)
         return (pre or 0) / (run / 3600) if run else 0.0
 
     def partition_waits(self, partition: str | None, nodes: int) -> list[float]:
-        rows = self.db.conn.execute(
+        rows = self.conn.execute(
             "SELECT start_time - submit_time FROM jobs WHERE partition IS ? AND chosen_nodes = ? "
             "AND start_time IS NOT NULL AND submit_time IS NOT NULL", [partition, nodes])
         return [r[0] for r in rows if r[0] is not None and r[0] >= 0]
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _insert(conn: sqlite3.Connection, table: str, rows: list[dict[str, Any]],
+            upsert_on: tuple[str, ...] | None = None) -> int | None:
+    """Insert ``rows`` (dicts; a key missing in one is NULL there) into ``table``, updating the
+    row with the same ``upsert_on`` key instead when given; returns the last rowid."""
+    if not rows:
+        return None
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    sql = (f"INSERT INTO {_quote(table)} ({', '.join(map(_quote, cols))}) "
+           f"VALUES ({', '.join('?' * len(cols))})")
+    if upsert_on:
+        sets = [f"{_quote(c)} = excluded.{_quote(c)}" for c in cols if c not in upsert_on]
+        sql += (f" ON CONFLICT ({', '.join(map(_quote, upsert_on))}) DO "
+                + (f"UPDATE SET {', '.join(sets)}" if sets else "NOTHING"))
+    values = [tuple(r.get(c) for c in cols) for r in rows]
+    if len(values) == 1:
+        return conn.execute(sql, values[0]).lastrowid
+    conn.executemany(sql, values)
+    return None
 
 
 def _epoch(v: Any) -> float | None:

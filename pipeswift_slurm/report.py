@@ -20,6 +20,7 @@ from typing import Any
 
 from .fmt import duration, pyplot, save
 from .history import History
+from .stats import median, quantile
 
 
 @dataclass
@@ -51,14 +52,6 @@ class JobReport:
     attempt_rows: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _q(xs: list[float], q: float) -> float | None:
-    xs = sorted(x for x in xs if x is not None)
-    if not xs:
-        return None
-    i = min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))
-    return xs[i]
-
-
 def _where(t: str, user: str | None, partition: str | None, since: float | None,
            until: float | None, job_id: str | None = None) -> tuple[list[str], list[Any]]:
     """SQL conditions (on table alias ``t``) and parameters for the report filters."""
@@ -84,10 +77,10 @@ def job_reports(h: History, user: str | None = None, partition: str | None = Non
            "s.node_count, s.procs, s.work_dir FROM slurm_jobs s WHERE " + " AND ".join(where) +
            " ORDER BY s.cluster, s.job_id, s.start")
     groups: dict[tuple[str, str], list[tuple]] = {}
-    for r in h.db.conn.execute(sql, params):
+    for r in h.conn.execute(sql, params):
         groups.setdefault((r[0], r[1]), []).append(r)
     # pswift jobs known only from their run directories (no plugin record yet) are included
-    runs = {r[0]: r for r in h.db.conn.execute(
+    runs = {r[0]: r for r in h.conn.execute(
         "SELECT run_dir, id, job_id, name, user, partition, state, submit_time, predicted_jct_s "
         "FROM jobs")}
     out = []
@@ -141,7 +134,7 @@ def _report(h: History, jid: str, rows: list[tuple], run: tuple | None) -> JobRe
                               "end_step", "ended", "setup_s", "load_s", "checkpoint_s", "train_s",
                               "step_mean", "step_var", "step_p50", "step_p95", "start_time", "end_time",
                               "config_key"), a))
-                    for a in h.db.conn.execute(
+                    for a in h.conn.execute(
                         "SELECT attempt, nodes, stages, data_parallel, micro_batches, start_step, end_step, "
                         "ended, setup_s, load_s, checkpoint_s, train_s, step_mean, step_var, step_p50, "
                         "step_p95, start_time, end_time, config_key FROM attempts WHERE job = ? "
@@ -153,7 +146,7 @@ def _report(h: History, jid: str, rows: list[tuple], run: tuple | None) -> JobRe
         rep.checkpoint_s = max(0.0, run_time - rep.setup_s - rep.training_s) if rows else \
             sum(a["checkpoint_s"] or 0.0 for a in attempts)
         steps = [a["step_p50"] for a in attempts if a["step_p50"]]
-        med = statistics.median(steps) if steps else 0.0
+        med = median(steps) if steps else 0.0
         means = [(a["step_mean"], a["step_var"]) for a in attempts if a["step_mean"] is not None]
         if means:
             rep.step_mean_s = statistics.fmean(m for m, _ in means)
@@ -197,15 +190,15 @@ def aggregate(reps: list[JobReport], by: str) -> list[dict[str, Any]]:
         pred = [(r.predicted_jct_s, r.jct_s) for r in rs if r.predicted_jct_s and r.jct_s]
         out.append({
             by: k, "jobs": len(rs), "attempts": sum(r.attempts for r in rs),
-            "wait_p50_s": _q(waits, 0.5), "wait_p95_s": _q(waits, 0.95),
-            "jct_p50_s": _q(jcts, 0.5), "jct_p95_s": _q(jcts, 0.95),
+            "wait_p50_s": quantile(waits, 0.5), "wait_p95_s": quantile(waits, 0.95),
+            "jct_p50_s": quantile(jcts, 0.5), "jct_p95_s": quantile(jcts, 0.95),
             "preemption_rate": sum(r.preemptions for r in rs) / max(1, sum(r.attempts for r in rs)),
             "steps_lost": sum(r.steps_lost for r in rs),
             "device_hours_wasted": sum(r.device_hours_wasted for r in rs),
-            "step_time_var": _q([r.step_var for r in rs if r.step_var is not None], 0.5),
+            "step_time_var": median(r.step_var for r in rs),
             "queue_s": sum(waits), "setup_s": sum(r.setup_s for r in rs),
             "training_s": sum(r.training_s for r in rs), "checkpoint_s": sum(r.checkpoint_s for r in rs),
-            "predicted_vs_actual_jct": (statistics.median(p / a for p, a in pred) if pred else None),
+            "predicted_vs_actual_jct": median(p / a for p, a in pred),
         })
     return out
 
@@ -354,7 +347,7 @@ def aggregate_sql(h: History, by: str, user: str | None = None, partition: str |
         params.append(state.upper())
     key = _KEYS[by]
     col = {"partition": "r.partition", "user": "r.user", "nodes": "r.nodes"}[key]
-    conn = h.db.conn
+    conn = h.conn
     out: dict[Any, dict[str, Any]] = {}
     waits: dict[Any, list[float]] = {}
     jcts: dict[Any, list[float]] = {}
@@ -381,9 +374,8 @@ def aggregate_sql(h: History, by: str, user: str | None = None, partition: str |
     for k, g in out.items():
         g["preemption_rate"] = g.pop("pre") / max(1, g["attempts"])
         for name, xs in (("wait", waits[k]), ("jct", jcts[k])):
-            xs.sort()
-            g[f"{name}_p50_s"] = xs[int(0.5 * (len(xs) - 1))] if xs else None
-            g[f"{name}_p95_s"] = xs[int(0.95 * (len(xs) - 1) + 0.5)] if xs else None
+            g[f"{name}_p50_s"] = quantile(xs, 0.5)
+            g[f"{name}_p95_s"] = quantile(xs, 0.95)
     # pswift jobs: split their run time into setup / training / checkpoint and add their waste
     runs = {r[0] for r in conn.execute("SELECT run_dir FROM jobs")}
     if runs:
@@ -402,9 +394,9 @@ def aggregate_sql(h: History, by: str, user: str | None = None, partition: str |
                 g["checkpoint_s"] += r.checkpoint_s
                 g["steps_lost"] += r.steps_lost
                 g["device_hours_wasted"] += r.device_hours_wasted
-            g["step_time_var"] = _q([r.step_var for r in rs if r.step_var is not None], 0.5)
+            g["step_time_var"] = median(r.step_var for r in rs)
             pred = [(r.predicted_jct_s, r.jct_s) for r in rs if r.predicted_jct_s and r.jct_s]
-            g["predicted_vs_actual_jct"] = statistics.median(p / a for p, a in pred) if pred else None
+            g["predicted_vs_actual_jct"] = median(p / a for p, a in pred)
     cols = [by, "jobs", "attempts", "wait_p50_s", "wait_p95_s", "jct_p50_s", "jct_p95_s", "preemption_rate",
             "steps_lost", "device_hours_wasted", "step_time_var", "queue_s", "setup_s", "training_s",
             "checkpoint_s", "predicted_vs_actual_jct"]
@@ -413,7 +405,7 @@ def aggregate_sql(h: History, by: str, user: str | None = None, partition: str |
 
 def wait_quantiles(h: History, points: int = 200) -> list[float]:
     """Queue waits per job at ``points`` quantiles, for the CDF plot."""
-    xs = sorted(w for (w,) in h.db.conn.execute("SELECT queue_s FROM job_rollup WHERE queue_s IS NOT NULL"))
+    xs = sorted(w for (w,) in h.conn.execute("SELECT queue_s FROM job_rollup WHERE queue_s IS NOT NULL"))
     if not xs:
         return []
     step = max(1, len(xs) // points)

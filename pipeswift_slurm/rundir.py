@@ -11,11 +11,10 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import secrets
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import RunDirError
 
@@ -25,7 +24,7 @@ EVENTS = "events.jsonl"  # written by the launcher, read through events.py
 def default_run_dir(job_name: str, base: Path | None = None) -> Path:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_name)[:60] or "job"
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return (base or Path.cwd() / "pswift-runs") / f"{safe}-{stamp}-{secrets.token_hex(2)}"
+    return (base or Path.cwd() / "pswift-runs") / f"{safe}-{stamp}-{os.urandom(2).hex()}"
 
 
 def state_dir() -> Path:
@@ -43,7 +42,7 @@ def stage_run_dir(target: Path) -> Path:
         raise RunDirError(f"run directory {target} already exists; pass a new --run-dir")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / f".{target.name}.tmp-{secrets.token_hex(3)}"
+        tmp = target.parent / f".{target.name}.tmp-{os.urandom(3).hex()}"
         tmp.mkdir()
     except OSError as e:
         raise RunDirError(f"cannot create run directory {target}: {e.strerror}; "
@@ -68,7 +67,7 @@ def register_job(job_id: str, run_dir: Path) -> None:
     d = state_dir() / "jobs"
     try:
         d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".{job_id}.{secrets.token_hex(3)}"
+        tmp = d / f".{job_id}.{os.urandom(3).hex()}"
         tmp.write_text(json.dumps({"job_id": job_id, "run_dir": str(run_dir)}) + "\n")
         os.replace(tmp, d / f"{job_id}.json")
     except OSError as e:

@@ -15,13 +15,13 @@ import json
 import math
 import pwd
 import re
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import events as events_mod
 from .costmodel import overheads_from_instructions
 from .userfiles import RunFiles
+from .stats import median, quantile
 
 _JOB_ID = re.compile(r"^[0-9]{1,20}(_[0-9]{1,10})?$")
 
@@ -139,12 +139,6 @@ def rows(run: str, files: RunFiles, owner: Owner) -> RunRows | None:
     return out
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    if len(xs) == 1:
-        return xs[0]
-    return statistics.quantiles(xs, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))]
-
-
 def _decisions(plan: dict[str, Any]) -> list[dict[str, Any]]:
     pred = _dict(plan.get("prediction"))
     cands = plan.get("candidates")
@@ -196,6 +190,7 @@ def _profile(ev: dict[str, Any], mkey: str, profiles: list, overheads: list) -> 
 
 
 def _from_events(mkey: str, job: dict[str, Any], evs: list[dict[str, Any]]) -> RunRows:
+    import statistics   # here, not at the top: a submission that only reads the history skips it
     attempts: dict[int, dict[str, Any]] = {}
     steps: dict[int, list[float]] = {}
     profiles: list[dict[str, Any]] = []
@@ -222,8 +217,8 @@ def _from_events(mkey: str, job: dict[str, Any], evs: list[dict[str, Any]]) -> R
         xs = xs[1:] if len(xs) > 1 else xs
         if xs:
             a.update(step_count=len(xs), step_mean=statistics.fmean(xs),
-                     step_var=statistics.pvariance(xs), step_p50=_quantile(xs, 0.5),
-                     step_p95=_quantile(xs, 0.95), train_s=sum(steps[n]))
+                     step_var=statistics.pvariance(xs), step_p50=quantile(xs, 0.5),
+                     step_p95=quantile(xs, 0.95), train_s=sum(steps[n]))
         else:
             a.update(step_count=0)
         a.setdefault("ended", "running")
@@ -234,7 +229,7 @@ def _from_events(mkey: str, job: dict[str, Any], evs: list[dict[str, Any]]) -> R
         job["state"] = ordered[-1].get("ended")
         all_steps = [x for k in sorted(steps) for x in steps[k][1:]]
         if all_steps:
-            job["actual_step_s"] = statistics.median(all_steps)
+            job["actual_step_s"] = median(all_steps)
         if job["state"] == "completed" and job.get("submit_time") and job.get("end_time"):
             job["actual_jct_s"] = job["end_time"] - job["submit_time"]
     return RunRows(job, ordered, profiles, overheads)

@@ -16,16 +16,18 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
-from importlib import resources
+from pathlib import Path
 from typing import Any
-
-import jinja2
 
 from . import __version__
 from .config import TrainConfig
 from .errors import ConfigError
 
-TEMPLATE = "job.sbatch.j2"
+TEMPLATE = "job.sbatch.tmpl"
+
+
+#: ``@name`` placeholders in the template (bash's own ``$`` stays as written)
+_PLACEHOLDER = re.compile(r"@([a-z_]+)")
 
 
 @dataclass(frozen=True)
@@ -110,20 +112,22 @@ def options_for(cfg: TrainConfig, run_dir: str, signal_lead_s: int | None,
 
 
 def render(options: SbatchOptions, run_dir: str, python: str) -> str:
-    text = resources.files("pipeswift_templates").joinpath(TEMPLATE).read_text(encoding="utf-8")
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             autoescape=False)
+    # next to the templates package's __init__ (importlib.resources would cost the submit path
+    # its zipfile and tempfile imports; the package is always installed as plain files)
+    import pipeswift_templates
+    text = (Path(pipeswift_templates.__file__).parent / TEMPLATE).read_text(encoding="utf-8")
     for v in (run_dir, python):
         _quote(v)
-    return env.from_string(text).render(
+    values = dict(
         version=__version__,
         job_name_comment=shlex.quote(options.job_name),
-        directives=options.directives(),
+        directives="\n".join(options.directives()),
         run_dir=shlex.quote(run_dir),
         python=shlex.quote(python),
-        tasks_per_node=int(options.ntasks_per_node),
-        cpus_per_task=int(options.cpus_per_task),
+        tasks_per_node=str(int(options.ntasks_per_node)),
+        cpus_per_task=str(int(options.cpus_per_task)),
     )
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)   # KeyError: a template typo
 
 
 #: sbatch options whose value pswift plans (or takes from train.toml): given after `--` they

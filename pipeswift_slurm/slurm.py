@@ -36,7 +36,7 @@ def _one_line(text: str, limit: int = 400) -> str:
 
 
 def _run(cmd: Sequence[str], timeout: float = 60.0, check: bool = True,
-         survive_term: bool = False) -> subprocess.CompletedProcess:
+         survive_term: bool = False, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run a Slurm command; on failure raise SlurmError with command, exit code, stdout, stderr.
     ``survive_term``: the command ignores SIGTERM (a job's own requeue sends it to every process
     of the job, the commands that follow the requeue included)."""
@@ -45,7 +45,7 @@ def _run(cmd: Sequence[str], timeout: float = 60.0, check: bool = True,
         raise SlurmError(f"{exe}: command not found; install Slurm's client tools (slurm-client) or "
                          f"start the dev cluster with scripts/slurm-dev-cluster start")
     try:
-        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env,
                               stdin=subprocess.DEVNULL, preexec_fn=_ignore_term if survive_term else None)
     except subprocess.TimeoutExpired:
         hint = ("SLURM_CONF is not set, and Slurm may be looking for a configless server: "
@@ -115,6 +115,12 @@ class CliBackend:
                              f"{_one_line(proc.stderr or proc.stdout or 'no output')}")
         return slurm_json.jobs(slurm_json.load(proc.stdout, "squeue --json"))
 
+    def active_jobs(self) -> list[JobInfo]:
+        """Pending and running jobs only (see :func:`slurm_json.squeue_active`)."""
+        cmd = ["squeue", "--noheader", "--states=PENDING,RUNNING", f"--format={slurm_json.ACTIVE_FORMAT}"]
+        env = {**os.environ, "SLURM_TIME_FORMAT": "standard"}   # whatever the user prefers
+        return slurm_json.squeue_active(_run(cmd, timeout=QUERY_TIMEOUT, env=env).stdout)
+
     def preempt_time_set(self, job_id: str) -> bool:
         return show_job(job_id).get("PreemptTime", "None") not in ("None", "Unknown", "")
 
@@ -174,13 +180,82 @@ def being_preempted(job_id: str) -> bool:
 
 
 def cluster_state(now: float | None = None) -> "ClusterState":
-    """Every node and the running/pending jobs, as the planner sees them, on any Slurm version."""
+    """Every node and the running/pending jobs, as the planner sees them, on any Slurm version
+    (the answer of :func:`prefetch` when one is pending)."""
     import time as _time
 
     from .queue import cluster_view
 
-    b = backend()
-    return cluster_view(b.nodes(), b.jobs(), now if now is not None else _time.time())
+    pending = _cache.pop("prefetch", None)
+    if pending is not None and pending.fresh():
+        nodes, jobs = pending.result()
+    else:
+        b = backend()
+        nodes, jobs = b.nodes(), b.active_jobs()
+    return cluster_view(nodes, jobs, now if now is not None else _time.time())
+
+
+class _Prefetch:
+    """The cluster query running in a background thread (the CLI backend's two commands in two
+    threads; pyslurm's calls one after the other); ``result()`` waits and re-raises errors."""
+
+    MAX_AGE_S = 10.0   # an answer older than this is not used (a fresh query is made)
+
+    def __init__(self) -> None:
+        import threading
+        import time
+        self.started = time.monotonic()
+        self.got: dict[str, Any] = {}
+        self.thread = threading.Thread(target=self._fetch, daemon=True, name="pswift-prefetch")
+        self.thread.start()
+
+    def _ask(self, what: str, b: Any) -> None:
+        try:
+            self.got[what] = b.nodes() if what == "nodes" else b.active_jobs()
+        except BaseException as e:  # handed to whoever waits for the answer
+            self.got[what] = e
+
+    def _fetch(self) -> None:
+        import threading
+        try:
+            b = backend()
+        except BaseException as e:
+            self.got["nodes"] = self.got["jobs"] = e
+            return
+        jobs = threading.Thread(target=self._ask, args=("jobs", b), daemon=True) if b.name == "cli" else None
+        if jobs is not None:
+            jobs.start()
+        self._ask("nodes", b)
+        if jobs is None:
+            self._ask("jobs", b)
+        else:
+            jobs.join()
+        try:
+            automatic_requeue_limit()   # cached for the submission (scontrol show config)
+        except BaseException:
+            pass                        # asked again, and reported, where it is needed
+
+    def fresh(self) -> bool:
+        import time
+        return time.monotonic() - self.started < self.MAX_AGE_S
+
+    def result(self) -> tuple[list[NodeState], list[JobInfo]]:
+        self.thread.join()
+        for v in self.got.values():
+            if isinstance(v, BaseException):
+                raise v
+        return self.got["nodes"], self.got["jobs"]
+
+
+def prefetch() -> None:
+    """Start asking Slurm now, in background threads, what planning and submitting will ask
+    (the nodes, the queue, the requeue limit), so that the queries overlap with loading the
+    config and the planner; the next :func:`cluster_state` call takes the answer. Only where
+    Slurm's configuration is there to read (a client without one may wait for a configless
+    server: that is left to the query that needs it, with its timeout and its hint)."""
+    conf = os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    if "prefetch" not in _cache and os.path.isfile(conf):
+        _cache["prefetch"] = _Prefetch()
 
 #: every state an attempt ends in (requeued attempts too). With explicit states, sacct's -S/-E
 #: select attempts that *ended* in the window; without them, 22.05 selects by eligible time and

@@ -165,6 +165,38 @@ def jobs(doc: dict[str, Any]) -> list[JobInfo]:
     return out
 
 
+#: ``squeue --format`` of :func:`squeue_active`: the fields the planner reads, "|"-separated
+ACTIVE_FORMAT = "%i|%T|%Q|%P|%D|%l|%e|%N"
+
+
+def squeue_active(text: str) -> list[JobInfo]:
+    """Pending and running jobs from ``squeue --noheader --states=PENDING,RUNNING
+    --format=ACTIVE_FORMAT`` with SLURM_TIME_FORMAT=standard. Used for the planner's cluster
+    view: ``squeue --json`` lists every finished job still in memory too (22.05 ignores
+    --states with --json), megabytes on a busy cluster."""
+    import time
+
+    from .config import slurm_time_seconds
+    out = []
+    for line in text.splitlines():
+        f = line.split("|")
+        if len(f) != 8:
+            continue
+        job_id, st, prio, part, count, limit, end, nodes = f
+        try:
+            limit_min = None if limit in ("UNLIMITED", "NOT_SET", "INVALID", "") else slurm_time_seconds(limit) // 60
+            end_time = None if end in ("N/A", "NONE", "Unknown", "") else int(time.mktime(time.strptime(end, "%Y-%m-%dT%H:%M:%S")))
+        except (ValueError, OverflowError):
+            limit_min, end_time = None, None
+        out.append(JobInfo(
+            job_id=job_id, name="", state=state(st), reason="", partition=part, nodes=nodes,
+            node_names=expand_hostlist(nodes) if st == "RUNNING" and nodes else (),
+            node_count=int(count) if count.isdigit() else 0, restarts=0, submit_time=None,
+            start_time=None, end_time=end_time, time_limit_min=limit_min,
+            priority=int(prio) if prio.isdigit() else 0, qos=""))
+    return out
+
+
 def scontrol_fields(text: str) -> dict[str, str]:
     """``scontrol show job -o JOBID`` as a dict (values may hold spaces)."""
     fields: dict[str, str] = {}

@@ -84,6 +84,10 @@ class PyslurmBackend:
                 return []          # not a number, or purged: as squeue's "Invalid job id"
         return [self._job(j) for j in jobs]
 
+    def active_jobs(self) -> list[JobInfo]:
+        """Pending and running jobs (one load, filtered here: pyslurm answers in-process)."""
+        return [j for j in self.jobs() if j.state in ("PENDING", "RUNNING")]
+
     @staticmethod
     def _job(j: Any) -> JobInfo:
         state = str(j.state or "UNKNOWN").upper()

@@ -8,7 +8,7 @@ import sys
 import pipeswift_slurm, pipeswift_slurm.cli, pipeswift_slurm.config, pipeswift_slurm.plan
 import pipeswift_slurm.sbatch, pipeswift_slurm.slurm, pipeswift_slurm.rundir, pipeswift_slurm.local
 from pipeswift_slurm.cli import cli
-for args in (["--help"], *[[c, "--help"] for c in cli.commands]):
+for args in (["--help"], *[[c, "--help"] for c in cli.list_commands(None)]):
     try:
         cli.main(args, prog_name="pswift", standalone_mode=False)
     except SystemExit:

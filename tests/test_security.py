@@ -162,7 +162,7 @@ def test_identity_comes_from_slurm_and_profiles_stay_with_their_user(tmp_path, p
     h = History(tmp_path / "h.db")
     merged, problems = h.ingest_spool(spool)
     assert (merged, problems) == (1, [])
-    user, job_id = h.db.conn.execute("SELECT user, job_id FROM jobs").fetchone()
+    user, job_id = h.conn.execute("SELECT user, job_id FROM jobs").fetchone()
     assert (user, job_id) == (USER, "4242")
     model = PLAN["model"]
     assert h.layer_profile(model_key(model, USER)) is not None       # the job's own user: yes
@@ -192,7 +192,7 @@ def test_bad_spool_files_move_aside_with_their_reason_and_the_rest_merge(tmp_pat
     bad = sorted(p.name for p in (spool / "bad").iterdir())
     assert bad == sorted([f"{n}.json{s}" for n in ("a-fifo", "b-garbage", "c-link", "d-big") for s in ("", ".why")])
     assert "not a regular file" in (spool / "bad" / "a-fifo.json.why").read_text()
-    assert h.db.conn.execute("SELECT job_id FROM slurm_jobs").fetchall() == [("7",)]
+    assert h.conn.execute("SELECT job_id FROM slurm_jobs").fetchall() == [("7",)]
     assert not list(spool.glob("*.json"))
 
 

@@ -3,7 +3,6 @@
 60-minute job, a 4-node job pending, one job finished with exit 3). The live twin of these tests,
 on whichever Slurm is running, is test_slurm_versions.py."""
 
-import json
 from pathlib import Path
 
 import pytest
@@ -122,3 +121,24 @@ def test_a_hung_command_is_bounded_and_names_slurm_conf(monkeypatch):
     monkeypatch.delenv("SLURM_CONF", raising=False)
     with pytest.raises(SlurmError, match="did not answer within 1 s; SLURM_CONF is not set"):
         slurm._run(["sleep", "5"], timeout=1)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_squeue_active_text(version):
+    """The planner's queue query: pending and running jobs only, in squeue's own text format."""
+    import time
+    jobs = {j.state: j for j in slurm_json.squeue_active((DATA / version / "squeue_active.txt").read_text())}
+    run, pend = jobs["RUNNING"], jobs["PENDING"]
+    assert run.node_names == ("node1", "node2", "node3") and run.node_count == 3
+    assert run.time_limit_min == 60 and pend.time_limit_min == 30 and pend.node_count == 4
+    assert pend.node_names == () and pend.partition == run.partition == "low"
+    assert run.end_time == int(time.mktime(time.strptime(
+        (DATA / version / "squeue_active.txt").read_text().splitlines()[1].split("|")[6], "%Y-%m-%dT%H:%M:%S")))
+    assert run.priority > 0 and pend.priority > 0
+
+
+def test_squeue_active_text_odd_lines():
+    text = "1|RUNNING|5|p|1|UNLIMITED|N/A|n1\nbroken line\n2|PENDING||p|2|1-00:00:00|N/A|\n"
+    a, b = slurm_json.squeue_active(text)
+    assert (a.time_limit_min, a.end_time, a.node_names) == (None, None, ("n1",))
+    assert (b.time_limit_min, b.priority, b.node_count) == (1440, 0, 2)

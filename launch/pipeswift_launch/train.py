@@ -6,10 +6,12 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from pipeswift_slurm import events as events_schema
 
 from . import checkpoint as ckpt
 from .dist_env import DistEnv
@@ -17,26 +19,6 @@ from .pipe import build_pipe, resolve
 from .profile import PROFILE_STEPS, InstructionTimer, LayerProfiler
 from .signals import STOP_NONE, STOP_TIME, requested
 from .watchdog import Watchdog, end_attempt
-
-class Events:
-    """JSONL events of rank 0 in the run directory (other ranks write nothing)."""
-
-    def __init__(self, run_dir: Path, enabled: bool, attempt: int, job_id: str | None) -> None:
-        self.fh = open(run_dir / "events.jsonl", "a", encoding="utf-8") if enabled else None
-        self.base = {"attempt": attempt, "job_id": job_id}
-
-    def emit(self, event: str, **fields: Any) -> None:
-        if self.fh is None:
-            return
-        rec = {"event": event, "time": round(time.time(), 3), **self.base, **fields}
-        self.fh.write(json.dumps(rec) + "\n")
-        self.fh.flush()
-
-    def close(self) -> None:
-        if self.fh is not None:
-            os.fsync(self.fh.fileno())
-            self.fh.close()
-
 
 def _log(rank: int, msg: str) -> None:
     if rank == 0:
@@ -69,152 +51,195 @@ def ds_config(plan: dict[str, Any], layout: dict[str, Any]) -> dict[str, Any]:
     return _deep_merge(cfg, t.get("ds_config") or {})
 
 
+@dataclass
+class Attempt:
+    """One attempt of the job on this rank: what setup built and the loop and finish use."""
+    plan: dict[str, Any]
+    denv: DistEnv
+    layout: dict[str, Any]
+    events: events_schema.Writer
+    engine: Any = None
+    dist: Any = None
+    boundaries: list[int] = field(default_factory=list)
+    ckpt_dir: Path = Path(".")
+    model_id: str = ""
+    step: int = 0
+
+    @property
+    def rank(self) -> int:
+        return self.denv.rank
+
+
 def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> int:
+    """One rank's attempt: refuse what cannot run, set up, resume, train, finish."""
     os.environ.update(denv.exports())
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if plan["device"] == "cuda" else "cpu")
+    events = events_schema.Writer(Path(plan["run_dir"]), denv.rank == 0, denv.attempt, denv.job_id)
+    layout = plan["layouts"].get(str(denv.nodes))
+    refusal = _refusal(plan, denv, layout)
+    if refusal is not None:
+        reason, msg, rc = refusal
+        _log(denv.rank, f"error: {msg}" if rc == 2 else f"stopping: {msg}")
+        events.emit("end", reason=reason, error=msg)
+        events.close()
+        return rc
+    att = Attempt(plan, denv, layout, events)
+    t0 = started or time.time()
+    _setup(att)
+    t_load = time.time()
+    resumed_from = _resume(att)
+    _emit_start(att, time.time() - t0, time.time() - t_load if resumed_from else 0.0, resumed_from)
+    stop_code = _train(att)
+    return _finish(att, stop_code)
+
+
+def _refusal(plan: dict[str, Any], denv: DistEnv, layout: dict[str, Any] | None) -> tuple[str, str, int] | None:
+    """(end reason, message, exit code) when this attempt must not train at all."""
+    if layout is None or layout["world_size"] != denv.world_size:
+        msg = (f"the job got {denv.nodes} node(s) / {denv.world_size} tasks but plan.json has layouts "
+               f"for {sorted(plan['layouts'], key=int)} nodes"
+               + (f" ({plan['infeasible'][str(denv.nodes)]})" if str(denv.nodes) in plan.get("infeasible", {}) else ""))
+        return "failed", msg, 2
+    if denv.attempt > int(plan.get("max_requeues", 3)):
+        return ("requeue_budget", f"attempt {denv.attempt} exceeds max_requeues = {plan['max_requeues']}: "
+                f"not training again; raise [job] max_requeues and resubmit to continue from the last "
+                f"checkpoint", 3)
+    return None
+
+
+def _setup(att: Attempt) -> None:
+    """DeepSpeed, the process group, the engine; the checkpoint directory cleaned by rank 0."""
     import deepspeed
     from deepspeed import comm as dist
 
     from . import ds_compat
+    plan, denv, layout = att.plan, att.denv, att.layout
     ds_compat.check_version()
     if plan["device"] != "cuda":
         ds_compat.skip_shm_build()
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     torch.set_num_threads(int(plan.get("cpus_per_task") or 1))
-
-    run_dir = Path(plan["run_dir"])
-    rank = denv.rank
-    events = Events(run_dir, rank == 0, denv.attempt, denv.job_id)
-    layout = plan["layouts"].get(str(denv.nodes))
-    if layout is None or layout["world_size"] != denv.world_size:
-        msg = (f"the job got {denv.nodes} node(s) / {denv.world_size} tasks but plan.json has layouts "
-               f"for {sorted(plan['layouts'], key=int)} nodes"
-               + (f" ({plan['infeasible'][str(denv.nodes)]})" if str(denv.nodes) in plan.get("infeasible", {}) else ""))
-        _log(rank, f"error: {msg}")
-        events.emit("end", reason="failed", error=msg)
-        events.close()
-        return 2
-    if denv.attempt > int(plan.get("max_requeues", 3)):
-        msg = (f"attempt {denv.attempt} exceeds max_requeues = {plan['max_requeues']}: not training "
-               f"again; raise [job] max_requeues and resubmit to continue from the last checkpoint")
-        _log(rank, f"stopping: {msg}")
-        events.emit("end", reason="requeue_budget", error=msg)
-        events.close()
-        return 3
-
-    t0 = started or time.time()
-    backend = "nccl" if plan["device"] == "cuda" else "gloo"
     if plan["device"] == "cuda":
         torch.cuda.set_device(denv.local_rank % max(1, torch.cuda.device_count()))
-    deepspeed.init_distributed(dist_backend=backend)
+    deepspeed.init_distributed(dist_backend="nccl" if plan["device"] == "cuda" else "gloo")
     model = build_pipe(plan, layout)
     if plan["training"].get("gradient_clipping") and layout["stages"] > 1:
         ds_compat.mark_model_parallel(model.parameters())
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=ds_config(plan, layout))
-    boundaries = [int(b) for b in engine.module.parts]
-    device = engine.device
-    ckpt_dir = Path(plan["training"]["checkpoint_dir"])
-    if rank == 0:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        removed, aside = ckpt.remove_uncommitted(ckpt_dir)
+    att.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                               config=ds_config(plan, layout))
+    att.dist, att.model_id = dist, model_id(plan)
+    att.boundaries = [int(b) for b in att.engine.module.parts]
+    att.ckpt_dir = Path(plan["training"]["checkpoint_dir"])
+    if att.rank == 0:
+        att.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        removed, aside = ckpt.remove_uncommitted(att.ckpt_dir)
         if removed:
-            _log(rank, f"removed half-written checkpoint(s) {', '.join(removed)}")
-            events.emit("checkpoint_discarded", names=removed)
+            _log(att.rank, f"removed half-written checkpoint(s) {', '.join(removed)}")
+            att.events.emit("checkpoint_discarded", names=removed)
         if aside:
-            _log(rank, f"moved aside checkpoint(s) with an unusable manifest: {'; '.join(aside)}")
+            _log(att.rank, f"moved aside checkpoint(s) with an unusable manifest: {'; '.join(aside)}")
     dist.barrier()
-    t_load = time.time()
-    mid = model_id(plan)
-    resumed_from = _resume(engine, ckpt_dir, mid, boundaries, layout, dist, denv)
-    t_load = time.time() - t_load if resumed_from else 0.0
-    step = int(engine.global_steps)
-    setup_s = time.time() - t0
-    events.emit("start", nodes=denv.nodes, world_size=denv.world_size, stages=layout["stages"],
-                data_parallel=layout["data_parallel"], micro_batches=layout["micro_batches"],
-                micro_batch_size=layout["micro_batch_size"], boundaries=boundaries,
-                partition=layout["partition"], step=step, resumed_from=resumed_from,
-                setup_s=round(setup_s, 3), load_s=round(t_load, 3))
-    _log(rank, f"attempt {denv.attempt}: {layout['stages']} stage(s) x {layout['data_parallel']} "
-               f"data-parallel on {denv.nodes} node(s), boundaries {boundaries}, m={layout['micro_batches']}, "
-               f"from step {step}, setup {setup_s:.1f} s")
 
-    t = plan["training"]
+
+def _emit_start(att: Attempt, setup_s: float, load_s: float, resumed_from: str | None) -> None:
+    layout, denv = att.layout, att.denv
+    att.step = int(att.engine.global_steps)
+    att.events.emit("start", nodes=denv.nodes, world_size=denv.world_size, stages=layout["stages"],
+                    data_parallel=layout["data_parallel"], micro_batches=layout["micro_batches"],
+                    micro_batch_size=layout["micro_batch_size"], boundaries=att.boundaries,
+                    partition=layout["partition"], step=att.step, resumed_from=resumed_from,
+                    setup_s=round(setup_s, 3), load_s=round(load_s, 3))
+    _log(att.rank, f"attempt {denv.attempt}: {layout['stages']} stage(s) x {layout['data_parallel']} "
+                   f"data-parallel on {denv.nodes} node(s), boundaries {att.boundaries}, "
+                   f"m={layout['micro_batches']}, from step {att.step}, setup {setup_s:.1f} s")
+
+
+def _save(att: Attempt, reason: str) -> None:
+    """A stage-consistent checkpoint of ``att.step`` by every rank, pruned, and its event."""
+    ts = time.time()
+    layout, denv, t = att.layout, att.denv, att.plan["training"]
+    meta = {"samples": int(att.engine.global_samples), "boundaries": att.boundaries,
+            "model_id": att.model_id, "stages": layout["stages"],
+            "data_parallel": layout["data_parallel"], "micro_batches": layout["micro_batches"],
+            "world_size": denv.world_size, "data_position": att.step, "reason": reason,
+            "job_id": denv.job_id, "attempt": denv.attempt}
+
+    def gather(obj: Any) -> list[Any]:
+        out: list[Any] = [None] * denv.world_size
+        att.dist.all_gather_object(out, obj)
+        return out
+
+    path, phases = ckpt.save(att.engine, att.ckpt_dir, att.step, meta, gather, att.dist.barrier, att.rank)
+    if att.rank == 0:
+        ckpt.prune(att.ckpt_dir, int(t.get("keep_checkpoints") or 2))
+    dur = time.time() - ts
+    att.events.emit("checkpoint", step=att.step, path=str(path), seconds=round(dur, 3), reason=reason,
+                    **{k: round(v, 4) for k, v in phases.items()})
+    _log(att.rank, f"checkpoint {path.name} committed ({reason}) in {dur:.2f} s")
+
+
+def _train(att: Attempt) -> int:
+    """Steps until the last one or a stop request every rank agrees on; returns the stop code."""
+    plan, t, engine = att.plan, att.plan["training"], att.engine
     data_fn = resolve(t["data"], plan["model"]["dir"])
     data_kwargs = dict(plan["model"].get("kwargs") or {})
-    m, mbs, dp = layout["micro_batches"], layout["micro_batch_size"], layout["data_parallel"]
+    m, mbs = att.layout["micro_batches"], att.layout["micro_batch_size"]
     dp_rank = engine.grid.data_parallel_id
     steps, interval = int(t["steps"]), int(t.get("checkpoint_interval") or 0)
-    flag = torch.zeros(1, device=device)
+    flag = torch.zeros(1, device=engine.device)
     stop_code = STOP_NONE
-
-    def save(reason: str) -> None:
-        ts = time.time()
-        meta = {"samples": int(engine.global_samples), "boundaries": boundaries, "model_id": mid,
-                "stages": layout["stages"], "data_parallel": dp, "micro_batches": m,
-                "world_size": denv.world_size, "data_position": step, "reason": reason,
-                "job_id": denv.job_id, "attempt": denv.attempt}
-
-        def gather(obj: Any) -> list[Any]:
-            out: list[Any] = [None] * denv.world_size
-            dist.all_gather_object(out, obj)
-            return out
-
-        path, phases = ckpt.save(engine, ckpt_dir, step, meta, gather, dist.barrier, rank)
-        if rank == 0:
-            ckpt.prune(ckpt_dir, int(t.get("keep_checkpoints") or 2))
-        dur = time.time() - ts
-        events.emit("checkpoint", step=step, path=str(path), seconds=round(dur, 3), reason=reason,
-                    **{k: round(v, 4) for k, v in phases.items()})
-        _log(rank, f"checkpoint {path.name} committed ({reason}) in {dur:.2f} s")
-
-    dog = Watchdog(run_dir, rank, os.environ.get("SLURMD_NODENAME", "local"),
+    run_dir = Path(plan["run_dir"])
+    dog = Watchdog(run_dir, att.rank, os.environ.get("SLURMD_NODENAME", "local"),
                    float(t.get("hang_timeout_factor", 10.0)), float(t.get("hang_timeout_min_s", 300.0)),
-                   lambda info: end_attempt(run_dir, plan, denv, info))
+                   lambda info: end_attempt(run_dir, plan, att.denv, info))
     dog.start()
     profiler = LayerProfiler(engine.module, sync=plan["device"] == "cuda")
     timer = InstructionTimer(engine, sync=plan["device"] == "cuda")
-    first = step  # the profiling window counts from this attempt's first step
-    while step < steps:
-        profiler.active = timer.active = (step + 1 - first) in PROFILE_STEPS
-        batches = [data_fn(step=step, index=dp_rank * m + i, micro_batch_size=mbs, seed=int(t["seed"]),
-                           **data_kwargs)
-                   for i in range(m)]
+    first = att.step  # the profiling window counts from this attempt's first step
+    while att.step < steps:
+        profiler.active = timer.active = (att.step + 1 - first) in PROFILE_STEPS
+        batches = [data_fn(step=att.step, index=dp_rank * m + i, micro_batch_size=mbs, seed=int(t["seed"]),
+                           **data_kwargs) for i in range(m)]
         ts = time.time()
         loss = engine.train_batch(data_iter=iter(batches))
         dt = time.time() - ts
         if timer.active:
             timer.steps += 1
             timer.seconds["step"] += dt
-        step = int(engine.global_steps)
-        dog.beat(step, dt)
-        if rank == 0:
+        att.step = int(engine.global_steps)
+        dog.beat(att.step, dt)
+        if att.rank == 0:
             lv = float(loss.item())
-            events.emit("step", step=step, loss=lv, loss_hex=lv.hex(), step_time=round(dt, 6))
-            print(f"step {step}/{steps} loss {lv:.6f} ({dt * 1000:.1f} ms)", flush=True)
-        if profiler.handles and (step - first == PROFILE_STEPS[-1] or step >= steps):
-            _emit_profile(profiler, timer, engine, events, dist, denv.world_size, mbs, m, boundaries)
+            att.events.emit("step", step=att.step, loss=lv, loss_hex=lv.hex(), step_time=round(dt, 6))
+            print(f"step {att.step}/{steps} loss {lv:.6f} ({dt * 1000:.1f} ms)", flush=True)
+        if profiler.handles and (att.step - first == PROFILE_STEPS[-1] or att.step >= steps):
+            _emit_profile(profiler, timer, att)
         # every rank, same point of every step: agree whether anyone was asked to stop
         flag.fill_(float(requested()))
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        att.dist.all_reduce(flag, op=att.dist.ReduceOp.MAX)
         stop_code = int(flag.item())
-        if stop_code or step >= steps or (interval and step % interval == 0):
+        if stop_code or att.step >= steps or (interval and att.step % interval == 0):
             with dog.paused():
-                save("signal" if stop_code else "final" if step >= steps else "periodic")
+                _save(att, "signal" if stop_code else "final" if att.step >= steps else "periodic")
         if stop_code:
             break
-
     dog.stop()
-    decision = [_ending(plan, denv, step, steps, stop_code) if rank == 0 else None]
-    dist.broadcast_object_list(decision, src=0)  # one scontrol call, one decision for all ranks
+    return stop_code
+
+
+def _finish(att: Attempt, stop_code: int) -> int:
+    """Rank 0 decides how the attempt ended (one scontrol call for all); requeue or not."""
+    denv, steps = att.denv, int(att.plan["training"]["steps"])
+    decision = [_ending(att.plan, denv, att.step, steps, stop_code) if att.rank == 0 else None]
+    att.dist.broadcast_object_list(decision, src=0)
     reason, requeue_by, rc = decision[0]
-    events.emit("end", reason=reason, step=step, requeue=requeue_by is not None)
-    events.close()
-    _log(rank, f"attempt {denv.attempt} ended: {reason} at step {step}")
-    dist.barrier()
-    if rank == 0 and denv.job_id is not None:
+    att.events.emit("end", reason=reason, step=att.step, requeue=requeue_by is not None)
+    att.events.close()
+    _log(att.rank, f"attempt {denv.attempt} ended: {reason} at step {att.step}")
+    att.dist.barrier()
+    if att.rank == 0 and denv.job_id is not None:
         _requeue_or_not(denv, reason, requeue_by)
-    dist.destroy_process_group()
+    att.dist.destroy_process_group()
     return rc
 
 
@@ -226,38 +251,37 @@ def model_id(plan: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _resume(engine: Any, ckpt_dir: Path, mid: str, boundaries: list[int], layout: dict[str, Any],
-            dist: Any, denv: DistEnv) -> str | None:
+def _resume(att: Attempt) -> str | None:
     """Load the newest committed checkpoint that every rank can load; on a corrupt file or
     another model's checkpoint, fall back to the previous one (all ranks together, one line
     each time). Returns the path loaded, None when there is none; raises when none loads."""
-    first_error = None
-    for path in reversed(ckpt.committed(ckpt_dir)):
+    denv, first_error = att.denv, None
+    for path in reversed(ckpt.committed(att.ckpt_dir)):
         man, err = None, None
         try:
-            man = ckpt.load(engine, path, mid, boundaries[-1])
+            man = ckpt.load(att.engine, path, att.model_id, att.boundaries[-1])
         except ckpt.CheckpointError as e:
             err = str(e)
         errors: list[Any] = [None] * denv.world_size
-        dist.all_gather_object(errors, err)  # fail together, or peers die in a collective
+        att.dist.all_gather_object(errors, err)  # fail together, or peers die in a collective
         problem = next((e for e in errors if e), None)
         if problem is None:
             _log(denv.rank, f"resumed from {path.name} (written by {man['stages']} stage(s) "
-                            f"{man['boundaries']}) into {layout['stages']} stage(s) {boundaries}")
+                            f"{man['boundaries']}) into {att.layout['stages']} stage(s) {att.boundaries}")
             return str(path)
         first_error = first_error or problem
         _log(denv.rank, f"cannot resume from {path.name}: {problem}; trying the previous committed checkpoint")
     if first_error is None:
         return None
     if denv.rank == 0:
-        raise ckpt.CheckpointError(f"no committed checkpoint in {ckpt_dir} can be loaded: {first_error}")
+        raise ckpt.CheckpointError(f"no committed checkpoint in {att.ckpt_dir} can be loaded: {first_error}")
     raise SystemExit(2)
 
 
-def _emit_profile(profiler: LayerProfiler, timer: InstructionTimer, engine: Any, events: Events,
-                  dist: Any, world: int, mbs: int, m: int, boundaries: list[int]) -> None:
+def _emit_profile(profiler: LayerProfiler, timer: InstructionTimer, att: Attempt) -> None:
     """Gather every stage's layer times and instruction times (data-parallel rank 0 of each)
     into one event."""
+    engine, world = att.engine, att.denv.world_size
     mine = None
     if engine.grid.data_parallel_id == 0:
         mine = profiler.result()
@@ -265,7 +289,7 @@ def _emit_profile(profiler: LayerProfiler, timer: InstructionTimer, engine: Any,
     profiler.remove()
     timer.remove()
     allp: list[Any] = [None] * world
-    dist.all_gather_object(allp, mine)
+    att.dist.all_gather_object(allp, mine)
     merged: dict[str, Any] = {"seconds": {}, "param_bytes": {}, "activation_bytes": {}, "instructions": {}}
     samples = []
     for p in allp:
@@ -273,8 +297,9 @@ def _emit_profile(profiler: LayerProfiler, timer: InstructionTimer, engine: Any,
             for k in merged:
                 merged[k].update(p[k])
             samples.append(p["samples"])
-    events.emit("layer_profile", micro_batch_size=mbs, micro_batches=m, boundaries=boundaries,
-                samples=min(samples, default=0), **merged)
+    att.events.emit("layer_profile", micro_batch_size=att.layout["micro_batch_size"],
+                    micro_batches=att.layout["micro_batches"], boundaries=att.boundaries,
+                    samples=min(samples, default=0), **merged)
 
 
 def _ending(plan: dict[str, Any], denv: DistEnv, step: int, steps: int,

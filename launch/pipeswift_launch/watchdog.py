@@ -50,8 +50,8 @@ class Watchdog(threading.Thread):
         """Seconds without a finished step that count as hung."""
         if len(self.times) < 5:
             return self.min_s
-        xs = sorted(self.times)
-        return max(self.min_s, self.factor * xs[min(len(xs) - 1, int(0.95 * len(xs)))])
+        from pipeswift_slurm.stats import quantile
+        return max(self.min_s, self.factor * (quantile(self.times, 0.95) or 0.0))
 
     def beat(self, step: int, step_time: float) -> None:
         self.step, self.last = step, time.monotonic()
@@ -119,11 +119,9 @@ def end_attempt(run_dir: Path, plan: dict[str, Any], denv: Any, info: dict[str, 
            f"{info['step']}): {who}")
     budget = int(plan.get("max_requeues", 3))
     requeue = denv.job_id is not None and denv.attempt < budget
-    rec = {"event": "end", "time": round(time.time(), 3), "attempt": denv.attempt,
-           "job_id": denv.job_id, "reason": "hung", "step": max(info["step"], 0),
-           "requeue": requeue, "error": msg}
-    with open(run_dir / "events.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(rec) + "\n")
+    from pipeswift_slurm import events
+    events.append(run_dir, "end", denv.attempt, denv.job_id, reason="hung", step=max(info["step"], 0),
+                  requeue=requeue, error=msg)
     print(f"pswift: rank {denv.rank}: {msg}; " + ("requeueing the job" if requeue else
           f"not requeueing (attempt {denv.attempt}, max_requeues = {budget})"), flush=True)
     if requeue:

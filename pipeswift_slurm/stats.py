@@ -1,0 +1,23 @@
+"""The one quantile helper: every percentile and median in pswift (reports, history rows, the
+planner's calibration, the launcher's hang limit) is computed here, one way: linear
+interpolation between order statistics (``statistics.quantiles``' "inclusive" method, NumPy's
+default), ignoring None. Kept to the standard library's plainest parts: the submit path imports it."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+def quantile(xs: Iterable[float | None], q: float) -> float | None:
+    """The ``q`` quantile (0 <= q <= 1) of the values, None when there are none."""
+    data = sorted(x for x in xs if x is not None)
+    if not data:
+        return None
+    pos = (len(data) - 1) * min(1.0, max(0.0, q))
+    lo = int(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def median(xs: Iterable[float | None]) -> float | None:
+    return quantile(xs, 0.5)

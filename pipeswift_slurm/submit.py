@@ -1,0 +1,131 @@
+"""Submission as a library: prepare (plan + batch script) -> write the run directory -> sbatch.
+
+The CLI's ``pswift sbatch`` and ``pswift run`` are option parsing and printing over these calls;
+benchmarks and tests call them directly. Nothing is left behind when a step fails: the run
+directory is written under a temporary name and committed whole, and removed again when sbatch
+refuses the job.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from . import rundir, slurm
+from .config import TrainConfig, load_config
+from .errors import PswiftError, RunDirError, UsageError
+from .plan import build_plan, rule_layouts, write_plan
+from .sbatch import options_for, planned_option, render
+
+Warn = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a submission would send: the plan (plan.json's content) and the batch script."""
+    config: TrainConfig
+    run_dir: Path
+    plan: dict[str, Any]
+    script: str
+    #: passed to sbatch unchanged (none of them contradicts the plan)
+    sbatch_args: tuple[str, ...] = ()
+
+    def layout_line(self, nodes: int | None = None) -> str:
+        """One line per planned node count: stages x dp, m, boundaries."""
+        parts = []
+        for n, lay in sorted(self.plan["layouts"].items(), key=lambda kv: int(kv[0])):
+            if nodes is not None and int(n) != nodes:
+                continue
+            b = lay["boundaries"] if lay["boundaries"] else f"by {lay['partition']} in the job"
+            parts.append(f"{n} node(s): {lay['stages']} stage(s) x {lay['data_parallel']} dp, "
+                         f"m={lay['micro_batches']}, boundaries {b}")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Submission:
+    prepared: Prepared
+    job_id: str
+
+    @property
+    def run_dir(self) -> Path:
+        return self.prepared.run_dir
+
+
+def _planned(cfg: TrainConfig, db: Path | None, live: bool, warn: Warn) -> Any:
+    """The JCT planner's result, unless the TOML fixes the split method (uniform/parameters)."""
+    if cfg.pipeline.partition in ("uniform", "parameters"):
+        return None
+    from .autoplan import make_plan
+    return make_plan(cfg, db, live, warn)[0]
+
+
+def prepare(toml: Path | str, run_dir: Path | None = None, db: Path | None = None,
+            live: bool = True, warn: Warn = lambda msg: None, sbatch_args: Sequence[str] = ()) -> Prepared:
+    """Load and check TOML, plan it (live cluster state unless ``live`` is False) and render the
+    batch script for ``run_dir`` (default ./pswift-runs/NAME-DATE-XXXX). Writes nothing.
+    ``sbatch_args`` that contradict the plan (-N, --ntasks, -p, -t, ...) are refused first."""
+    conflict = planned_option(sbatch_args)
+    if conflict:
+        raise UsageError(conflict)
+    if live:
+        slurm.prefetch()   # the cluster query runs while the config loads and the planner imports
+    cfg = load_config(toml)
+    target = (run_dir or rundir.default_run_dir(cfg.job.name)).resolve()
+    rule_layouts(cfg)  # the TOML's own invariants first: a bad TOML fails before any planning
+    plan = build_plan(cfg, target, planned=_planned(cfg, db, live, warn))
+    plan["submitted_at"] = time.time()
+    opts = options_for(cfg, str(target), plan["signal_lead_s"], nodes=plan["nodes_request"])
+    return Prepared(cfg, target, plan, render(opts, str(target), plan["python"]), tuple(sbatch_args))
+
+
+def write_run_dir(p: Prepared) -> Path:
+    """The run directory with train.toml, plan.json and job.sbatch, created whole or not at all."""
+    tmp = rundir.stage_run_dir(p.run_dir)
+    try:
+        shutil.copyfile(p.config.path, tmp / "train.toml")
+        write_plan(p.plan, tmp / "plan.json")
+        (tmp / "job.sbatch").write_text(p.script, encoding="utf-8")
+    except OSError as e:
+        rundir.discard(tmp)
+        raise RunDirError(f"cannot write run directory {p.run_dir}: {e.strerror}") from None
+    rundir.commit_run_dir(tmp, p.run_dir)
+    return p.run_dir
+
+
+def requeue_limit_warning(max_requeues: int) -> str | None:
+    """Why ``max_requeues`` cannot be reached on this Slurm (MaxBatchRequeue), or None."""
+    try:
+        limit = slurm.automatic_requeue_limit()
+    except PswiftError:
+        return None   # the submission itself will say what is wrong with Slurm
+    if limit is not None and max_requeues >= limit:
+        return (f"warning: [job] max_requeues = {max_requeues}, but this Slurm holds a job after "
+                f"{limit - 1} automatic requeues (MaxBatchRequeue = {limit}; it requeues preempted "
+                f"jobs itself): set max_requeues <= {limit - 1} or raise MaxBatchRequeue in slurm.conf")
+    return None
+
+
+def submit(prepared: Prepared, warn: Warn = lambda msg: None) -> Submission:
+    """Write the run directory and sbatch it; on refusal nothing is left behind."""
+    why = requeue_limit_warning(prepared.config.job.max_requeues)
+    if why:
+        warn(why)
+    target = write_run_dir(prepared)
+    try:
+        job_id = slurm.submit(str(target / "job.sbatch"), prepared.sbatch_args, cwd=str(target))
+    except PswiftError:
+        rundir.discard(target)  # nothing submitted: leave nothing behind
+        raise
+    (target / "JOB_ID").write_text(job_id + "\n")
+    rundir.register_job(job_id, target)
+    return Submission(prepared, job_id)
+
+
+def sbatch(toml: Path | str, sbatch_args: Sequence[str] = (), run_dir: Path | None = None,
+           db: Path | None = None, warn: Warn = lambda msg: None) -> Submission:
+    """``pswift sbatch`` as one call: prepare, write the run directory, submit."""
+    return submit(prepare(toml, run_dir, db, warn=warn, sbatch_args=sbatch_args), warn)

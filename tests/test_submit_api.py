@@ -1,0 +1,66 @@
+"""The submission library (`pipeswift_slurm.submit`): what `pswift sbatch` is, without a CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import squeue_ids
+from pipeswift_slurm import submit
+from pipeswift_slurm.errors import ConfigError, SlurmError, UsageError
+
+
+def test_prepare_writes_nothing_and_says_what_it_would_send(example, tmp_path):
+    p = submit.prepare(example, tmp_path / "run", live=False)
+    assert not (tmp_path / "run").exists()
+    assert p.plan["run_dir"] == str((tmp_path / "run").resolve()) and "#SBATCH --nodes=2" in p.script
+    assert p.layout_line().startswith("2 node(s): 2 stage(s) x 1 dp")
+
+
+def test_prepare_refuses_an_option_that_contradicts_the_plan_before_planning(tmp_path):
+    with pytest.raises(UsageError, match="would override the planned"):
+        submit.prepare(tmp_path / "no-such.toml", sbatch_args=["-N", "3"])
+
+
+def test_a_bad_toml_is_a_config_error(tmp_path):
+    bad = tmp_path / "t.toml"
+    bad.write_text("[job]\nname = 3\n")
+    with pytest.raises(ConfigError):
+        submit.prepare(bad)
+
+
+@pytest.mark.slurm
+def test_sbatch_submits_through_real_slurm_and_registers_the_job(cluster, example, tmp_path):
+    job = submit.sbatch(example, ["--hold"], run_dir=tmp_path / "run")
+    try:
+        assert job.job_id in squeue_ids()
+        assert (job.run_dir / "JOB_ID").read_text().strip() == job.job_id
+        plan = json.loads((job.run_dir / "plan.json").read_text())
+        assert plan["layouts"]["2"]["stages"] == 2 and (job.run_dir / "job.sbatch").is_file()
+    finally:
+        subprocess.run(["scancel", job.job_id])
+
+
+@pytest.mark.slurm
+def test_a_refused_submission_leaves_nothing_behind(cluster, example, tmp_path):
+    before = squeue_ids()
+    with pytest.raises(SlurmError, match="(?i)invalid feature"):
+        submit.sbatch(example, ["--constraint=nosuchfeature"], run_dir=tmp_path / "run")
+    assert squeue_ids() == before
+    assert not (tmp_path / "run").exists() and not list(tmp_path.glob(".run*"))
+
+
+def test_submitting_with_a_history_imports_neither_numpy_nor_sqlite_utils(example, tmp_path):
+    """sqlite-utils pulls in numpy (~0.14 s): the submit path reads the history without it."""
+    from pipeswift_slurm.history import History
+    History(tmp_path / "h.db").close()
+    code = ("import sys; from pipeswift_slurm import submit\n"
+            "submit.prepare(sys.argv[1], live=False, db=sys.argv[2])\n"
+            "print('HEAVY', sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'sqlite_utils', 'rich', 'torch'}))")
+    proc = subprocess.run([sys.executable, "-c", code, str(example), str(tmp_path / "h.db")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "HEAVY []" in proc.stdout
