@@ -130,41 +130,7 @@ def _report(h: History, jid: str, rows: list[tuple], run: tuple | None) -> JobRe
     run_time = sum((r[3] - r[2]) for r in rows if r[3] is not None)
     rep.training_s = run_time
     if run is not None:
-        attempts = [dict(zip(("attempt", "nodes", "stages", "data_parallel", "micro_batches", "start_step",
-                              "end_step", "ended", "setup_s", "load_s", "checkpoint_s", "train_s",
-                              "step_mean", "step_var", "step_p50", "step_p95", "start_time", "end_time",
-                              "config_key"), a))
-                    for a in h.conn.execute(
-                        "SELECT attempt, nodes, stages, data_parallel, micro_batches, start_step, end_step, "
-                        "ended, setup_s, load_s, checkpoint_s, train_s, step_mean, step_var, step_p50, "
-                        "step_p95, start_time, end_time, config_key FROM attempts WHERE job = ? "
-                        "ORDER BY attempt", [run[1]])]
-        rep.attempt_rows = attempts
-        rep.attempts = max(rep.attempts, len(attempts))
-        rep.setup_s = sum(a["setup_s"] or 0.0 for a in attempts)
-        rep.training_s = sum(a["train_s"] or 0.0 for a in attempts)
-        rep.checkpoint_s = max(0.0, run_time - rep.setup_s - rep.training_s) if rows else \
-            sum(a["checkpoint_s"] or 0.0 for a in attempts)
-        steps = [a["step_p50"] for a in attempts if a["step_p50"]]
-        med = median(steps) if steps else 0.0
-        means = [(a["step_mean"], a["step_var"]) for a in attempts if a["step_mean"] is not None]
-        if means:
-            rep.step_mean_s = statistics.fmean(m for m, _ in means)
-            rep.step_var = statistics.fmean(v for _, v in means)
-        for a, b in zip(attempts, attempts[1:]):
-            if a["ended"] in ("preempted", "time_limit", "killed", "running"):
-                rep.preemptions += a["ended"] != "time_limit"
-                lost = max(0, (a["end_step"] or 0) - (b["start_step"] or 0))
-                slots = (a["stages"] or 1) * (a["data_parallel"] or 1)  # the attempt's world size
-                rep.steps_lost += lost
-                rep.device_hours_wasted += (lost * med + (b["setup_s"] or 0.0)) * slots / 3600
-        if not rows:
-            rep.state = attempts[-1]["ended"] if attempts else run[6]
-            if attempts and attempts[0]["start_time"] and submit:
-                rep.queue_s = max(0.0, attempts[0]["start_time"] - submit)
-        rep.predicted_jct_s = run[8]
-        rep.run_dir = run[0]
-        rep.config = attempts[-1]["config_key"] if attempts else None
+        _add_pswift_attempts(h, rep, rows, run, run_time, submit)
     else:
         rep.preemptions = sum(1 for r in rows[:-1] if (r[8] or "").upper() in ("PREEMPTED", "REQUEUED"))
     if rep.end is None and run is not None and rep.attempt_rows:
@@ -172,6 +138,47 @@ def _report(h: History, jid: str, rows: list[tuple], run: tuple | None) -> JobRe
     if rep.end is not None and submit is not None:
         rep.jct_s = rep.end - submit
     return rep
+
+
+def _add_pswift_attempts(h: History, rep: JobReport, rows: list[tuple], run: tuple, run_time: float,
+                         submit: float | None) -> None:
+    """What the pswift tables add to a job's report: its attempts' setup, training and
+    checkpoint split, step-time statistics, preemptions and the work they cost."""
+    attempts = [dict(zip(("attempt", "nodes", "stages", "data_parallel", "micro_batches", "start_step",
+                          "end_step", "ended", "setup_s", "load_s", "checkpoint_s", "train_s",
+                          "step_mean", "step_var", "step_p50", "step_p95", "start_time", "end_time",
+                          "config_key"), a))
+                for a in h.conn.execute(
+                    "SELECT attempt, nodes, stages, data_parallel, micro_batches, start_step, end_step, "
+                    "ended, setup_s, load_s, checkpoint_s, train_s, step_mean, step_var, step_p50, "
+                    "step_p95, start_time, end_time, config_key FROM attempts WHERE job = ? "
+                    "ORDER BY attempt", [run[1]])]
+    rep.attempt_rows = attempts
+    rep.attempts = max(rep.attempts, len(attempts))
+    rep.setup_s = sum(a["setup_s"] or 0.0 for a in attempts)
+    rep.training_s = sum(a["train_s"] or 0.0 for a in attempts)
+    rep.checkpoint_s = max(0.0, run_time - rep.setup_s - rep.training_s) if rows else \
+        sum(a["checkpoint_s"] or 0.0 for a in attempts)
+    steps = [a["step_p50"] for a in attempts if a["step_p50"]]
+    med = median(steps) if steps else 0.0
+    means = [(a["step_mean"], a["step_var"]) for a in attempts if a["step_mean"] is not None]
+    if means:
+        rep.step_mean_s = statistics.fmean(m for m, _ in means)
+        rep.step_var = statistics.fmean(v for _, v in means)
+    for a, b in zip(attempts, attempts[1:]):
+        if a["ended"] in ("preempted", "time_limit", "killed", "running"):
+            rep.preemptions += a["ended"] != "time_limit"
+            lost = max(0, (a["end_step"] or 0) - (b["start_step"] or 0))
+            slots = (a["stages"] or 1) * (a["data_parallel"] or 1)  # the attempt's world size
+            rep.steps_lost += lost
+            rep.device_hours_wasted += (lost * med + (b["setup_s"] or 0.0)) * slots / 3600
+    if not rows:
+        rep.state = attempts[-1]["ended"] if attempts else run[6]
+        if attempts and attempts[0]["start_time"] and submit:
+            rep.queue_s = max(0.0, attempts[0]["start_time"] - submit)
+    rep.predicted_jct_s = run[8]
+    rep.run_dir = run[0]
+    rep.config = attempts[-1]["config_key"] if attempts else None
 
 
 GROUPS = {"partition": lambda r: r.partition, "user": lambda r: r.user, "nodes": lambda r: r.nodes,
@@ -376,31 +383,38 @@ def aggregate_sql(h: History, by: str, user: str | None = None, partition: str |
         for name, xs in (("wait", waits[k]), ("jct", jcts[k])):
             g[f"{name}_p50_s"] = quantile(xs, 0.5)
             g[f"{name}_p95_s"] = quantile(xs, 0.95)
-    # pswift jobs: split their run time into setup / training / checkpoint and add their waste
-    runs = {r[0] for r in conn.execute("SELECT run_dir FROM jobs")}
-    if runs:
-        reps = [r for r in job_reports(h, user, partition, since, until, state, pswift_only)
-                if r.pswift and r.attempts and r.run_dir in runs and r.submit is not None]
-        per: dict[Any, list[JobReport]] = {}
-        for r in reps:
-            per.setdefault(GROUPS[by](r), []).append(r)
-        for k, rs in per.items():
-            g = out.get(k)
-            if g is None:
-                continue
-            for r in rs:
-                g["training_s"] -= r.setup_s + r.checkpoint_s
-                g["setup_s"] += r.setup_s
-                g["checkpoint_s"] += r.checkpoint_s
-                g["steps_lost"] += r.steps_lost
-                g["device_hours_wasted"] += r.device_hours_wasted
-            g["step_time_var"] = median(r.step_var for r in rs)
-            pred = [(r.predicted_jct_s, r.jct_s) for r in rs if r.predicted_jct_s and r.jct_s]
-            g["predicted_vs_actual_jct"] = median(p / a for p, a in pred)
+    _add_pswift_figures(h, out, by, user, partition, since, until, state, pswift_only)
     cols = [by, "jobs", "attempts", "wait_p50_s", "wait_p95_s", "jct_p50_s", "jct_p95_s", "preemption_rate",
             "steps_lost", "device_hours_wasted", "step_time_var", "queue_s", "setup_s", "training_s",
             "checkpoint_s", "predicted_vs_actual_jct"]
     return [{c: g.get(c) for c in cols} for _, g in sorted(out.items(), key=lambda kv: str(kv[0]))]
+
+
+def _add_pswift_figures(h: History, out: dict[Any, dict[str, Any]], by: str, user: str | None,
+                        partition: str | None, since: float | None, until: float | None,
+                        state: str | None, pswift_only: bool) -> None:
+    """pswift jobs: split their run time into setup / training / checkpoint and add their waste."""
+    runs = {r[0] for r in h.conn.execute("SELECT run_dir FROM jobs")}
+    if not runs:
+        return
+    reps = [r for r in job_reports(h, user, partition, since, until, state, pswift_only)
+            if r.pswift and r.attempts and r.run_dir in runs and r.submit is not None]
+    per: dict[Any, list[JobReport]] = {}
+    for r in reps:
+        per.setdefault(GROUPS[by](r), []).append(r)
+    for k, rs in per.items():
+        g = out.get(k)
+        if g is None:
+            continue
+        for r in rs:
+            g["training_s"] -= r.setup_s + r.checkpoint_s
+            g["setup_s"] += r.setup_s
+            g["checkpoint_s"] += r.checkpoint_s
+            g["steps_lost"] += r.steps_lost
+            g["device_hours_wasted"] += r.device_hours_wasted
+        g["step_time_var"] = median(r.step_var for r in rs)
+        pred = [(r.predicted_jct_s, r.jct_s) for r in rs if r.predicted_jct_s and r.jct_s]
+        g["predicted_vs_actual_jct"] = median(p / a for p, a in pred)
 
 
 def wait_quantiles(h: History, points: int = 200) -> list[float]:

@@ -20,8 +20,9 @@ from typing import Any
 
 from . import events as events_mod
 from .costmodel import overheads_from_instructions
-from .userfiles import RunFiles
+from .errors import ConfigError
 from .stats import median, quantile
+from .userfiles import RunFiles
 
 _JOB_ID = re.compile(r"^[0-9]{1,20}(_[0-9]{1,10})?$")
 
@@ -103,13 +104,14 @@ def _ints(v: Any) -> str | None:
 
 
 def parse_plan(blob: bytes | None) -> dict[str, Any] | None:
+    """The run's plan through plan.py's reader, or None when it has none that reads."""
+    from .plan import parse_plan as read
     if blob is None:
         return None
     try:
-        plan = json.loads(blob.decode("utf-8"))
-    except (ValueError, RecursionError):
+        return read(blob)
+    except ConfigError:
         return None
-    return plan if isinstance(plan, dict) else None
 
 
 def rows(run: str, files: RunFiles, owner: Owner) -> RunRows | None:

@@ -150,6 +150,23 @@ def simulate(fwd: Sequence[float], bwd: Sequence[float], micro_batches: int,
     each device's time evenly over its ``chunks`` model chunks.
     ``wgrad``: zero-bubble only, the part of ``bwd`` that is weight gradient (default: half).
     """
+    m, v, devices, vf, vb, vw = _virtual_stages(fwd, bwd, micro_batches, schedule, p2p, chunks, wgrad)
+    if schedule == "gpipe":
+        orders = [_order_gpipe(d, devices, m) for d in range(devices)]
+    elif schedule == "interleaved":
+        orders = [_order_interleaved(d, devices, m, v) for d in range(devices)]
+    else:
+        orders = [_order_1f1b(d, devices, m) for d in range(devices)]
+    if schedule == "zb-h1":
+        return _simulate_zb(orders, vf, vb, vw, devices, m, p2p, keep_ops)
+    return _run_orders(orders, schedule, devices, m, v, vf, vb, p2p, keep_ops)
+
+
+def _virtual_stages(fwd: Sequence[float], bwd: Sequence[float], micro_batches: int, schedule: str,
+                    p2p: float, chunks: int, wgrad: Sequence[float] | None
+                    ) -> tuple[int, int, int, list[float], list[float], list[float]]:
+    """Checked inputs as (m, chunks, devices, forward, backward, weight-gradient times per
+    virtual stage); SimulationError says what is wrong."""
     if schedule not in SCHEDULES:
         raise SimulationError(f"schedule {schedule!r}: choose one of {', '.join(SCHEDULES)}")
     if len(fwd) != len(bwd) or not fwd:
@@ -163,35 +180,26 @@ def simulate(fwd: Sequence[float], bwd: Sequence[float], micro_batches: int,
     v = int(chunks) if schedule == "interleaved" else 1
     if v < 1:
         raise SimulationError(f"chunks = {chunks} must be >= 1")
-    if schedule == "interleaved":
-        devices = len(fwd)
-        vf = [fwd[s % devices] / v for s in range(devices * v)]
-        vb = [bwd[s % devices] / v for s in range(devices * v)]
-        if m % devices:
-            raise SimulationError(f"interleaved 1F1B needs micro_batches ({m}) divisible by the "
-                                  f"stage count ({devices}); use {(m // devices + 1) * devices}")
-    else:
-        devices, vf, vb = len(fwd), list(fwd), list(bwd)
-    nv = devices * v
-    split_w = schedule == "zb-h1"
-    vw = [0.0] * nv
-    if split_w:
+    devices = len(fwd)
+    vf = [fwd[s % devices] / v for s in range(devices * v)]
+    vb = [bwd[s % devices] / v for s in range(devices * v)]
+    if schedule == "interleaved" and m % devices:
+        raise SimulationError(f"interleaved 1F1B needs micro_batches ({m}) divisible by the "
+                              f"stage count ({devices}); use {(m // devices + 1) * devices}")
+    vw = [0.0] * (devices * v)
+    if schedule == "zb-h1":
         w = list(wgrad) if wgrad is not None else [b / 2 for b in vb]
-        if len(w) != nv or any(x < 0 or x > b for x, b in zip(w, vb)):
+        if len(w) != devices * v or any(x < 0 or x > b for x, b in zip(w, vb)):
             raise SimulationError("wgrad needs one value per stage, each between 0 and that stage's bwd")
-        vw = w
-        vb = [b - x for b, x in zip(vb, w)]
+        vw, vb = w, [b - x for b, x in zip(vb, w)]
+    return m, v, devices, vf, vb, vw
 
-    if schedule == "gpipe":
-        orders = [_order_gpipe(d, devices, m) for d in range(devices)]
-    elif schedule == "interleaved":
-        orders = [_order_interleaved(d, devices, m, v) for d in range(devices)]
-    else:
-        orders = [_order_1f1b(d, devices, m) for d in range(devices)]
-    if split_w:
-        return _simulate_zb(orders, vf, vb, vw, devices, m, p2p, keep_ops)
 
-    dur = {"F": vf, "B": vb, "W": vw}
+def _run_orders(orders: list[list[tuple[str, int, int]]], schedule: str, devices: int, m: int,
+                v: int, vf: list[float], vb: list[float], p2p: float, keep_ops: bool) -> SimResult:
+    """Run each device's operation order as early as its inputs allow (GPipe, 1F1B, interleaved)."""
+    nv = devices * v
+    dur = {"F": vf, "B": vb}
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * devices
     ptr = [0] * devices
@@ -200,7 +208,6 @@ def simulate(fwd: Sequence[float], bwd: Sequence[float], micro_batches: int,
     in_flight = [0] * devices
     peak = [0] * devices
     remaining = sum(len(o) for o in orders)
-    release = "W" if split_w else "B"
     while remaining:
         progressed = False
         for d in range(devices):
@@ -214,11 +221,8 @@ def simulate(fwd: Sequence[float], bwd: Sequence[float], micro_batches: int,
                 done[(kind, s, k)] = end
                 free[d] = end
                 busy[d] += dur[kind][s]
-                if kind == "F":
-                    in_flight[d] += 1
-                    peak[d] = max(peak[d], in_flight[d])
-                elif kind == release:
-                    in_flight[d] -= 1
+                in_flight[d] += 1 if kind == "F" else -1
+                peak[d] = max(peak[d], in_flight[d])
                 if keep_ops:
                     ops.append(Op(kind, s, k, d, ready, end))
                 ptr[d] += 1

@@ -68,3 +68,15 @@ def test_plan_roundtrip_and_version(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(plan))
     with pytest.raises(ConfigError, match="re-plan"):
         read_plan(tmp_path / "bad.json")
+
+
+def test_plan_json_has_one_reader_and_it_checks_the_version(tmp_path):
+    from pipeswift_slurm import runrows
+    from pipeswift_slurm.plan import parse_plan
+    good = json.dumps({"version": PLAN_VERSION, "job_name": "x"}).encode()
+    assert parse_plan(good)["job_name"] == "x" and runrows.parse_plan(good)["job_name"] == "x"
+    for bad, why in ((b'{"version": 99}', "plan version 99"), (b"[1]", "not a JSON object"),
+                     (b"\xff", "not a valid plan.json"), (b"[" * 100000, "not a valid plan.json")):
+        with pytest.raises(ConfigError, match=why):
+            parse_plan(bad)
+        assert runrows.parse_plan(bad) is None   # the history skips it, never raises

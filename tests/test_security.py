@@ -22,7 +22,7 @@ from pipeswift_slurm.history import History, IngestRefused
 from pipeswift_slurm.runrows import Owner, model_key
 
 USER = "pswift-test"
-PLAN = {"job_name": "victim", "user": "alice", "partition": "low", "submitted_at": 1.0,
+PLAN = {"version": 1, "job_name": "victim", "user": "alice", "partition": "low", "submitted_at": 1.0,
         "model": {"entry": "model:layers", "kwargs": {}, "num_layers": 2}, "training": {"steps": 3}}
 GOOD = [{"event": "start", "attempt": 0, "time": 10.0, "nodes": 1, "world_size": 1, "stages": 1,
          "data_parallel": 1, "micro_batches": 2, "micro_batch_size": 1, "boundaries": [0, 2],
