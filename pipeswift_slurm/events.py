@@ -195,6 +195,29 @@ def _parse_lines(lines: Iterable[bytes | str]) -> tuple[list[dict[str, Any]], in
     return good, skipped
 
 
+def by_attempt(evs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Valid events grouped into attempts, oldest first: the one reading of events into attempts
+    (``pswift status`` and the history both use it). Each: ``attempt``, its ``start`` and ``end``
+    events (or None), its ``steps``, ``checkpoints`` and ``profiles`` (lists of events), and
+    ``ended``: the end event's reason, else "running" for the last attempt and "killed" for an
+    earlier one (a later attempt exists: this one died without writing its end)."""
+    found: dict[int, dict[str, Any]] = {}
+    lists = {"step": "steps", "checkpoint": "checkpoints", "layer_profile": "profiles"}
+    for ev in evs:
+        a = found.setdefault(ev["attempt"], {"attempt": ev["attempt"], "start": None, "end": None,
+                                             "steps": [], "checkpoints": [], "profiles": []})
+        kind = ev["event"]
+        if kind in ("start", "end"):
+            a[kind] = ev
+        elif kind in lists:
+            a[lists[kind]].append(ev)
+    ordered = [found[k] for k in sorted(found)]
+    for i, a in enumerate(ordered):
+        a["ended"] = (a["end"]["reason"] if a["end"] is not None
+                      else "running" if i == len(ordered) - 1 else "killed")
+    return ordered
+
+
 def read(run_dir: Path | str) -> tuple[list[dict[str, Any]], int]:
     """The run's valid events and the count of skipped lines (a torn last line among them)."""
     try:

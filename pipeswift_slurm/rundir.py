@@ -12,7 +12,6 @@ import datetime as _dt
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,55 +82,26 @@ def lookup_job(job_id: str) -> Path | None:
         return None
 
 
-@dataclass
-class Attempt:
-    attempt: int
-    nodes: int | None = None
-    stages: int | None = None
-    data_parallel: int | None = None
-    boundaries: list[int] | None = None
-    start_step: int | None = None
-    end_step: int | None = None
-    resumed_from: str | None = None
-    ended: str = "running"
-    last_loss: float | None = None
-    step_times: list[float] = field(default_factory=list)
-
-
 def summarize(run_dir: Path) -> dict[str, Any]:
     """Attempts, steps, last loss from the run's events."""
-    attempts: dict[int, Attempt] = {}
-    losses: list[tuple[int, float]] = []
     from . import events
+    from .stats import median
 
-    for ev in events.read(run_dir)[0]:
-        a = attempts.setdefault(ev["attempt"], Attempt(ev["attempt"]))
-        kind = ev.get("event")
-        if kind == "start":
-            a.nodes, a.stages = ev.get("nodes"), ev.get("stages")
-            a.data_parallel, a.boundaries = ev.get("data_parallel"), ev.get("boundaries")
-            a.start_step, a.resumed_from = ev.get("step"), ev.get("resumed_from")
-        elif kind == "step":
-            a.end_step, a.last_loss = ev.get("step"), ev.get("loss")
-            a.step_times.append(float(ev["step_time"]))
-            losses.append((int(ev["step"]), float(ev["loss"])))
-        elif kind == "end":
-            a.ended = str(ev.get("reason", "unknown"))
-            a.end_step = ev.get("step", a.end_step)
+    evs = events.read(run_dir)[0]
     out = []
-    ordered = sorted(attempts.values(), key=lambda x: x.attempt)
-    for a in ordered[:-1]:
-        if a.ended == "running":  # a later attempt exists: this one died without an end event
-            a.ended = "killed"
-    for a in ordered:
-        st = sorted(a.step_times)
+    for a in events.by_attempt(evs):
+        start, end = a["start"] or {}, a["end"] or {}
+        last = a["steps"][-1] if a["steps"] else {}
         out.append({
-            "attempt": a.attempt, "nodes": a.nodes, "stages": a.stages,
-            "data_parallel": a.data_parallel, "boundaries": a.boundaries,
-            "start_step": a.start_step, "end_step": a.end_step, "resumed_from": a.resumed_from,
-            "ended": a.ended, "last_loss": a.last_loss,
-            "median_step_s": st[len(st) // 2] if st else None,
+            "attempt": a["attempt"], "nodes": start.get("nodes"), "stages": start.get("stages"),
+            "data_parallel": start.get("data_parallel"), "boundaries": start.get("boundaries"),
+            "start_step": start.get("step"),
+            "end_step": end["step"] if end.get("step") is not None else last.get("step"),
+            "resumed_from": start.get("resumed_from"), "ended": a["ended"],
+            "last_loss": last.get("loss"),
+            "median_step_s": median(e["step_time"] for e in a["steps"]),
         })
+    losses = [(e["step"], e["loss"]) for e in evs if e["event"] == "step"]
     return {
         "run_dir": str(run_dir),
         "step": losses[-1][0] if losses else None,

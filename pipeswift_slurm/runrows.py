@@ -191,47 +191,41 @@ def _profile(ev: dict[str, Any], mkey: str, profiles: list, overheads: list) -> 
                              "stages": len(bounds) - 1, "micro_batches": int(m), **o, "updated": t}]
 
 
-def _from_events(mkey: str, job: dict[str, Any], evs: list[dict[str, Any]]) -> RunRows:
+def _attempt_row(a: dict[str, Any], mkey: str, profiles: list, overheads: list) -> dict[str, Any]:
+    """One attempt's row (events.by_attempt's grouping) with its step-time statistics."""
     import statistics   # here, not at the top: a submission that only reads the history skips it
-    attempts: dict[int, dict[str, Any]] = {}
-    steps: dict[int, list[float]] = {}
+    row: dict[str, Any] = {"attempt": a["attempt"], "ended": a["ended"],
+                           "checkpoint_s": sum(float(c["seconds"] or 0.0) for c in a["checkpoints"])}
+    if a["start"] is not None:
+        _start(row, a["start"], mkey)
+    if a["steps"]:
+        row["end_step"], row["end_time"] = a["steps"][-1]["step"], a["steps"][-1]["time"]
+    if a["end"] is not None:
+        row["end_time"] = a["end"]["time"]
+        if a["end"]["step"] is not None:
+            row["end_step"] = a["end"]["step"]
+    for ev in a["profiles"]:
+        _profile(ev, mkey, profiles, overheads)
+    times = [float(e["step_time"]) for e in a["steps"]]
+    # the first step of an attempt includes warm-up: statistics use the rest when there is one
+    xs = times[1:] if len(times) > 1 else times
+    row["step_count"] = len(xs)
+    if xs:
+        row.update(step_mean=statistics.fmean(xs), step_var=statistics.pvariance(xs),
+                   step_p50=quantile(xs, 0.5), step_p95=quantile(xs, 0.95), train_s=sum(times))
+    return row
+
+
+def _from_events(mkey: str, job: dict[str, Any], evs: list[dict[str, Any]]) -> RunRows:
     profiles: list[dict[str, Any]] = []
     overheads: list[dict[str, Any]] = []
-    for ev in evs:
-        n = ev["attempt"]
-        a = attempts.setdefault(n, {"attempt": n, "checkpoint_s": 0.0})
-        kind = ev["event"]
-        if kind == "start":
-            _start(a, ev, mkey)
-        elif kind == "step":
-            steps.setdefault(n, []).append(float(ev["step_time"]))
-            a["end_step"], a["end_time"] = ev["step"], ev["time"]
-        elif kind == "checkpoint":
-            a["checkpoint_s"] += float(ev["seconds"] or 0.0)
-        elif kind == "end":
-            a["ended"], a["end_time"] = ev["reason"], ev["time"]
-            a["end_step"] = ev["step"] if ev["step"] is not None else a.get("end_step")
-        elif kind == "layer_profile":
-            _profile(ev, mkey, profiles, overheads)
-    for n, a in attempts.items():
-        xs = steps.get(n, [])
-        # the first step of an attempt includes warm-up: statistics use the rest when there is one
-        xs = xs[1:] if len(xs) > 1 else xs
-        if xs:
-            a.update(step_count=len(xs), step_mean=statistics.fmean(xs),
-                     step_var=statistics.pvariance(xs), step_p50=quantile(xs, 0.5),
-                     step_p95=quantile(xs, 0.95), train_s=sum(steps[n]))
-        else:
-            a.update(step_count=0)
-        a.setdefault("ended", "running")
-    ordered = [attempts[k] for k in sorted(attempts)]
+    grouped = events_mod.by_attempt(evs)
+    ordered = [_attempt_row(a, mkey, profiles, overheads) for a in grouped]
     if ordered:
         job["start_time"] = ordered[0].get("start_time")
         job["end_time"] = ordered[-1].get("end_time")
         job["state"] = ordered[-1].get("ended")
-        all_steps = [x for k in sorted(steps) for x in steps[k][1:]]
-        if all_steps:
-            job["actual_step_s"] = median(all_steps)
+        job["actual_step_s"] = median(float(e["step_time"]) for a in grouped for e in a["steps"][1:])
         if job["state"] == "completed" and job.get("submit_time") and job.get("end_time"):
             job["actual_jct_s"] = job["end_time"] - job["submit_time"]
     return RunRows(job, ordered, profiles, overheads)
