@@ -42,7 +42,6 @@ import benchlib  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dataclasses import asdict, replace  # noqa: E402
 
 from pipeswift_slurm.costmodel import Hardware, Profile, calibrate, estimate_step  # noqa: E402
 from pipeswift_slurm.history import History  # noqa: E402
@@ -136,8 +135,8 @@ def main() -> None:
         cal1 = calibrate(profile, [prof_measured], hw)
         cal2 = calibrate(profile, [prof_measured, (bounds[(4, 4)], 4, 8, 1, 1, statistics.median(four_steps))], hw)
         models = {"predicted_s": (profile, hw),
-                  "calibrated_profile_run_s": (profile.scaled(cal1.scale), replace(hw, shared_efficiency=cal1.shared_efficiency)),
-                  "calibrated_s": (profile.scaled(cal2.scale), replace(hw, shared_efficiency=cal2.shared_efficiency))}
+                  "calibrated_profile_run_s": (profile.scaled(cal1.scale), hw._replace(shared_efficiency=cal1.shared_efficiency)),
+                  "calibrated_s": (profile.scaled(cal2.scale), hw._replace(shared_efficiency=cal2.shared_efficiency))}
         cells = []
         for (P, m), runs in grid.items():
             b = bounds[(P, m)]
@@ -173,7 +172,7 @@ def main() -> None:
     summary: dict = {"repeats": args.repeats, "cores": cores,
                      "profile_overheads_ms": {k: v * 1000 for k, v in over.items()},
                      "profile_layer_ms": [c * 1000 for c in profile.costs],
-                     "calibration_profile_run": asdict(cal1), "calibration": asdict(cal2), "cells": len(cells),
+                     "calibration_profile_run": cal1._asdict(), "calibration": cal2._asdict(), "cells": len(cells),
                      "failed_runs_retried": FAILED}
     for key in keys:
         name = key[:-2]

@@ -16,8 +16,7 @@ others (:func:`calibrate`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from .simulate import closed_form_1f1b, simulate, simulate_shared_1f1b, stage_times
 from .stats import median
@@ -29,8 +28,7 @@ TRAIN_STATE_FACTOR = 4
 SIMULATED_OPS_MAX = 2048
 
 
-@dataclass(frozen=True)
-class Hardware:
+class Hardware(NamedTuple):
     device: str = "cpu"
     device_memory: float = 16e9          # bytes per task slot
     p2p_bandwidth: float = 1e9           # bytes/s between adjacent stages
@@ -46,8 +44,7 @@ class Hardware:
     shared_efficiency: float = 1.0
 
 
-@dataclass(frozen=True)
-class Profile:
+class Profile(NamedTuple):
     """Per-layer forward+backward seconds per micro-batch of ``micro_batch_size`` on one device.
 
     Layer costs scale with the micro-batch size of a candidate; the engine's overheads below
@@ -69,15 +66,14 @@ class Profile:
 
     def scaled(self, factor: float) -> "Profile":
         """Every time in the profile times ``factor`` (a calibration: this host runs slower)."""
-        return replace(self, costs=tuple(c * factor for c in self.costs),
+        return self._replace(costs=tuple(c * factor for c in self.costs),
                        overhead_s=self.overhead_s * factor,
                        last_stage_overhead_s=self.last_stage_overhead_s * factor,
                        send_s=self.send_s * factor,
                        step_overhead_s=None if self.step_overhead_s is None else self.step_overhead_s * factor)
 
 
-@dataclass(frozen=True)
-class StepEstimate:
+class StepEstimate(NamedTuple):
     step_s: float
     compute_s: float
     p2p_s: float
@@ -157,8 +153,7 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
                         fits=max(memory) <= hw.device_memory)
 
 
-@dataclass(frozen=True)
-class Calibration:
+class Calibration(NamedTuple):
     """How far measured step times are from the model: ``scale`` multiplies every time in the
     profile; ``shared_efficiency`` is what an oversubscribed CPU host delivers."""
     scale: float = 1.0
@@ -193,7 +188,7 @@ def calibrate(profile: Profile, measured: list[Measured], hw: Hardware) -> Calib
     if plain is not over:
         # step = shared makespan / efficiency + per-step work: two estimates separate the parts
         tuned = profile.scaled(scale)
-        ideal, half = replace(hw, shared_efficiency=1.0), replace(hw, shared_efficiency=0.5)
+        ideal, half = hw._replace(shared_efficiency=1.0), hw._replace(shared_efficiency=0.5)
         for bounds, m, mbs, dp, tpn, seconds in over:
             whole = estimate_step(tuned, bounds, m, mbs, dp, tpn, ideal).step_s
             shared = estimate_step(tuned, bounds, m, mbs, dp, tpn, half).step_s - whole

@@ -11,15 +11,14 @@ per node count: what plan.json holds when the planner does not choose) and :func
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .config import LIMITS, TrainConfig
 from .errors import ConfigError
 from .partition import PartitionError, balanced_boundaries, uniform_boundaries
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     nodes: int
     tasks_per_node: int
     world_size: int

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +46,7 @@ def _chosen(cfg: TrainConfig, planned: "PlanResult") -> dict[str, Any]:
     e = ch.estimate
     lo = cfg.resources.nodes_min
     return {
-        "layouts": {str(n): asdict(c.layout) for n, c in sorted(best.items())},
+        "layouts": {str(n): c.layout._asdict() for n, c in sorted(best.items())},
         "infeasible": {str(c.nodes): c.rejected for c in planned.candidates
                        if c.rejected and c.nodes not in best},
         "candidates": [c.to_dict() for c in planned.candidates],
@@ -84,7 +83,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
     """Layouts for every node count of the range: the planner's best per count when it ran
     (``planned``), else the TOML's rule. ConfigError if none is feasible."""
     layouts, infeasible = rule_layouts(cfg)
-    chosen: dict[str, Any] = {"layouts": {n: asdict(lay) for n, lay in layouts.items()},
+    chosen: dict[str, Any] = {"layouts": {n: lay._asdict() for n, lay in layouts.items()},
                               "infeasible": infeasible, "prediction": None, "candidates": [],
                               "nodes_request": cfg.resources.nodes_spec}
     if planned is not None and planned.chosen is not None:

@@ -9,7 +9,7 @@ preemption loss = JCT; or a reason why it was rejected. The lowest JCT wins.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import layouts
@@ -55,7 +55,7 @@ class Candidate:
         """The layout's fields flat, with the estimate, the rejection and the stage memory."""
         est = None if self.estimate is None else {
             k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in asdict(self.estimate).items()}
-        return {**asdict(self.layout), "estimate": est, "rejected": self.rejected,
+        return {**self.layout._asdict(), "estimate": est, "rejected": self.rejected,
                 "stage_memory": list(self.stage_memory)}
 
 
@@ -86,7 +86,7 @@ class PlanResult:
     def to_dict(self) -> dict[str, Any]:
         return {"chosen": self.chosen.to_dict() if self.chosen else None,
                 "candidates": [c.to_dict() for c in self.candidates],
-                "profile_source": self.profile_source, "calibration": asdict(self.calibration),
+                "profile_source": self.profile_source, "calibration": self.calibration._asdict(),
                 "notes": self.notes}
 
 
@@ -104,8 +104,8 @@ def _layout(cfg: TrainConfig, profile: Profile, cap: float | None, nodes: int, P
         bounds, how = ((list(part), "explicit") if isinstance(part, tuple) else
                        (list(balanced_boundaries(profile.costs, P, profile.param_bytes, cap)), "cost"))
     except PartitionError as e:
-        return replace(layout, micro_batches=m), f"does not fit: {e}"
-    return replace(layout, micro_batches=m, boundaries=bounds, partition=how), None
+        return layout._replace(micro_batches=m), f"does not fit: {e}"
+    return layout._replace(micro_batches=m, boundaries=bounds, partition=how), None
 
 
 def _candidates(cfg: TrainConfig, profile: Profile, hw: Hardware) -> list[Candidate]:
@@ -157,7 +157,7 @@ def _calibrate(cands: list[Candidate], profile: Profile, hw: Hardware, history: 
                                        c.data_parallel, c.tasks_per_node, got)
                                       for c, got in measured], hw)
     tuned = profile.scaled(calibration.scale)
-    tuned_hw = replace(hw, shared_efficiency=calibration.shared_efficiency)
+    tuned_hw = hw._replace(shared_efficiency=calibration.shared_efficiency)
     note = (f"calibrated by {len(measured)} measured config(s): measured / estimated step time = "
             f"{calibration.scale:.3f}, applied to the others")
     if 0 < calibration.oversubscribed < calibration.measured:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .fmt import duration
 from .slurm_json import JobInfo, NodeState
@@ -18,15 +19,13 @@ UNUSABLE = ("down", "drain", "drained", "draining", "fail", "failing", "maint", 
             "not_responding", "unknown", "reboot", "power")
 
 
-@dataclass(frozen=True)
-class RunningJob:
+class RunningJob(NamedTuple):
     job_id: str
     nodes: tuple[str, ...]
     end_time: float  # epoch seconds (start + time limit); inf if unlimited
 
 
-@dataclass(frozen=True)
-class PendingJob:
+class PendingJob(NamedTuple):
     job_id: str
     partition: str
     node_count: int
@@ -56,8 +55,7 @@ def cluster_view(nodes: list[NodeState], jobs: list[JobInfo], now: float) -> Clu
     return ClusterState(now=now, nodes=list(nodes), running=running, pending=pending)
 
 
-@dataclass(frozen=True)
-class WaitEstimate:
+class WaitEstimate(NamedTuple):
     seconds: float
     free_now: int
     usable: int

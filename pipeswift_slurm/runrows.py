@@ -16,7 +16,7 @@ import math
 import pwd
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import events as events_mod
 from .costmodel import overheads_from_instructions
@@ -27,8 +27,7 @@ from .userfiles import RunFiles
 _JOB_ID = re.compile(r"^[0-9]{1,20}(_[0-9]{1,10})?$")
 
 
-@dataclass(frozen=True)
-class Owner:
+class Owner(NamedTuple):
     """Whose job a run directory is, as Slurm (or the file system) says."""
 
     user: str

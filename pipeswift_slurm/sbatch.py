@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import __version__
 from .config import TrainConfig
@@ -30,8 +29,7 @@ TEMPLATE = "job.sbatch.tmpl"
 _PLACEHOLDER = re.compile(r"@([a-z_]+)")
 
 
-@dataclass(frozen=True)
-class SbatchOptions:
+class SbatchOptions(NamedTuple):
     """The sbatch options pipeswift sets; ``extra`` are passed through verbatim (quoted)."""
 
     job_name: str
@@ -46,7 +44,7 @@ class SbatchOptions:
     qos: str | None = None
     gpus_per_node: int = 0
     signal: str | None = None
-    extra: tuple[str, ...] = field(default=())
+    extra: tuple[str, ...] = ()
 
     def directives(self) -> list[str]:
         # With a node range, --ntasks-per-node would fix ntasks = min nodes x tasks and Slurm then

@@ -18,7 +18,7 @@ stage ``c * devices + d`` runs on device ``d``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
@@ -27,8 +27,7 @@ class SimulationError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class Op:
+class Op(NamedTuple):
     kind: str  # F | B | W
     stage: int  # virtual stage
     micro: int

@@ -18,8 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import SlurmError
 
@@ -29,8 +28,7 @@ TERMINAL_STATES = frozenset({
 })
 
 
-@dataclass(frozen=True)
-class NodeState:
+class NodeState(NamedTuple):
     name: str
     state: str          # lower case; flags joined by '+', e.g. "idle+planned"
     cpus: int
@@ -38,8 +36,7 @@ class NodeState:
     partitions: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class JobInfo:
+class JobInfo(NamedTuple):
     job_id: str
     name: str
     state: str

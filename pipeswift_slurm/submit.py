@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from . import rundir, slurm
 from .config import TrainConfig, load_config
@@ -23,8 +22,7 @@ from .sbatch import options_for, planned_option, render
 Warn = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class Prepared:
+class Prepared(NamedTuple):
     """What a submission would send: the plan (plan.json's content) and the batch script."""
     config: TrainConfig
     run_dir: Path
@@ -45,8 +43,7 @@ class Prepared:
         return "; ".join(parts)
 
 
-@dataclass(frozen=True)
-class Submission:
+class Submission(NamedTuple):
     prepared: Prepared
     job_id: str
 

@@ -19,7 +19,7 @@ import signal
 import stat
 import struct
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 #: what a run directory may hold for the history, and the most of each that is read
 LIMITS = {"plan.json": 4 << 20, "JOB_ID": 64, "events.jsonl": 256 << 20}
@@ -30,8 +30,7 @@ class UnsafeFile(Exception):
     or not read in time. ``str()`` says which and why."""
 
 
-@dataclass(frozen=True)
-class RunFiles:
+class RunFiles(NamedTuple):
     owner: int                     # UID owning the run directory
     data: dict[str, bytes | None]  # name -> content (None: absent)
     events_size: int
