@@ -203,8 +203,7 @@ class _Prefetch:
 
     def __init__(self) -> None:
         import threading
-        import time
-        self.started = time.monotonic()
+        self.finished: float | None = None
         self.got: dict[str, Any] = {}
         self.thread = threading.Thread(target=self._fetch, daemon=True, name="pswift-prefetch")
         self.thread.start()
@@ -212,15 +211,17 @@ class _Prefetch:
     def _ask(self, what: str, b: Any) -> None:
         try:
             self.got[what] = b.nodes() if what == "nodes" else b.active_jobs()
-        except BaseException as e:  # handed to whoever waits for the answer
+        except Exception as e:  # handed to whoever waits for the answer
             self.got[what] = e
 
     def _fetch(self) -> None:
         import threading
+        import time
         try:
             b = backend()
-        except BaseException as e:
+        except Exception as e:
             self.got["nodes"] = self.got["jobs"] = e
+            self.finished = time.monotonic()
             return
         jobs = threading.Thread(target=self._ask, args=("jobs", b), daemon=True) if b.name == "cli" else None
         if jobs is not None:
@@ -230,19 +231,21 @@ class _Prefetch:
             self._ask("jobs", b)
         else:
             jobs.join()
+        self.finished = time.monotonic()
         try:
             automatic_requeue_limit()   # cached for the submission (scontrol show config)
-        except BaseException:
+        except Exception:
             pass                        # asked again, and reported, where it is needed
 
     def fresh(self) -> bool:
+        """Still asking, or answered within MAX_AGE_S."""
         import time
-        return time.monotonic() - self.started < self.MAX_AGE_S
+        return self.finished is None or time.monotonic() - self.finished < self.MAX_AGE_S
 
     def result(self) -> tuple[list[NodeState], list[JobInfo]]:
         self.thread.join()
         for v in self.got.values():
-            if isinstance(v, BaseException):
+            if isinstance(v, Exception):
                 raise v
         return self.got["nodes"], self.got["jobs"]
 

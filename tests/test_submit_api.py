@@ -64,3 +64,23 @@ def test_submitting_with_a_history_imports_neither_numpy_nor_sqlite_utils(exampl
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "HEAVY []" in proc.stdout
+
+
+@pytest.mark.slurm
+def test_a_prefetched_cluster_state_is_the_one_a_direct_query_gives(cluster):
+    from pipeswift_slurm import slurm
+    slurm._cache.pop("prefetch", None)
+    slurm.prefetch()
+    assert "prefetch" in slurm._cache
+    early = slurm.cluster_state(now=1.0)
+    assert "prefetch" not in slurm._cache      # taken once
+    assert early == slurm.cluster_state(now=1.0) and early.nodes
+
+
+def test_nothing_is_prefetched_without_a_slurm_configuration(monkeypatch, tmp_path):
+    """A client without slurm.conf may wait for a configless server: no background query then."""
+    from pipeswift_slurm import slurm
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
+    slurm._cache.pop("prefetch", None)
+    slurm.prefetch()
+    assert "prefetch" not in slurm._cache
