@@ -1,5 +1,5 @@
 """The planner's cluster query (`slurm.cluster_state()`: every node, running and pending jobs)
-through the CLI backend (scontrol/sinfo + squeue --json) vs the pyslurm backend, same cluster,
+through the CLI backend (scontrol/sinfo + squeue of pending and running jobs) vs the pyslurm backend, same cluster,
 same run, alternating, medians.
 
 Two figures per backend: *warm* (a query in a process that already asked once: what a long-lived
@@ -87,7 +87,7 @@ def main() -> None:
                    f"cold {res['cli_cold_median_ms']:.0f} ms")
     benchlib.save(args.out, res, quick=args.quick,
                   what=f"the planner's cluster query (`slurm.cluster_state()`) through the pyslurm backend "
-                       f"vs the CLI backend (`scontrol show nodes --json` + `squeue --json`), Slurm "
+                       f"vs the CLI backend (`scontrol show nodes --json` + `squeue` of pending and running jobs), Slurm "
                        f"{res['slurm']}, {reps} alternated rounds: *warm* (a process that asked before) "
                        f"and *cold* (a fresh interpreter: import, version check, backend choice, one query)",
                   figures=figures)
