@@ -83,3 +83,18 @@ def test_the_header_records_the_non_tensor_state_as_json(tmp_path):
     assert n % 8 == 0
     header = json.loads(path.read_bytes()[8:8 + n])
     assert json.loads(header["__metadata__"]["pswift"])["param_groups"][0]["lr"] == 1e-3
+
+
+def test_tensor_hyper_parameters_are_recorded_as_numbers(tmp_path):
+    """Some optimizers keep lr as a tensor: it is written as its value, read back as a number."""
+    blob = blob_of({"0.w": torch.ones(2)})
+    blob["param_groups"] = [{"lr": torch.tensor(0.01), "betas": (0.9, 0.99)}]
+    path = tmp_path / "s.safetensors"
+    stagefile.write(path, blob)
+    assert stagefile.read(path)["param_groups"] == [{"lr": pytest.approx(0.01), "betas": [0.9, 0.99]}]
+
+
+def test_state_that_json_cannot_hold_is_refused_by_name(tmp_path):
+    blob = dict(blob_of({"0.w": torch.ones(2)}), lr_scheduler={"fn": object()})
+    with pytest.raises(stagefile.StageFileError, match="holds a object"):
+        stagefile.write(tmp_path / "s.safetensors", blob)

@@ -79,8 +79,19 @@ class _Writer:
                 self.kicked = self.offset
 
 
+def _plain(v: Any) -> Any:
+    """JSON for what optimizers and schedulers keep besides numbers (a tensor hyper-parameter,
+    a tuple); anything else is refused with its type."""
+    if torch.is_tensor(v):
+        return v.tolist()
+    if isinstance(v, (tuple, set, frozenset)):
+        return list(v)
+    raise StageFileError(f"optimizer or scheduler state holds a {type(v).__name__}, which a "
+                         f"checkpoint cannot record")
+
+
 def _header(tensors: dict[str, torch.Tensor], rest: dict[str, Any]) -> tuple[bytes, list[Any]]:
-    header: dict[str, Any] = {"__metadata__": {_META_KEY: json.dumps(rest)}}
+    header: dict[str, Any] = {"__metadata__": {_META_KEY: json.dumps(rest, default=_plain)}}
     views, offset = [], 0
     for key, t in tensors.items():
         if t.dtype not in _DTYPES:
