@@ -60,7 +60,7 @@ def _planned(cfg: TrainConfig, db: Path | None, live: bool, warn: Warn) -> Any:
     return make_plan(cfg, db, live, warn)[0]
 
 
-def prepare(toml: Path | str, run_dir: Path | None = None, db: Path | None = None,
+def prepare(toml: Path | str, run_dir: Path | str | None = None, db: Path | str | None = None,
             live: bool = True, warn: Warn = lambda msg: None, sbatch_args: Sequence[str] = ()) -> Prepared:
     """Load and check TOML, plan it (live cluster state unless ``live`` is False) and render the
     batch script for ``run_dir`` (default ./pswift-runs/NAME-DATE-XXXX). Writes nothing.
@@ -71,7 +71,7 @@ def prepare(toml: Path | str, run_dir: Path | None = None, db: Path | None = Non
     if live:
         slurm.prefetch()   # the cluster query runs while the config loads and the planner imports
     cfg = load_config(toml)
-    target = (run_dir or rundir.default_run_dir(cfg.job.name)).resolve()
+    target = (Path(run_dir) if run_dir else rundir.default_run_dir(cfg.job.name)).resolve()
     rule_layouts(cfg)  # the TOML's own invariants first: a bad TOML fails before any planning
     plan = build_plan(cfg, target, planned=_planned(cfg, db, live, warn))
     plan["submitted_at"] = time.time()
@@ -122,7 +122,7 @@ def submit(prepared: Prepared, warn: Warn = lambda msg: None) -> Submission:
     return Submission(prepared, job_id)
 
 
-def sbatch(toml: Path | str, sbatch_args: Sequence[str] = (), run_dir: Path | None = None,
-           db: Path | None = None, warn: Warn = lambda msg: None) -> Submission:
+def sbatch(toml: Path | str, sbatch_args: Sequence[str] = (), run_dir: Path | str | None = None,
+           db: Path | str | None = None, warn: Warn = lambda msg: None) -> Submission:
     """``pswift sbatch`` as one call: prepare, write the run directory, submit."""
     return submit(prepare(toml, run_dir, db, warn=warn, sbatch_args=sbatch_args), warn)

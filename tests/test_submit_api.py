@@ -14,7 +14,7 @@ from pipeswift_slurm.errors import ConfigError, SlurmError, UsageError
 
 
 def test_prepare_writes_nothing_and_says_what_it_would_send(example, tmp_path):
-    p = submit.prepare(example, tmp_path / "run", live=False)
+    p = submit.prepare(str(example), str(tmp_path / "run"), live=False)   # paths as str work too
     assert not (tmp_path / "run").exists()
     assert p.plan["run_dir"] == str((tmp_path / "run").resolve()) and "#SBATCH --nodes=2" in p.script
     assert p.layout_line().startswith("2 node(s): 2 stage(s) x 1 dp")
