@@ -11,6 +11,11 @@ trained locally with real DeepSpeed on CPU (`pswift run`, no Slurm needed), ever
 - baseline, same tensors (the merged model + optimizer state of a warm-up run): one plain
   ``torch.save`` (+ fsync) and ``torch.load``.
 
+Two trainings, each against its own baseline: fp32 (2 stages on 2 nodes; resumes 2 -> 4 and
+4 -> 2 stages) and bf16 + ZeRO-1 (2 stages x 2 data-parallel on 4 nodes: the fp32 master
+weights and Adam state are sharded, gathered by parameter name at save; resumes into 2 x 1 on 2
+nodes and back into 2 x 2 on 4).
+
 Rounds alternate which goes first (baseline or pswift), and the page cache's dirty data is
 flushed (``sync``) and, when run as root, the clean page cache dropped before each timed write,
 so neither pays for the other's writes (on this VM a write into never-used memory costs up to 4x
@@ -42,7 +47,16 @@ import benchlib  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_config(d: Path, ckpt: Path, steps: int, hidden: int = 1024) -> Path:
+#: per training: (train.toml lines, [pipeline] lines, nodes of the saving run, the resumes:
+#: (figure name, nodes) in order, each one step further than the last)
+MODES = {
+    "fp32": ("", "", 2, (("load_2_to_4_s", 4), ("load_4_to_2_s", 2))),
+    "bf16_zero1": ('precision = "bf16"\nzero_stage = 1\n', "stages = 2\n", 4,
+                   (("load_2x2_to_2x1_s", 2), ("load_2x1_to_2x2_s", 4))),
+}
+
+
+def make_config(d: Path, ckpt: Path, steps: int, hidden: int = 1024, mode: str = "fp32") -> Path:
     shutil.copytree(ROOT / "examples" / "tiny-gpt", d, dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
     t = (d / "train.toml").read_text()
@@ -54,7 +68,9 @@ def make_config(d: Path, ckpt: Path, steps: int, hidden: int = 1024) -> Path:
     t = re.sub(r"(?m)^global_batch_size = .*$", "global_batch_size = 8", t)
     t = re.sub(r"(?m)^micro_batch_size = .*$", "micro_batch_size = 2", t)
     t = re.sub(r"(?m)^checkpoint_interval = .*$", "checkpoint_interval = 0", t)
-    t = t.replace("seed = 1", f'seed = 1\ncheckpoint_dir = "{ckpt}"')
+    t = t.replace("seed = 1", f'seed = 1\ncheckpoint_dir = "{ckpt}"\n{MODES[mode][0]}')
+    if MODES[mode][1]:
+        t = re.sub(r"(?m)^(stages|data_parallel) = .*$", "", t).replace("[pipeline]\n", "[pipeline]\n" + MODES[mode][1])
     (d / "train.toml").write_text(t)
     return d / "train.toml"
 
@@ -84,9 +100,9 @@ def flush_dirty_pages() -> bool:
     return dropped
 
 
-def signal_and_commit(toml: Path, run: Path, ckpt: Path) -> dict:
-    """2 stages; SIGTERM right after step 3 is reported; wall clock until the manifest exists."""
-    p = pswift_run(toml, run, 2)
+def signal_and_commit(toml: Path, run: Path, ckpt: Path, nodes: int) -> dict:
+    """SIGTERM right after step 3 is reported; wall clock until the manifest exists."""
+    p = pswift_run(toml, run, nodes)
     while sum(e["event"] == "step" for e in events(run)) < 3:
         if p.poll() is not None:
             raise SystemExit("training run failed; try `pswift run` on the config by hand")
@@ -108,11 +124,13 @@ def signal_and_commit(toml: Path, run: Path, ckpt: Path) -> dict:
             "page_cache_dropped": dropped}
 
 
-def resume_loads(work: Path, ckpt: Path, step: int, hidden: int) -> dict:
-    """Resume 2 -> 4 stages (one step, a final checkpoint by 4 stages), then 4 -> 2."""
+def resume_loads(work: Path, ckpt: Path, step: int, hidden: int, mode: str) -> dict:
+    """The mode's resumes: each trains one step and writes a final checkpoint in its layout,
+    which the next one loads."""
     out = {}
-    for name, nodes, upto in (("load_2_to_4_s", 4, step + 1), ("load_4_to_2_s", 2, step + 2)):
-        toml = make_config(work / "cfg", ckpt, steps=upto, hidden=hidden)
+    for i, (name, nodes) in enumerate(MODES[mode][3]):
+        upto = step + 1 + i
+        toml = make_config(work / "cfg", ckpt, steps=upto, hidden=hidden, mode=mode)
         run = work / f"resume-{nodes}"
         pswift_run(toml, run, nodes).wait()
         start = [e for e in events(run) if e["event"] == "start"][0]
@@ -129,6 +147,7 @@ def merged_state(step_dir: Path) -> dict:
     for f in sorted(step_dir.glob("stage_*.safetensors")):
         blob = stagefile.read(f)
         merged.update({"model." + k: v for k, v in blob["model"].items()})
+        merged.update({"master." + k: v for k, v in blob["master"].items()})
         merged.update({f"optim.{k}.{n}": v for k, s in blob["optim"].items() for n, v in s.items()})
     return merged
 
@@ -147,40 +166,39 @@ def torch_baseline(state: dict, path: Path) -> dict:
     return {"torch_save_s": saved, "torch_load_s": time.time() - t0}
 
 
-def warm_up(hidden: int) -> dict:
+def warm_up(hidden: int, mode: str) -> dict:
     """One unmeasured run: its checkpoint's tensors are the baseline's state."""
     with tempfile.TemporaryDirectory(prefix="pswift-bench-") as tmp:
         work = Path(tmp)
-        toml = make_config(work / "cfg", work / "ckpt", steps=1000, hidden=hidden)
-        got = signal_and_commit(toml, work / "run", work / "ckpt")
+        toml = make_config(work / "cfg", work / "ckpt", steps=1000, hidden=hidden, mode=mode)
+        got = signal_and_commit(toml, work / "run", work / "ckpt", MODES[mode][2])
         return merged_state(work / "ckpt" / f"step_{got['step']:08d}")
 
 
-def one_round(state: dict, hidden: int, baseline_first: bool) -> dict:
+def one_round(state: dict, hidden: int, baseline_first: bool, mode: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="pswift-bench-") as tmp:
         work = Path(tmp)
         base = torch_baseline(state, work / "baseline.pt") if baseline_first else {}
         ckpt = work / "ckpt"
-        got = signal_and_commit(make_config(work / "cfg", ckpt, steps=1000, hidden=hidden),
-                                work / "save", ckpt)
-        loads = resume_loads(work, ckpt, got.pop("step"), hidden)
+        got = signal_and_commit(make_config(work / "cfg", ckpt, steps=1000, hidden=hidden, mode=mode),
+                                work / "save", ckpt, MODES[mode][2])
+        loads = resume_loads(work, ckpt, got.pop("step"), hidden, mode)
         if not baseline_first:
             base = torch_baseline(state, work / "baseline.pt")
         return {**got, **loads, **base, "baseline_first": baseline_first}
 
 
-RATIOS = {  # name: (pswift figure, baseline figures summed)
+RATIOS = {  # name: (pswift figure, baseline figures summed); and one per resume of the mode
     "signal_to_commit_vs_torch_save_plus_step": ("signal_to_commit_s", ("torch_save_s", "step_s")),
     "in_job_save_vs_torch_save": ("in_job_save_s", ("torch_save_s",)),
     "signal_to_commit_vs_torch_save": ("signal_to_commit_s", ("torch_save_s",)),
-    "load_2_to_4_vs_torch_load": ("load_2_to_4_s", ("torch_load_s",)),
-    "load_4_to_2_vs_torch_load": ("load_4_to_2_s", ("torch_load_s",)),
 }
 
 
-def summarize(rounds: list[dict]) -> dict:
+def summarize(rounds: list[dict], mode: str) -> dict:
     ratios = {}
-    for name, (mine, base) in RATIOS.items():
+    loads = {f"{name[:-2]}_vs_torch_load": (name, ("torch_load_s",)) for name, _ in MODES[mode][3]}
+    for name, (mine, base) in {**RATIOS, **loads}.items():
         per = [r[mine] / sum(r[b] for b in base) for r in rounds]
         ratios[name] = {"median": statistics.median(per), "min": min(per), "max": max(per)}
     figures = [k for k, v in rounds[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
@@ -192,12 +210,32 @@ def summarize(rounds: list[dict]) -> dict:
 def readme_figures(s: dict, rounds: int) -> str:
     r, m = s["ratios"], s["median"]
     span = lambda k: f"{r[k]['median']:.2f}× ({r[k]['min']:.2f}–{r[k]['max']:.2f})"  # noqa: E731
+    b = s["bf16_zero1"]
+    rb, mb = b["ratios"], b["median"]
+    span_b = lambda k: f"{rb[k]['median']:.2f}× ({rb[k]['min']:.2f}–{rb[k]['max']:.2f})"  # noqa: E731
     return (f"medians of {rounds} alternated rounds (range): signal → commit "
             f"{m['signal_to_commit_s']:.2f} s = {span('signal_to_commit_vs_torch_save_plus_step')} of "
             f"torch.save + one step ({m['torch_save_s']:.2f} + {m['step_s']:.2f} s); in-job save "
             f"{m['in_job_save_s']:.2f} s = {span('in_job_save_vs_torch_save')} torch.save; load "
             f"{span('load_2_to_4_vs_torch_load')} (2 → 4) and {span('load_4_to_2_vs_torch_load')} "
-            f"(4 → 2) torch.load")
+            f"(4 → 2) torch.load. bf16 + ZeRO-1 ({mb['checkpoint_bytes'] / 1e6:.0f} MB, 2 stages × 2 "
+            f"dp): in-job save {mb['in_job_save_s']:.2f} s = {span_b('in_job_save_vs_torch_save')} "
+            f"torch.save; load {span_b('load_2x2_to_2x1_vs_torch_load')} (2×2 → 2×1) and "
+            f"{span_b('load_2x1_to_2x2_vs_torch_load')} (2×1 → 2×2) torch.load")
+
+
+def measure(mode: str, hidden: int, repeats: int) -> tuple[dict, list[dict]]:
+    """(summary, rounds) of one training mode, each round alternating who goes first."""
+    state = warm_up(hidden, mode)
+    rounds = []
+    for i in range(repeats):
+        rounds.append(one_round(state, hidden, baseline_first=i % 2 == 1, mode=mode))
+        print(f"{mode} round {i + 1}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                                                    for k, v in rounds[-1].items()), flush=True)
+    s = summarize(rounds, mode)
+    for k, v in s["ratios"].items():
+        print(f"{mode} {k}: {v['median']:.2f}x (range {v['min']:.2f}-{v['max']:.2f})")
+    return s, rounds
 
 
 def main() -> None:
@@ -208,21 +246,16 @@ def main() -> None:
     args = ap.parse_args()
     repeats = 1 if args.quick else args.repeats
     hidden = 128 if args.quick else 1024
-    state = warm_up(hidden)
-    rounds = []
-    for i in range(repeats):
-        rounds.append(one_round(state, hidden, baseline_first=i % 2 == 1))
-        print(f"round {i + 1}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
-                                             for k, v in rounds[-1].items()), flush=True)
-    s = summarize(rounds)
-    for k, v in s["ratios"].items():
-        print(f"{k}: {v['median']:.2f}x (range {v['min']:.2f}-{v['max']:.2f})")
+    s, rounds = measure("fp32", hidden, repeats)
+    bf16, bf16_rounds = measure("bf16_zero1", hidden, repeats)
+    s["bf16_zero1"] = {**bf16, "rounds": bf16_rounds}
     benchlib.save(args.out, {"benchmark": "checkpoint", "repeats": repeats, **s, "rounds": rounds},
                   quick=args.quick,
                   what=f"~100 MB model ({s['median']['checkpoint_bytes'] / 1e6:.0f} MB with Adam state), "
                        f"2 stages: SIGTERM → committed checkpoint (outside: the step in flight, "
                        f"consensus, both stages writing, manifest; inside: the save alone); resume "
-                       f"2 → 4 and 4 → 2 stages; vs one plain `torch.save` (+ fsync) / `torch.load` "
+                       f"2 → 4 and 4 → 2 stages; the same for bf16 + ZeRO-1 (sharded fp32 masters "
+                       f"and Adam state); each vs one plain `torch.save` (+ fsync) / `torch.load` "
                        f"of the same tensors",
                   figures=readme_figures(s, repeats))
 

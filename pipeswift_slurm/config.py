@@ -83,6 +83,17 @@ class TrainingSection(NamedTuple):
     optimizer: dict[str, Any] = {}
     ds_config: dict[str, Any] = {}
     gradient_clipping: float = 0.0
+    #: "fp32", "bf16" or "fp16" (fp16: dynamic loss scaling; needs a GPU)
+    precision: str = "fp32"
+    #: 0, or 1: optimizer state and fp32 master weights sharded over the data-parallel ranks
+    zero_stage: int = 0
+    #: recompute activations every this many layers in the backward pass (0: keep them)
+    activation_checkpoint_interval: int = 0
+    #: learning rate: linear warm-up over this many steps, then "constant" or "cosine" decay to
+    #: lr x lr_min_ratio at the last step
+    lr_warmup_steps: int = 0
+    lr_decay: str = "constant"
+    lr_min_ratio: float = 0.0
     checkpoint_dir: Path | None = None
     checkpoint_interval: int = 0
     keep_checkpoints: int = 2
@@ -351,10 +362,52 @@ def _model(t: dict[str, Any], base_dir: Path) -> ModelSection:
     )
 
 
+PRECISIONS = ("fp32", "bf16", "fp16")
+LR_DECAYS = ("constant", "cosine")
+#: DeepSpeed settings pswift sets itself from train.toml: (where to say it instead)
+DS_CONFIG_OWNED = {
+    "bf16": '[training] precision = "bf16"', "fp16": '[training] precision = "fp16"',
+    "zero_optimization": "[training] zero_stage", "optimizer": "[training] optimizer",
+    "scheduler": "[training] lr_warmup_steps / lr_decay / lr_min_ratio",
+    "gradient_clipping": "[training] gradient_clipping",
+    "train_batch_size": "[training] global_batch_size",
+    "train_micro_batch_size_per_gpu": "[training] micro_batch_size",
+    "gradient_accumulation_steps": "[pipeline] micro_batches (or let the planner choose it)",
+}
+#: DeepSpeed settings passed through: none changes what a checkpoint holds or how it reshapes
+DS_CONFIG_PASSED = ("steps_per_print", "wall_clock_breakdown", "communication_data_type",
+                    "prescale_gradients", "gradient_predivide_factor", "activation_checkpointing",
+                    "comms_logger", "flops_profiler", "timers", "memory_breakdown", "dump_state")
+
+
+def _ds_config(v: Any) -> dict[str, Any]:
+    """[training] ds_config: only settings the checkpoint can save and reshape, refused here
+    (plan time) rather than discovered at the job's first checkpoint."""
+    table = _table("training", "ds_config", v)
+    for key in table:
+        if key in DS_CONFIG_OWNED:
+            raise ConfigError(f"[training] ds_config.{key} is set by pswift (it must stay "
+                              f"checkpointable across stage counts): use {DS_CONFIG_OWNED[key]} instead")
+        if key not in DS_CONFIG_PASSED:
+            raise ConfigError(f"[training] ds_config.{key}: pswift cannot checkpoint and reshape a "
+                              f"job with this DeepSpeed setting; it passes on only "
+                              f"{', '.join(DS_CONFIG_PASSED)}")
+    return table
+
+
+def _choice(section: str, key: str, v: Any, choices: tuple[Any, ...]) -> Any:
+    if not any(type(v) is type(c) and v == c for c in choices):
+        raise ConfigError(f"{_where(section, key)} = {_short(v)} must be one of "
+                          f"{', '.join(repr(c) if isinstance(c, str) else str(c) for c in choices)}")
+    return v
+
+
 def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
     valid = ("steps", "global_batch_size", "micro_batch_size", "data", "seed", "optimizer",
-             "ds_config", "gradient_clipping", "checkpoint_dir", "checkpoint_interval",
-             "keep_checkpoints", "hang_timeout_factor", "hang_timeout_min_s")
+             "ds_config", "gradient_clipping", "precision", "zero_stage",
+             "activation_checkpoint_interval", "lr_warmup_steps", "lr_decay", "lr_min_ratio",
+             "checkpoint_dir", "checkpoint_interval", "keep_checkpoints", "hang_timeout_factor",
+             "hang_timeout_min_s")
     _check_keys("training", t, valid, ("steps", "global_batch_size", "micro_batch_size", "data"))
     opt = _table("training", "optimizer", t.get("optimizer", {}))
     if opt:
@@ -371,14 +424,24 @@ def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
         raise ConfigError(f"[training] global_batch_size = {gbs} is not a multiple of "
                           f"micro_batch_size = {mbs}: pick a global batch in "
                           f"{{{gbs // mbs * mbs or mbs}, {(gbs // mbs + 1) * mbs}}}")
+    if _float("training", "lr_min_ratio", t.get("lr_min_ratio", 0.0)) > 1:
+        raise ConfigError(f"[training] lr_min_ratio = {t['lr_min_ratio']} must be <= 1 (the final "
+                          f"learning rate as a fraction of the peak)")
     return TrainingSection(
         steps=_int("training", "steps", t["steps"]),
         global_batch_size=gbs, micro_batch_size=mbs,
         data=_entry("training", "data", t["data"], base_dir),
         seed=_int("training", "seed", t.get("seed", 1), lo=0),
         optimizer=opt,
-        ds_config=_table("training", "ds_config", t.get("ds_config", {})),
+        ds_config=_ds_config(t.get("ds_config", {})),
         gradient_clipping=_float("training", "gradient_clipping", t.get("gradient_clipping", 0.0)),
+        precision=_choice("training", "precision", t.get("precision", "fp32"), PRECISIONS),
+        zero_stage=_choice("training", "zero_stage", t.get("zero_stage", 0), (0, 1)),
+        activation_checkpoint_interval=_int("training", "activation_checkpoint_interval",
+                                            t.get("activation_checkpoint_interval", 0), lo=0),
+        lr_warmup_steps=_int("training", "lr_warmup_steps", t.get("lr_warmup_steps", 0), lo=0),
+        lr_decay=_choice("training", "lr_decay", t.get("lr_decay", "constant"), LR_DECAYS),
+        lr_min_ratio=_float("training", "lr_min_ratio", t.get("lr_min_ratio", 0.0)),
         checkpoint_dir=ckpt_dir,
         checkpoint_interval=_int("training", "checkpoint_interval", t.get("checkpoint_interval", 0), lo=0),
         keep_checkpoints=_int("training", "keep_checkpoints", t.get("keep_checkpoints", 2), lo=2),
@@ -447,6 +510,9 @@ def parse_config(data: dict[str, Any], path: Path) -> TrainConfig:
         pipeline=_pipeline(data.get("pipeline", {})),
         raw=data,
     )
+    if cfg.training.precision == "fp16" and cfg.resources.device != "cuda":
+        raise ConfigError(f'[training] precision = "fp16" needs a GPU (DeepSpeed refuses fp16 on '
+                          f'{cfg.resources.device}): use precision = "bf16", or [resources] device = "cuda"')
     n = cfg.layer_count
     stages = cfg.pipeline.stages
     if n is not None and isinstance(stages, int) and stages > n:

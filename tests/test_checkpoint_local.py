@@ -168,7 +168,7 @@ def test_sigterm_to_a_local_run_stops_every_rank_at_one_step_with_a_checkpoint(t
     assert end["reason"] == "stopped" and ck["reason"] == "signal" and ck["step"] == end["step"]
     man = json.loads((run / "checkpoints" / f"step_{end['step']:08d}" / "MANIFEST.json").read_text())
     assert man["step"] == end["step"] and man["stages"] == 2 and man["boundaries"] == [0, 3, 6]
-    assert sorted(man["files"]) == ["stage_000.safetensors", "stage_001.safetensors"]
+    assert sorted(man["files"]) == ["rng.json", "stage_000.safetensors", "stage_001.safetensors"]
     assert all(len(v["crc32"]) == 8 and v["size"] > 0 for v in man["files"].values())
 
 

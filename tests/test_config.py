@@ -82,6 +82,24 @@ BAD = [
     ("[job\nname=1", ["invalid TOML"]),
     (mutate(("job", "sbatch_options"), "--qos=high"), ["sbatch_options must be an array"]),
     (mutate(("job", "sbatch_options"), ["qos=high"]), ["must be an sbatch option starting with '-'"]),
+    # real training settings: what DeepSpeed or the checkpoint cannot do is refused at plan time
+    (mutate(("training", "precision"), "fp16"), ['precision = "fp16" needs a GPU', "DeepSpeed refuses fp16 on cpu",
+                                                'use precision = "bf16"']),
+    (mutate(("training", "precision"), "bfloat16"), ["precision = 'bfloat16' must be one of 'fp32', 'bf16', 'fp16'"]),
+    (mutate(("training", "zero_stage"), 2), ["zero_stage = 2 must be one of 0, 1"]),
+    (mutate(("training", "zero_stage"), True), ["zero_stage = True must be one of 0, 1"]),
+    (mutate(("training", "lr_decay"), "linear"), ["lr_decay = 'linear' must be one of 'constant', 'cosine'"]),
+    (mutate(("training", "lr_min_ratio"), 2), ["lr_min_ratio = 2 must be <= 1"]),
+    (mutate(("training", "activation_checkpoint_interval"), -1), ["activation_checkpoint_interval = -1 must be >= 0"]),
+    (mutate(("training", "ds_config"), {"bf16": {"enabled": True}}),
+     ["ds_config.bf16 is set by pswift", 'use [training] precision = "bf16" instead']),
+    (mutate(("training", "ds_config"), {"zero_optimization": {"stage": 1}}),
+     ["ds_config.zero_optimization is set by pswift", "use [training] zero_stage instead"]),
+    (mutate(("training", "ds_config"), {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}),
+     ["ds_config.zero_optimization is set by pswift"]),
+    (mutate(("training", "ds_config"), {"scheduler": {"type": "WarmupLR"}}), ["use [training] lr_warmup_steps"]),
+    (mutate(("training", "ds_config"), {"sparse_attention": {}}),
+     ["ds_config.sparse_attention: pswift cannot checkpoint and reshape", "it passes on only steps_per_print"]),
 ]
 
 
@@ -132,3 +150,25 @@ def test_valid_example_loads():
     assert cfg.job.name == "tiny-gpt"
     assert cfg.layer_count == 6
     assert cfg.resources.nodes_spec == "2"
+
+
+def test_every_training_setting_reaches_deepspeeds_config(tmp_path):
+    """train.toml's settings, through plan.json, into the config DeepSpeed is given."""
+    import json
+    doc = base()
+    doc["training"].update(precision="bf16", zero_stage=1, activation_checkpoint_interval=2,
+                           gradient_clipping=0.5, lr_warmup_steps=5, lr_decay="cosine", lr_min_ratio=0.1,
+                           ds_config={"wall_clock_breakdown": True})
+    code, out, err = dry_run(tmp_path, doc)
+    assert code == 0, err
+    from pipeswift_slurm import submit
+    plan = json.loads(json.dumps(submit.prepare(tmp_path / "cfg" / "train.toml", live=False).plan))
+    from pipeswift_launch.train import ds_config
+    cfg = ds_config(plan, plan["layouts"]["2"])
+    assert cfg["bf16"] == {"enabled": True} and cfg["zero_optimization"] == {"stage": 1}
+    assert cfg["data_types"] == {"grad_accum_dtype": "fp32"} and cfg["gradient_clipping"] == 0.5
+    assert cfg["scheduler"] == {"type": "WarmupCosineLR", "params": {
+        "total_num_steps": 40, "warmup_num_steps": 5, "warmup_min_ratio": 0.0, "warmup_type": "linear",
+        "cos_min_ratio": 0.1}}
+    assert cfg["wall_clock_breakdown"] is True
+    assert plan["training"]["activation_checkpoint_interval"] == 2

@@ -25,7 +25,9 @@ VALID_KEYS = {
     "model": {"entry", "kwargs", "loss", "num_layers", "layer_costs", "layer_memory"},
     "training": {"steps", "global_batch_size", "micro_batch_size", "data", "seed", "optimizer",
                  "ds_config", "gradient_clipping", "checkpoint_dir", "checkpoint_interval",
-                 "keep_checkpoints", "hang_timeout_factor", "hang_timeout_min_s"},
+                 "keep_checkpoints", "hang_timeout_factor", "hang_timeout_min_s", "precision",
+                 "zero_stage", "activation_checkpoint_interval", "lr_warmup_steps", "lr_decay",
+                 "lr_min_ratio"},
     "pipeline": {"stages", "micro_batches", "partition", "data_parallel"},
 }
 POSITIVE_INTS = [("training", "steps"), ("training", "global_batch_size"),

@@ -41,10 +41,31 @@ engine.train_batch(data_iter=iter(batches))
 assert "ForwardPass" in seen and "BackwardPass" in seen and "OptimizerStep" in seen, seen
 ds_compat.set_instruction_table(engine, None)
 assert "_INSTRUCTION_MAP" not in engine.__dict__
-ds_compat.set_progress(engine, 7, 14)
-assert (engine.global_steps, engine.global_samples) == (7, 14)
+ds_compat.set_progress(engine, 7, 14, 2)
+assert (engine.global_steps, engine.global_samples, engine.module.micro_offset) == (7, 14, 14)
 engine.train_batch(data_iter=iter(batches))
-assert engine.global_steps == 8
+assert engine.global_steps == 8 and engine.module.micro_offset == 16
+assert ds_compat.master_groups(engine) is None  # fp32, ZeRO-0: a plain torch optimizer
+
+# bf16 + ZeRO-1: flat fp32 partitions, state created before the first step and set per parameter
+from deepspeed.utils import safe_get_full_optimizer_state, safe_set_full_optimizer_state
+model = ds_compat.ExplicitPipe([LayerSpec(torch.nn.Linear, 4, 4) for _ in range(3)], parts=[0, 3],
+                               num_stages=1, loss_fn=torch.nn.functional.mse_loss)
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
+    "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}, "steps_per_print": 10**9,
+    "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": 1}})
+groups = ds_compat.master_groups(engine)
+assert groups and all(flat.dtype == torch.float32 for _, flat in groups), groups
+ds_compat.create_master_state(engine, ["exp_avg", "exp_avg_sq"], {"step": torch.tensor(3.0)})
+p0 = next(engine.module.parameters())
+safe_set_full_optimizer_state(p0, torch.full(p0.shape, 0.5), "exp_avg")
+assert torch.equal(safe_get_full_optimizer_state(p0, "exp_avg"), torch.full(p0.shape, 0.5))
+flat_state = ds_compat.master_state(engine)[groups[0][1]]
+assert float(flat_state["step"]) == 3.0 and (flat_state["exp_avg"] == 0.5).sum() == p0.numel()
+batches = [(torch.randn(1, 4).bfloat16(), torch.randn(1, 4).bfloat16()) for _ in range(2)]
+engine.train_batch(data_iter=iter(batches))
+assert float(ds_compat.master_state(engine)[groups[0][1]]["step"]) == 4.0
 print("canary ok")
 '''
 

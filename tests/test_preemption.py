@@ -133,6 +133,46 @@ def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path
     assert_same_weights(final_weights(run / "checkpoints", 100), final_weights(ref / "checkpoints", 100))
 
 
+def test_a_bf16_zero1_job_with_recompute_is_preempted_and_resumes_on_2_of_4_nodes(cluster, tmp_path):
+    """The settings real jobs use, through real Slurm: bf16, ZeRO-1 over 2 data-parallel ranks,
+    activation checkpointing, clipping and a cosine schedule; preempted on 4 nodes (2 stages x 2),
+    resumed on 2 (2 stages x 1), the loss curve within 1e-2 of an uninterrupted run."""
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "40", "checkpoint_interval": "0",
+                                          "stages": "2", "data_parallel": "None"})
+    toml.write_text(toml.read_text().replace("data_parallel = None", "").replace("seed = 1\n", """seed = 1
+precision = "bf16"
+zero_stage = 1
+activation_checkpoint_interval = 1
+gradient_clipping = 1.0
+lr_warmup_steps = 5
+lr_decay = "cosine"
+""", 1))
+    run = tmp_path / "run"
+    proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip()
+    wait_steps(run, 5)
+    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", "--exclusive", "-o", "/dev/null",
+                           "--wrap", "sleep 120"], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300) == "COMPLETED", slurm_log(run)
+        st = json.loads(pswift("status", job, "--json", check=True).stdout)
+        a0, a1 = st["attempts"]
+        assert (a0["nodes"], a0["stages"], a0["ended"]) == (4, 2, "preempted")
+        assert (a1["nodes"], a1["stages"], a1["ended"]) == (2, 2, "completed")
+        assert a1["start_step"] == a0["end_step"]
+    finally:
+        subprocess.run(["scancel", high])
+    starts = [e for e in events(run) if e["event"] == "start"]
+    assert [(e["stages"], e["data_parallel"]) for e in starts] == [(2, 2), (2, 1)]
+    ref = reference(toml, tmp_path, nodes=4)
+    got, want = step_losses(run), step_losses(ref)
+    assert sorted(got) == sorted(want) == list(range(1, 41))
+    g, w = ({k: float.fromhex(v) for k, v in d.items()} for d in (got, want))
+    assert all(abs(g[s] - w[s]) <= 1e-2 * abs(w[s]) for s in w), [(s, g[s], w[s]) for s in w if g[s] != w[s]]
+    assert w[40] < w[1]
+
+
 def test_time_limit_checkpoints_on_usr2_requeues_itself_and_completes(cluster, tmp_path):
     # 2-minute limit: USR2 60 s before it (capped at half the limit); Slurm's periodic check may
     # deliver it up to ~30 s earlier. Steps take ~0.3-0.5 s, so 200 steps need 2-3 attempts.

@@ -25,12 +25,13 @@ class Embedding(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, hidden: int, heads: int) -> None:
+    def __init__(self, hidden: int, heads: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(hidden)
-        self.attn = nn.MultiheadAttention(hidden, heads, batch_first=True)
+        self.attn = nn.MultiheadAttention(hidden, heads, batch_first=True, dropout=dropout)
         self.ln2 = nn.LayerNorm(hidden)
-        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden),
+                                 nn.Dropout(dropout))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[1]
@@ -51,10 +52,10 @@ class Head(nn.Module):
 
 
 def build_layers(vocab: int = 96, hidden: int = 128, heads: int = 4, blocks: int = 4,
-                 seq_len: int = 32) -> list[LayerSpec]:
+                 seq_len: int = 32, dropout: float = 0.0) -> list[LayerSpec]:
     """The pipeline's layers (LayerSpecs: each stage builds only its own)."""
     return [LayerSpec(Embedding, vocab, hidden, seq_len),
-            *[LayerSpec(Block, hidden, heads) for _ in range(blocks)],
+            *[LayerSpec(Block, hidden, heads, dropout) for _ in range(blocks)],
             LayerSpec(Head, vocab, hidden)]
 
 

@@ -6,6 +6,7 @@ Layout of ``CKPT_DIR/step_00000040/``:
   see stagefile.py): the stage's module state and its optimizer state keyed by **global
   parameter name** (PipelineModule names layers by global index, so names do not depend on the
   split), plus the LR scheduler state and the writer's RNG state;
+- ``rng.json``: every rank's random generators (rng.py), written by rank 0;
 - ``MANIFEST.json`` (the commit marker): written by rank 0 after a barrier, via temp file +
   fsync + rename. It lists step, samples, boundaries, P, DP, m, world size, data position and
   every file with its size and CRC-32.
@@ -29,14 +30,16 @@ import re
 import shutil
 import signal
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from . import ds_compat, stagefile
+from . import ds_compat, rng, stagefile
 
 MANIFEST = "MANIFEST.json"
+RNG_FILE = "rng.json"
 MANIFEST_VERSION = 2
 #: manifest versions this launcher loads, with each one's stage-file suffix and checksum field
 READABLE = {1: (".pt", "sha256"), 2: (stagefile.SUFFIX, "crc32")}
@@ -112,7 +115,8 @@ def manifest_problem(man: Any) -> str | None:
     if not isinstance(files, dict):
         return "no file list"
     for name, meta in files.items():
-        if not (isinstance(name, str) and _STAGE_FILE.match(name) and name.endswith(suffix)
+        if not (isinstance(name, str)
+                and ((_STAGE_FILE.match(name) and name.endswith(suffix)) or (name == RNG_FILE and version >= 2))
                 and isinstance(meta, dict) and _count(meta.get("size"))
                 and isinstance(meta.get(digest), str) and _DIGEST[digest].match(meta[digest])):
             return f"file entry {str(name)[:40]!r} is malformed"
@@ -194,16 +198,38 @@ def _layer_of(name: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
+def _optimizer_state(engine: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """({param name: {key: full-size value}}, {param name: fp32 master}) of this stage, whatever
+    the optimizer keeps: a plain torch optimizer's per-parameter state, or the flat partitions
+    of ZeRO-1 / bf16 gathered over the data-parallel group (a collective: every data-parallel
+    rank of the stage calls this, in the same order). No copies of plain state: every rank is
+    inside save(), nothing updates it meanwhile."""
+    opt, named = engine.optimizer, list(engine.module.named_parameters())
+    groups = ds_compat.master_groups(engine)
+    if groups is None:
+        name_of = {p: n for n, p in named}
+        return {name_of[p]: opt.state[p] for g in opt.param_groups for p in g["params"] if p in opt.state}, {}
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+    flat_state = ds_compat.master_state(engine).get(groups[0][1], {})
+    flat = groups[0][1]
+    elementwise = [k for k, v in flat_state.items() if torch.is_tensor(v) and v.shape == flat.shape]
+    scalars = {k: v for k, v in flat_state.items() if k not in elementwise}
+    optim, master = {}, {}
+    for n, p in named:
+        master[n] = safe_get_full_fp32_param(p)
+        optim[n] = {k: safe_get_full_optimizer_state(p, k) for k in elementwise}
+        optim[n].update(scalars)
+    return optim, master
+
+
 def _stage_blob(engine: Any) -> dict[str, Any]:
-    """This stage's state. No copies: every rank is inside save(), nothing updates it meanwhile."""
-    opt = engine.optimizer
-    name_of = {p: n for n, p in engine.module.named_parameters()}
-    state = {name_of[p]: opt.state[p] for group in opt.param_groups for p in group["params"]
-             if p in opt.state}
+    """This stage's state (every rank of the stage calls it; data-parallel rank 0 writes it)."""
+    optim, master = _optimizer_state(engine)
     return {
         "model": engine.module.state_dict(),
-        "optim": state,
-        "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
+        "master": master,
+        "optim": optim,
+        "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups],
         "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
         "rng": torch.get_rng_state(),
         "stage": engine.stage_id,
@@ -219,25 +245,51 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
     path = ckpt_dir / tag_for(step)
     path.mkdir(parents=True, exist_ok=True)
     mine = None
+    t0 = time.perf_counter()
+    blob = _stage_blob(engine)
     if engine.grid.data_parallel_id == 0:
-        t0 = time.perf_counter()
         name = stage_file(engine.stage_id)
-        size, digest = stagefile.write(path / name, _stage_blob(engine))
+        size, digest = stagefile.write(path / name, blob)
         mine = (name, size, digest, time.perf_counter() - t0)
         if os.environ.get(FAULT_ENV) == str(step) and engine.stage_id == engine.num_stages - 1:
             os.kill(os.getpid(), signal.SIGKILL)
     slow_step, _, slow_s = os.environ.get(FAULT_SLOW_ENV, "").partition(":")
     if slow_step == str(step):
         time.sleep(float(slow_s or 0))
-    files = [f for f in gather(mine) if f is not None]  # every stage's file is on disk
+    gathered = gather((mine, rng.capture()))  # every stage's file is on disk
+    files = [f for f, _ in gathered if f is not None]
     t_commit = time.perf_counter()
     if rank == 0:
-        man = dict(meta, version=MANIFEST_VERSION, step=step, created=time.time(),
-                   files={n: {"size": s, "crc32": h} for n, s, h, _ in sorted(files)})
+        generators = json.dumps({"layout": layout_key(meta), "ranks": [g for _, g in gathered]}).encode()
+        _atomic_write(path / RNG_FILE, generators)
+        listed = {n: {"size": s, "crc32": h} for n, s, h, _ in sorted(files)}
+        listed[RNG_FILE] = {"size": len(generators), "crc32": f"{zlib.crc32(generators):08x}"}
+        man = dict(meta, version=MANIFEST_VERSION, step=step, created=time.time(), files=listed)
         _atomic_write(path / MANIFEST, (json.dumps(man, indent=1, sort_keys=True) + "\n").encode())
         _fsync_dir(path)
     barrier()  # committed before anyone moves on (or exits)
     return path, {"write_s": max(f[3] for f in files), "commit_s": time.perf_counter() - t_commit}
+
+
+def layout_key(meta: dict[str, Any]) -> list[Any]:
+    """What must be equal for a rank's saved generators to be its own after a resume."""
+    return [meta["stages"], meta["data_parallel"], list(meta["boundaries"]), meta["world_size"]]
+
+
+def saved_generators(path: Path, man: dict[str, Any], rank: int, layout: list[Any]) -> dict[str, Any] | None:
+    """This rank's generators saved in the committed checkpoint ``path`` when it was written in
+    ``layout`` (see :func:`layout_key`); None when another layout wrote it or it has none."""
+    meta = man["files"].get(RNG_FILE)
+    if meta is None or meta["size"] > rng.MAX_BYTES:
+        return None
+    blob = (path / RNG_FILE).read_bytes()
+    if f"{zlib.crc32(blob):08x}" != meta["crc32"]:
+        raise CheckpointError(f"{path / RNG_FILE}: checksum mismatch (corrupt file)")
+    try:
+        saved = json.loads(blob)
+        return saved["ranks"][rank] if saved["layout"] == layout else None
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise CheckpointError(f"{path / RNG_FILE} is not a generator record") from None
 
 
 def _read_stage(path: Path, name: str, man: dict[str, Any], wanted: set[str]) -> dict[str, Any]:
@@ -291,6 +343,7 @@ def load(engine: Any, path: Path, model_id: str | None = None, layers: int | Non
     own_layers = {_layer_of(k) for k in own}
     old_b = man["boundaries"]
     model: dict[str, Any] = {}
+    master: dict[str, Any] = {}
     optim: dict[str, Any] = {}
     hyper = sched = None
     for s in range(len(old_b) - 1):
@@ -298,19 +351,49 @@ def load(engine: Any, path: Path, model_id: str | None = None, layers: int | Non
             continue  # another stage's layers only: not read at all
         blob = _read_stage(path, stage_file(s, man["version"]), man, set(own))
         model.update(blob["model"])
+        master.update(blob.get("master") or {})
         optim.update(blob["optim"])
         hyper = blob["param_groups"]
         sched = blob.get("lr_scheduler") if blob.get("lr_scheduler") is not None else sched
     _check_match(path, own, model)
     engine.module.load_state_dict(model, strict=True)
+    _load_optimizer(engine, model, master, optim)
     opt = engine.optimizer
-    for n, p in engine.module.named_parameters():
-        if n in optim:
-            opt.state[p] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in optim[n].items()}
     if hyper is not None:
         for g, h in zip(opt.param_groups, hyper):
             g.update(h)
     if sched is not None and engine.lr_scheduler is not None:
         engine.lr_scheduler.load_state_dict(sched)
-    ds_compat.set_progress(engine, man["step"], man["samples"])
+    ds_compat.set_progress(engine, man["step"], man["samples"], engine.micro_batches)
     return man
+
+
+def _load_optimizer(engine: Any, model: dict[str, Any], master: dict[str, Any],
+                    optim: dict[str, dict[str, Any]]) -> None:
+    """Full per-parameter state into whatever optimizer this run has, whatever wrote it: a
+    plain torch optimizer takes it per parameter; ZeRO-1 / bf16 take this rank's fragment of
+    each value. The fp32 master weights are the saved ones, or the model's weights when the
+    writer kept none (fp32, ZeRO-0)."""
+    named = list(engine.module.named_parameters())
+    groups = ds_compat.master_groups(engine)
+    if groups is None:
+        for n, p in named:
+            if n in master:  # written with separate fp32 masters: they are the exact weights
+                p.data.copy_(master[n])
+            if n in optim:
+                engine.optimizer.state[p] = {k: (v.clone() if torch.is_tensor(v) else v)
+                                             for k, v in optim[n].items()}
+        return
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+    shape_of = {n: tuple(p.shape) for n, p in named}
+    first = next((n for n, _ in named if optim.get(n)), None)
+    elementwise: list[str] = []
+    if first is not None:
+        elementwise = [k for k, v in optim[first].items()
+                       if torch.is_tensor(v) and tuple(v.shape) == shape_of[first]]
+        scalars = {k: v for k, v in optim[first].items() if k not in elementwise}
+        ds_compat.create_master_state(engine, elementwise, scalars)
+    for n, p in named:
+        safe_set_full_fp32_param(p, master.get(n, model[n]).to(torch.float32))
+        for k in elementwise:
+            safe_set_full_optimizer_state(p, optim[n][k].to(torch.float32), k)

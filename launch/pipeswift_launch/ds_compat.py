@@ -6,8 +6,15 @@ DeepSpeed 0.19 has no public API for these, so they live here and nowhere else:
   explicit stage boundaries (:class:`ExplicitPipe`);
 - ``PipeEngine._INSTRUCTION_MAP``: timing each pipeline instruction while profiling;
 - ``deepspeed.comm.torch.build_shm_op``: skipped on CPU (a ~36 s JIT build training never uses);
-- ``engine.global_steps`` / ``global_samples``: set when resuming from a checkpoint;
-- ``Parameter.model_parallel``: each stage adds its own gradients to the clipping norm.
+- ``engine.global_steps`` / ``global_samples`` and ``PipelineModule.micro_offset``: set when
+  resuming from a checkpoint (the module seeds each layer's forward from (seed, micro-batches
+  this rank ran, layer): dropout masks then continue as if never interrupted);
+- ``Parameter.model_parallel``: each stage adds its own gradients to the clipping norm;
+- the flat fp32 partitions of ZeRO-1 and bf16 optimizers (``bf16_groups`` /
+  ``fp32_groups_flat_partition``, ``bit16_groups`` / ``single_partition_of_fp32_groups``) and
+  ``lazy_init_hp_params_optimizer_state``: optimizer state created before the first step, so a
+  checkpoint can be loaded into it (reading and writing full per-parameter values goes through
+  DeepSpeed's public ``safe_get_full_*`` / ``safe_set_full_*``).
 
 :func:`check_version` refuses a DeepSpeed outside the range these were verified on, in one
 line; ``tests/test_ds_compat.py`` exercises every access in seconds on CPU, without Slurm, so a
@@ -19,6 +26,8 @@ from __future__ import annotations
 import importlib
 import re
 from typing import Any, Callable, Iterable
+
+import torch
 
 from deepspeed.pipe import PipelineModule
 
@@ -66,10 +75,12 @@ def set_instruction_table(engine: Any, table: dict[Any, Callable[..., Any]] | No
         engine._INSTRUCTION_MAP = table
 
 
-def set_progress(engine: Any, steps: int, samples: int) -> None:
-    """Where training resumes: the step and sample counters the engine schedules from."""
+def set_progress(engine: Any, steps: int, samples: int, micro_batches: int) -> None:
+    """Where training resumes: the step and sample counters the engine schedules from, and the
+    count of forward passes the module seeds its layers from (``micro_batches`` a step)."""
     engine.global_steps = int(steps)
     engine.global_samples = int(samples)
+    engine.module.micro_offset = int(steps) * int(micro_batches)
 
 
 def mark_model_parallel(params: Iterable[Any]) -> None:
@@ -77,6 +88,39 @@ def mark_model_parallel(params: Iterable[Any]) -> None:
     norm unless parameters are marked model-parallel; each stage then adds its own."""
     for p in params:
         p.model_parallel = True
+
+
+#: (low-precision groups, flat fp32 partitions) attribute names of DeepSpeed's optimizers that
+#: keep fp32 master weights apart from the model: BF16_Optimizer, DeepSpeedZeroOptimizer
+_MASTER_GROUPS = (("bf16_groups", "fp32_groups_flat_partition"),
+                  ("bit16_groups", "single_partition_of_fp32_groups"))
+
+
+def master_groups(engine: Any) -> list[tuple[list[Any], Any]] | None:
+    """Per parameter group: (the model's parameters, this rank's flat fp32 partition) for an
+    optimizer with separate master weights (ZeRO-1, bf16); None for a plain torch optimizer."""
+    opt = engine.optimizer
+    for lp_attr, hp_attr in _MASTER_GROUPS:
+        if hasattr(opt, lp_attr) and hasattr(opt, hp_attr):
+            return list(zip(getattr(opt, lp_attr), getattr(opt, hp_attr)))
+    return None
+
+
+def master_state(engine: Any) -> dict[Any, Any]:
+    """The wrapped torch optimizer's state, keyed by flat fp32 partition."""
+    return engine.optimizer.optimizer.state
+
+
+def create_master_state(engine: Any, elementwise: list[str], scalars: dict[str, Any]) -> None:
+    """Before the first step: optimizer state for every flat partition (zeros for the
+    ``elementwise`` keys, ``scalars`` as given) with each parameter's fragment views linked
+    into it, as DeepSpeed does after the first step; values are then set per parameter."""
+    from deepspeed.utils.mixed_precision_linkage import lazy_init_hp_params_optimizer_state
+    state = master_state(engine)
+    for params, flat in master_groups(engine) or []:
+        state[flat] = {k: torch.zeros_like(flat) for k in elementwise}
+        state[flat].update({k: (v.clone() if torch.is_tensor(v) else v) for k, v in scalars.items()})
+        lazy_init_hp_params_optimizer_state(params, flat, state)
 
 
 class ExplicitPipe(PipelineModule):

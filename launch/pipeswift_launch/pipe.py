@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from deepspeed.pipe import LayerSpec
 
 from .ds_compat import ExplicitPipe
@@ -49,5 +51,8 @@ def build_pipe(plan: dict[str, Any], layout: dict[str, Any]) -> ExplicitPipe:
         else "parameters",
         # same initial weights whatever the split (needs LayerSpecs): resumes are layout-portable
         seed_layers=seed_ok, base_seed=int(plan["training"]["seed"]),
-        activation_checkpoint_interval=0,
+        activation_checkpoint_interval=int(plan["training"].get("activation_checkpoint_interval", 0)),
+        # non-reentrant: a stage whose input needs no gradient (token ids) still gets its
+        # parameters' gradients; dropout masks are replayed exactly in the recomputation
+        activation_checkpoint_func=functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False),
     )

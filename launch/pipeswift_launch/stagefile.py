@@ -6,7 +6,8 @@ read back), then an atomic rename. Reading goes through the safetensors library:
 load, and only the tensors a rank asks for are read. Non-tensor state (optimizer hyper-parameters,
 the LR scheduler, step counters kept as numbers) travels as JSON in the header's metadata.
 
-A stage blob is ``{"model": {name: tensor}, "optim": {param name: {key: tensor | number}},
+A stage blob is ``{"model": {name: tensor}, "master": {param name: fp32 tensor} (optimizers
+with separate master weights: ZeRO-1, bf16), "optim": {param name: {key: tensor | number}},
 "param_groups": [...], "lr_scheduler": {...} | None, "rng": tensor, "stage": int}``.
 """
 
@@ -40,6 +41,7 @@ class StageFileError(RuntimeError):
 def flatten(blob: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors by file key, JSON-able rest) of a stage blob."""
     tensors: dict[str, torch.Tensor] = {f"model/{k}": v for k, v in blob["model"].items()}
+    tensors.update({f"master/{k}": v for k, v in (blob.get("master") or {}).items()})
     scalars: dict[str, dict[str, Any]] = {}
     for name, state in blob["optim"].items():
         for key, v in state.items():
@@ -162,12 +164,15 @@ def read(path: Path, wanted: set[str] | None = None) -> dict[str, Any]:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             rest = json.loads((f.metadata() or {})[_META_KEY])
             model: dict[str, Any] = {}
+            master: dict[str, Any] = {}
             optim: dict[str, dict[str, Any]] = {}
             rng = None
             for key in f.keys():
                 kind, _, name = key.partition("/")
                 if kind == "model" and (wanted is None or name in wanted):
                     model[name] = f.get_tensor(key)
+                elif kind == "master" and (wanted is None or name in wanted):
+                    master[name] = f.get_tensor(key)
                 elif kind == "optim" and (wanted is None or name.rpartition("/")[0] in wanted):
                     param, _, field = name.rpartition("/")
                     optim.setdefault(param, {})[field] = f.get_tensor(key)
@@ -179,5 +184,5 @@ def read(path: Path, wanted: set[str] | None = None) -> dict[str, Any]:
     for param, values in (rest.get("optim_scalars") or {}).items():
         if wanted is None or param in wanted:
             optim.setdefault(param, {}).update(values)
-    return {"model": model, "optim": optim, "param_groups": rest.get("param_groups"),
+    return {"model": model, "master": master, "optim": optim, "param_groups": rest.get("param_groups"),
             "lr_scheduler": rest.get("lr_scheduler"), "rng": rng, "stage": rest.get("stage")}

@@ -32,7 +32,36 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _precision(t: dict[str, Any]) -> dict[str, Any]:
+    """DeepSpeed's precision settings for [training] precision and zero_stage."""
+    precision, zero = t.get("precision", "fp32"), int(t.get("zero_stage", 0))
+    if precision == "bf16":
+        # ZeRO-1 + bf16: DeepSpeed's BF16 optimizer accumulates gradients in fp32 (bf16
+        # accumulation over many micro-batches loses precision)
+        return {"bf16": {"enabled": True}, **({"data_types": {"grad_accum_dtype": "fp32"}} if zero else {})}
+    if precision == "fp16":  # dynamic loss scaling; the scaler's state is in the optimizer's
+        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}}
+    return {}
+
+
+def _scheduler(t: dict[str, Any], lr: float) -> dict[str, Any]:
+    """Linear warm-up, then constant or cosine decay to lr x lr_min_ratio at the last step."""
+    warmup, decay = int(t.get("lr_warmup_steps", 0)), t.get("lr_decay", "constant")
+    if decay == "cosine":
+        return {"scheduler": {"type": "WarmupCosineLR", "params": {
+            "total_num_steps": int(t["steps"]), "warmup_num_steps": max(1, warmup),
+            "warmup_min_ratio": 0.0 if warmup else 1.0, "warmup_type": "linear",
+            "cos_min_ratio": float(t.get("lr_min_ratio", 0.0))}}}
+    if warmup:
+        return {"scheduler": {"type": "WarmupLR", "params": {
+            "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup,
+            "warmup_type": "linear"}}}
+    return {}
+
+
 def ds_config(plan: dict[str, Any], layout: dict[str, Any]) -> dict[str, Any]:
+    """DeepSpeed's configuration: every setting from plan.json's training section (train.toml
+    refuses ds_config keys pswift sets or cannot checkpoint)."""
     t = plan["training"]
     opt = {"type": "AdamW", "params": {"lr": 1e-3}}
     opt = _deep_merge(opt, t.get("optimizer") or {})
@@ -42,9 +71,11 @@ def ds_config(plan: dict[str, Any], layout: dict[str, Any]) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": layout["micro_batch_size"],
         "gradient_accumulation_steps": layout["micro_batches"],
         "optimizer": opt,
-        "zero_optimization": {"stage": 0},
+        "zero_optimization": {"stage": int(t.get("zero_stage", 0))},
         "steps_per_print": 10 ** 9,
         "wall_clock_breakdown": False,
+        **_precision(t),
+        **_scheduler(t, float(opt["params"]["lr"])),
     }
     if t.get("gradient_clipping"):
         cfg["gradient_clipping"] = t["gradient_clipping"]
@@ -122,7 +153,11 @@ def _setup(att: Attempt) -> None:
     if plan["device"] == "cuda":
         torch.cuda.set_device(denv.local_rank % max(1, torch.cuda.device_count()))
     deepspeed.init_distributed(dist_backend="nccl" if plan["device"] == "cuda" else "gloo")
+    from . import rng
+    seed = int(plan["training"]["seed"])
+    rng.reseed(seed, 0, 0)  # every rank builds the same weights, whatever the model's code draws
     model = build_pipe(plan, layout)
+    rng.reseed(seed, 0, denv.rank)
     if plan["training"].get("gradient_clipping") and layout["stages"] > 1:
         ds_compat.mark_model_parallel(model.parameters())
     att.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
@@ -257,9 +292,11 @@ def _resume(att: Attempt) -> str | None:
     each time). Returns the path loaded, None when there is none; raises when none loads."""
     denv, first_error = att.denv, None
     for path in reversed(ckpt.committed(att.ckpt_dir)):
-        man, err = None, None
+        man, err, generators = None, None, None
         try:
             man = ckpt.load(att.engine, path, att.model_id, att.boundaries[-1])
+            generators = ckpt.saved_generators(path, man, denv.rank, ckpt.layout_key(
+                {**att.layout, "boundaries": att.boundaries, "world_size": denv.world_size}))
         except ckpt.CheckpointError as e:
             err = str(e)
         errors: list[Any] = [None] * denv.world_size
@@ -268,6 +305,7 @@ def _resume(att: Attempt) -> str | None:
         if problem is None:
             _log(denv.rank, f"resumed from {path.name} (written by {man['stages']} stage(s) "
                             f"{man['boundaries']}) into {att.layout['stages']} stage(s) {att.boundaries}")
+            _continue_generators(att, generators, int(man["step"]))
             return str(path)
         first_error = first_error or problem
         _log(denv.rank, f"cannot resume from {path.name}: {problem}; trying the previous committed checkpoint")
@@ -276,6 +314,21 @@ def _resume(att: Attempt) -> str | None:
     if denv.rank == 0:
         raise ckpt.CheckpointError(f"no committed checkpoint in {att.ckpt_dir} can be loaded: {first_error}")
     raise SystemExit(2)
+
+
+def _continue_generators(att: Attempt, saved: dict[str, Any] | None, step: int) -> None:
+    """Each rank's random generators as they were at the checkpoint (same layout), else seeded
+    from (seed, step, rank): another layout has no rank whose streams match. A model of
+    LayerSpecs needs neither for its layers: DeepSpeed seeds each layer's forward from (seed,
+    micro-batch, layer), whatever the stage count."""
+    from . import rng
+    if saved is not None:
+        rng.restore(saved)
+        return
+    rng.reseed(int(att.plan["training"]["seed"]), step, att.rank)
+    if not att.engine.module.seed_layers:
+        _log(att.rank, "random generators seeded from (seed, step, rank): the checkpoint was written "
+                       "in another layout, so dropout masks from here differ from an uninterrupted run's")
 
 
 def _emit_profile(profiler: LayerProfiler, timer: InstructionTimer, att: Attempt) -> None:

@@ -1,0 +1,201 @@
+"""Real training settings (precision, ZeRO-1, activation checkpointing, clipping, LR schedule,
+dropout) with real DeepSpeed on CPU, each stopped by SIGTERM mid-run and resumed with another
+stage count or data-parallel degree (`pswift run`: the same launcher as under Slurm), against an
+uninterrupted run of the same steps. Through real Slurm: test_preemption.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PSWIFT, copy_example
+
+pytestmark = [pytest.mark.deepspeed]
+
+BF16 = '''precision = "bf16"
+zero_stage = 1
+activation_checkpoint_interval = 1
+gradient_clipping = 1.0
+lr_warmup_steps = 2
+lr_decay = "cosine"
+lr_min_ratio = 0.1
+'''
+#: the example's layers as plain modules (not LayerSpecs): DeepSpeed does not seed their
+#: forward passes, so their dropout draws from each rank's own generator
+PLAIN_LAYERS = '''
+from model import Block, Embedding, Head
+
+
+def build_layers(vocab, hidden, heads, blocks, seq_len, dropout=0.0):
+    return [Embedding(vocab, hidden, seq_len), *[Block(hidden, heads, dropout) for _ in range(blocks)],
+            Head(vocab, hidden)]
+'''
+
+
+def events(run: Path) -> list[dict]:
+    f = run / "events.jsonl"
+    return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+
+
+def losses(run: Path) -> dict[int, float]:
+    return {e["step"]: float.fromhex(e["loss_hex"]) for e in events(run) if e["event"] == "step"}
+
+
+def job(dst: Path, training: str, stages: int, data_parallel: int, ckpt: Path, steps: int = 8,
+        kwargs: str = "", entry: str = "model:build_layers") -> Path:
+    """The example on 2 to 4 nodes with ``training`` lines, a fixed layout and a checkpoint
+    directory shared between the runs of one scenario."""
+    toml = copy_example(dst, {"steps": str(steps), "checkpoint_interval": "0", "nodes": "[2, 4]",
+                              "stages": str(stages), "data_parallel": str(data_parallel)})
+    text = toml.read_text().replace("seed = 1\n", f'seed = 1\ncheckpoint_dir = "{ckpt}"\n{training}')
+    text = text.replace("seq_len = 32 }", f"seq_len = 32{', ' + kwargs if kwargs else ''} }}")
+    text = re.sub(r'(?m)^entry = .*$', f'entry = "{entry}"', text)
+    toml.write_text(text)
+    if entry.startswith("plain:"):
+        (dst / "plain.py").write_text(PLAIN_LAYERS)
+    return toml
+
+
+def run(toml: Path, run_dir: Path, nodes: int, stop_after: int | None = None) -> str:
+    """`pswift run` on ``nodes`` nodes; with ``stop_after``, SIGTERM once that many steps ran."""
+    p = subprocess.Popen([*PSWIFT, "run", "--nodes", str(nodes), "--run-dir", str(run_dir), str(toml)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if stop_after:
+        deadline = time.time() + 300
+        while sum(e["event"] == "step" for e in events(run_dir)) < stop_after:
+            assert time.time() < deadline and p.poll() is None, p.communicate()[0][-3000:]
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, out[-4000:]
+    return out
+
+
+def final_state(ckpt: Path, step: int) -> dict:
+    """Every stage file's tensors of the checkpoint at ``step``: model, fp32 master, optimizer."""
+    from pipeswift_launch import stagefile
+    out: dict = {}
+    for f in sorted((ckpt / f"step_{step:08d}").glob("stage_*.safetensors")):
+        blob = stagefile.read(f)
+        out.update({f"model/{k}": v for k, v in blob["model"].items()})
+        out.update({f"master/{k}": v for k, v in blob["master"].items()})
+        out.update({f"optim/{k}/{key}": v for k, s in blob["optim"].items() for key, v in s.items()})
+    return out
+
+
+def interrupted_and_reference(tmp_path: Path, training: str, first: tuple[int, int], then: tuple[int, int],
+                              nodes: tuple[int, int], **kw: str) -> tuple[Path, Path, Path, str]:
+    """(stopped run, resumed run, uninterrupted run, resumed run's output): stopped after 3 of 8
+    steps in layout ``first`` (stages, data-parallel) on nodes[0], resumed in ``then`` on
+    nodes[1] from a copy of its checkpoints; the reference runs ``first`` throughout."""
+    ckpt = tmp_path / "ckpt"
+    run(job(tmp_path / "a", training, *first, ckpt, **kw), tmp_path / "stopped", nodes[0], stop_after=3)
+    shutil.copytree(ckpt, tmp_path / "ckpt-b")
+    out = run(job(tmp_path / "b", training, *then, tmp_path / "ckpt-b", **kw), tmp_path / "resumed", nodes[1])
+    run(job(tmp_path / "r", training, *first, tmp_path / "ckpt-r", **kw), tmp_path / "reference", nodes[0])
+    (start,) = [e for e in events(tmp_path / "resumed") if e["event"] == "start"]
+    assert start["resumed_from"] and 3 <= start["step"] < 8
+    assert (start["stages"], start["data_parallel"]) == then
+    return tmp_path / "stopped", tmp_path / "resumed", tmp_path / "reference", out
+
+
+@pytest.mark.parametrize("first,then,nodes", [((4, 1), (2, 1), (4, 2)), ((2, 2), (4, 1), (4, 4))],
+                         ids=["4x1-to-2x1", "2x2-to-4x1"])
+def test_fp32_zero1_resumes_in_another_layout_bitwise_with_the_same_data_parallel_degree(
+        tmp_path, first, then, nodes):
+    stopped, resumed, ref, _ = interrupted_and_reference(tmp_path, "zero_stage = 1\n", first, then, nodes)
+    got, want = {**losses(stopped), **losses(resumed)}, losses(ref)
+    a, b = final_state(tmp_path / "ckpt-b", 8), final_state(tmp_path / "ckpt-r", 8)
+    import torch
+    assert a.keys() == b.keys() and any(k.startswith("master/") for k in a)
+    if first[1] == then[1]:  # only the stage count changed: the same arithmetic, bit for bit
+        assert got == want and len(got) == 8
+        assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    else:  # 2 ranks' averaged gradients vs one rank's accumulated ones: another summation order
+        assert sorted(got) == sorted(want) == list(range(1, 9))
+        assert all(abs(got[s] - want[s]) <= 1e-5 * abs(want[s]) for s in want), (got, want)
+        assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4
+
+
+@pytest.mark.parametrize("first,then,nodes", [((4, 1), (2, 1), (4, 2)), ((2, 2), (4, 1), (4, 4))],
+                         ids=["4x1-to-2x1", "2x2-to-4x1"])
+def test_bf16_zero1_with_recompute_resumes_in_another_layout(tmp_path, first, then, nodes):
+    stopped, resumed, ref, _ = interrupted_and_reference(tmp_path, BF16, first, then, nodes)
+    got, want = {**losses(stopped), **losses(resumed)}, losses(ref)
+    assert sorted(got) == sorted(want) == list(range(1, 9))
+    assert all(abs(got[s] - want[s]) <= 1e-2 * abs(want[s]) for s in want), (got, want)
+    assert want[8] < want[1]
+    import torch
+    a, b = final_state(tmp_path / "ckpt-b", 8), final_state(tmp_path / "ckpt-r", 8)
+    assert a.keys() == b.keys()
+    assert all(v.dtype == torch.bfloat16 for k, v in a.items() if k.startswith("model/"))
+    masters = [k for k in a if k.startswith("master/")]
+    assert masters and all(a[k].dtype == torch.float32 for k in masters)
+    worst = max(float((a[k] - b[k]).abs().max()) for k in masters)
+    assert worst < 1e-2, worst
+
+
+def test_dropout_resumes_bitwise_with_half_the_stages(tmp_path):
+    stopped, resumed, ref, out = interrupted_and_reference(tmp_path, "", (4, 1), (2, 1), (4, 2),
+                                                           kwargs="dropout = 0.1")
+    got = {**losses(stopped), **losses(resumed)}
+    assert got == losses(ref) and len(got) == 8
+    # dropout is on: the same job without it has other losses
+    no_drop = tmp_path / "no-dropout"
+    run(job(no_drop, "", 4, 1, no_drop / "ckpt", steps=2), no_drop / "run", 4)
+    assert losses(no_drop / "run")[2] != got[2]
+
+
+def test_dropout_of_plain_modules_resumes_bitwise_from_each_ranks_generators(tmp_path):
+    stopped, resumed, ref, out = interrupted_and_reference(
+        tmp_path, "", (2, 2), (2, 2), (4, 4), kwargs="dropout = 0.1", entry="plain:build_layers")
+    got = {**losses(stopped), **losses(resumed)}
+    assert got == losses(ref) and len(got) == 8
+    man = json.loads(next((tmp_path / "ckpt-b").glob("step_*/MANIFEST.json")).read_text())
+    assert "rng.json" in man["files"]
+
+
+ACTIVATION_COUNT = r'''
+import os, socket, sys
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT=str(port), DS_ACCELERATOR="cpu")
+import torch, torch.utils.checkpoint, deepspeed
+from pipeswift_launch import ds_compat, pipe, train
+calls = []
+real = torch.utils.checkpoint.checkpoint
+torch.utils.checkpoint.checkpoint = lambda *a, **kw: (calls.append(1), real(*a, **kw))[1]
+ds_compat.skip_shm_build()
+deepspeed.init_distributed(dist_backend="gloo")
+interval = int(sys.argv[1])
+plan = {"model": {"dir": sys.argv[2], "entry": "model:build_layers", "kwargs": {"blocks": 2}},
+        "training": {"seed": 1, "activation_checkpoint_interval": interval, "global_batch_size": 4,
+                     "steps": 1}}
+layout = {"stages": 1, "boundaries": [0, 4], "partition": "uniform", "micro_batch_size": 2,
+          "micro_batches": 2}
+model = pipe.build_pipe(plan, layout)
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                       config=train.ds_config(plan, layout))
+sys.path.insert(0, sys.argv[2])
+from model import batch
+engine.train_batch(data_iter=iter([batch(step=0, index=i, micro_batch_size=2, seed=1) for i in range(2)]))
+print("checkpointed calls", len(calls))
+'''
+
+
+@pytest.mark.parametrize("interval,calls", [(0, 0), (1, 8), (2, 4)])
+def test_activation_checkpoint_interval_recomputes_that_many_layers_at_a_time(tmp_path, interval, calls):
+    import sys
+    from conftest import EXAMPLE
+    proc = subprocess.run([sys.executable, "-c", ACTIVATION_COUNT, str(interval), str(EXAMPLE)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # 4 layers, 2 micro-batches: one checkpointed forward per chunk of `interval` layers
+    assert f"checkpointed calls {calls}" in proc.stdout, proc.stdout[-500:]
