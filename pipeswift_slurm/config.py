@@ -78,7 +78,9 @@ class TrainingSection(NamedTuple):
     steps: int
     global_batch_size: int
     micro_batch_size: int
-    data: str
+    #: "module:function", or {"tokens": path, "dtype", "seq_len"}, or {"dataset": "module:fn",
+    #: "kwargs"} (see pipeswift_launch/data.py)
+    data: str | dict[str, Any]
     seed: int = 1
     optimizer: dict[str, Any] = {}
     ds_config: dict[str, Any] = {}
@@ -395,6 +397,47 @@ def _ds_config(v: Any) -> dict[str, Any]:
     return table
 
 
+TOKEN_DTYPES = {"uint16": 2, "uint32": 4}
+
+
+def _token_file(t: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    _check_keys("training.data", t, ("tokens", "dtype", "seq_len"), ("tokens", "seq_len"))
+    path = (base_dir / _str("training.data", "tokens", t["tokens"])).resolve()
+    dtype = _choice("training.data", "dtype", t.get("dtype", "uint16"), tuple(TOKEN_DTYPES))
+    seq_len = _int("training.data", "seq_len", t["seq_len"])
+    try:
+        size = path.stat().st_size if path.is_file() else None
+    except OSError:
+        size = None
+    if size is None:
+        raise ConfigError(f"[training] data.tokens = {str(t['tokens'])!r}: no such file ({path}); "
+                          f"write your token ids there as a flat {dtype} array")
+    if size % TOKEN_DTYPES[dtype]:
+        raise ConfigError(f"[training] data.tokens: {path} has {size} bytes, not a whole number of "
+                          f"{dtype} tokens; is dtype right?")
+    if size // TOKEN_DTYPES[dtype] < seq_len + 2:
+        raise ConfigError(f"[training] data.tokens: {path} holds {size // TOKEN_DTYPES[dtype]} tokens, "
+                          f"fewer than seq_len + 2 = {seq_len + 2}; use a shorter seq_len")
+    return {"tokens": str(path), "dtype": dtype, "seq_len": seq_len}
+
+
+def _data(v: Any, base_dir: Path) -> str | dict[str, Any]:
+    """[training] data: a batch function, a token file or a map-style Dataset."""
+    if isinstance(v, str):
+        return _entry("training", "data", v, base_dir)
+    if not isinstance(v, dict):
+        raise ConfigError(f"[training] data must be 'module:function' or a table ({{ tokens = ..., "
+                          f"seq_len = ... }} or {{ dataset = 'module:function' }}), got {_type_name(v)}")
+    if "tokens" in v:
+        return _token_file(v, base_dir)
+    if "dataset" in v:
+        _check_keys("training.data", v, ("dataset", "kwargs"))
+        return {"dataset": _entry("training.data", "dataset", v["dataset"], base_dir),
+                "kwargs": _table("training.data", "kwargs", v.get("kwargs", {}))}
+    raise ConfigError("[training] data table needs tokens = 'path' (a token file) or dataset = "
+                      "'module:function' (a map-style Dataset)")
+
+
 def _choice(section: str, key: str, v: Any, choices: tuple[Any, ...]) -> Any:
     if not any(type(v) is type(c) and v == c for c in choices):
         raise ConfigError(f"{_where(section, key)} = {_short(v)} must be one of "
@@ -430,7 +473,7 @@ def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
     return TrainingSection(
         steps=_int("training", "steps", t["steps"]),
         global_batch_size=gbs, micro_batch_size=mbs,
-        data=_entry("training", "data", t["data"], base_dir),
+        data=_data(t["data"], base_dir),
         seed=_int("training", "seed", t.get("seed", 1), lo=0),
         optimizer=opt,
         ds_config=_ds_config(t.get("ds_config", {})),

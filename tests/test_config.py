@@ -98,6 +98,14 @@ BAD = [
     (mutate(("training", "ds_config"), {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}),
      ["ds_config.zero_optimization is set by pswift"]),
     (mutate(("training", "ds_config"), {"scheduler": {"type": "WarmupLR"}}), ["use [training] lr_warmup_steps"]),
+    (mutate(("training", "data"), {"tokens": "nope.bin", "seq_len": 8}),
+     ["[training] data.tokens = 'nope.bin': no such file", "write your token ids there as a flat uint16 array"]),
+    (mutate(("training", "data"), {"tokens": "model.py", "seq_len": 8, "dtype": "int8"}),
+     ["dtype = 'int8' must be one of 'uint16', 'uint32'"]),
+    (mutate(("training", "data"), {"tokens": "model.py"}), ["missing required key [training.data] seq_len"]),
+    (mutate(("training", "data"), {"path": "x"}), ["data table needs tokens = 'path'", "dataset = 'module:function'"]),
+    (mutate(("training", "data"), {"dataset": "nosuchmod_q:build"}), ["module 'nosuchmod_q' not found"]),
+    (mutate(("training", "data"), 3), ["[training] data must be 'module:function' or a table"]),
     (mutate(("training", "ds_config"), {"sparse_attention": {}}),
      ["ds_config.sparse_attention: pswift cannot checkpoint and reshape", "it passes on only steps_per_print"]),
 ]
@@ -172,3 +180,12 @@ def test_every_training_setting_reaches_deepspeeds_config(tmp_path):
         "cos_min_ratio": 0.1}}
     assert cfg["wall_clock_breakdown"] is True
     assert plan["training"]["activation_checkpoint_interval"] == 2
+
+
+@pytest.mark.parametrize("size,needle", [(7, "has 7 bytes, not a whole number of uint16 tokens"),
+                                         (8, "holds 4 tokens, fewer than seq_len + 2 = 10")])
+def test_a_token_file_that_cannot_feed_the_model_is_refused_at_plan_time(tmp_path, size, needle):
+    copy_example(tmp_path / "cfg")
+    (tmp_path / "cfg" / "t.bin").write_bytes(b"\0" * size)
+    code, out, err = dry_run(tmp_path, mutate(("training", "data"), {"tokens": "t.bin", "seq_len": 8}))
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err

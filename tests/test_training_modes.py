@@ -48,8 +48,25 @@ def losses(run: Path) -> dict[int, float]:
     return {e["step"]: float.fromhex(e["loss_hex"]) for e in events(run) if e["event"] == "step"}
 
 
+#: a map-style Dataset of the example's sequences (what `data = { dataset = ... }` reads)
+DATASET = '''
+from model import batch
+
+
+class Sequences:
+    def __init__(self, n):
+        self.x, self.y = batch(step=0, index=0, micro_batch_size=n, seed=3)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+'''
+
+
 def job(dst: Path, training: str, stages: int, data_parallel: int, ckpt: Path, steps: int = 8,
-        kwargs: str = "", entry: str = "model:build_layers") -> Path:
+        kwargs: str = "", entry: str = "model:build_layers", data: str = "") -> Path:
     """The example on 2 to 4 nodes with ``training`` lines, a fixed layout and a checkpoint
     directory shared between the runs of one scenario."""
     toml = copy_example(dst, {"steps": str(steps), "checkpoint_interval": "0", "nodes": "[2, 4]",
@@ -57,6 +74,9 @@ def job(dst: Path, training: str, stages: int, data_parallel: int, ckpt: Path, s
     text = toml.read_text().replace("seed = 1\n", f'seed = 1\ncheckpoint_dir = "{ckpt}"\n{training}')
     text = text.replace("seq_len = 32 }", f"seq_len = 32{', ' + kwargs if kwargs else ''} }}")
     text = re.sub(r'(?m)^entry = .*$', f'entry = "{entry}"', text)
+    if data:
+        text = re.sub(r'(?m)^data = .*$', f'data = {data}', text)
+        (dst / "sequences.py").write_text(DATASET)
     toml.write_text(text)
     if entry.startswith("plain:"):
         (dst / "plain.py").write_text(PLAIN_LAYERS)
@@ -160,6 +180,17 @@ def test_dropout_of_plain_modules_resumes_bitwise_from_each_ranks_generators(tmp
     assert got == losses(ref) and len(got) == 8
     man = json.loads(next((tmp_path / "ckpt-b").glob("step_*/MANIFEST.json")).read_text())
     assert "rng.json" in man["files"]
+
+
+def test_a_map_style_dataset_resumes_at_its_position_in_another_layout(tmp_path):
+    """20 sequences, 32 a step: every step reads across an epoch boundary; the resumed run
+    reads exactly the samples the uninterrupted one does (bitwise losses)."""
+    data = '{ dataset = "sequences:Sequences", kwargs = { n = 20 } }'
+    stopped, resumed, ref, _ = interrupted_and_reference(tmp_path, "", (4, 1), (2, 1), (4, 2), data=data)
+    got = {**losses(stopped), **losses(resumed)}
+    assert got == losses(ref) and len(got) == 8
+    plan = json.loads((resumed / "plan.json").read_text())
+    assert plan["training"]["data"] == {"dataset": "sequences:Sequences", "kwargs": {"n": 20}}
 
 
 ACTIVATION_COUNT = r'''

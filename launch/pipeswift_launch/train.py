@@ -14,8 +14,9 @@ import torch
 from pipeswift_slurm import events as events_schema
 
 from . import checkpoint as ckpt
+from . import data
 from .dist_env import DistEnv
-from .pipe import build_pipe, resolve
+from .pipe import build_pipe
 from .profile import PROFILE_STEPS, InstructionTimer, LayerProfiler
 from .signals import STOP_NONE, STOP_TIME, requested
 from .watchdog import Watchdog, end_attempt
@@ -216,7 +217,7 @@ def _save(att: Attempt, reason: str) -> None:
 def _train(att: Attempt) -> int:
     """Steps until the last one or a stop request every rank agrees on; returns the stop code."""
     plan, t, engine = att.plan, att.plan["training"], att.engine
-    data_fn = resolve(t["data"], plan["model"]["dir"])
+    data_fn = data.source(plan)
     data_kwargs = dict(plan["model"].get("kwargs") or {})
     m, mbs = att.layout["micro_batches"], att.layout["micro_batch_size"]
     dp_rank = engine.grid.data_parallel_id
