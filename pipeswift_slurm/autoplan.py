@@ -31,6 +31,14 @@ def _model_key(cfg: TrainConfig) -> str:
 
 
 def load_profile(cfg: TrainConfig, h: hist_mod.History | None) -> Profile | None:
+    """Per-layer costs (the history's profile, else the TOML's) with how the job trains."""
+    got = _layer_costs(cfg, h)
+    t = cfg.training
+    return None if got is None else got._replace(precision=t.precision, zero_stage=t.zero_stage,
+                                                 recompute_interval=t.activation_checkpoint_interval)
+
+
+def _layer_costs(cfg: TrainConfig, h: hist_mod.History | None) -> Profile | None:
     if h is not None:
         got = h.layer_profile(_model_key(cfg))
         n = cfg.layer_count

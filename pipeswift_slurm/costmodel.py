@@ -8,8 +8,11 @@ forward+backward plus what the engine spends per micro-batch outside them: the l
 each DeepSpeed pipeline instruction, and :func:`overheads_from_instructions` turns that into a
 per-stage overhead, the last stage's extra (the loss), the cost of one send, and the per-step
 work, so that one profiled layout predicts the others (a single stage pays no sends).
-Memory per stage = weights + gradients + Adam state + activations of the micro-batches in
-flight, against the device memory. Calibrated by history: a measured config's step time
+Memory per stage = weights + gradients + fp32 master weights and Adam state (at the training's
+precision, sharded over the data-parallel ranks where DeepSpeed shards them: :func:`state_factor`)
++ activations of the micro-batches in flight (with activation checkpointing: one per chunk of
+layers, plus one chunk's during its recomputation, which costs the forward once more), against
+the device memory. Calibrated by history: a measured config's step time
 replaces the estimate, and the ratio measured / estimated of the measured configs scales the
 others (:func:`calibrate`).
 """
@@ -23,6 +26,14 @@ from .stats import median
 
 #: bytes per parameter byte held by training: weights + gradients + Adam's two moments (fp32)
 TRAIN_STATE_FACTOR = 4
+#: bytes per parameter on one rank, by (precision, ZeRO stage): (weights, gradients, fp32 master
+#: weights + Adam's two moments, whether DeepSpeed shards the last over data-parallel ranks).
+#: fp32 ZeRO-0 steps the weights themselves; ZeRO-1 keeps a separate fp32 partition; the bf16
+#: optimizer partitions its fp32 state even at ZeRO-0 and, at ZeRO-1, accumulates gradients in
+#: fp32 (pipeswift_launch/train.py); fp16 without ZeRO keeps a full fp32 copy.
+STATE_BYTES = {("fp32", 0): (4, 4, 8, False), ("fp32", 1): (4, 4, 12, True),
+               ("bf16", 0): (2, 2, 12, True), ("bf16", 1): (2, 4, 12, True),
+               ("fp16", 0): (2, 2, 12, False), ("fp16", 1): (2, 2, 12, True)}
 #: stage x micro-batch operations simulated exactly while planning (about 10 ms); larger
 #: pipelines use the 1F1B closed form, so planning any valid config stays well under a second
 SIMULATED_OPS_MAX = 2048
@@ -63,6 +74,11 @@ class Profile(NamedTuple):
     #: seconds per step outside the micro-batches (optimizer step, gradient bookkeeping, loss
     #: broadcast); None: estimated from the optimizer state and ``Hardware.optimizer_bandwidth``
     step_overhead_s: float | None = None
+    #: how the job trains ([training] precision, zero_stage, activation_checkpoint_interval);
+    #: ``param_bytes`` are fp32 bytes (4 a parameter) whatever the precision
+    precision: str = "fp32"
+    zero_stage: int = 0
+    recompute_interval: int = 0
 
     def scaled(self, factor: float) -> "Profile":
         """Every time in the profile times ``factor`` (a calibration: this host runs slower)."""
@@ -85,6 +101,21 @@ class StepEstimate(NamedTuple):
     fits: bool
 
 
+def state_factor(profile: Profile, data_parallel: int) -> float:
+    """Training state on one rank per fp32 parameter byte (4 for fp32 without ZeRO)."""
+    weights, grads, rest, sharded = STATE_BYTES[(profile.precision, profile.zero_stage)]
+    return (weights + grads + rest / (data_parallel if sharded else 1)) / 4
+
+
+def activation_memory(act: float, layers: int, in_flight: int, recompute_interval: int) -> float:
+    """Bytes of activations a stage of ``layers`` layers keeps with ``in_flight`` micro-batches
+    (``act``: one layer's output for one micro-batch)."""
+    if not recompute_interval:
+        return in_flight * act * layers
+    chunks = -(-layers // recompute_interval)
+    return in_flight * act * chunks + act * min(recompute_interval, layers)
+
+
 def _scaled(profile: Profile, mbs: int) -> list[float]:
     f = mbs / profile.micro_batch_size
     return [c * f for c in profile.costs]
@@ -103,6 +134,8 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
     costs = _scaled(profile, micro_batch_size)
     P = len(boundaries) - 1
     fwd, bwd = stage_times(costs, boundaries)
+    if profile.recompute_interval:  # the backward runs each layer's forward again first
+        bwd = [b + f for f, b in zip(fwd, bwd)]
     # the engine's work outside the layers: one third in the forward, two in the backward as
     # for the layers; the sender pays for its sends (activations forward, gradients back)
     o, last, snd = profile.overhead_s, profile.last_stage_overhead_s, profile.send_s
@@ -146,7 +179,9 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
     for s in range(P):
         a = (act[boundaries[s + 1] - 1] * micro_batch_size / profile.micro_batch_size) if act else 0.0
         in_flight = sim.peak_in_flight[s]
-        memory.append(TRAIN_STATE_FACTOR * params[s] + in_flight * a * (boundaries[s + 1] - boundaries[s]))
+        memory.append(state_factor(profile, data_parallel) * params[s]
+                      + activation_memory(a, boundaries[s + 1] - boundaries[s], in_flight,
+                                          profile.recompute_interval))
     return StepEstimate(step_s=step, compute_s=compute * contention, p2p_s=2 * (P - 1) * p2p,
                         allreduce_s=allreduce, optimizer_s=optimizer, contention=contention,
                         bubble_ratio=sim.bubble_ratio, stage_memory=tuple(memory),

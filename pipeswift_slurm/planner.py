@@ -14,7 +14,8 @@ from typing import Any
 
 from . import layouts
 from .config import TrainConfig
-from .costmodel import Calibration, Hardware, Profile, calibrate, checkpoint_seconds, estimate_step
+from .costmodel import (STATE_BYTES, Calibration, Hardware, Profile, calibrate, checkpoint_seconds,
+                        estimate_step, state_factor)
 from .errors import ConfigError
 from .fmt import duration
 from .layouts import Layout
@@ -90,9 +91,11 @@ class PlanResult:
                 "notes": self.notes}
 
 
-def _layout(cfg: TrainConfig, profile: Profile, cap: float | None, nodes: int, P: int,
+def _layout(cfg: TrainConfig, profile: Profile, hw: Hardware, nodes: int, P: int,
             dp: int) -> tuple[Layout, str | None]:
-    """The layout (nodes, P, DP) cut by the profile's costs, or why the rules refuse it."""
+    """The layout (nodes, P, DP) cut by the profile's costs (no stage's training state over the
+    device memory), or why the rules refuse it."""
+    cap = hw.device_memory / state_factor(profile, dp) if profile.param_bytes else None
     r, part = cfg.resources, cfg.pipeline.partition
     layout = Layout(nodes, r.tasks_per_node, nodes * r.tasks_per_node, P, dp, 0,
                     cfg.training.micro_batch_size, None, "cost")
@@ -104,14 +107,18 @@ def _layout(cfg: TrainConfig, profile: Profile, cap: float | None, nodes: int, P
         bounds, how = ((list(part), "explicit") if isinstance(part, tuple) else
                        (list(balanced_boundaries(profile.costs, P, profile.param_bytes, cap)), "cost"))
     except PartitionError as e:
-        return layout._replace(micro_batches=m), f"does not fit: {e}"
+        why = f"does not fit: {e}"
+        if cap is not None and max(profile.param_bytes) * state_factor(profile, dp) > 0:
+            state = sum(profile.param_bytes) * state_factor(profile, dp)
+            why = (f"does not fit: training state {state / 1e9:.2f} GB over {P} stage(s) x {dp} dp, "
+                   f"device memory {hw.device_memory / 1e9:.2f} GB ({e}){_memory_fix(profile, dp)}")
+        return layout._replace(micro_batches=m), why
     return layout._replace(micro_batches=m, boundaries=bounds, partition=how), None
 
 
 def _candidates(cfg: TrainConfig, profile: Profile, hw: Hardware) -> list[Candidate]:
     """Every layout the TOML allows, each with its model step time or its rejection."""
     cands: list[Candidate] = []
-    cap = hw.device_memory / 4 if profile.param_bytes else None  # weights x 4 (grads, Adam)
     for nodes in cfg.resources.node_counts:
         pairs = layouts.splits(cfg, nodes)
         if not pairs:  # the TOML's stages / data_parallel do not fit these slots: its rule says why
@@ -124,7 +131,7 @@ def _candidates(cfg: TrainConfig, profile: Profile, hw: Hardware) -> list[Candid
                 cands.append(Candidate(lay, rejected=str(e)))
             continue
         for P, dp in pairs:
-            layout, why = _layout(cfg, profile, cap, nodes, P, dp)
+            layout, why = _layout(cfg, profile, hw, nodes, P, dp)
             c = Candidate(layout, rejected=why)
             cands.append(c)
             if why is not None:
@@ -135,10 +142,22 @@ def _candidates(cfg: TrainConfig, profile: Profile, hw: Hardware) -> list[Candid
             if not est.fits:
                 s = max(range(P), key=lambda i: est.stage_memory[i])
                 c.rejected = (f"stage {s} needs {est.stage_memory[s] / 1e9:.2f} GB > device memory "
-                              f"{hw.device_memory / 1e9:.2f} GB")
+                              f"{hw.device_memory / 1e9:.2f} GB{_memory_fix(profile, dp)}")
                 continue
             c.estimate = Estimate(0, 0, est.step_s, 0, 0, 0, 0, "model")
     return cands
+
+
+def _memory_fix(profile: Profile, dp: int) -> str:
+    """What [training] settings would shrink a stage, for a rejection's message."""
+    fixes = []
+    if profile.zero_stage == 0 and dp > 1 and STATE_BYTES[(profile.precision, 0)][3] is False:
+        fixes.append(f"zero_stage = 1 (optimizer state over the {dp} data-parallel ranks)")
+    if profile.precision == "fp32":
+        fixes.append('precision = "bf16"')
+    if not profile.recompute_interval:
+        fixes.append("activation_checkpoint_interval = 1 (recompute activations)")
+    return f"; try [training] {' or '.join(fixes)}" if fixes else ""
 
 
 def _calibrate(cands: list[Candidate], profile: Profile, hw: Hardware, history: PastRuns,

@@ -205,3 +205,46 @@ def test_partition_preemption_rate_adds_expected_loss(tmp_path):
     stormy = plan(cfg, prof, Hardware(host_cores=8), cluster(None), PastRuns(preemptions_per_hour=2.0)).chosen.estimate
     assert calm.preemption_s == 0 and stormy.preemption_s > 0
     assert stormy.jct_s == pytest.approx(calm.jct_s + stormy.preemption_s)
+
+
+# ----------------------------------------------------------------------------- memory by training
+def test_training_state_per_parameter_follows_precision_and_zero_sharding():
+    from pipeswift_slurm.costmodel import state_factor
+    base = Profile((1.0,), (4,), None, 1, "toml")
+    f = lambda precision, zero, dp: state_factor(base._replace(precision=precision, zero_stage=zero), dp)  # noqa: E731
+    assert f("fp32", 0, 4) == 4.0                       # weights, grads, Adam: 16 bytes a parameter
+    assert f("fp32", 1, 1) == 5.0 and f("fp32", 1, 4) == 2.75   # + a master copy, sharded
+    assert f("bf16", 1, 2) == 3.0 and f("bf16", 1, 8) < f("bf16", 1, 2)
+    assert f("fp16", 0, 8) == 4.0                       # a full fp32 copy without ZeRO
+
+
+def test_recompute_trades_a_forward_for_activation_memory():
+    from pipeswift_slurm.costmodel import activation_memory
+    prof = Profile((1.0,) * 8, (1e9,) * 8, (1e8,) * 8, 1, "toml")
+    keep = estimate_step(prof, [0, 4, 8], 8, 1, 1, 1, Hardware())
+    again = estimate_step(prof._replace(recompute_interval=2), [0, 4, 8], 8, 1, 1, 1, Hardware())
+    assert again.step_s > keep.step_s * 1.2                     # the forward (1/3 of 1 s) runs twice
+    assert max(again.stage_memory) < max(keep.stage_memory)
+    assert activation_memory(1.0, 4, 2, 0) == 8.0 and activation_memory(1.0, 4, 2, 2) == 2 * 2 + 2
+
+
+def test_a_config_that_would_not_fit_is_rejected_with_the_numbers_and_fits_in_bf16_zero1(tmp_path, monkeypatch):
+    """4 GB of fp32 weights a layer, 6 layers, 2 slots of 80 GB, one stage: fp32 (16 bytes a
+    parameter) needs 96 GB a slot and is refused before anything is submitted; bf16 + ZeRO-1
+    over the 2 data-parallel ranks (2 + 4 + 12 / 2 bytes) needs 72 GB and fits."""
+    toml = copy_example(tmp_path / "ex", {"nodes": "2", "data_parallel": "None", "stages": "1",
+                                          "layer_costs": "[0.1, 0.1, 0.1, 0.1, 0.1, 0.1]"})
+    toml.write_text(toml.read_text().replace("data_parallel = None", "")
+                    .replace("layer_costs =", "layer_memory = [4e9, 4e9, 4e9, 4e9, 4e9, 4e9]\nlayer_costs =")
+                    .replace("layer_memory = [4e9", "layer_memory = [4000000000")
+                    .replace(", 4e9", ", 4000000000"))
+    monkeypatch.setenv("PSWIFT_DEVICE_MEMORY", "80e9")
+    proc = pswift("sbatch", "--dry-run", str(toml))
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("warning:")]
+    assert proc.returncode == 2 and len(errors) == 1 and errors[0].startswith("Error: "), proc.stderr
+    assert "no layout fits: does not fit: training state 96.00 GB over 1 stage(s) x 2 dp, device memory 80.00 GB" in proc.stderr, proc.stderr
+    assert "zero_stage = 1" in proc.stderr and "activation_checkpoint_interval" in proc.stderr
+    toml.write_text(toml.read_text().replace("seed = 1\n", 'seed = 1\nzero_stage = 1\nprecision = "bf16"\n'))
+    proc = pswift("sbatch", "--dry-run", str(toml))
+    assert proc.returncode == 0, proc.stderr
+    assert "1 stage(s) x 2 dp" in proc.stdout

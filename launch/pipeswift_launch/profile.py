@@ -33,7 +33,8 @@ class LayerProfiler:
         for i, layer in enumerate(module.forward_funcs):
             if isinstance(layer, torch.nn.Module):
                 idx = start + i
-                self.param_bytes[idx] = sum(p.numel() * p.element_size() for p in layer.parameters())
+                # fp32 bytes whatever the precision: the cost model scales them (costmodel.STATE_BYTES)
+                self.param_bytes[idx] = 4 * sum(p.numel() for p in layer.parameters())
                 self.handles.append(layer.register_forward_pre_hook(self._pre(idx)))
                 self.handles.append(layer.register_forward_hook(self._post(idx)))
 
