@@ -553,6 +553,10 @@ def parse_config(data: dict[str, Any], path: Path) -> TrainConfig:
         pipeline=_pipeline(data.get("pipeline", {})),
         raw=data,
     )
+    if cfg.training.precision == "fp16" and cfg.training.zero_stage == 0:
+        raise ConfigError('[training] precision = "fp16" needs zero_stage = 1 (pswift checkpoints '
+                          'fp16 master weights and the loss scale through ZeRO-1\'s partitions): set '
+                          'zero_stage = 1, or use precision = "bf16"')
     if cfg.training.precision == "fp16" and cfg.resources.device != "cuda":
         raise ConfigError(f'[training] precision = "fp16" needs a GPU (DeepSpeed refuses fp16 on '
                           f'{cfg.resources.device}): use precision = "bf16", or [resources] device = "cuda"')

@@ -21,6 +21,7 @@ from typing import Any
 from . import events as events_mod
 from . import userfiles
 from .errors import PswiftError
+from .history_queries import Queries
 from .rundir import state_dir
 from .runrows import Owner, RunRows, rows, user_name
 
@@ -136,8 +137,9 @@ def default_path() -> Path:
     return Path(env) if env else state_dir() / "history.db"
 
 
-class History:
-    """An open history database (migrated to the newest schema)."""
+class History(Queries):
+    """An open history database (migrated to the newest schema); its reads are
+    :class:`~pipeswift_slurm.history_queries.Queries`."""
 
     def __init__(self, path: Path | str | None = None, create: bool = True,
                  timeout: float = 30.0) -> None:
@@ -347,76 +349,6 @@ class History:
                 (bad / f"{f.name}.why").write_text(f"{e}\n")
                 problems.append(f"{f.name}: {e}; moved to {bad}")
         return merged, problems
-
-    # ------------------------------------------------------------------------- queries
-    def layer_profile(self, mkey: str) -> tuple[int, list[float], list[int], list[int]] | None:
-        """(micro_batch_size, seconds, param bytes, activation bytes per layer), newest profile."""
-        rows = list(self.conn.execute(
-            "SELECT micro_batch_size, layer, seconds, param_bytes, activation_bytes FROM layer_profiles "
-            "WHERE model_key = ? ORDER BY updated DESC, layer", [mkey]))
-        if not rows:
-            return None
-        mbs = rows[0][0]
-        mine = sorted((r for r in rows if r[0] == mbs), key=lambda r: r[1])
-        return mbs, [r[2] for r in mine], [int(r[3] or 0) for r in mine], [int(r[4] or 0) for r in mine]
-
-    def pipe_overheads(self, mkey: str, micro_batch_size: int) -> dict[str, float] | None:
-        """The engine's overheads outside the layers for this model (newest profile)."""
-        row = self.conn.execute(
-            "SELECT overhead_s, last_stage_overhead_s, send_s, step_overhead_s FROM pipe_overheads "
-            "WHERE model_key = ? AND micro_batch_size = ?", [mkey, micro_batch_size]).fetchone()
-        if row is None:
-            return None
-        return dict(zip(("overhead_s", "last_stage_overhead_s", "send_s", "step_overhead_s"), row))
-
-    def config_step_times(self, mkey: str) -> dict[str, dict[str, float]]:
-        """Measured step time per config of a model: {config_key: {mean, p50, p95, count}}."""
-        out: dict[str, dict[str, float]] = {}
-        q = ("SELECT a.config_key, a.step_count, a.step_mean, a.step_p50, a.step_p95 FROM attempts a "
-             "JOIN jobs j ON j.id = a.job WHERE j.model_key = ? AND a.step_count > 0")
-        acc: dict[str, list[tuple[int, float, float, float]]] = {}
-        for key, n, mean, p50, p95 in self.conn.execute(q, [mkey]):
-            acc.setdefault(key, []).append((n, mean, p50, p95))
-        for key, per_attempt in acc.items():
-            n = sum(a[0] for a in per_attempt)
-            out[key] = {"count": n, "mean": sum(a[0] * a[1] for a in per_attempt) / n,
-                        "p50": sum(a[0] * a[2] for a in per_attempt) / n,
-                        "p95": max(a[3] for a in per_attempt)}
-        return out
-
-    def setup_times(self, mkey: str) -> list[float]:
-        """Measured setup seconds (start to first step) of every attempt of this model."""
-        return [r[0] for r in self.conn.execute(
-            "SELECT a.setup_s FROM attempts a JOIN jobs j ON j.id = a.job WHERE j.model_key = ? "
-            "AND a.setup_s IS NOT NULL", [mkey])]
-
-    def recent_errors(self, limit: int = 20) -> list[dict[str, Any]]:
-        """Predicted vs actual step time and JCT of the most recent finished, planned jobs."""
-        rows = self.conn.execute(
-            "SELECT job_id, name, predicted_step_s, actual_step_s, predicted_jct_s, actual_jct_s "
-            "FROM jobs WHERE predicted_step_s IS NOT NULL AND actual_step_s IS NOT NULL "
-            "ORDER BY end_time DESC LIMIT ?", [limit])
-        return [dict(zip(("job_id", "name", "predicted_step_s", "actual_step_s", "predicted_jct_s",
-                          "actual_jct_s"), r)) for r in rows]
-
-    def preemptions_per_hour(self, partition: str | None, days: float = 30.0,
-                             now: float | None = None) -> float:
-        """Preemptions per hour of run time on a partition over the last ``days`` (recent
-        behaviour, and an index range scan however long the history)."""
-        import time as _time
-        since = (now if now is not None else _time.time()) - days * 86400
-        row = self.conn.execute(
-            "SELECT SUM(preempted), SUM(run_s) FROM job_rollup WHERE partition IS ? AND submit >= ?",
-            [partition, since]).fetchone()
-        pre, run = row if row else (None, None)
-        return (pre or 0) / (run / 3600) if run else 0.0
-
-    def partition_waits(self, partition: str | None, nodes: int) -> list[float]:
-        rows = self.conn.execute(
-            "SELECT start_time - submit_time FROM jobs WHERE partition IS ? AND chosen_nodes = ? "
-            "AND start_time IS NOT NULL AND submit_time IS NOT NULL", [partition, nodes])
-        return [r[0] for r in rows if r[0] is not None and r[0] >= 0]
-
 
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'

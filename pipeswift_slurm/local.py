@@ -7,7 +7,10 @@ import signal
 import socket
 import subprocess
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 
 def _free_port() -> int:
@@ -16,7 +19,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_local(plan: dict[str, Any], plan_path: str, nodes: int, grace_s: float = 60.0) -> int:
+def run_local(plan: Plan, plan_path: str, nodes: int, grace_s: float = 60.0) -> int:
     """Start ``world_size`` ranks of ``python -m pipeswift_launch``; forward TERM/INT/USR2 to them.
 
     If one rank fails the others are stopped (else they would wait in a collective until the

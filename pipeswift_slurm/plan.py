@@ -13,7 +13,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from . import __version__
 from .config import TrainConfig
@@ -24,6 +24,82 @@ if TYPE_CHECKING:
     from .planner import PlanResult
 
 PLAN_VERSION = 1
+
+
+class LayoutSpec(TypedDict):
+    """One node count's layout (:class:`~pipeswift_slurm.layouts.Layout` as JSON)."""
+    nodes: int
+    tasks_per_node: int
+    world_size: int
+    stages: int
+    data_parallel: int
+    micro_batches: int
+    micro_batch_size: int
+    boundaries: list[int] | None
+    partition: str
+
+
+class ModelSpec(TypedDict):
+    dir: str
+    entry: str
+    kwargs: dict[str, Any]
+    loss: str | None
+    num_layers: int | None
+    layer_costs: list[float] | None
+
+
+class TrainingSpec(TypedDict):
+    """[training] as the job needs it (see config.TrainingSection for each key's meaning)."""
+    steps: int
+    global_batch_size: int
+    micro_batch_size: int
+    data: str | dict[str, Any]
+    seed: int
+    optimizer: dict[str, Any]
+    ds_config: dict[str, Any]
+    gradient_clipping: float
+    precision: str
+    zero_stage: int
+    activation_checkpoint_interval: int
+    lr_warmup_steps: int
+    lr_decay: str
+    lr_min_ratio: float
+    checkpoint_dir: str
+    checkpoint_interval: int
+    keep_checkpoints: int
+    hang_timeout_factor: float
+    hang_timeout_min_s: float
+
+
+class Plan(TypedDict):
+    """plan.json: the contract between the login node and the job (version PLAN_VERSION)."""
+    version: int
+    pswift_version: str
+    created: str
+    job_name: str
+    partition: str | None
+    user: str | None
+    run_dir: str
+    config_path: str
+    python: str
+    device: str
+    cpus_per_task: int
+    max_requeues: int
+    time_limit_s: int | None
+    signal_lead_s: int | None
+    model: ModelSpec
+    training: TrainingSpec
+    layouts: dict[str, LayoutSpec]
+    infeasible: dict[str, str]
+    prediction: dict[str, Any] | None
+    candidates: list[dict[str, Any]]
+    nodes_request: str
+
+
+#: what a job cannot run without: a plan.json lacking one is refused when read, in one line
+_NEEDED = {"run_dir": str, "python": str, "device": str, "model": dict, "training": dict, "layouts": dict}
+_NEEDED_TRAINING = {"steps": int, "global_batch_size": int, "micro_batch_size": int, "seed": int,
+                    "checkpoint_dir": str}
 #: Slurm checks time limits periodically: --signal may arrive up to about a minute off
 SIGNAL_SLACK_S = 60
 
@@ -81,7 +157,7 @@ def _sections(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
 
 
 def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
-               planned: "PlanResult | None" = None) -> dict[str, Any]:
+               planned: "PlanResult | None" = None) -> Plan:
     """Layouts for every node count of the range: the planner's best per count when it ran
     (``planned``), else the TOML's rule. ConfigError if none is feasible."""
     layouts, infeasible = rule_layouts(cfg)
@@ -115,11 +191,11 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
     }
 
 
-def write_plan(plan: dict[str, Any], path: Path) -> None:
+def write_plan(plan: Plan, path: Path) -> None:
     Path(path).write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def parse_plan(blob: bytes, where: str = "plan.json") -> dict[str, Any]:
+def parse_plan(blob: bytes, where: str = "plan.json") -> Plan:
     """plan.json's content, version checked: the one reader of the file (the launcher, doctor
     and the history all read it here); ConfigError says what is wrong."""
     try:
@@ -131,10 +207,23 @@ def parse_plan(blob: bytes, where: str = "plan.json") -> dict[str, Any]:
     if plan.get("version") != PLAN_VERSION:
         raise ConfigError(f"{where}: plan version {plan.get('version')!r}, this pipeswift reads "
                           f"version {PLAN_VERSION}; re-plan with this version's `pswift sbatch`")
+    return plan  # type: ignore[return-value]  # JSON: the version says which contract
+
+
+def runnable(plan: Plan, where: str = "plan.json") -> Plan:
+    """``plan`` when it has what a job needs to train (the launcher's check, one line each)."""
+    for section, needed in ((plan, _NEEDED), (plan.get("training"), _NEEDED_TRAINING)):
+        for key, kind in needed.items():
+            value = section.get(key) if isinstance(section, dict) else None
+            if not isinstance(value, kind) or isinstance(value, bool):
+                name = key if section is plan else f"training.{key}"
+                what = {int: "an integer", str: "a string", dict: "an object"}[kind]
+                raise ConfigError(f"{where}: {name} is missing or not {what}; re-plan "
+                                  f"with `pswift sbatch` rather than editing plan.json")
     return plan
 
 
-def read_plan(path: Path) -> dict[str, Any]:
+def read_plan(path: Path) -> Plan:
     try:
         blob = Path(path).read_bytes()
     except FileNotFoundError:

@@ -16,11 +16,16 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from sqlite3 import Row
+from typing import TYPE_CHECKING, Any
 
 from .fmt import duration, pyplot, save
 from .history import History
+from .history_queries import ROLLUP_KEYS
 from .stats import median, quantile
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 
 @dataclass
@@ -52,41 +57,18 @@ class JobReport:
     attempt_rows: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _where(t: str, user: str | None, partition: str | None, since: float | None,
-           until: float | None, job_id: str | None = None) -> tuple[list[str], list[Any]]:
-    """SQL conditions (on table alias ``t``) and parameters for the report filters."""
-    where, params = ["1=1"], []
-    for col, val in (("user", user), ("partition", partition), ("job_id", job_id)):
-        if val is not None:
-            where.append(f"{t}.{col} = ?")
-            params.append(val)
-    if since is not None:
-        where.append(f"{t}.submit >= ?")
-        params.append(since)
-    if until is not None:
-        where.append(f"{t}.submit < ?")
-        params.append(until)
-    return where, params
-
-
 def job_reports(h: History, user: str | None = None, partition: str | None = None,
                 since: float | None = None, until: float | None = None, state: str | None = None,
                 pswift_only: bool = False, job_id: str | None = None) -> list[JobReport]:
-    where, params = _where("s", user, partition, since, until, job_id=job_id)
-    sql = ("SELECT s.cluster, s.job_id, s.start, s.end, s.submit, s.name, s.user, s.partition, s.state, "
-           "s.node_count, s.procs, s.work_dir FROM slurm_jobs s WHERE " + " AND ".join(where) +
-           " ORDER BY s.cluster, s.job_id, s.start")
-    groups: dict[tuple[str, str], list[tuple]] = {}
-    for r in h.conn.execute(sql, params):
-        groups.setdefault((r[0], r[1]), []).append(r)
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in h.slurm_attempts(user, partition, since, until, job_id):
+        groups.setdefault((r["cluster"], r["job_id"]), []).append(r)
     # pswift jobs known only from their run directories (no plugin record yet) are included
-    runs = {r[0]: r for r in h.conn.execute(
-        "SELECT run_dir, id, job_id, name, user, partition, state, submit_time, predicted_jct_s "
-        "FROM jobs")}
+    runs = h.pswift_runs()
     out = []
     seen_runs = set()
     for (_, jid), rows in groups.items():
-        work = rows[-1][11]
+        work = rows[-1]["work_dir"]
         run = runs.get(work)
         if run is not None:
             seen_runs.add(work)
@@ -98,41 +80,48 @@ def job_reports(h: History, user: str | None = None, partition: str | None = Non
         out.append(rep)
     if job_id is None and user is None and since is None and until is None:
         for work, run in runs.items():
-            if work in seen_runs or (partition is not None and run[5] != partition):
+            if work in seen_runs or (partition is not None and run["partition"] != partition):
                 continue
-            rep = _report(h, run[2] or f"local:{run[1]}", [], run)
+            rep = _report(h, run["job_id"] or f"local:{run['id']}", [], run)
             if state is None or (rep.state or "").upper() == state.upper():
                 out.append(rep)
     elif job_id is not None and not out:
         for work, run in runs.items():
-            if run[2] == job_id:
+            if run["job_id"] == job_id:
                 out.append(_report(h, job_id, [], run))
     return out
 
 
-def _report(h: History, jid: str, rows: list[tuple], run: tuple | None) -> JobReport:
-    starts = [r[2] for r in rows]
-    ends = [r[3] for r in rows if r[3] is not None]
-    submit = rows[0][4] if rows else (run[7] if run else None)
-    queue = 0.0
-    if rows and submit is not None:
-        queue = max(0.0, starts[0] - submit)
-        for prev_end, nxt in zip([r[3] for r in rows], starts[1:]):
-            if prev_end is not None:
-                queue += max(0.0, nxt - prev_end)
+def _queue_s(rows: list[Row], submit: float | None) -> float:
+    """Time in the queue: before the first attempt and between attempts."""
+    if not rows or submit is None:
+        return 0.0
+    queue = max(0.0, rows[0]["start"] - submit)
+    for prev, nxt in zip(rows, rows[1:]):
+        if prev["end"] is not None:
+            queue += max(0.0, nxt["start"] - prev["end"])
+    return queue
+
+
+def _report(h: History, jid: str, rows: list[Row], run: Row | None) -> JobReport:
+    """One job's report from Slurm's records of its attempts and, for pswift jobs, its run."""
+    ends = [r["end"] for r in rows if r["end"] is not None]
+    submit = rows[0]["submit"] if rows else (run["submit_time"] if run else None)
     last = rows[-1] if rows else None
-    rep = JobReport(job_id=jid, name=last[5] if last else run[3], user=last[6] if last else run[4],
-                    partition=last[7] if last else run[5], state=(last[8] if last else run[6]),
-                    pswift=run is not None, nodes=last[9] if last else None, slots=last[10] if last else None,
-                    attempts=len(rows), submit=submit, end=max(ends) if ends else None, queue_s=queue,
-                    setup_s=0.0, training_s=0.0, checkpoint_s=0.0, jct_s=None, preemptions=0,
-                    steps_lost=0, device_hours_wasted=0.0)
-    run_time = sum((r[3] - r[2]) for r in rows if r[3] is not None)
+    rep = JobReport(job_id=jid, name=last["name"] if last else run["name"],
+                    user=last["user"] if last else run["user"],
+                    partition=last["partition"] if last else run["partition"],
+                    state=last["state"] if last else run["state"], pswift=run is not None,
+                    nodes=last["node_count"] if last else None, slots=last["procs"] if last else None,
+                    attempts=len(rows), submit=submit, end=max(ends) if ends else None,
+                    queue_s=_queue_s(rows, submit), setup_s=0.0, training_s=0.0, checkpoint_s=0.0,
+                    jct_s=None, preemptions=0, steps_lost=0, device_hours_wasted=0.0)
+    run_time = sum(r["end"] - r["start"] for r in rows if r["end"] is not None)
     rep.training_s = run_time
     if run is not None:
         _add_pswift_attempts(h, rep, rows, run, run_time, submit)
     else:
-        rep.preemptions = sum(1 for r in rows[:-1] if (r[8] or "").upper() in ("PREEMPTED", "REQUEUED"))
+        rep.preemptions = sum(1 for r in rows[:-1] if (r["state"] or "").upper() in ("PREEMPTED", "REQUEUED"))
     if rep.end is None and run is not None and rep.attempt_rows:
         rep.end = rep.attempt_rows[-1]["end_time"]
     if rep.end is not None and submit is not None:
@@ -140,19 +129,11 @@ def _report(h: History, jid: str, rows: list[tuple], run: tuple | None) -> JobRe
     return rep
 
 
-def _add_pswift_attempts(h: History, rep: JobReport, rows: list[tuple], run: tuple, run_time: float,
+def _add_pswift_attempts(h: History, rep: JobReport, rows: list[Row], run: Row, run_time: float,
                          submit: float | None) -> None:
     """What the pswift tables add to a job's report: its attempts' setup, training and
     checkpoint split, step-time statistics, preemptions and the work they cost."""
-    attempts = [dict(zip(("attempt", "nodes", "stages", "data_parallel", "micro_batches", "start_step",
-                          "end_step", "ended", "setup_s", "load_s", "checkpoint_s", "train_s",
-                          "step_mean", "step_var", "step_p50", "step_p95", "start_time", "end_time",
-                          "config_key"), a))
-                for a in h.conn.execute(
-                    "SELECT attempt, nodes, stages, data_parallel, micro_batches, start_step, end_step, "
-                    "ended, setup_s, load_s, checkpoint_s, train_s, step_mean, step_var, step_p50, "
-                    "step_p95, start_time, end_time, config_key FROM attempts WHERE job = ? "
-                    "ORDER BY attempt", [run[1]])]
+    attempts = h.job_attempts(run["id"])
     rep.attempt_rows = attempts
     rep.attempts = max(rep.attempts, len(attempts))
     rep.setup_s = sum(a["setup_s"] or 0.0 for a in attempts)
@@ -173,11 +154,11 @@ def _add_pswift_attempts(h: History, rep: JobReport, rows: list[tuple], run: tup
             rep.steps_lost += lost
             rep.device_hours_wasted += (lost * med + (b["setup_s"] or 0.0)) * slots / 3600
     if not rows:
-        rep.state = attempts[-1]["ended"] if attempts else run[6]
+        rep.state = attempts[-1]["ended"] if attempts else run["state"]
         if attempts and attempts[0]["start_time"] and submit:
             rep.queue_s = max(0.0, attempts[0]["start_time"] - submit)
-    rep.predicted_jct_s = run[8]
-    rep.run_dir = run[0]
+    rep.predicted_jct_s = run["predicted_jct_s"]
+    rep.run_dir = run["run_dir"]
     rep.config = attempts[-1]["config_key"] if attempts else None
 
 
@@ -279,7 +260,7 @@ def plot(reps: list[JobReport], groups: list[dict[str, Any]] | None, by: str | N
     save(fig, path)
 
 
-def diagnose(rep: JobReport, plan: dict[str, Any] | None = None, log_text: str = "") -> list[str]:
+def diagnose(rep: JobReport, plan: Plan | None = None, log_text: str = "") -> list[str]:
     """The seed's symptom table applied to one job; every finding cites the numbers it used."""
     from .simulate import simulate
 
@@ -335,33 +316,20 @@ def diagnose(rep: JobReport, plan: dict[str, Any] | None = None, log_text: str =
     return out
 
 
-_KEYS = {"partition": "partition", "user": "user", "nodes": "nodes"}
-
-
 def aggregate_sql(h: History, by: str, user: str | None = None, partition: str | None = None,
                   since: float | None = None, until: float | None = None, state: str | None = None,
                   pswift_only: bool = False) -> list[dict[str, Any]]:
     """:func:`aggregate` computed in SQLite (per-job roll-up, window-function percentiles), for
     millions of jobs; pswift-only figures (setup, checkpoints, steps lost, waste, step-time
     variance, predicted JCT) come from the pswift tables, which are small."""
-    if by not in _KEYS:
+    if by not in ROLLUP_KEYS:
         raise ValueError(by)
-    where, params = _where("r", user, partition, since, until)
-    if pswift_only:
-        where.append("r.work_dir IN (SELECT run_dir FROM jobs)")
-    if state is not None:
-        where.append("UPPER(COALESCE(r.last_state, '')) = ?")
-        params.append(state.upper())
-    key = _KEYS[by]
-    col = {"partition": "r.partition", "user": "r.user", "nodes": "r.nodes"}[key]
-    conn = h.conn
     out: dict[Any, dict[str, Any]] = {}
     waits: dict[Any, list[float]] = {}
     jcts: dict[Any, list[float]] = {}
     # one narrow row per job from the roll-up table; percentiles by sorting in Python
-    q = (f"SELECT {col}, attempts, preempted, queue_s, run_s, jct_s FROM job_rollup r "
-         f"WHERE {' AND '.join(where)}")
-    for k, attempts, pre, queue, run, jct in conn.execute(q, params):
+    for r in h.rollups(by, user, partition, since, until, state, pswift_only):
+        k = r["key"]
         g = out.get(k)
         if g is None:
             g = out[k] = {by: k, "jobs": 0, "attempts": 0, "pre": 0, "queue_s": 0.0, "setup_s": 0.0,
@@ -369,15 +337,15 @@ def aggregate_sql(h: History, by: str, user: str | None = None, partition: str |
                           "device_hours_wasted": 0.0, "step_time_var": None, "predicted_vs_actual_jct": None}
             waits[k], jcts[k] = [], []
         g["jobs"] += 1
-        g["attempts"] += attempts
-        g["pre"] += pre or 0
-        if queue is not None:
-            g["queue_s"] += queue
-            waits[k].append(queue)
-        if run is not None:
-            g["training_s"] += run
-        if jct is not None:
-            jcts[k].append(jct)
+        g["attempts"] += r["attempts"]
+        g["pre"] += r["preempted"] or 0
+        if r["queue_s"] is not None:
+            g["queue_s"] += r["queue_s"]
+            waits[k].append(r["queue_s"])
+        if r["run_s"] is not None:
+            g["training_s"] += r["run_s"]
+        if r["jct_s"] is not None:
+            jcts[k].append(r["jct_s"])
     for k, g in out.items():
         g["preemption_rate"] = g.pop("pre") / max(1, g["attempts"])
         for name, xs in (("wait", waits[k]), ("jct", jcts[k])):
@@ -394,7 +362,7 @@ def _add_pswift_figures(h: History, out: dict[Any, dict[str, Any]], by: str, use
                         partition: str | None, since: float | None, until: float | None,
                         state: str | None, pswift_only: bool) -> None:
     """pswift jobs: split their run time into setup / training / checkpoint and add their waste."""
-    runs = {r[0] for r in h.conn.execute("SELECT run_dir FROM jobs")}
+    runs = h.run_dirs()
     if not runs:
         return
     reps = [r for r in job_reports(h, user, partition, since, until, state, pswift_only)
@@ -419,7 +387,7 @@ def _add_pswift_figures(h: History, out: dict[Any, dict[str, Any]], by: str, use
 
 def wait_quantiles(h: History, points: int = 200) -> list[float]:
     """Queue waits per job at ``points`` quantiles, for the CDF plot."""
-    xs = sorted(w for (w,) in h.conn.execute("SELECT queue_s FROM job_rollup WHERE queue_s IS NOT NULL"))
+    xs = h.queue_waits()
     if not xs:
         return []
     step = max(1, len(xs) // points)

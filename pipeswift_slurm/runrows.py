@@ -16,13 +16,16 @@ import math
 import pwd
 import re
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import events as events_mod
 from .costmodel import overheads_from_instructions
 from .errors import ConfigError
 from .stats import median, quantile
 from .userfiles import RunFiles
+
+if TYPE_CHECKING:
+    from .plan import LayoutSpec, Plan
 
 _JOB_ID = re.compile(r"^[0-9]{1,20}(_[0-9]{1,10})?$")
 
@@ -66,7 +69,7 @@ def model_key(model: dict[str, Any], user: str) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
-def config_key(mkey: str, layout: dict[str, Any]) -> str:
+def config_key(mkey: str, layout: LayoutSpec) -> str:
     parts = [mkey] + [str(layout.get(k)) for k in ("nodes", "tasks_per_node", "stages", "data_parallel",
                                                     "micro_batches", "micro_batch_size")]
     parts.append(",".join(map(str, layout.get("boundaries") or [])))
@@ -140,7 +143,7 @@ def rows(run: str, files: RunFiles, owner: Owner) -> RunRows | None:
     return out
 
 
-def _decisions(plan: dict[str, Any]) -> list[dict[str, Any]]:
+def _decisions(plan: Plan) -> list[dict[str, Any]]:
     pred = _dict(plan.get("prediction"))
     cands = plan.get("candidates")
     out = []

@@ -47,6 +47,12 @@ def mutate(path: tuple[str, ...], value=None, delete: bool = False) -> dict:
     return doc
 
 
+def training(**keys) -> dict:
+    doc = base()
+    doc["training"].update(keys)
+    return doc
+
+
 BAD = [
     (mutate(("job", "nmae"), "x"), ["unknown key [job] nmae", "valid keys: name,"]),
     (mutate(("training", "stepz"), 3), ["unknown key [training] stepz (did you mean 'steps'?)", "steps"]),
@@ -83,8 +89,9 @@ BAD = [
     (mutate(("job", "sbatch_options"), "--qos=high"), ["sbatch_options must be an array"]),
     (mutate(("job", "sbatch_options"), ["qos=high"]), ["must be an sbatch option starting with '-'"]),
     # real training settings: what DeepSpeed or the checkpoint cannot do is refused at plan time
-    (mutate(("training", "precision"), "fp16"), ['precision = "fp16" needs a GPU', "DeepSpeed refuses fp16 on cpu",
-                                                'use precision = "bf16"']),
+    (mutate(("training", "precision"), "fp16"), ['precision = "fp16" needs zero_stage = 1']),
+    (training(precision="fp16", zero_stage=1),
+     ['precision = "fp16" needs a GPU', "DeepSpeed refuses fp16 on cpu", 'use precision = "bf16"']),
     (mutate(("training", "precision"), "bfloat16"), ["precision = 'bfloat16' must be one of 'fp32', 'bf16', 'fp16'"]),
     (mutate(("training", "zero_stage"), 2), ["zero_stage = 2 must be one of 0, 1"]),
     (mutate(("training", "zero_stage"), True), ["zero_stage = True must be one of 0, 1"]),

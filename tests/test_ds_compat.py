@@ -66,6 +66,20 @@ assert float(flat_state["step"]) == 3.0 and (flat_state["exp_avg"] == 0.5).sum()
 batches = [(torch.randn(1, 4).bfloat16(), torch.randn(1, 4).bfloat16()) for _ in range(2)]
 engine.train_batch(data_iter=iter(batches))
 assert float(ds_compat.master_state(engine)[groups[0][1]]["step"]) == 4.0
+assert ds_compat.loss_scale_state(engine) is None   # the bf16 optimizer scales nothing
+
+# fp32 + ZeRO-1: DeepSpeed's ZeRO optimizer with its (static) loss scaler, whose fields an fp16
+# job's dynamic scaler shares; no fp16 on CPU, so the dynamic one is only reachable on a GPU
+model = ds_compat.ExplicitPipe([LayerSpec(torch.nn.Linear, 4, 4) for _ in range(3)], parts=[0, 3],
+                               num_stages=1, loss_fn=torch.nn.functional.mse_loss)
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
+    "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}, "steps_per_print": 10**9,
+    "zero_optimization": {"stage": 1}})
+assert ds_compat.master_groups(engine)
+assert ds_compat.loss_scale_state(engine) == {"cur_scale": 1.0}
+ds_compat.set_loss_scale_state(engine, {"cur_scale": 2.0, "cur_iter": 41})  # a field it lacks: ignored
+assert ds_compat.loss_scale_state(engine) == {"cur_scale": 2.0}
 print("canary ok")
 '''
 

@@ -80,3 +80,15 @@ def test_plan_json_has_one_reader_and_it_checks_the_version(tmp_path):
         with pytest.raises(ConfigError, match=why):
             parse_plan(bad)
         assert runrows.parse_plan(bad) is None   # the history skips it, never raises
+
+
+def test_the_launcher_refuses_a_plan_lacking_what_a_job_needs_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    plan = build_plan(cfg_with(tmp_path), tmp_path / "run")
+    del plan["training"]["steps"]
+    write_plan(plan, tmp_path / "plan.json")
+    proc = subprocess.run([sys.executable, "-m", "pipeswift_launch", str(tmp_path / "plan.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "training.steps is missing or not an integer; re-plan with `pswift sbatch`" in proc.stderr

@@ -18,13 +18,13 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m pipeswift_launch RUN_DIR/plan.json", file=sys.stderr)
         return 2
     from pipeswift_slurm.errors import PswiftError
-    from pipeswift_slurm.plan import read_plan
+    from pipeswift_slurm.plan import read_plan, runnable
 
     from .checkpoint import CheckpointError
     from .dist_env import LaunchEnvError, derive
     from .ds_compat import DeepSpeedVersionError
     try:
-        plan = read_plan(argv[0])
+        plan = runnable(read_plan(argv[0]), argv[0])
         denv = derive(os.environ)
         os.environ.setdefault("OMP_NUM_THREADS", str(plan.get("cpus_per_task") or 1))
         from .train import run

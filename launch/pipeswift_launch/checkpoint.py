@@ -231,6 +231,7 @@ def _stage_blob(engine: Any) -> dict[str, Any]:
         "optim": optim,
         "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups],
         "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
+        "loss_scaler": ds_compat.loss_scale_state(engine),
         "rng": torch.get_rng_state(),
         "stage": engine.stage_id,
     }
@@ -345,7 +346,7 @@ def load(engine: Any, path: Path, model_id: str | None = None, layers: int | Non
     model: dict[str, Any] = {}
     master: dict[str, Any] = {}
     optim: dict[str, Any] = {}
-    hyper = sched = None
+    hyper = sched = scaler = None
     for s in range(len(old_b) - 1):
         if not (own_layers & set(range(old_b[s], old_b[s + 1])) or None in own_layers):
             continue  # another stage's layers only: not read at all
@@ -355,6 +356,7 @@ def load(engine: Any, path: Path, model_id: str | None = None, layers: int | Non
         optim.update(blob["optim"])
         hyper = blob["param_groups"]
         sched = blob.get("lr_scheduler") if blob.get("lr_scheduler") is not None else sched
+        scaler = blob.get("loss_scaler") or scaler
     _check_match(path, own, model)
     engine.module.load_state_dict(model, strict=True)
     _load_optimizer(engine, model, master, optim)
@@ -364,6 +366,8 @@ def load(engine: Any, path: Path, model_id: str | None = None, layers: int | Non
             g.update(h)
     if sched is not None and engine.lr_scheduler is not None:
         engine.lr_scheduler.load_state_dict(sched)
+    if scaler:
+        ds_compat.set_loss_scale_state(engine, scaler)
     ds_compat.set_progress(engine, man["step"], man["samples"], engine.micro_batches)
     return man
 

@@ -20,12 +20,15 @@ plan.json's ``training.data`` (checked at plan time by pipeswift_slurm.config) i
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 
 from .pipe import resolve
+
+if TYPE_CHECKING:
+    from pipeswift_slurm.plan import Plan
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -69,7 +72,7 @@ class MapDataset:
         return default_collate([self._item(seed, g) for g in range(first, first + micro_batch_size)])
 
 
-def source(plan: dict[str, Any]) -> Callable[..., Batch]:
+def source(plan: Plan) -> Callable[..., Batch]:
     """The job's micro-batch function, ``f(step=, index=, micro_batch_size=, seed=, **kwargs)``."""
     spec, model_dir = plan["training"]["data"], plan["model"]["dir"]
     if isinstance(spec, str):

@@ -14,7 +14,8 @@ DeepSpeed 0.19 has no public API for these, so they live here and nowhere else:
   ``fp32_groups_flat_partition``, ``bit16_groups`` / ``single_partition_of_fp32_groups``) and
   ``lazy_init_hp_params_optimizer_state``: optimizer state created before the first step, so a
   checkpoint can be loaded into it (reading and writing full per-parameter values goes through
-  DeepSpeed's public ``safe_get_full_*`` / ``safe_set_full_*``).
+  DeepSpeed's public ``safe_get_full_*`` / ``safe_set_full_*``);
+- ``optimizer.loss_scaler`` (ZeRO's): fp16's dynamic loss scale continues after a resume.
 
 :func:`check_version` refuses a DeepSpeed outside the range these were verified on, in one
 line; ``tests/test_ds_compat.py`` exercises every access in seconds on CPU, without Slurm, so a
@@ -121,6 +122,26 @@ def create_master_state(engine: Any, elementwise: list[str], scalars: dict[str, 
         state[flat] = {k: torch.zeros_like(flat) for k in elementwise}
         state[flat].update({k: (v.clone() if torch.is_tensor(v) else v) for k, v in scalars.items()})
         lazy_init_hp_params_optimizer_state(params, flat, state)
+
+
+#: what a dynamic loss scaler must carry over a resume (a static one has the first two)
+_SCALER_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
+
+
+def loss_scale_state(engine: Any) -> dict[str, Any] | None:
+    """The ZeRO optimizer's loss scaler as numbers (fp16: the dynamic scale); None without one."""
+    scaler = getattr(engine.optimizer, "loss_scaler", None)
+    if scaler is None:
+        return None
+    return {k: float(getattr(scaler, k)) if k == "cur_scale" else int(getattr(scaler, k))
+            for k in _SCALER_FIELDS if hasattr(scaler, k)}
+
+
+def set_loss_scale_state(engine: Any, state: dict[str, Any]) -> None:
+    scaler = getattr(engine.optimizer, "loss_scaler", None)
+    for k, v in state.items():
+        if scaler is not None and k in _SCALER_FIELDS and hasattr(scaler, k):
+            setattr(scaler, k, v)
 
 
 class ExplicitPipe(PipelineModule):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +13,9 @@ import torch.utils.checkpoint
 from deepspeed.pipe import LayerSpec
 
 from .ds_compat import ExplicitPipe
+
+if TYPE_CHECKING:
+    from pipeswift_slurm.plan import LayoutSpec, Plan
 
 
 def resolve(entry: str, search_dir: str) -> Callable[..., Any]:
@@ -34,7 +37,7 @@ def lm_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
-def build_pipe(plan: dict[str, Any], layout: dict[str, Any]) -> ExplicitPipe:
+def build_pipe(plan: Plan, layout: LayoutSpec) -> ExplicitPipe:
     model = plan["model"]
     layers = list(resolve(model["entry"], model["dir"])(**model.get("kwargs", {})))
     n_expected = model.get("num_layers")

@@ -8,7 +8,8 @@ the LR scheduler, step counters kept as numbers) travels as JSON in the header's
 
 A stage blob is ``{"model": {name: tensor}, "master": {param name: fp32 tensor} (optimizers
 with separate master weights: ZeRO-1, bf16), "optim": {param name: {key: tensor | number}},
-"param_groups": [...], "lr_scheduler": {...} | None, "rng": tensor, "stage": int}``.
+"param_groups": [...], "lr_scheduler": {...} | None, "loss_scaler": {...} | None, "rng": tensor,
+"stage": int}``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def flatten(blob: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, An
                 scalars.setdefault(name, {})[key] = v
     tensors["rng"] = blob["rng"]
     rest = {"param_groups": blob["param_groups"], "lr_scheduler": blob["lr_scheduler"],
-            "stage": blob["stage"], "optim_scalars": scalars}
+            "loss_scaler": blob.get("loss_scaler"), "stage": blob["stage"], "optim_scalars": scalars}
     return tensors, rest
 
 
@@ -185,4 +186,5 @@ def read(path: Path, wanted: set[str] | None = None) -> dict[str, Any]:
         if wanted is None or param in wanted:
             optim.setdefault(param, {}).update(values)
     return {"model": model, "master": master, "optim": optim, "param_groups": rest.get("param_groups"),
-            "lr_scheduler": rest.get("lr_scheduler"), "rng": rng, "stage": rest.get("stage")}
+            "lr_scheduler": rest.get("lr_scheduler"), "loss_scaler": rest.get("loss_scaler"),
+            "rng": rng, "stage": rest.get("stage")}

@@ -8,7 +8,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pipeswift_slurm import events as events_schema
@@ -20,6 +20,9 @@ from .pipe import build_pipe
 from .profile import PROFILE_STEPS, InstructionTimer, LayerProfiler
 from .signals import STOP_NONE, STOP_TIME, requested
 from .watchdog import Watchdog, end_attempt
+
+if TYPE_CHECKING:
+    from pipeswift_slurm.plan import LayoutSpec, Plan
 
 def _log(rank: int, msg: str) -> None:
     if rank == 0:
@@ -60,7 +63,7 @@ def _scheduler(t: dict[str, Any], lr: float) -> dict[str, Any]:
     return {}
 
 
-def ds_config(plan: dict[str, Any], layout: dict[str, Any]) -> dict[str, Any]:
+def ds_config(plan: Plan, layout: LayoutSpec) -> dict[str, Any]:
     """DeepSpeed's configuration: every setting from plan.json's training section (train.toml
     refuses ds_config keys pswift sets or cannot checkpoint)."""
     t = plan["training"]
@@ -86,9 +89,9 @@ def ds_config(plan: dict[str, Any], layout: dict[str, Any]) -> dict[str, Any]:
 @dataclass
 class Attempt:
     """One attempt of the job on this rank: what setup built and the loop and finish use."""
-    plan: dict[str, Any]
+    plan: Plan
     denv: DistEnv
-    layout: dict[str, Any]
+    layout: LayoutSpec
     events: events_schema.Writer
     engine: Any = None
     dist: Any = None
@@ -102,7 +105,7 @@ class Attempt:
         return self.denv.rank
 
 
-def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> int:
+def run(plan: Plan, denv: DistEnv, started: float | None = None) -> int:
     """One rank's attempt: refuse what cannot run, set up, resume, train, finish."""
     os.environ.update(denv.exports())
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if plan["device"] == "cuda" else "cpu")
@@ -125,7 +128,7 @@ def run(plan: dict[str, Any], denv: DistEnv, started: float | None = None) -> in
     return _finish(att, stop_code)
 
 
-def _refusal(plan: dict[str, Any], denv: DistEnv, layout: dict[str, Any] | None) -> tuple[str, str, int] | None:
+def _refusal(plan: Plan, denv: DistEnv, layout: LayoutSpec | None) -> tuple[str, str, int] | None:
     """(end reason, message, exit code) when this attempt must not train at all."""
     if layout is None or layout["world_size"] != denv.world_size:
         msg = (f"the job got {denv.nodes} node(s) / {denv.world_size} tasks but plan.json has layouts "
@@ -279,7 +282,7 @@ def _finish(att: Attempt, stop_code: int) -> int:
     return rc
 
 
-def model_id(plan: dict[str, Any]) -> str:
+def model_id(plan: Plan) -> str:
     """What a checkpoint records of the model that wrote it: entry point, arguments, layers."""
     import hashlib
     m = plan.get("model", {})
@@ -356,7 +359,7 @@ def _emit_profile(profiler: LayerProfiler, timer: InstructionTimer, att: Attempt
                     samples=min(samples, default=0), **merged)
 
 
-def _ending(plan: dict[str, Any], denv: DistEnv, step: int, steps: int,
+def _ending(plan: Plan, denv: DistEnv, step: int, steps: int,
             stop_code: int) -> tuple[str, str | None, int]:
     """(reason, who requeues the job: "pswift", "slurm" or None, exit code) of this attempt;
     rank 0 decides for all."""

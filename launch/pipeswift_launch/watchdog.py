@@ -24,7 +24,10 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+if TYPE_CHECKING:
+    from pipeswift_slurm.plan import Plan
 
 HUNG_EXIT = 75   # EX_TEMPFAIL: the attempt was ended by the watchdog
 HEARTBEAT_EVERY_S = 1.0
@@ -110,7 +113,7 @@ class Watchdog(threading.Thread):
         self.stopped.set()
 
 
-def end_attempt(run_dir: Path, plan: dict[str, Any], denv: Any, info: dict[str, Any]) -> None:
+def end_attempt(run_dir: Path, plan: Plan, denv: Any, info: dict[str, Any]) -> None:
     """What the acting rank does about a hang: record it, requeue within the budget (excluding
     the suspect's node when that is safe), and end this process; Slurm ends the others."""
     who = (f"rank {info['suspect_rank']} on node {info['suspect_node']} stopped running"

@@ -1,0 +1,158 @@
+"""Every read of the history database: what the planner, the reports and the doctor ask of it,
+each a method of :class:`History` (this class is its base), with named columns, so no other
+module holds SQL or indexes a row by position."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Iterator
+
+
+def report_filters(t: str, user: str | None, partition: str | None, since: float | None,
+                   until: float | None, job_id: str | None = None) -> tuple[list[str], list[Any]]:
+    """SQL conditions (on table alias ``t``) and parameters for the report filters."""
+    where, params = ["1=1"], []
+    for col, val in (("user", user), ("partition", partition), ("job_id", job_id)):
+        if val is not None:
+            where.append(f"{t}.{col} = ?")
+            params.append(val)
+    if since is not None:
+        where.append(f"{t}.submit >= ?")
+        params.append(since)
+    if until is not None:
+        where.append(f"{t}.submit < ?")
+        params.append(until)
+    return where, params
+
+
+#: the roll-up columns a report may group by
+ROLLUP_KEYS = ("partition", "user", "nodes")
+
+
+class Queries:
+    conn: sqlite3.Connection
+
+    def _named(self, sql: str, params: Any = ()) -> Iterator[sqlite3.Row]:
+        cur = self.conn.cursor()
+        cur.row_factory = sqlite3.Row
+        return cur.execute(sql, params)
+
+    # ------------------------------------------------------------------------- the planner
+    def layer_profile(self, mkey: str) -> tuple[int, list[float], list[int], list[int]] | None:
+        """(micro_batch_size, seconds, param bytes, activation bytes per layer), newest profile."""
+        rows = list(self.conn.execute(
+            "SELECT micro_batch_size, layer, seconds, param_bytes, activation_bytes FROM layer_profiles "
+            "WHERE model_key = ? ORDER BY updated DESC, layer", [mkey]))
+        if not rows:
+            return None
+        mbs = rows[0][0]
+        mine = sorted((r for r in rows if r[0] == mbs), key=lambda r: r[1])
+        return mbs, [r[2] for r in mine], [int(r[3] or 0) for r in mine], [int(r[4] or 0) for r in mine]
+
+    def pipe_overheads(self, mkey: str, micro_batch_size: int) -> dict[str, float] | None:
+        """The engine's overheads outside the layers for this model (newest profile)."""
+        row = self.conn.execute(
+            "SELECT overhead_s, last_stage_overhead_s, send_s, step_overhead_s FROM pipe_overheads "
+            "WHERE model_key = ? AND micro_batch_size = ?", [mkey, micro_batch_size]).fetchone()
+        if row is None:
+            return None
+        return dict(zip(("overhead_s", "last_stage_overhead_s", "send_s", "step_overhead_s"), row))
+
+    def config_step_times(self, mkey: str) -> dict[str, dict[str, float]]:
+        """Measured step time per config of a model: {config_key: {mean, p50, p95, count}}."""
+        out: dict[str, dict[str, float]] = {}
+        q = ("SELECT a.config_key, a.step_count, a.step_mean, a.step_p50, a.step_p95 FROM attempts a "
+             "JOIN jobs j ON j.id = a.job WHERE j.model_key = ? AND a.step_count > 0")
+        acc: dict[str, list[tuple[int, float, float, float]]] = {}
+        for key, n, mean, p50, p95 in self.conn.execute(q, [mkey]):
+            acc.setdefault(key, []).append((n, mean, p50, p95))
+        for key, per_attempt in acc.items():
+            n = sum(a[0] for a in per_attempt)
+            out[key] = {"count": n, "mean": sum(a[0] * a[1] for a in per_attempt) / n,
+                        "p50": sum(a[0] * a[2] for a in per_attempt) / n,
+                        "p95": max(a[3] for a in per_attempt)}
+        return out
+
+    def setup_times(self, mkey: str) -> list[float]:
+        """Measured setup seconds (start to first step) of every attempt of this model."""
+        return [r[0] for r in self.conn.execute(
+            "SELECT a.setup_s FROM attempts a JOIN jobs j ON j.id = a.job WHERE j.model_key = ? "
+            "AND a.setup_s IS NOT NULL", [mkey])]
+
+    def recent_errors(self, limit: int = 20) -> list[dict[str, Any]]:
+        """Predicted vs actual step time and JCT of the most recent finished, planned jobs."""
+        rows = self.conn.execute(
+            "SELECT job_id, name, predicted_step_s, actual_step_s, predicted_jct_s, actual_jct_s "
+            "FROM jobs WHERE predicted_step_s IS NOT NULL AND actual_step_s IS NOT NULL "
+            "ORDER BY end_time DESC LIMIT ?", [limit])
+        return [dict(zip(("job_id", "name", "predicted_step_s", "actual_step_s", "predicted_jct_s",
+                          "actual_jct_s"), r)) for r in rows]
+
+    def preemptions_per_hour(self, partition: str | None, days: float = 30.0,
+                             now: float | None = None) -> float:
+        """Preemptions per hour of run time on a partition over the last ``days`` (recent
+        behaviour, and an index range scan however long the history)."""
+        import time as _time
+        since = (now if now is not None else _time.time()) - days * 86400
+        row = self.conn.execute(
+            "SELECT SUM(preempted), SUM(run_s) FROM job_rollup WHERE partition IS ? AND submit >= ?",
+            [partition, since]).fetchone()
+        pre, run = row if row else (None, None)
+        return (pre or 0) / (run / 3600) if run else 0.0
+
+    def partition_waits(self, partition: str | None, nodes: int) -> list[float]:
+        rows = self.conn.execute(
+            "SELECT start_time - submit_time FROM jobs WHERE partition IS ? AND chosen_nodes = ? "
+            "AND start_time IS NOT NULL AND submit_time IS NOT NULL", [partition, nodes])
+        return [r[0] for r in rows if r[0] is not None and r[0] >= 0]
+
+    # ------------------------------------------------------------------------- the reports
+    def slurm_attempts(self, user: str | None = None, partition: str | None = None,
+                       since: float | None = None, until: float | None = None,
+                       job_id: str | None = None) -> Iterator[sqlite3.Row]:
+        """Slurm's records (one per attempt) by cluster, job and start: cluster, job_id, start,
+        end, submit, name, user, partition, state, node_count, procs, work_dir."""
+        where, params = report_filters("s", user, partition, since, until, job_id=job_id)
+        return self._named(
+            "SELECT s.cluster, s.job_id, s.start, s.end, s.submit, s.name, s.user, s.partition, "
+            "s.state, s.node_count, s.procs, s.work_dir FROM slurm_jobs s WHERE "
+            + " AND ".join(where) + " ORDER BY s.cluster, s.job_id, s.start", params)
+
+    def pswift_runs(self) -> dict[str, sqlite3.Row]:
+        """Every pswift run by its directory: run_dir, id, job_id, name, user, partition, state,
+        submit_time, predicted_jct_s."""
+        return {r["run_dir"]: r for r in self._named(
+            "SELECT run_dir, id, job_id, name, user, partition, state, submit_time, predicted_jct_s "
+            "FROM jobs")}
+
+    def run_dirs(self) -> set[str]:
+        return {r[0] for r in self.conn.execute("SELECT run_dir FROM jobs")}
+
+    def job_attempts(self, job: int) -> list[dict[str, Any]]:
+        """A pswift job's attempts, in order, each a dict of its figures."""
+        return [dict(r) for r in self._named(
+            "SELECT attempt, nodes, stages, data_parallel, micro_batches, start_step, end_step, "
+            "ended, setup_s, load_s, checkpoint_s, train_s, step_mean, step_var, step_p50, "
+            "step_p95, start_time, end_time, config_key FROM attempts WHERE job = ? "
+            "ORDER BY attempt", [job])]
+
+    def rollups(self, by: str, user: str | None = None, partition: str | None = None,
+                since: float | None = None, until: float | None = None, state: str | None = None,
+                pswift_only: bool = False) -> Iterator[sqlite3.Row]:
+        """One narrow row per job from the roll-up table: key (the ``by`` column), attempts,
+        preempted, queue_s, run_s, jct_s."""
+        if by not in ROLLUP_KEYS:
+            raise ValueError(by)
+        where, params = report_filters("r", user, partition, since, until)
+        if pswift_only:
+            where.append("r.work_dir IN (SELECT run_dir FROM jobs)")
+        if state is not None:
+            where.append("UPPER(COALESCE(r.last_state, '')) = ?")
+            params.append(state.upper())
+        return self._named(f"SELECT r.{by} AS key, attempts, preempted, queue_s, run_s, jct_s "
+                           f"FROM job_rollup r WHERE {' AND '.join(where)}", params)
+
+    def queue_waits(self) -> list[float]:
+        """Every job's queue wait, sorted."""
+        return sorted(w for (w,) in self.conn.execute(
+            "SELECT queue_s FROM job_rollup WHERE queue_s IS NOT NULL"))
