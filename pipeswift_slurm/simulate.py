@@ -236,70 +236,76 @@ def _run_orders(orders: list[list[tuple[str, int, int]]], schedule: str, devices
                      busy=busy, idle=idle, bubble_ratio=bubble, peak_in_flight=peak, ops=ops)
 
 
-def _simulate_zb(orders: list[list[tuple[str, int, int]]], vf: list[float], vb: list[float],
-                 vw: list[float], devices: int, m: int, p2p: float, keep_ops: bool) -> SimResult:
+class _ZeroBubble:
     """Zero-bubble H1: 1F1B order for F and B (input gradient); each W (weight gradient) is
     deferred and run whenever the next F/B would wait, or when holding one more micro-batch's
     activations would exceed the 1F1B peak (devices - d). Time-ordered: the device that is free
     earliest decides next, so "would wait" is known."""
-    dur = {"F": vf, "B": vb, "W": vw}
-    done: dict[tuple[str, int, int], float] = {}
-    free = [0.0] * devices
-    ptr = [0] * devices
-    pending: list[list[int]] = [[] for _ in range(devices)]
-    in_flight = [0] * devices
-    peak = [0] * devices
-    busy = [0.0] * devices
-    ops: list[Op] = []
-    limit = [devices - d for d in range(devices)]
 
-    def run(d: int, kind: str, k: int, start: float) -> None:
-        end = start + dur[kind][d]
-        done[(kind, d, k)] = end
-        free[d] = end
-        busy[d] += dur[kind][d]
+    def __init__(self, orders: list[list[tuple[str, int, int]]], vf: list[float], vb: list[float],
+                 vw: list[float], devices: int, p2p: float, keep_ops: bool) -> None:
+        self.orders, self.devices, self.p2p, self.keep_ops = orders, devices, p2p, keep_ops
+        self.dur = {"F": vf, "B": vb, "W": vw}
+        self.done: dict[tuple[str, int, int], float] = {}
+        self.free = [0.0] * devices
+        self.ptr = [0] * devices
+        self.pending: list[list[int]] = [[] for _ in range(devices)]
+        self.in_flight = [0] * devices
+        self.peak = [0] * devices
+        self.busy = [0.0] * devices
+        self.ops: list[Op] = []
+        self.limit = [devices - d for d in range(devices)]
+
+    def run(self, d: int, kind: str, k: int, start: float) -> None:
+        end = start + self.dur[kind][d]
+        self.done[(kind, d, k)] = end
+        self.free[d] = end
+        self.busy[d] += self.dur[kind][d]
         if kind == "F":
-            in_flight[d] += 1
-            peak[d] = max(peak[d], in_flight[d])
+            self.in_flight[d] += 1
+            self.peak[d] = max(self.peak[d], self.in_flight[d])
         elif kind == "W":
-            in_flight[d] -= 1
-        if keep_ops:
-            ops.append(Op(kind, d, k, d, start, end))
+            self.in_flight[d] -= 1
+        if self.keep_ops:
+            self.ops.append(Op(kind, d, k, d, start, end))
 
-    def ready_at(d: int, kind: str, k: int) -> float | None:
-        return _ready(kind, d, k, d, devices, devices, free[d], done, p2p)
+    def advance(self, d: int) -> bool:
+        """Device ``d`` runs its next op, or a deferred W; False when it can do neither yet."""
+        if self.ptr[d] >= len(self.orders[d]):
+            if not self.pending[d]:
+                return False
+            self.run(d, "W", self.pending[d].pop(0), self.free[d])
+            return True
+        kind, _, k = self.orders[d][self.ptr[d]]
+        t = _ready(kind, d, k, d, self.devices, self.devices, self.free[d], self.done, self.p2p)
+        must_free = kind == "F" and self.in_flight[d] >= self.limit[d]
+        if self.pending[d] and (must_free or t is None or t > self.free[d]):
+            self.run(d, "W", self.pending[d].pop(0), self.free[d])
+            return True
+        if t is None:
+            return False
+        self.run(d, kind, k, t)
+        if kind == "B":
+            self.pending[d].append(k)
+        self.ptr[d] += 1
+        return True
 
-    while any(ptr[d] < len(orders[d]) or pending[d] for d in range(devices)):
-        decided = False
-        for d in sorted(range(devices), key=lambda x: free[x]):
-            if ptr[d] >= len(orders[d]):
-                if pending[d]:
-                    run(d, "W", pending[d].pop(0), free[d])
-                    decided = True
-                    break
-                continue
-            kind, _, k = orders[d][ptr[d]]
-            t = ready_at(d, kind, k)
-            must_free = kind == "F" and in_flight[d] >= limit[d]
-            if pending[d] and (must_free or t is None or t > free[d]):
-                run(d, "W", pending[d].pop(0), free[d])
-                decided = True
-                break
-            if t is None:
-                continue
-            run(d, kind, k, t)
-            if kind == "B":
-                pending[d].append(k)
-            ptr[d] += 1
-            decided = True
-            break
-        if not decided:  # pragma: no cover
-            raise SimulationError("zero-bubble schedule deadlocked")
-    step = max(free)
-    idle = [step - b for b in busy]
+    def left(self) -> bool:
+        return any(self.ptr[d] < len(self.orders[d]) or self.pending[d] for d in range(self.devices))
+
+
+def _simulate_zb(orders: list[list[tuple[str, int, int]]], vf: list[float], vb: list[float],
+                 vw: list[float], devices: int, m: int, p2p: float, keep_ops: bool) -> SimResult:
+    """The zero-bubble H1 schedule (:class:`_ZeroBubble`) run to the end."""
+    zb = _ZeroBubble(orders, vf, vb, vw, devices, p2p, keep_ops)
+    while zb.left():
+        if not any(zb.advance(d) for d in sorted(range(devices), key=lambda x: zb.free[x])):
+            raise SimulationError("zero-bubble schedule deadlocked")  # pragma: no cover
+    step = max(zb.free)
+    idle = [step - b for b in zb.busy]
     return SimResult(schedule="zb-h1", devices=devices, micro_batches=m, chunks=1, step_time=step,
-                     busy=busy, idle=idle, bubble_ratio=1.0 - sum(busy) / (devices * step),
-                     peak_in_flight=peak, ops=ops)
+                     busy=zb.busy, idle=idle, bubble_ratio=1.0 - sum(zb.busy) / (devices * step),
+                     peak_in_flight=zb.peak, ops=zb.ops)
 
 
 def stage_times(layer_costs: Sequence[float], boundaries: Sequence[int],
