@@ -216,8 +216,9 @@ def history_show(job_id: str, db: Path | None, as_json: bool) -> None:
                f"training {_dur(r.training_s)} + checkpoint/cleanup {_dur(r.checkpoint_s)}")
     if r.predicted_jct_s:
         click.echo(f"predicted JCT {_dur(r.predicted_jct_s)}")
-    click.echo(f"{r.attempts} attempt(s), {r.preemptions} preemption(s), {r.steps_lost} step(s) lost, "
-               f"{r.device_hours_wasted:.3g} device-hours wasted")
+    wasted = "unknown" if r.device_hours_wasted is None else f"{r.device_hours_wasted:.3g}"
+    lost = f"{r.steps_lost} step(s) lost" if r.pswift else "no checkpoints: whole attempts lost"
+    click.echo(f"{r.attempts} attempt(s), {r.preemptions} preemption(s), {lost}, {wasted} device-hours wasted")
     for a in r.attempt_rows:
         click.echo(f"  attempt {a['attempt']}: {a['nodes']} node(s), {a['stages']} stage(s) x "
                    f"{a['data_parallel']} dp, steps {a['start_step']} -> {a['end_step']}, {a['ended']}, "

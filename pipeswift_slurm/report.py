@@ -48,7 +48,8 @@ class JobReport:
     jct_s: float | None
     preemptions: int
     steps_lost: int
-    device_hours_wasted: float
+    #: None: not on record (a plain job's attempt without its end or size)
+    device_hours_wasted: float | None
     step_mean_s: float | None = None
     step_var: float | None = None
     predicted_jct_s: float | None = None
@@ -121,12 +122,24 @@ def _report(h: History, jid: str, rows: list[Row], run: Row | None) -> JobReport
     if run is not None:
         _add_pswift_attempts(h, rep, rows, run, run_time, submit)
     else:
-        rep.preemptions = sum(1 for r in rows[:-1] if (r["state"] or "").upper() in ("PREEMPTED", "REQUEUED"))
+        _add_plain_waste(rep, rows)
     if rep.end is None and run is not None and rep.attempt_rows:
         rep.end = rep.attempt_rows[-1]["end_time"]
     if rep.end is not None and submit is not None:
         rep.jct_s = rep.end - submit
     return rep
+
+
+def _add_plain_waste(rep: JobReport, rows: list[Row]) -> None:
+    """A job without pswift checkpoints loses each preempted attempt whole: its elapsed time x
+    its CPUs (or nodes), in device-hours; None when an attempt's end or size is not on record."""
+    stopped = [r for r in rows[:-1] if (r["state"] or "").upper() in ("PREEMPTED", "REQUEUED")]
+    rep.preemptions = len(stopped)
+    if any(r["end"] is None or not (r["procs"] or r["node_count"]) for r in stopped):
+        rep.device_hours_wasted = None
+        return
+    rep.device_hours_wasted = sum((r["end"] - r["start"]) * (r["procs"] or r["node_count"])
+                                  for r in stopped) / 3600
 
 
 def _add_pswift_attempts(h: History, rep: JobReport, rows: list[Row], run: Row, run_time: float,
@@ -182,7 +195,7 @@ def aggregate(reps: list[JobReport], by: str) -> list[dict[str, Any]]:
             "jct_p50_s": quantile(jcts, 0.5), "jct_p95_s": quantile(jcts, 0.95),
             "preemption_rate": sum(r.preemptions for r in rs) / max(1, sum(r.attempts for r in rs)),
             "steps_lost": sum(r.steps_lost for r in rs),
-            "device_hours_wasted": sum(r.device_hours_wasted for r in rs),
+            "device_hours_wasted": sum(r.device_hours_wasted or 0.0 for r in rs),  # what is on record
             "step_time_var": median(r.step_var for r in rs),
             "queue_s": sum(waits), "setup_s": sum(r.setup_s for r in rs),
             "training_s": sum(r.training_s for r in rs), "checkpoint_s": sum(r.checkpoint_s for r in rs),
@@ -270,7 +283,13 @@ def diagnose(rep: JobReport, plan: Plan | None = None, log_text: str = "") -> li
         out.append(f"queue: {rep.queue_s / jct:.0%} of the JCT ({duration(rep.queue_s)} of {duration(jct)}) was waiting "
                    f"in the queue; allow a node range ([resources] nodes = [min, max]) so it starts on "
                    f"what is free, or use a less busy partition (`pswift plan` compares them)")
-    if rep.preemptions:
+    if rep.preemptions and not rep.pswift:
+        waste = ("an unknown amount of work" if rep.device_hours_wasted is None
+                 else f"{rep.device_hours_wasted:.3g} CPU-hours")
+        out.append(f"preemption: preempted {rep.preemptions} time(s) with no checkpoints pswift knows of: "
+                   f"each stop lost its whole attempt, {waste}; checkpoint and resume (pswift sbatch "
+                   f"does both) or use a non-preemptible partition")
+    elif rep.preemptions:
         out.append(f"preemption: preempted {rep.preemptions} time(s), {rep.steps_lost} step(s) lost, "
                    f"{rep.device_hours_wasted:.3g} device-hours wasted; "
                    + ("each stop checkpointed at a step boundary, so the waste is restarts: a "

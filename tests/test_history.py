@@ -116,3 +116,26 @@ def test_partition_preemption_history_raises_expected_loss(tmp_path):
     assert h.preemptions_per_hour("high", now=1_700_100_000) == 0.0
     assert h.preemptions_per_hour("low", now=1_700_100_000 + 40 * 86400) == 0.0  # older than 30 days
     h.close()
+
+
+def test_a_preempted_plain_job_loses_its_whole_attempts_and_doctor_says_so(tmp_path):
+    """No pswift checkpoints: each preempted attempt is lost whole (elapsed x CPUs); an attempt
+    whose end is not on record makes the waste unknown, never 0."""
+    from pipeswift_slurm.history import History
+    from pipeswift_slurm.report import diagnose, job_reports
+    h = History(tmp_path / "h.db")
+    rec = {"CLUSTER": "c", "JOBNAME": "plain", "USERNAME": "bob", "PARTITION": "low", "PROCS": "4",
+           "NODECNT": "1", "SUBMIT": 50}
+    h.add_slurm_records([
+        {**rec, "JOBID": "7", "START": 100, "END": 1900, "JOBSTATE": "PREEMPTED"},
+        {**rec, "JOBID": "7", "START": 2000, "END": 2600, "JOBSTATE": "COMPLETED"},
+        {**rec, "JOBID": "8", "START": 100, "JOBSTATE": "REQUEUED"},
+        {**rec, "JOBID": "8", "START": 300, "END": 400, "JOBSTATE": "COMPLETED"}], "test")
+    by_id = {r.job_id: r for r in job_reports(h)}
+    seven, eight = by_id["7"], by_id["8"]
+    assert (seven.pswift, seven.preemptions, seven.device_hours_wasted) == (False, 1, 1800 * 4 / 3600)
+    (finding,) = [f for f in diagnose(seven) if f.startswith("preemption:")]
+    assert "no checkpoints pswift knows of: each stop lost its whole attempt, 2 CPU-hours" in finding
+    assert "each stop checkpointed" not in finding
+    assert eight.preemptions == 1 and eight.device_hours_wasted is None
+    assert "an unknown amount of work" in " ".join(diagnose(eight))
