@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from . import __version__
 from .config import TrainConfig
 from .errors import ConfigError
-from .layouts import rule_layouts
+from .layouts import Layout, rule_layouts
 
 if TYPE_CHECKING:
     from .planner import PlanResult
@@ -26,17 +26,8 @@ if TYPE_CHECKING:
 PLAN_VERSION = 1
 
 
-class LayoutSpec(TypedDict):
-    """One node count's layout (:class:`~pipeswift_slurm.layouts.Layout` as JSON)."""
-    nodes: int
-    tasks_per_node: int
-    world_size: int
-    stages: int
-    data_parallel: int
-    micro_batches: int
-    micro_batch_size: int
-    boundaries: list[int] | None
-    partition: str
+#: one node count's layout: :class:`~pipeswift_slurm.layouts.Layout` as JSON (its fields, one home)
+LayoutSpec = TypedDict("LayoutSpec", dict(Layout.__annotations__))  # type: ignore[misc]
 
 
 class ModelSpec(TypedDict):
