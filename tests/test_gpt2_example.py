@@ -3,7 +3,6 @@ pipeswift_launch/gpt2.py, trained on the token-file dataset (examples/gpt2)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -11,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pswift, wait_state
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "gpt2"
@@ -110,19 +108,9 @@ def gpt2_job(tmp_path: Path) -> Path:
 
 @pytest.mark.slurm
 def test_gpt2_trains_through_pswift_sbatch_and_survives_a_preemption_with_fewer_stages(cluster, gpt2_job, tmp_path):
+    from test_preemption import events, preempted_once
     run = tmp_path / "run"
-    proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(gpt2_job))
-    assert proc.returncode == 0, proc.stderr
-    job = proc.stdout.strip()
-    from test_preemption import events, slurm_log, wait_steps
-    wait_steps(run, 6, timeout=300)
-    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", "--exclusive", "-o", "/dev/null",
-                           "--wrap", "sleep 300"], capture_output=True, text=True, check=True).stdout.strip()
-    try:
-        assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=600) == "COMPLETED", slurm_log(run)
-    finally:
-        subprocess.run(["scancel", high])
-    st = json.loads(pswift("status", job, "--json", check=True).stdout)
+    st = preempted_once(gpt2_job, run, 6, timeout=600)
     a0, a1 = st["attempts"]
     assert (a0["nodes"], a0["ended"], a1["nodes"], a1["ended"]) == (4, "preempted", 2, "completed")
     assert a0["stages"] > a1["stages"] and a1["start_step"] == a0["end_step"]

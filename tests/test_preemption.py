@@ -91,6 +91,23 @@ def slurm_log(run: Path) -> str:
     return "".join(p.read_text() for p in run.glob("slurm-*.out"))
 
 
+def preempted_once(toml: Path, run: Path, after_steps: int, preemptor: list[str] | tuple[str, ...] = ("-p", "high"),
+                   timeout: float = 300) -> dict:
+    """Submit ``toml``; once ``after_steps`` steps ran, a 2-node exclusive job with ``preemptor``'s
+    options preempts it; wait until it completed; its `pswift status --json`."""
+    proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip()
+    wait_steps(run, after_steps, timeout=timeout)
+    high = subprocess.run(["sbatch", "--parsable", *preemptor, "-N2", "--exclusive", "-o", "/dev/null",
+                           "--wrap", "sleep 300"], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=timeout) == "COMPLETED", slurm_log(run)
+    finally:
+        subprocess.run(["scancel", high])
+    return json.loads(pswift("status", job, "--json", check=True).stdout)
+
+
 @pytest.fixture(params=["partition", "qos"])
 def preemption(request, monkeypatch) -> tuple[list[str], str]:
     """(sbatch options of the preempting job, [job] lines of the preemptible one) for the two
@@ -109,25 +126,15 @@ def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path
     toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "100", "checkpoint_interval": "0"})
     toml.write_text(toml.read_text().replace("[job]\n", "[job]\n" + job_lines, 1))
     run = tmp_path / "run"
-    proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
-    assert proc.returncode == 0, proc.stderr
-    job = proc.stdout.strip()
-    wait_steps(run, 8)
-    high = subprocess.run(["sbatch", "--parsable", *preemptor, "-N2", "--exclusive", "-o", "/dev/null",
-                           "--wrap", "sleep 120"], capture_output=True, text=True, check=True).stdout.strip()
-    try:
-        assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300) == "COMPLETED", slurm_log(run)
-        st = json.loads(pswift("status", job, "--json", check=True).stdout)
-        a0, a1 = st["attempts"]
-        assert (a0["nodes"], a0["stages"], a0["ended"]) == (4, 4, "preempted")
-        assert (a1["nodes"], a1["stages"], a1["ended"]) == (2, 2, "completed")
-        assert a1["resumed_from"].endswith(f"step_{a0['end_step']:08d}")
-        assert a1["start_step"] == a0["end_step"]  # no step lost: stopped at a step boundary
-        assert st["restarts"] == 1 and st["step"] == 100
-        ckpt = [e for e in events(run) if e["event"] == "checkpoint" and e["reason"] == "signal"]
-        assert len(ckpt) == 1 and ckpt[0]["seconds"] < 20  # within GraceTime (20 s)
-    finally:
-        subprocess.run(["scancel", high])
+    st = preempted_once(toml, run, 8, preemptor)
+    a0, a1 = st["attempts"]
+    assert (a0["nodes"], a0["stages"], a0["ended"]) == (4, 4, "preempted")
+    assert (a1["nodes"], a1["stages"], a1["ended"]) == (2, 2, "completed")
+    assert a1["resumed_from"].endswith(f"step_{a0['end_step']:08d}")
+    assert a1["start_step"] == a0["end_step"]  # no step lost: stopped at a step boundary
+    assert st["restarts"] == 1 and st["step"] == 100
+    ckpt = [e for e in events(run) if e["event"] == "checkpoint" and e["reason"] == "signal"]
+    assert len(ckpt) == 1 and ckpt[0]["seconds"] < 20  # within GraceTime (20 s)
     ref = reference(toml, tmp_path, nodes=4)
     assert step_losses(run) == step_losses(ref)
     assert_same_weights(final_weights(run / "checkpoints", 100), final_weights(ref / "checkpoints", 100))
@@ -148,21 +155,11 @@ lr_warmup_steps = 5
 lr_decay = "cosine"
 """, 1))
     run = tmp_path / "run"
-    proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
-    assert proc.returncode == 0, proc.stderr
-    job = proc.stdout.strip()
-    wait_steps(run, 5)
-    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", "--exclusive", "-o", "/dev/null",
-                           "--wrap", "sleep 120"], capture_output=True, text=True, check=True).stdout.strip()
-    try:
-        assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300) == "COMPLETED", slurm_log(run)
-        st = json.loads(pswift("status", job, "--json", check=True).stdout)
-        a0, a1 = st["attempts"]
-        assert (a0["nodes"], a0["stages"], a0["ended"]) == (4, 2, "preempted")
-        assert (a1["nodes"], a1["stages"], a1["ended"]) == (2, 2, "completed")
-        assert a1["start_step"] == a0["end_step"]
-    finally:
-        subprocess.run(["scancel", high])
+    st = preempted_once(toml, run, 5)
+    a0, a1 = st["attempts"]
+    assert (a0["nodes"], a0["stages"], a0["ended"]) == (4, 2, "preempted")
+    assert (a1["nodes"], a1["stages"], a1["ended"]) == (2, 2, "completed")
+    assert a1["start_step"] == a0["end_step"]
     starts = [e for e in events(run) if e["event"] == "start"]
     assert [(e["stages"], e["data_parallel"]) for e in starts] == [(2, 2), (2, 1)]
     ref = reference(toml, tmp_path, nodes=4)
