@@ -67,6 +67,13 @@ batches = [(torch.randn(1, 4).bfloat16(), torch.randn(1, 4).bfloat16()) for _ in
 engine.train_batch(data_iter=iter(batches))
 assert float(ds_compat.master_state(engine)[groups[0][1]]["step"]) == 4.0
 assert ds_compat.loss_scale_state(engine) is None   # the bf16 optimizer scales nothing
+from deepspeed.utils import safe_get_full_fp32_param
+master, moments, scalars = ds_compat.gather_master(engine)
+named = dict(engine.module.named_parameters())
+assert sorted(master) == sorted(named) and float(scalars["step"]) == 4.0
+for n, p in named.items():
+    assert torch.equal(master[n], safe_get_full_fp32_param(p)), n
+    assert torch.equal(moments[n]["exp_avg"], safe_get_full_optimizer_state(p, "exp_avg")), n
 
 # fp32 + ZeRO-1: DeepSpeed's ZeRO optimizer with its (static) loss scaler, whose fields an fp16
 # job's dynamic scaler shares; no fp16 on CPU, so the dynamic one is only reachable on a GPU

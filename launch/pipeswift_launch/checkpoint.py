@@ -202,23 +202,15 @@ def _optimizer_state(engine: Any) -> tuple[dict[str, dict[str, Any]], dict[str, 
     """({param name: {key: full-size value}}, {param name: fp32 master}) of this stage, whatever
     the optimizer keeps: a plain torch optimizer's per-parameter state, or the flat partitions
     of ZeRO-1 / bf16 gathered over the data-parallel group (a collective: every data-parallel
-    rank of the stage calls this, in the same order). No copies of plain state: every rank is
-    inside save(), nothing updates it meanwhile."""
-    opt, named = engine.optimizer, list(engine.module.named_parameters())
-    groups = ds_compat.master_groups(engine)
-    if groups is None:
-        name_of = {p: n for n, p in named}
+    rank of the stage calls this). No copies of plain state: every rank is inside save(),
+    nothing updates it meanwhile."""
+    opt = engine.optimizer
+    if ds_compat.master_groups(engine) is None:
+        name_of = {p: n for n, p in engine.module.named_parameters()}
         return {name_of[p]: opt.state[p] for g in opt.param_groups for p in g["params"] if p in opt.state}, {}
-    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
-    flat_state = ds_compat.master_state(engine).get(groups[0][1], {})
-    flat = groups[0][1]
-    elementwise = [k for k, v in flat_state.items() if torch.is_tensor(v) and v.shape == flat.shape]
-    scalars = {k: v for k, v in flat_state.items() if k not in elementwise}
-    optim, master = {}, {}
-    for n, p in named:
-        master[n] = safe_get_full_fp32_param(p)
-        optim[n] = {k: safe_get_full_optimizer_state(p, k) for k in elementwise}
-        optim[n].update(scalars)
+    master, optim, scalars = ds_compat.gather_master(engine)
+    for state in optim.values():
+        state.update(scalars)
     return optim, master
 
 

@@ -13,8 +13,9 @@ DeepSpeed 0.19 has no public API for these, so they live here and nowhere else:
 - the flat fp32 partitions of ZeRO-1 and bf16 optimizers (``bf16_groups`` /
   ``fp32_groups_flat_partition``, ``bit16_groups`` / ``single_partition_of_fp32_groups``) and
   ``lazy_init_hp_params_optimizer_state``: optimizer state created before the first step, so a
-  checkpoint can be loaded into it (reading and writing full per-parameter values goes through
-  DeepSpeed's public ``safe_get_full_*`` / ``safe_set_full_*``);
+  checkpoint can be loaded into it (writing full per-parameter values goes through DeepSpeed's
+  public ``safe_set_full_*``); each parameter's fragment link (``_hp_mapping``'s addresses) places
+  it in the flat buffer when the partitions are gathered at save;
 - ``optimizer.loss_scaler`` (ZeRO's): fp16's dynamic loss scale continues after a resume.
 
 :func:`check_version` refuses a DeepSpeed outside the range these were verified on, in one
@@ -122,6 +123,42 @@ def create_master_state(engine: Any, elementwise: list[str], scalars: dict[str, 
         state[flat] = {k: torch.zeros_like(flat) for k in elementwise}
         state[flat].update({k: (v.clone() if torch.is_tensor(v) else v) for k, v in scalars.items()})
         lazy_init_hp_params_optimizer_state(params, flat, state)
+
+
+def gather_master(engine: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any]]:
+    """(fp32 master weights by parameter name, their element-wise optimizer state by name, the
+    scalar state such as Adam's step) of this stage, whole. A collective over the data-parallel
+    group (every data-parallel rank of the stage calls it): one all-gather per flat partition and
+    state key; each parameter's place in the flat buffer comes from the fragment links of the
+    ranks holding a piece of it (whatever padding DeepSpeed put between parameters)."""
+    import torch.distributed as tdist
+    group = engine.grid.get_data_parallel_group()
+    dp, rank = engine.grid.get_data_parallel_world_size(), tdist.get_rank(group)
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    state = master_state(engine)
+    master: dict[str, Any] = {}
+    optim: dict[str, dict[str, Any]] = {}
+    scalars: dict[str, Any] = {}
+    for params, flat in master_groups(engine) or []:
+        flat_state = state.get(flat, {})
+        keys = [k for k, v in flat_state.items() if torch.is_tensor(v) and v.shape == flat.shape]
+        scalars.update({k: v for k, v in flat_state.items() if k not in keys})
+        mine = {names[id(p)]: rank * flat.numel() + p._hp_mapping.hp_fragment_address.start
+                - p._hp_mapping.lp_fragment_address.start
+                for p in params if getattr(p, "_hp_mapping", None) is not None}
+        every: list[Any] = [None] * dp
+        tdist.all_gather_object(every, mine, group=group)
+        offsets = {n: o for d in every for n, o in d.items()}
+        full = {}
+        for key in (None, *keys):
+            part = (flat if key is None else flat_state[key]).detach().contiguous()
+            full[key] = torch.empty(dp * part.numel(), dtype=part.dtype, device=part.device)
+            tdist.all_gather_into_tensor(full[key], part, group=group)
+        for p in params:
+            name, at = names[id(p)], offsets[names[id(p)]]
+            master[name] = full[None][at:at + p.numel()].view(p.shape)
+            optim[name] = {k: full[k][at:at + p.numel()].view(p.shape) for k in keys}
+    return master, optim, scalars
 
 
 #: what a dynamic loss scaler must carry over a resume (a static one has the first two)
