@@ -119,7 +119,7 @@ def signal_and_commit(toml: Path, run: Path, ckpt: Path, nodes: int) -> dict:
     steps = [e["step_time"] for e in evs if e["event"] == "step"]
     size = sum(f.stat().st_size for f in (ckpt / f"step_{saved['step']:08d}").glob("stage_*"))
     return {"step": saved["step"], "checkpoint_bytes": size, "signal_to_commit_s": signal_to_commit,
-            "in_job_save_s": saved["seconds"], "stage_write_s": saved["write_s"],
+            "in_job_save_s": saved["seconds"], "stage_write_s": saved["write_s"], "gather_s": saved.get("gather_s", 0.0),
             "commit_s": saved["commit_s"], "step_s": statistics.median(steps),
             "page_cache_dropped": dropped}
 

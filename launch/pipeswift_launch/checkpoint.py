@@ -233,17 +233,19 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
          gather: Callable[[Any], list[Any]], barrier: Callable[[], None],
          rank: int) -> tuple[Path, dict[str, float]]:
     """Every rank calls this at the same step. Returns the committed directory and where the
-    time went: ``write_s`` (the slowest stage file) and ``commit_s`` (from the last file on disk
-    to the manifest committed on every rank)."""
+    time went: ``gather_s`` (the slowest stage's state collected: ZeRO-1 / bf16 partitions
+    gathered over its data-parallel ranks), ``write_s`` (the slowest stage file) and ``commit_s``
+    (from the last file on disk to the manifest committed on every rank)."""
     path = ckpt_dir / tag_for(step)
     path.mkdir(parents=True, exist_ok=True)
     mine = None
     t0 = time.perf_counter()
     blob = _stage_blob(engine)
+    t_blob = time.perf_counter()
     if engine.grid.data_parallel_id == 0:
         name = stage_file(engine.stage_id)
         size, digest = stagefile.write(path / name, blob)
-        mine = (name, size, digest, time.perf_counter() - t0)
+        mine = (name, size, digest, time.perf_counter() - t_blob, t_blob - t0)
         if os.environ.get(FAULT_ENV) == str(step) and engine.stage_id == engine.num_stages - 1:
             os.kill(os.getpid(), signal.SIGKILL)
     slow_step, _, slow_s = os.environ.get(FAULT_SLOW_ENV, "").partition(":")
@@ -255,13 +257,14 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
     if rank == 0:
         generators = json.dumps({"layout": layout_key(meta), "ranks": [g for _, g in gathered]}).encode()
         _atomic_write(path / RNG_FILE, generators)
-        listed = {n: {"size": s, "crc32": h} for n, s, h, _ in sorted(files)}
+        listed = {n: {"size": s, "crc32": h} for n, s, h, _, _ in sorted(files)}
         listed[RNG_FILE] = {"size": len(generators), "crc32": f"{zlib.crc32(generators):08x}"}
         man = dict(meta, version=MANIFEST_VERSION, step=step, created=time.time(), files=listed)
         _atomic_write(path / MANIFEST, (json.dumps(man, indent=1, sort_keys=True) + "\n").encode())
         _fsync_dir(path)
     barrier()  # committed before anyone moves on (or exits)
-    return path, {"write_s": max(f[3] for f in files), "commit_s": time.perf_counter() - t_commit}
+    return path, {"gather_s": max(f[4] for f in files), "write_s": max(f[3] for f in files),
+                  "commit_s": time.perf_counter() - t_commit}
 
 
 def layout_key(meta: dict[str, Any]) -> list[Any]:
