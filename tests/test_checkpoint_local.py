@@ -108,6 +108,32 @@ def test_a_version_1_checkpoint_still_resumes(tmp_path):
     assert [e["step"] for e in evs if e["event"] == "start"] == [2]
 
 
+def test_generators_that_cannot_be_restored_are_seeded_and_said_so(tmp_path):
+    """rng.json edited into something that is JSON with a valid checksum but no generator state:
+    the run resumes with seeded generators and one line; a corrupt rng.json (checksum) makes
+    the checkpoint unusable like any corrupt file."""
+    import zlib
+    ckpt, b = two_checkpoints(tmp_path)
+    d = ckpt / "step_00000002"
+    saved = json.loads((d / "rng.json").read_text())
+    saved["ranks"] = [{"torch": "AAAA", "numpy": [], "python": []} for _ in saved["ranks"]]
+    blob = json.dumps(saved).encode()
+    (d / "rng.json").write_bytes(blob)
+    man = json.loads((d / "MANIFEST.json").read_text())
+    man["files"]["rng.json"] = {"size": len(blob), "crc32": f"{zlib.crc32(blob):08x}"}
+    (d / "MANIFEST.json").write_text(json.dumps(man))
+    proc, evs = resume(tmp_path, b)
+    assert "resumed from step_00000002" in proc.stdout, proc.stdout[-2000:]
+    assert "cannot restore the saved random generators (" in proc.stdout, proc.stdout[-2000:]
+    import shutil
+    shutil.rmtree(ckpt / "step_00000003")   # the resumed run's own final checkpoint (step 1 is pruned)
+    (d / "rng.json").write_bytes(blob[:-1] + b" ")   # same size, another checksum
+    proc = pswift("run", "--run-dir", str(tmp_path / "again"), str(b))
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    assert "cannot resume from step_00000002" in proc.stdout and "rng.json: checksum mismatch" in proc.stdout
+    assert "no committed checkpoint in" in proc.stdout + proc.stderr
+
+
 def test_a_crafted_stage_file_runs_no_code(tmp_path):
     """A version-1 stage file rewritten to run code on unpickling, with a manifest forged to
     match it (sizes and sha256 are written by the same hand): torch.load(weights_only=True)

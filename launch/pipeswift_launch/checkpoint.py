@@ -3,9 +3,10 @@
 Layout of ``CKPT_DIR/step_00000040/``:
 
 - ``stage_003.safetensors`` per pipeline stage (written by that stage's data-parallel rank 0,
-  see stagefile.py): the stage's module state and its optimizer state keyed by **global
-  parameter name** (PipelineModule names layers by global index, so names do not depend on the
-  split), plus the LR scheduler state and the writer's RNG state;
+  see stagefile.py): the stage's module state, fp32 master weights (ZeRO-1, bf16) and optimizer
+  state keyed by **global parameter name** (PipelineModule names layers by global index, so names
+  do not depend on the split; sharded state is gathered whole), plus the LR scheduler and the
+  loss scale;
 - ``rng.json``: every rank's random generators (rng.py), written by rank 0;
 - ``MANIFEST.json`` (the commit marker): written by rank 0 after a barrier, via temp file +
   fsync + rename. It lists step, samples, boundaries, P, DP, m, world size, data position and

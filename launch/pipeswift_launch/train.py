@@ -24,6 +24,7 @@ from .watchdog import Watchdog, end_attempt
 if TYPE_CHECKING:
     from pipeswift_slurm.plan import LayoutSpec, Plan
 
+
 def _log(rank: int, msg: str) -> None:
     if rank == 0:
         print(f"pswift: {msg}", flush=True)
@@ -327,8 +328,12 @@ def _continue_generators(att: Attempt, saved: dict[str, Any] | None, step: int) 
     micro-batch, layer), whatever the stage count."""
     from . import rng
     if saved is not None:
-        rng.restore(saved)
-        return
+        try:
+            rng.restore(saved)
+            return
+        except (ValueError, TypeError, KeyError, RuntimeError) as e:  # rng.json edited or damaged
+            _log(att.rank, f"cannot restore the saved random generators ({type(e).__name__}); "
+                           f"seeding them from (seed, step, rank)")
     rng.reseed(int(att.plan["training"]["seed"]), step, att.rank)
     if not att.engine.module.seed_layers:
         _log(att.rank, "random generators seeded from (seed, step, rank): the checkpoint was written "
