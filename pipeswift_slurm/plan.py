@@ -155,7 +155,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
     chosen: dict[str, Any] = {"layouts": {n: lay._asdict() for n, lay in layouts.items()},
                               "infeasible": infeasible, "prediction": None, "candidates": [],
                               "nodes_request": cfg.resources.nodes_spec}
-    if planned is not None and planned.chosen is None:  # the cost model ruled every layout out
+    if planned is not None and planned.fits_nowhere():  # e.g. every layout would run out of memory
         reasons = sorted({c.rejected for c in planned.candidates if c.rejected})
         raise ConfigError(f"no layout fits: {'; '.join(reasons)}")
     if planned is not None and planned.chosen is not None:

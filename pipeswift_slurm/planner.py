@@ -46,6 +46,8 @@ class Candidate:
     estimate: Estimate | None = None
     rejected: str | None = None
     stage_memory: list[float] = field(default_factory=list)
+    #: rejected only because the cluster as it is now would never start it (it may later)
+    never_starts: bool = False
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name == "layout":
@@ -76,6 +78,11 @@ class PlanResult:
     profile_source: str
     calibration: Calibration
     notes: list[str]
+
+    def fits_nowhere(self) -> bool:
+        """No layout passes the rules and the cost model (memory): not one that only the queue,
+        as it is now, rules out (Slurm may still start that one later)."""
+        return self.chosen is None and not any(c.never_starts for c in self.candidates)
 
     def best_per_nodes(self) -> dict[int, Candidate]:
         best: dict[int, Candidate] = {}
@@ -240,7 +247,7 @@ def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState
             continue
         w = _wait(cfg, c, cluster, history, slurm_starts)
         if math.isinf(w.seconds):
-            c.rejected, c.estimate = f"never starts: {w.why}", None
+            c.rejected, c.estimate, c.never_starts = f"never starts: {w.why}", None, True
             continue
         _complete(cfg, c, w, setup, ckpt_s, history)
     ok = sorted((c for c in cands if c.rejected is None), key=lambda c: (c.estimate.jct_s, -c.nodes))
