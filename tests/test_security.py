@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLUSTER_DB, pswift, wait_state
+from conftest import CLUSTER_DB, CLUSTER_SPOOL, pswift, wait_state
 from pipeswift_slurm import userfiles
 from pipeswift_slurm.history import History, IngestRefused
 from pipeswift_slurm.runrows import Owner, model_key
@@ -251,14 +251,18 @@ def test_the_real_plugin_reads_a_users_run_dir_as_that_user_only(cluster, public
         ids.append(proc.stdout.strip())
     for j in ids:
         wait_state(j, {"COMPLETED"}, timeout=60)
+    # the plugin commits Slurm's record first and reads the run dir after; it deletes its spool
+    # file only when both are done (a CI run once looked in between and saw no run row)
     deadline = time.time() + 60
     while time.time() < deadline:
         db = sqlite3.connect(CLUSTER_DB)
         got = db.execute(f"SELECT job_id, user FROM slurm_jobs WHERE job_id IN ({','.join('?' * len(ids))})",
                          ids).fetchall()
-        if len(got) == 2:
+        pending = [f for j in ids for f in CLUSTER_SPOOL.glob(f"{j}.*.json")]
+        if len(got) == 2 and not pending:
             break
         time.sleep(0.5)
+    assert not pending, f"the plugin left spool files (merge failed or timed out): {pending}"
     assert sorted(got) == sorted((j, USER) for j in ids)
     rows = db.execute("SELECT job_id, user, run_dir FROM jobs WHERE job_id IN (?, ?)", ids).fetchall()
     assert rows == [(ids[0], USER, str(run))]     # the bad one was refused, the good one is the user's
