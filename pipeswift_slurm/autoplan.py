@@ -15,7 +15,7 @@ from . import history as hist_mod
 from . import runrows
 from . import slurm
 from .config import TrainConfig
-from .costmodel import Hardware, Profile
+from .costmodel import DEFAULT_DEVICE_MEMORY, Hardware, Profile
 from .errors import PswiftError
 from .planner import Candidate, PastRuns, PlanResult, plan
 from .queue import ClusterState
@@ -55,7 +55,7 @@ def _layer_costs(cfg: TrainConfig, h: hist_mod.History | None) -> Profile | None
 
 def hardware(cfg: TrainConfig, cluster: ClusterState | None) -> Hardware:
     r = cfg.resources
-    mem = float(os.environ.get("PSWIFT_DEVICE_MEMORY", 0)) or (80e9 if r.device == "cuda" else 16e9)
+    mem = float(os.environ.get("PSWIFT_DEVICE_MEMORY", 0)) or DEFAULT_DEVICE_MEMORY[r.device]
     cores = None
     if r.device == "cpu":
         cores = int(os.environ.get("PSWIFT_HOST_CORES", 0)) or None

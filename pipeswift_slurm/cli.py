@@ -182,6 +182,7 @@ def status(job: str, as_json: bool) -> None:
         pswift status 42 --json
     """
     from . import rundir, slurm
+    from .fmt import relayout_line
     run: Path | None
     job_id: str | None
     if job.isdigit():
@@ -218,6 +219,8 @@ def status(job: str, as_json: bool) -> None:
         click.echo(f"  attempt {a['attempt']}: {a['nodes']} node(s), {a['stages']} stage(s) "
                    f"{a['boundaries']}, steps {a['start_step']} -> {a['end_step']}, {a['ended']}"
                    + (f", resumed from {Path(a['resumed_from']).name}" if a["resumed_from"] else ""))
+        for r in a["relayouts"]:
+            click.echo(f"    {relayout_line(r)}")
 
 
 @cli.command("plan")

@@ -314,6 +314,7 @@ def doctor(job_id: str | None, db: Path | None) -> None:
     try:
         h.ingest_registered()
         reps = job_reports(h, job_id=job_id)
+        relayouts = h.job_relayouts(reps[-1].run_dir) if reps and reps[-1].run_dir else []
     finally:
         h.close()
     if not reps:
@@ -331,6 +332,9 @@ def doctor(job_id: str | None, db: Path | None) -> None:
     click.echo(f"job {job_id} ({rep.name}): {rep.state}, {rep.attempts} attempt(s)")
     for finding in diagnose(rep, plan, log or ""):
         click.echo(f"- {finding}")
+    from .fmt import relayout_line
+    for r in relayouts:
+        click.echo(f"- attempt {r['attempt']} {relayout_line(r)}")
 
 
 def _environment_checkup(db: Path | None) -> None:

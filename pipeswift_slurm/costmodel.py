@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
+from .partition import balanced_boundaries
 from .simulate import closed_form_1f1b, simulate, simulate_shared_1f1b, stage_times
 from .stats import median
 
@@ -37,6 +38,10 @@ STATE_BYTES = {("fp32", 0): (4, 4, 8, False), ("fp32", 1): (4, 4, 12, True),
 #: stage x micro-batch operations simulated exactly while planning (about 10 ms); larger
 #: pipelines use the 1F1B closed form, so planning any valid config stays well under a second
 SIMULATED_OPS_MAX = 2048
+
+
+#: bytes per task slot assumed when neither PSWIFT_DEVICE_MEMORY nor plan.json says
+DEFAULT_DEVICE_MEMORY = {"cuda": 80e9, "cpu": 16e9}
 
 
 class Hardware(NamedTuple):
@@ -114,6 +119,14 @@ def activation_memory(act: float, layers: int, in_flight: int, recompute_interva
         return in_flight * act * layers
     chunks = -(-layers // recompute_interval)
     return in_flight * act * chunks + act * min(recompute_interval, layers)
+
+
+def stage_cut(profile: Profile, stages: int, data_parallel: int, device_memory: float) -> list[int]:
+    """The min-max cut of the profile's layers into ``stages``, no stage's training state over
+    ``device_memory``: the one rule the planner and the job's re-balance (pipeswift_launch)
+    share. PartitionError when no cut fits."""
+    cap = device_memory / state_factor(profile, data_parallel) if profile.param_bytes else None
+    return balanced_boundaries(profile.costs, stages, profile.param_bytes, cap)
 
 
 def _scaled(profile: Profile, mbs: int) -> list[float]:
@@ -241,7 +254,8 @@ def overheads_from_instructions(instructions: dict[str, dict[str, float]], layer
     - per stage: (forward + backward + loading) / m minus the stage's layers;
       ``overhead_s`` = the median over all but the last stage (a single stage: its own), and
       ``last_stage_overhead_s`` = what the last stage pays beyond that (the loss);
-    - ``send_s`` = all send time / the 2 (P - 1) m sends (receives include waiting: left out);
+    - ``send_s`` = one send: the least a stage spent per send in either direction (a send
+      waits for its receiver, as a receive waits for its sender: neither is pure cost);
     - ``step_overhead_s`` = the first stage's optimizer step, gradient reduction and the time
       outside any instruction; in 1F1B the first stage finishes last, so it does not wait there.
     """
@@ -254,14 +268,16 @@ def overheads_from_instructions(instructions: dict[str, dict[str, float]], layer
         per_mb.append(max(0.0, busy / m - layers))
     common = sorted(per_mb[:-1] or per_mb)
     overhead = common[len(common) // 2]
-    sends = sum((instructions.get(str(s)) or {}).get(k, 0.0) for s in range(P)
-                for k in ("SendActivation", "SendGrad"))
+    # a send returns when its receiver has taken it: behind a slow stage it includes waiting,
+    # so the cheapest stage's sends (per micro-batch, each direction) are the cost of one
+    sends = [ins[k] / m for s in range(P) for k in ("SendActivation", "SendGrad")
+             if k in (ins := instructions.get(str(s)) or {})]
     first = instructions.get("0") or {}
     inside = sum(v for k, v in first.items() if k != "step")
     fixed = (first.get("OptimizerStep", 0.0) + first.get("ReduceGrads", 0.0) + first.get("ReduceTiedGrads", 0.0)
              + max(0.0, first.get("step", 0.0) - inside))
     return {"overhead_s": overhead, "last_stage_overhead_s": max(0.0, per_mb[-1] - overhead) if P > 1 else 0.0,
-            "send_s": sends / (2 * (P - 1) * m) if P > 1 else 0.0, "step_overhead_s": fixed}
+            "send_s": min(sends) if P > 1 and sends else 0.0, "step_overhead_s": fixed}
 
 
 CHECKPOINT_BYTES_PER_S = 200e6   # a conservative write bandwidth

@@ -74,6 +74,9 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
     "checkpoint_discarded": {"names": (_strs, False)},
     "end": {"reason": (_str, True), "step": (_count, False),
             "requeue": (lambda v: isinstance(v, bool), False), "error": (_str, False)},
+    "relayout": {"step": (_count, True), "nodes": (_count, False), "boundaries_from": (_ints, True),
+                 "boundaries_to": (_ints, True), "step_s": (_num, False), "predicted_step_s": (_num, False),
+                 "gain_s": (_num, False), "cost_s": (_num, False), "remaining": (_count, False)},
     "layer_profile": {"micro_batch_size": (_count, True), "seconds": (_by_layer(_num), True),
                       "micro_batches": (_count, False), "boundaries": (_ints, False),
                       "samples": (_count, False), "param_bytes": (_by_layer(_count), False),
@@ -198,25 +201,61 @@ def _parse_lines(lines: Iterable[bytes | str]) -> tuple[list[dict[str, Any]], in
 
 def by_attempt(evs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Valid events grouped into attempts, oldest first: the one reading of events into attempts
-    (``pswift status`` and the history both use it). Each: ``attempt``, its ``start`` and ``end``
-    events (or None), its ``steps``, ``checkpoints`` and ``profiles`` (lists of events), and
-    ``ended``: the end event's reason, else "running" for the last attempt and "killed" for an
-    earlier one (a later attempt exists: this one died without writing its end)."""
+    (``pswift status`` and the history both use it). Each: ``attempt``, its first ``start`` and
+    its ``end`` events (or None), its ``steps``, ``checkpoints``, ``profiles``, ``starts`` and
+    ``relayouts`` (lists of events: an in-job re-layout ends one launch of the attempt with
+    reason "relayout" and starts the next, same attempt), and ``ended``: the last launch's end
+    reason, else "running" for the last attempt and "killed" for an earlier one (a later attempt
+    exists: this one died without writing its end)."""
     found: dict[int, dict[str, Any]] = {}
-    lists = {"step": "steps", "checkpoint": "checkpoints", "layer_profile": "profiles"}
+    lists = {"step": "steps", "checkpoint": "checkpoints", "layer_profile": "profiles",
+             "start": "starts", "relayout": "relayouts"}
     for ev in evs:
         a = found.setdefault(ev["attempt"], {"attempt": ev["attempt"], "start": None, "end": None,
-                                             "steps": [], "checkpoints": [], "profiles": []})
+                                             "steps": [], "checkpoints": [], "profiles": [],
+                                             "starts": [], "relayouts": []})
         kind = ev["event"]
-        if kind in ("start", "end"):
-            a[kind] = ev
-        elif kind in lists:
+        if kind == "start":
+            a["start"] = a["start"] or ev
+            a["end"] = None   # a launch after a re-layout: the earlier launch's end is not the attempt's
+        elif kind == "end":
+            a["end"] = ev
+        if kind in lists:
             a[lists[kind]].append(ev)
     ordered = [found[k] for k in sorted(found)]
     for i, a in enumerate(ordered):
         a["ended"] = (a["end"]["reason"] if a["end"] is not None
                       else "running" if i == len(ordered) - 1 else "killed")
     return ordered
+
+
+def relayout_outcomes(attempt: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each in-job re-layout of one attempt (``by_attempt``'s grouping) with what was predicted
+    and what was measured: the median step before it (in its launch, first step left out) and
+    after (the next launch's), the seconds it saved over the steps that followed it, and what it
+    cost (its checkpoint, plus the gap until the next launch had set up and resumed)."""
+    from .stats import median
+    out = []
+    starts = attempt["starts"]
+    for r in attempt["relayouts"]:
+        nxt = next((s for s in starts if s["time"] is not None and r["time"] is not None
+                    and s["time"] >= r["time"]), None)
+        ckpt = next((c for c in reversed(attempt["checkpoints"]) if c["reason"] == "relayout"
+                     and c["step"] == r["step"]), None)
+        later = [e for e in attempt["steps"] if e["step"] > r["step"]]
+        if nxt is not None:
+            later = [e for e in later if e["time"] is None or e["time"] >= nxt["time"]]
+        after = median(float(e["step_time"]) for e in later[1:]) if len(later) > 1 else None
+        cost = None
+        if nxt is not None:
+            cost = nxt["time"] - r["time"] + float((ckpt or {}).get("seconds") or 0.0)
+        out.append({"step": r["step"], "from": r["boundaries_from"], "to": r["boundaries_to"],
+                    "step_s": r["step_s"], "predicted_step_s": r["predicted_step_s"],
+                    "measured_step_s": after, "predicted_gain_s": r["gain_s"],
+                    "measured_gain_s": (None if after is None or r["step_s"] is None
+                                        else (r["step_s"] - after) * len(later)),
+                    "predicted_cost_s": r["cost_s"], "measured_cost_s": cost})
+    return out
 
 
 def read(run_dir: Path | str) -> tuple[list[dict[str, Any]], int]:

@@ -41,3 +41,14 @@ def save(fig: Any, path: Any) -> None:
         raise PswiftError(f"cannot write {path}: {e.strerror}") from None
     finally:
         plt.close(fig)
+
+
+def relayout_line(r: dict[str, Any]) -> str:
+    """One in-job re-layout, predicted against measured (``pswift status`` and ``pswift doctor``)."""
+    def sec(v: Any, unit: str = "s") -> str:
+        return "?" if v is None else f"{v:.3g} {unit}"
+    return (f"re-laid out at step {r['step']}: {r['from']} -> {r['to']}; step {sec(r['step_s'])} -> "
+            f"{sec(r['measured_step_s'])} (predicted {sec(r['predicted_step_s'])}); saved "
+            f"{sec(r['measured_gain_s'])} (predicted {sec(r['predicted_gain_s'])}) for a cost of "
+            f"{sec(r['measured_cost_s'])} (predicted {sec(r['predicted_cost_s'])})")
+

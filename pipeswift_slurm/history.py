@@ -113,6 +113,16 @@ MIGRATIONS: list[str] = [
     """
     CREATE TABLE sacct_state (cluster TEXT PRIMARY KEY, last_end REAL NOT NULL) WITHOUT ROWID;
     """,
+    # 7: in-job re-layouts (re-balanced stage cuts), predicted and measured
+    """
+    ALTER TABLE attempts ADD COLUMN relayouts INTEGER;
+    CREATE TABLE relayouts (
+        job INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, attempt INTEGER NOT NULL,
+        step INTEGER NOT NULL, boundaries_from TEXT, boundaries_to TEXT, step_s REAL,
+        predicted_step_s REAL, measured_step_s REAL, predicted_gain_s REAL, measured_gain_s REAL,
+        predicted_cost_s REAL, measured_cost_s REAL, PRIMARY KEY (job, attempt, step)
+    );
+    """,
 ]
 
 _COLS = ("cluster", "job_id", "start", "name", "user", "partition", "state", "node_count", "nodes",
@@ -244,6 +254,7 @@ class History(Queries):
             _insert(conn, "layer_profiles", got.profiles, ("model_key", "micro_batch_size", "layer"))
             _insert(conn, "pipe_overheads", got.overheads, ("model_key", "micro_batch_size"))
             _insert(conn, "plan_decisions", [{**d, "job": job_pk} for d in got.decisions])
+            _insert(conn, "relayouts", [{**r, "job": job_pk} for r in got.relayouts], ("job", "attempt", "step"))
             _insert(conn, "ingest_state", [{"run_dir": run, "size": size, "mtime": mtime}], ("run_dir",))
             conn.execute("COMMIT")
         except Exception:

@@ -4,6 +4,7 @@ module holds SQL or indexes a row by position."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from typing import Any, Iterator
 
@@ -135,6 +136,15 @@ class Queries:
             "ended, setup_s, load_s, checkpoint_s, train_s, step_mean, step_var, step_p50, "
             "step_p95, start_time, end_time, config_key FROM attempts WHERE job = ? "
             "ORDER BY attempt", [job])]
+
+    def job_relayouts(self, run_dir: str) -> list[dict[str, Any]]:
+        """A pswift run's in-job re-layouts, oldest first, as events.relayout_outcomes gives them."""
+        return [{**dict(r), "from": json.loads(r["boundaries_from"] or "null"),
+                 "to": json.loads(r["boundaries_to"] or "null")} for r in self._named(
+            "SELECT r.attempt, r.step, r.boundaries_from, r.boundaries_to, r.step_s, r.predicted_step_s, "
+            "r.measured_step_s, r.predicted_gain_s, r.measured_gain_s, r.predicted_cost_s, "
+            "r.measured_cost_s FROM relayouts r JOIN jobs j ON j.id = r.job WHERE j.run_dir = ? "
+            "ORDER BY r.attempt, r.step", [run_dir])]
 
     def rollups(self, by: str, user: str | None = None, partition: str | None = None,
                 since: float | None = None, until: float | None = None, state: str | None = None,

@@ -28,7 +28,8 @@ class Layout(NamedTuple):
     micro_batch_size: int
     #: explicit boundaries [0, b1, ..., n_layers]; None = let the job compute them by ``partition``
     boundaries: list[int] | None
-    #: how boundaries were chosen: explicit | uniform | cost | parameters
+    #: how boundaries were chosen: explicit | uniform | cost | parameters | measured (an in-job
+    #: re-layout cut them from the job's measured layer times)
     partition: str
 
 

@@ -23,8 +23,22 @@ def run_local(plan: Plan, plan_path: str, nodes: int, grace_s: float = 60.0) -> 
     """Start ``world_size`` ranks of ``python -m pipeswift_launch``; forward TERM/INT/USR2 to them.
 
     If one rank fails the others are stopped (else they would wait in a collective until the
-    gloo timeout). Returns 0 iff every rank exited 0.
+    gloo timeout). When every rank asks for a re-layout (RELAYOUT_EXIT) the ranks start again,
+    as the batch script does, at most MAX_RELAYOUTS times. Returns 0 iff every rank exited 0.
     """
+    from .plan import MAX_RELAYOUTS, RELAYOUT_EXIT
+    for _ in range(MAX_RELAYOUTS):
+        codes = _launch_once(plan, plan_path, nodes, grace_s, RELAYOUT_EXIT)
+        if not all(c == RELAYOUT_EXIT for c in codes):
+            break
+        print("pswift: re-layout: launching the ranks again", flush=True)
+    else:
+        codes = _launch_once(plan, plan_path, nodes, grace_s, RELAYOUT_EXIT)
+    return 0 if all(c == 0 for c in codes) else max(c if c > 0 else 1 for c in codes if c != 0)
+
+
+def _launch_once(plan: Plan, plan_path: str, nodes: int, grace_s: float, relayout_exit: int) -> list[int]:
+    """One launch of every rank; their exit codes."""
     layout = plan["layouts"][str(nodes)]
     world = int(layout["world_size"])
     port = str(_free_port())
@@ -49,20 +63,23 @@ def run_local(plan: Plan, plan_path: str, nodes: int, grace_s: float = 60.0) -> 
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
                 break
-            if any(c not in (None, 0) for c in codes):
-                for p in procs:
-                    if p.poll() is None:
-                        p.terminate()
-                deadline = time.time() + grace_s
-                while time.time() < deadline and any(p.poll() is None for p in procs):
-                    time.sleep(0.1)
-                for p in procs:
-                    if p.poll() is None:
-                        p.kill()
+            if any(c not in (None, 0, relayout_exit) for c in codes):
+                _stop(procs, grace_s)
                 break
             time.sleep(0.1)
-        codes = [p.wait() for p in procs]
+        return [p.wait() for p in procs]
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    return 0 if all(c == 0 for c in codes) else max(c if c > 0 else 1 for c in codes if c != 0)
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.time() + grace_s
+    while time.time() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.1)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from .planner import PlanResult
 
 PLAN_VERSION = 1
+#: the launcher's exit code when it re-lays out in place (pipeswift_launch.relayout): the batch
+#: script runs it again in the same allocation, at most MAX_RELAYOUTS times an attempt
+RELAYOUT_EXIT = 75
+MAX_RELAYOUTS = 2
 
 
 #: one node count's layout: :class:`~pipeswift_slurm.layouts.Layout` as JSON (its fields, one home)
@@ -85,6 +89,12 @@ class Plan(TypedDict):
     prediction: dict[str, Any] | None
     candidates: list[dict[str, Any]]
     nodes_request: str
+    #: bytes per task slot the planner assumed (None: costmodel.DEFAULT_DEVICE_MEMORY)
+    device_memory: float | None
+    #: 0 as planned; each in-job re-layout rewrites the layouts from measured costs and adds 1
+    revision: int
+    #: the re-layouts so far, oldest first (pipeswift_launch.relayout writes them)
+    relayouts: list[dict[str, Any]]
 
 
 #: what a job cannot run without: a plan.json lacking one is refused when read, in one line
@@ -123,6 +133,7 @@ def _chosen(cfg: TrainConfig, planned: "PlanResult") -> dict[str, Any]:
         # waiting for the chosen count: ask exactly it; starting now: up to it (a requeue may
         # then start on fewer when the cluster shrank)
         "nodes_request": str(ch.nodes) if e.queue_s > 0 or lo == ch.nodes else f"{lo}-{ch.nodes}",
+        "device_memory": planned.hardware.device_memory if planned.hardware else None,
     }
 
 
@@ -154,7 +165,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
     layouts, infeasible = rule_layouts(cfg)
     chosen: dict[str, Any] = {"layouts": {n: lay._asdict() for n, lay in layouts.items()},
                               "infeasible": infeasible, "prediction": None, "candidates": [],
-                              "nodes_request": cfg.resources.nodes_spec}
+                              "nodes_request": cfg.resources.nodes_spec, "device_memory": None}
     if planned is not None and planned.fits_nowhere():  # e.g. every layout would run out of memory
         reasons = sorted({c.rejected for c in planned.candidates if c.rejected})
         raise ConfigError(f"no layout fits: {'; '.join(reasons)}")
@@ -179,11 +190,27 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         "signal_lead_s": signal_lead_s(cfg),
         **_sections(cfg, run_dir),
         **chosen,
+        "revision": 0,
+        "relayouts": [],
     }
 
 
 def write_plan(plan: Plan, path: Path) -> None:
-    Path(path).write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    """plan.json written whole or not at all (a job may rewrite it while peers read it)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def relaid_out(plan: Plan, cuts: dict[str, list[int]], record: dict[str, Any]) -> Plan:
+    """``plan`` after an in-job re-layout: each node count in ``cuts`` gets those boundaries
+    (partition "measured"), the revision goes up by one and ``record`` joins ``relayouts``; later
+    attempts, on any node count, start from the measured cut."""
+    layouts = {n: ({**lay, "boundaries": list(cuts[n]), "partition": "measured"} if n in cuts else lay)
+               for n, lay in plan["layouts"].items()}
+    return {**plan, "layouts": layouts, "revision": int(plan.get("revision") or 0) + 1,  # type: ignore[typeddict-item]
+            "relayouts": [*(plan.get("relayouts") or []), record]}
 
 
 def parse_plan(blob: bytes, where: str = "plan.json") -> Plan:

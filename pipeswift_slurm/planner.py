@@ -15,11 +15,11 @@ from typing import Any
 from . import layouts
 from .config import TrainConfig
 from .costmodel import (STATE_BYTES, Calibration, Hardware, Profile, calibrate, checkpoint_seconds,
-                        estimate_step, state_factor)
+                        estimate_step, stage_cut, state_factor)
 from .errors import ConfigError
 from .fmt import duration
 from .layouts import Layout
-from .partition import PartitionError, balanced_boundaries
+from .partition import PartitionError
 from .queue import ClusterState, WaitEstimate, estimate_wait
 
 DEFAULT_SETUP_S = 30.0
@@ -78,6 +78,7 @@ class PlanResult:
     profile_source: str
     calibration: Calibration
     notes: list[str]
+    hardware: Hardware | None = None
 
     def fits_nowhere(self) -> bool:
         """No layout passes the rules and the cost model (memory): not one that only the queue,
@@ -102,7 +103,6 @@ def _layout(cfg: TrainConfig, profile: Profile, hw: Hardware, nodes: int, P: int
             dp: int) -> tuple[Layout, str | None]:
     """The layout (nodes, P, DP) cut by the profile's costs (no stage's training state over the
     device memory), or why the rules refuse it."""
-    cap = hw.device_memory / state_factor(profile, dp) if profile.param_bytes else None
     r, part = cfg.resources, cfg.pipeline.partition
     layout = Layout(nodes, r.tasks_per_node, nodes * r.tasks_per_node, P, dp, 0,
                     cfg.training.micro_batch_size, None, "cost")
@@ -112,10 +112,10 @@ def _layout(cfg: TrainConfig, profile: Profile, hw: Hardware, nodes: int, P: int
         return layout, str(e)
     try:
         bounds, how = ((list(part), "explicit") if isinstance(part, tuple) else
-                       (list(balanced_boundaries(profile.costs, P, profile.param_bytes, cap)), "cost"))
+                       (stage_cut(profile, P, dp, hw.device_memory), "cost"))
     except PartitionError as e:
         why = f"does not fit: {e}"
-        if cap is not None and max(profile.param_bytes) * state_factor(profile, dp) > 0:
+        if profile.param_bytes and max(profile.param_bytes) * state_factor(profile, dp) > 0:
             state = sum(profile.param_bytes) * state_factor(profile, dp)
             why = (f"does not fit: training state {state / 1e9:.2f} GB over {P} stage(s) x {dp} dp, "
                    f"device memory {hw.device_memory / 1e9:.2f} GB ({e}){_memory_fix(profile, dp)}")
@@ -253,7 +253,7 @@ def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState
     ok = sorted((c for c in cands if c.rejected is None), key=lambda c: (c.estimate.jct_s, -c.nodes))
     bad = [c for c in cands if c.rejected is not None]
     return PlanResult(chosen=ok[0] if ok else None, candidates=ok + bad,
-                      profile_source=profile.source, calibration=calibration, notes=notes)
+                      profile_source=profile.source, calibration=calibration, notes=notes, hardware=hw)
 
 
 def explain(res: PlanResult) -> str:

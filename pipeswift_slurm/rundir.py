@@ -91,11 +91,12 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     out = []
     for a in events.by_attempt(evs):
         start, end = a["start"] or {}, a["end"] or {}
+        now = a["starts"][-1] if a["starts"] else {}   # the layout after any in-job re-layout
         last = a["steps"][-1] if a["steps"] else {}
         out.append({
-            "attempt": a["attempt"], "nodes": start.get("nodes"), "stages": start.get("stages"),
-            "data_parallel": start.get("data_parallel"), "boundaries": start.get("boundaries"),
-            "start_step": start.get("step"),
+            "attempt": a["attempt"], "nodes": now.get("nodes"), "stages": now.get("stages"),
+            "data_parallel": now.get("data_parallel"), "boundaries": now.get("boundaries"),
+            "start_step": start.get("step"), "relayouts": events.relayout_outcomes(a),
             "end_step": end["step"] if end.get("step") is not None else last.get("step"),
             "resumed_from": start.get("resumed_from"), "ended": a["ended"],
             "last_loss": last.get("loss"),

@@ -47,6 +47,7 @@ class RunRows:
     profiles: list[dict[str, Any]]
     overheads: list[dict[str, Any]]
     decisions: list[dict[str, Any]] = field(default_factory=list)   # "job" filled in on insert
+    relayouts: list[dict[str, Any]] = field(default_factory=list)   # "job" filled in on insert
     skipped_events: int = 0
 
 
@@ -194,12 +195,21 @@ def _profile(ev: dict[str, Any], mkey: str, profiles: list, overheads: list) -> 
 
 
 def _attempt_row(a: dict[str, Any], mkey: str, profiles: list, overheads: list) -> dict[str, Any]:
-    """One attempt's row (events.by_attempt's grouping) with its step-time statistics."""
+    """One attempt's row (events.by_attempt's grouping) with its step-time statistics. After an
+    in-job re-layout the row holds the last layout and that layout's steps only (the planner
+    learns each configuration's own step time); setup and load add up over the launches."""
     import statistics   # here, not at the top: a submission that only reads the history skips it
-    row: dict[str, Any] = {"attempt": a["attempt"], "ended": a["ended"],
+    row: dict[str, Any] = {"attempt": a["attempt"], "ended": a["ended"], "relayouts": len(a["relayouts"]),
                            "checkpoint_s": sum(float(c["seconds"] or 0.0) for c in a["checkpoints"])}
-    if a["start"] is not None:
-        _start(row, a["start"], mkey)
+    if a["starts"]:
+        _start(row, a["starts"][-1], mkey)
+        first = a["starts"][0]
+        row.update(start_step=first["step"], resumed_from=first["resumed_from"],
+                   setup_s=_total(s["setup_s"] for s in a["starts"]),
+                   load_s=_total(s["load_s"] for s in a["starts"]))
+        row.pop("start_time", None)
+        if first["time"] is not None and first["setup_s"] is not None:
+            row["start_time"] = first["time"] - first["setup_s"]
     if a["steps"]:
         row["end_step"], row["end_time"] = a["steps"][-1]["step"], a["steps"][-1]["time"]
     if a["end"] is not None:
@@ -209,13 +219,27 @@ def _attempt_row(a: dict[str, Any], mkey: str, profiles: list, overheads: list) 
     for ev in a["profiles"]:
         _profile(ev, mkey, profiles, overheads)
     times = [float(e["step_time"]) for e in a["steps"]]
-    # the first step of an attempt includes warm-up: statistics use the rest when there is one
-    xs = times[1:] if len(times) > 1 else times
+    last = a["starts"][-1] if a["starts"] else None
+    mine = [float(e["step_time"]) for e in a["steps"]
+            if last is None or last["time"] is None or e["time"] is None or e["time"] >= last["time"]]
+    # the first step of a launch includes warm-up: statistics use the rest when there is one
+    xs = mine[1:] if len(mine) > 1 else mine
     row["step_count"] = len(xs)
     if xs:
         row.update(step_mean=statistics.fmean(xs), step_var=statistics.pvariance(xs),
                    step_p50=quantile(xs, 0.5), step_p95=quantile(xs, 0.95), train_s=sum(times))
     return row
+
+
+def _total(xs: Any) -> float | None:
+    got = [float(x) for x in xs if x is not None]
+    return sum(got) if got else None
+
+
+def _relayout_rows(grouped: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"attempt": a["attempt"], **{k: v for k, v in r.items() if k not in ("from", "to")},
+             "boundaries_from": json.dumps(r["from"]), "boundaries_to": json.dumps(r["to"])}
+            for a in grouped for r in events_mod.relayout_outcomes(a)]
 
 
 def _from_events(mkey: str, job: dict[str, Any], evs: list[dict[str, Any]]) -> RunRows:
@@ -230,4 +254,4 @@ def _from_events(mkey: str, job: dict[str, Any], evs: list[dict[str, Any]]) -> R
         job["actual_step_s"] = median(float(e["step_time"]) for a in grouped for e in a["steps"][1:])
         if job["state"] == "completed" and job.get("submit_time") and job.get("end_time"):
             job["actual_jct_s"] = job["end_time"] - job["submit_time"]
-    return RunRows(job, ordered, profiles, overheads)
+    return RunRows(job, ordered, profiles, overheads, relayouts=_relayout_rows(grouped))

@@ -1,1 +1,1 @@
-"""Jinja2 templates of the batch scripts pipeswift-slurm renders (package data only)."""
+"""Templates (``@name`` placeholders) of the batch scripts pipeswift-slurm renders (package data only)."""

@@ -19,7 +19,8 @@ def test_port_differs_per_attempt_and_job():
     a = derive(SLURM).master_port
     b = derive({**SLURM, "SLURM_RESTART_COUNT": "3"}).master_port
     c = derive({**SLURM, "SLURM_JOB_ID": "78"}).master_port
-    assert len({a, b, c}) == 3 and all(20000 <= p < 32768 for p in (a, b, c))  # below the ephemeral ports
+    d = derive({**SLURM, "SLURM_STEP_ID": "1"}).master_port   # the launch after a re-layout
+    assert len({a, b, c, d}) == 4 and all(20000 <= p < 32768 for p in (a, b, c, d))  # below the ephemeral ports
 
 
 def test_explicit_master_wins():

@@ -41,6 +41,18 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+class SlowBlock(Block):
+    """A Block doing its work ``repeat`` times (mean of identical results): ~``repeat`` x slower
+    forward and backward, to show a stage cut from wrong costs being re-balanced."""
+
+    def __init__(self, hidden: int, heads: int, dropout: float = 0.0, repeat: int = 3) -> None:
+        super().__init__(hidden, heads, dropout)
+        self.repeat = repeat
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum(super(SlowBlock, self).forward(x) for _ in range(self.repeat)) / self.repeat
+
+
 class Head(nn.Module):
     def __init__(self, vocab: int, hidden: int) -> None:
         super().__init__()
@@ -52,10 +64,15 @@ class Head(nn.Module):
 
 
 def build_layers(vocab: int = 96, hidden: int = 128, heads: int = 4, blocks: int = 4,
-                 seq_len: int = 32, dropout: float = 0.0) -> list[LayerSpec]:
-    """The pipeline's layers (LayerSpecs: each stage builds only its own)."""
-    return [LayerSpec(Embedding, vocab, hidden, seq_len),
-            *[LayerSpec(Block, hidden, heads, dropout) for _ in range(blocks)],
+                 seq_len: int = 32, dropout: float = 0.0, slow_block: int = -1,
+                 slow_factor: int = 3) -> list[LayerSpec]:
+    """The pipeline's layers (LayerSpecs: each stage builds only its own); block ``slow_block``
+    (0-based, -1: none) does its work ``slow_factor`` times."""
+    def block(i: int) -> LayerSpec:
+        if i == slow_block:
+            return LayerSpec(SlowBlock, hidden, heads, dropout, slow_factor)
+        return LayerSpec(Block, hidden, heads, dropout)
+    return [LayerSpec(Embedding, vocab, hidden, seq_len), *[block(i) for i in range(blocks)],
             LayerSpec(Head, vocab, hidden)]
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 
-#: the rendezvous port of a Slurm attempt: from its job id and attempt, below Linux's ephemeral
+#: the rendezvous port of a Slurm attempt: from its job id, attempt and step, below Linux's ephemeral
 #: range (32768 and up), where any process's outgoing connection may already hold a port
 PORT_BASE, PORT_SPAN = 20000, 12000
 
@@ -60,7 +60,8 @@ def derive(env: Mapping[str, str]) -> DistEnv:
         nodes = _int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES", default=1)
         addr = env.get("MASTER_ADDR") or env.get("SLURM_LAUNCH_NODE_IPADDR") or "127.0.0.1"
         jid = _int(env, "SLURM_JOB_ID", default=0)
-        port = _int(env, "MASTER_PORT", default=PORT_BASE + (jid * 13 + attempt * 7) % PORT_SPAN)
+        step = _int(env, "SLURM_STEP_ID", default=0)   # a re-layout launches a new step
+        port = _int(env, "MASTER_PORT", default=PORT_BASE + (jid * 13 + attempt * 7 + step * 3) % PORT_SPAN)
     else:
         rank = _int(env, "RANK")
         world = _int(env, "WORLD_SIZE")

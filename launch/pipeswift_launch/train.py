@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from pipeswift_slurm import events as events_schema
+from pipeswift_slurm.plan import RELAYOUT_EXIT
 
 from . import checkpoint as ckpt
 from . import data
@@ -23,6 +24,10 @@ from .watchdog import Watchdog, end_attempt
 
 if TYPE_CHECKING:
     from pipeswift_slurm.plan import LayoutSpec, Plan
+
+
+#: the attempt stops to come back with a new cut in the same allocation (not a signal's code)
+STOP_RELAYOUT = 99
 
 
 def _log(rank: int, msg: str) -> None:
@@ -100,6 +105,9 @@ class Attempt:
     ckpt_dir: Path = Path(".")
     model_id: str = ""
     step: int = 0
+    setup_s: float = 0.0
+    load_s: float = 0.0
+    ckpt_s: float | None = None      # the last checkpoint's seconds in this run of the launcher
 
     @property
     def rank(self) -> int:
@@ -124,7 +132,8 @@ def run(plan: Plan, denv: DistEnv, started: float | None = None) -> int:
     _setup(att)
     t_load = time.time()
     resumed_from = _resume(att)
-    _emit_start(att, time.time() - t0, time.time() - t_load if resumed_from else 0.0, resumed_from)
+    att.setup_s, att.load_s = time.time() - t0, time.time() - t_load if resumed_from else 0.0
+    _emit_start(att, att.setup_s, att.load_s, resumed_from)
     stop_code = _train(att)
     return _finish(att, stop_code)
 
@@ -213,6 +222,7 @@ def _save(att: Attempt, reason: str) -> None:
     if att.rank == 0:
         ckpt.prune(att.ckpt_dir, int(t.get("keep_checkpoints") or 2))
     dur = time.time() - ts
+    att.ckpt_s = dur
     att.events.emit("checkpoint", step=att.step, path=str(path), seconds=round(dur, 3), reason=reason,
                     **{k: round(v, 4) for k, v in phases.items()})
     _log(att.rank, f"checkpoint {path.name} committed ({reason}) in {dur:.2f} s")
@@ -236,6 +246,8 @@ def _train(att: Attempt) -> int:
     profiler = LayerProfiler(engine.module, sync=plan["device"] == "cuda")
     timer = InstructionTimer(engine, sync=plan["device"] == "cuda")
     first = att.step  # the profiling window counts from this attempt's first step
+    step_times: list[float] = []
+    relayout = None
     while att.step < steps:
         profiler.active = timer.active = (att.step + 1 - first) in PROFILE_STEPS
         batches = [data_fn(step=att.step, index=dp_rank * m + i, micro_batch_size=mbs, seed=int(t["seed"]),
@@ -247,13 +259,16 @@ def _train(att: Attempt) -> int:
             timer.steps += 1
             timer.seconds["step"] += dt
         att.step = int(engine.global_steps)
+        step_times.append(dt)
         dog.beat(att.step, dt)
         if att.rank == 0:
             lv = float(loss.item())
             att.events.emit("step", step=att.step, loss=lv, loss_hex=lv.hex(), step_time=round(dt, 6))
             print(f"step {att.step}/{steps} loss {lv:.6f} ({dt * 1000:.1f} ms)", flush=True)
         if profiler.handles and (att.step - first == PROFILE_STEPS[-1] or att.step >= steps):
-            _emit_profile(profiler, timer, att)
+            profiled = _emit_profile(profiler, timer, att)
+            if att.step < steps:
+                relayout = _relayout_proposal(att, profiled, step_times[1:])
         # every rank, same point of every step: agree whether anyone was asked to stop
         flag.fill_(float(requested()))
         att.dist.all_reduce(flag, op=att.dist.ReduceOp.MAX)
@@ -261,6 +276,11 @@ def _train(att: Attempt) -> int:
         if stop_code or att.step >= steps or (interval and att.step % interval == 0):
             with dog.paused():
                 _save(att, "signal" if stop_code else "final" if att.step >= steps else "periodic")
+        elif relayout is not None and relayout.go:
+            with dog.paused():
+                _save(att, "relayout")
+            _commit_relayout(att, relayout, profiled)
+            stop_code = STOP_RELAYOUT
         if stop_code:
             break
     dog.stop()
@@ -270,7 +290,10 @@ def _train(att: Attempt) -> int:
 def _finish(att: Attempt, stop_code: int) -> int:
     """Rank 0 decides how the attempt ended (one scontrol call for all); requeue or not."""
     denv, steps = att.denv, int(att.plan["training"]["steps"])
-    decision = [_ending(att.plan, denv, att.step, steps, stop_code) if att.rank == 0 else None]
+    if stop_code == STOP_RELAYOUT:  # every rank knows: the batch script runs the launcher again
+        decision: list[Any] = [("relayout", None, RELAYOUT_EXIT)]
+    else:
+        decision = [_ending(att.plan, denv, att.step, steps, stop_code) if att.rank == 0 else None]
     att.dist.broadcast_object_list(decision, src=0)
     reason, requeue_by, rc = decision[0]
     att.events.emit("end", reason=reason, step=att.step, requeue=requeue_by is not None)
@@ -340,9 +363,9 @@ def _continue_generators(att: Attempt, saved: dict[str, Any] | None, step: int) 
                        "in another layout, so dropout masks from here differ from an uninterrupted run's")
 
 
-def _emit_profile(profiler: LayerProfiler, timer: InstructionTimer, att: Attempt) -> None:
+def _emit_profile(profiler: LayerProfiler, timer: InstructionTimer, att: Attempt) -> dict[str, Any]:
     """Gather every stage's layer times and instruction times (data-parallel rank 0 of each)
-    into one event."""
+    into one event; returns its content (every rank has it)."""
     engine, world = att.engine, att.denv.world_size
     mine = None
     if engine.grid.data_parallel_id == 0:
@@ -362,6 +385,44 @@ def _emit_profile(profiler: LayerProfiler, timer: InstructionTimer, att: Attempt
     att.events.emit("layer_profile", micro_batch_size=att.layout["micro_batch_size"],
                     micro_batches=att.layout["micro_batches"], boundaries=att.boundaries,
                     samples=min(samples, default=0), **merged)
+    return merged
+
+
+def _relayout_proposal(att: Attempt, profiled: dict[str, Any], step_times: list[float]) -> Any:
+    """Rank 0's re-layout proposal, the same on every rank (None: the TOML's explicit cut is
+    the user's and stays)."""
+    from . import relayout
+    if att.layout["partition"] == "explicit":
+        return None
+    done = sum(1 for r in att.plan.get("relayouts") or []
+               if r.get("job_id") == att.denv.job_id and r.get("attempt") == att.denv.attempt)
+    got: list[Any] = [None]
+    if att.rank == 0:
+        got[0] = relayout.propose(att.plan, att.layout, att.boundaries, profiled, step_times, att.step,
+                                  att.setup_s + att.load_s, att.ckpt_s, done)
+        _log(att.rank, f"re-layout {'to ' + str(got[0].boundaries) if got[0].go else 'not needed'}: {got[0].why}")
+    att.dist.broadcast_object_list(got, src=0)
+    return got[0]
+
+
+def _commit_relayout(att: Attempt, proposal: Any, profiled: dict[str, Any]) -> None:
+    """After the checkpoint: plan.json cut from the measured times (rank 0), and the event."""
+    from pipeswift_slurm.plan import relaid_out, write_plan
+
+    from . import relayout
+    if att.rank == 0:
+        profile = relayout.measured_profile(att.plan, att.layout, profiled, att.boundaries)
+        cuts = relayout.cuts_for_all(att.plan, profile) if profile is not None else {}
+        cuts[str(att.denv.nodes)] = proposal.boundaries
+        record = {"job_id": att.denv.job_id, "attempt": att.denv.attempt, "step": att.step,
+                  "nodes": att.denv.nodes, "from": att.boundaries, **proposal.record()}
+        write_plan(relaid_out(att.plan, cuts, record), Path(att.plan["run_dir"]) / "plan.json")
+        att.events.emit("relayout", step=att.step, nodes=att.denv.nodes, boundaries_from=att.boundaries,
+                        boundaries_to=proposal.boundaries, step_s=round(proposal.step_s, 6),
+                        predicted_step_s=round(proposal.predicted_step_s, 6),
+                        gain_s=round(proposal.gain_s, 3), cost_s=round(proposal.cost_s, 3),
+                        remaining=proposal.remaining)
+    att.dist.barrier()
 
 
 def _ending(plan: Plan, denv: DistEnv, step: int, steps: int,

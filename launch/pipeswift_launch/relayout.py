@@ -1,0 +1,134 @@
+"""Re-balance in place: after an attempt's profiling window, cut the stages again from the
+layer times just measured, and re-lay out inside the same allocation when it pays.
+
+Rank 0 proposes (:func:`propose`), every rank follows its answer. The new cut is the planner's
+own rule (:func:`pipeswift_slurm.costmodel.stage_cut`: exact min-max, memory cap included) over
+the measured per-layer times; the cost model turns the old and new cuts into step times, and the
+prediction is anchored to the step time measured now (measured x model(new) / model(old)).
+
+A re-layout happens only when all of these hold (hysteresis: noise never moves a job twice):
+- the cut differs and is predicted at least ``MIN_GAIN`` faster per step;
+- the seconds saved over the remaining steps are at least ``COST_MARGIN`` x its cost: one
+  checkpoint, and this attempt's measured setup and load again (plus a launch);
+- this attempt has re-laid out fewer than ``MAX_RELAYOUTS`` times.
+
+Then every rank commits a checkpoint, rank 0 rewrites plan.json (:func:`pipeswift_slurm.plan.
+relaid_out`: every node count's layout cut from the measured times, the revision up by one, the
+record kept) and the launcher exits with ``RELAYOUT_EXIT``: the batch script starts it again in
+the same allocation, where it resumes from that checkpoint with the new boundaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from pipeswift_slurm.costmodel import (DEFAULT_DEVICE_MEMORY, Hardware, Profile, checkpoint_seconds,
+                                       estimate_step, overheads_from_instructions, stage_cut)
+from pipeswift_slurm.partition import PartitionError
+from pipeswift_slurm.plan import MAX_RELAYOUTS
+from pipeswift_slurm.stats import median
+
+if TYPE_CHECKING:
+    from pipeswift_slurm.plan import LayoutSpec, Plan
+
+MIN_GAIN = 0.10
+COST_MARGIN = 2.0
+#: seconds of a launch not in the measured setup (srun, the interpreter before the launcher)
+LAUNCH_S = 1.0
+
+
+@dataclass
+class Proposal:
+    go: bool
+    why: str
+    boundaries: list[int]
+    step_s: float = 0.0             # measured now (median of the profiled steps)
+    predicted_step_s: float = 0.0   # with the new cut, anchored to step_s
+    remaining: int = 0
+    gain_s: float = 0.0             # predicted seconds saved over the remaining steps
+    cost_s: float = 0.0             # predicted seconds the re-layout costs
+
+    def record(self) -> dict[str, Any]:
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()
+                if k not in ("go", "why")}
+
+
+def measured_profile(plan: Plan, layout: LayoutSpec, profiled: dict[str, Any],
+                     boundaries: Sequence[int]) -> Profile | None:
+    """The job's profile from one layer_profile event's content (every layer present), or None."""
+    n = boundaries[-1]
+    secs = profiled.get("seconds") or {}
+    if any(str(i) not in secs for i in range(n)):
+        return None
+    params = [profiled.get("param_bytes", {}).get(str(i)) for i in range(n)]
+    acts = [profiled.get("activation_bytes", {}).get(str(i)) for i in range(n)]
+    over: dict[str, float] = {}
+    if profiled.get("instructions"):
+        over = overheads_from_instructions(profiled["instructions"], secs, boundaries,
+                                           int(layout["micro_batches"]))
+    t = plan["training"]
+    return Profile(tuple(float(secs[str(i)]) for i in range(n)),
+                   tuple(params) if all(p is not None for p in params) else None,
+                   tuple(acts) if all(a is not None for a in acts) else None,
+                   int(layout["micro_batch_size"]), "measured", **over,
+                   precision=t.get("precision", "fp32"), zero_stage=int(t.get("zero_stage", 0)),
+                   recompute_interval=int(t.get("activation_checkpoint_interval", 0)))
+
+
+def hardware(plan: Plan) -> Hardware:
+    device = plan["device"]
+    return Hardware(device=device, device_memory=plan.get("device_memory") or DEFAULT_DEVICE_MEMORY[device])
+
+
+def propose(plan: Plan, layout: LayoutSpec, boundaries: list[int], profiled: dict[str, Any],
+            step_times: Sequence[float], step: int, launch_cost_s: float, ckpt_s: float | None,
+            done: int) -> Proposal:
+    """Whether to re-lay out now, and why (rank 0; the numbers go into the event and the log)."""
+    keep = Proposal(False, "", list(boundaries))
+    profile = measured_profile(plan, layout, profiled, boundaries)
+    if profile is None or not step_times:
+        keep.why = "no complete layer profile"
+        return keep
+    hw, P, dp = hardware(plan), int(layout["stages"]), int(layout["data_parallel"])
+    try:
+        new = stage_cut(profile, P, dp, hw.device_memory)
+    except PartitionError as e:
+        keep.why = f"no cut fits ({e})"
+        return keep
+    args = (layout["micro_batches"], layout["micro_batch_size"], dp, layout["tasks_per_node"], hw)
+    old_s, new_s = estimate_step(profile, boundaries, *args).step_s, estimate_step(profile, new, *args).step_s
+    p = Proposal(False, "", new, step_s=median(step_times),
+                 remaining=max(0, int(plan["training"]["steps"]) - step))
+    p.predicted_step_s = p.step_s * new_s / old_s if old_s > 0 else p.step_s
+    p.gain_s = (p.step_s - p.predicted_step_s) * p.remaining
+    p.cost_s = launch_cost_s + LAUNCH_S + (ckpt_s if ckpt_s is not None else checkpoint_seconds(profile.param_bytes))
+    p.go, p.why = _verdict(p, list(boundaries), done)
+    return p
+
+
+def _verdict(p: Proposal, old: list[int], done: int) -> tuple[bool, str]:
+    if p.boundaries == old:
+        return False, "the measured cut is the one in use"
+    if done >= MAX_RELAYOUTS:
+        return False, f"already re-laid out {done} time(s) in this attempt (at most {MAX_RELAYOUTS})"
+    if p.predicted_step_s > (1 - MIN_GAIN) * p.step_s:
+        return False, (f"predicted step {p.predicted_step_s:.4g} s vs {p.step_s:.4g} s now: "
+                       f"under {MIN_GAIN:.0%} faster")
+    if p.gain_s < COST_MARGIN * p.cost_s:
+        return False, (f"saves {p.gain_s:.1f} s over {p.remaining} step(s), under {COST_MARGIN:g}x "
+                       f"its cost {p.cost_s:.1f} s")
+    return True, (f"step {p.step_s:.4g} s -> {p.predicted_step_s:.4g} s predicted: saves {p.gain_s:.1f} s "
+                  f"over {p.remaining} step(s) for {p.cost_s:.1f} s")
+
+
+def cuts_for_all(plan: Plan, profile: Profile) -> dict[str, list[int]]:
+    """Every node count's layout cut from the measured profile (its own stages and DP); a count
+    whose cut does not fit keeps its boundaries."""
+    hw, cuts = hardware(plan), {}
+    for n, lay in plan["layouts"].items():
+        try:
+            cuts[n] = stage_cut(profile, int(lay["stages"]), int(lay["data_parallel"]), hw.device_memory)
+        except PartitionError:
+            continue
+    return cuts
