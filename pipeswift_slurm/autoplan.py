@@ -17,6 +17,7 @@ from . import slurm
 from .config import TrainConfig
 from .costmodel import DEFAULT_DEVICE_MEMORY, Hardware, Profile
 from .errors import PswiftError
+from .risk import step_rel_sd
 from .planner import Candidate, PastRuns, PlanResult, plan
 from .queue import ClusterState
 from .stats import median
@@ -71,15 +72,16 @@ def past_runs(cfg: TrainConfig, h: hist_mod.History | None) -> PastRuns:
     if h is None:
         return PastRuns()
     mkey = _model_key(cfg)
-    steps = {k: v["mean"] for k, v in h.config_step_times(mkey).items()}
+    measured = h.config_step_times(mkey)
     setups = h.setup_times(mkey)
-    waits = {}
-    for n in cfg.resources.node_counts:
-        w = h.partition_waits(cfg.job.partition, n)
-        if w:
-            waits[n] = median(w)
-    return PastRuns(step_times=steps, setup_s=median(setups) if setups else None, waits=waits,
-                    preemptions_per_hour=h.preemptions_per_hour(cfg.job.partition))
+    samples = {n: w for n in cfg.resources.node_counts if (w := h.partition_waits(cfg.job.partition, n))}
+    errors = [(e["predicted_step_s"], e["actual_step_s"]) for e in h.recent_errors()]
+    return PastRuns(step_times={k: v["mean"] for k, v in measured.items()},
+                    step_vars={k: v["var"] for k, v in measured.items()},
+                    setup_s=median(setups) if setups else None,
+                    waits={n: median(w) for n, w in samples.items()}, wait_samples=samples,
+                    preemptions_per_hour=h.preemptions_per_hour(cfg.job.partition),
+                    step_rel_sd=step_rel_sd(errors))
 
 
 def step_key_for(cfg: TrainConfig) -> Callable[[Candidate], str]:

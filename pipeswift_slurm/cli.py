@@ -237,7 +237,9 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
 
     JCT = queue wait (live sinfo/squeue) + setup + steps x step time (cost model on per-layer
     costs from the history or [model] layer_costs, calibrated by measured runs) + checkpoints +
-    expected preemption loss. Rejected candidates say why.
+    expected preemption loss. p10-p90: the JCT's band from the step model's measured error,
+    step-time variance, past queue waits and the partition's preemption rate; [job] objective
+    ranks by the mean (default), p50 or p90. Rejected candidates say why.
 
     Examples:
 
@@ -266,17 +268,18 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
         return
     con = Console(highlight=False, markup=False, soft_wrap=True, width=max(140, shutil.get_terminal_size().columns))
     table = Table("nodes", "PxDP", "m", "boundaries", "queue", "setup", "step", "train", "ckpt",
-                  "preempt", "JCT", "")
+                  "preempt", "JCT", "p10-p90", "")
     f = lambda s: f"{s:.0f}" if s >= 10 else f"{s:.3g}"  # noqa: E731
     for i, c in enumerate(res.candidates):
         e = c.estimate
         if e is None:
             table.add_row(str(c.nodes), f"{c.stages}x{c.data_parallel}", str(c.micro_batches),
-                          "", "", "", "", "", "", "", "", f"rejected: {c.rejected}")
+                          "", "", "", "", "", "", "", "", "", f"rejected: {c.rejected}")
             continue
         table.add_row(str(c.nodes), f"{c.stages}x{c.data_parallel}", str(c.micro_batches),
                       str(c.boundaries), f(e.queue_s), f(e.setup_s), f"{e.step_s:.4g}", f(e.train_s),
                       f(e.checkpoint_s), f(e.preemption_s), f(e.jct_s),
+                      f"{f(e.jct_p10_s)}-{f(e.jct_p90_s)}" if e.jct_p90_s is not None else "",
                       "chosen" if c is res.chosen else f"#{i + 1}")
     con.print(f"profile: {res.profile_source}; seconds" + "".join(f"; {n}" for n in res.notes), markup=False)
     con.print(table)
@@ -291,6 +294,12 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
         if je:
             line += f", JCT {median(je):.0%}"
         con.print(line + " (median |predicted - actual| / actual)")
+        from .risk import band_coverage
+        inside, counted = band_coverage([(e["predicted_jct_p10_s"], e["predicted_jct_p90_s"], e["actual_jct_s"])
+                                         for e in errors])
+        if counted:
+            con.print(f"JCT band coverage: {inside} of {counted} actual JCT(s) inside the predicted "
+                      f"p10-p90 band ({inside / counted:.0%}; 80% is calibrated)")
 
 
 def _floats(opt: str, text: str | None) -> list[float] | None:

@@ -39,6 +39,8 @@ class JobSection(NamedTuple):
     sbatch_options: tuple[str, ...] = ()
     max_requeues: int = 3
     python: str | None = None
+    #: what the planner minimises: the expected JCT, or its median or 90th percentile (risk)
+    objective: str = "mean"
 
     @property
     def time_seconds(self) -> int | None:
@@ -264,8 +266,13 @@ def _check_keys(section: str, table: dict[str, Any], valid: tuple[str, ...],
             raise ConfigError(f"missing required key {_where(section, key)}")
 
 
+#: [job] objective: expected JCT, or a quantile of its distribution (pipeswift_slurm.risk)
+OBJECTIVES = ("mean", "p50", "p90")
+
+
 def _job(t: dict[str, Any]) -> JobSection:
-    valid = ("name", "partition", "time", "account", "qos", "sbatch_options", "max_requeues", "python")
+    valid = ("name", "partition", "time", "account", "qos", "sbatch_options", "max_requeues", "python",
+             "objective")
     _check_keys("job", t, valid, ("name",))
     time = t.get("time")
     if time is not None:
@@ -296,6 +303,7 @@ def _job(t: dict[str, Any]) -> JobSection:
         sbatch_options=tuple(opts),
         max_requeues=_int("job", "max_requeues", t.get("max_requeues", 3), lo=0),
         python=_str("job", "python", t["python"]) if "python" in t else None,
+        objective=_choice("job", "objective", t.get("objective", "mean"), OBJECTIVES),
     )
 
 

@@ -113,9 +113,12 @@ MIGRATIONS: list[str] = [
     """
     CREATE TABLE sacct_state (cluster TEXT PRIMARY KEY, last_end REAL NOT NULL) WITHOUT ROWID;
     """,
-    # 7: in-job re-layouts (re-balanced stage cuts), predicted and measured
+    # 7: in-job re-layouts (re-balanced stage cuts), predicted and measured; the JCT band
     """
     ALTER TABLE attempts ADD COLUMN relayouts INTEGER;
+    ALTER TABLE jobs ADD COLUMN predicted_jct_p10_s REAL;
+    ALTER TABLE jobs ADD COLUMN predicted_jct_p50_s REAL;
+    ALTER TABLE jobs ADD COLUMN predicted_jct_p90_s REAL;
     CREATE TABLE relayouts (
         job INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, attempt INTEGER NOT NULL,
         step INTEGER NOT NULL, boundaries_from TEXT, boundaries_to TEXT, step_s REAL,

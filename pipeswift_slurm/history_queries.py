@@ -60,18 +60,20 @@ class Queries:
         return dict(zip(("overhead_s", "last_stage_overhead_s", "send_s", "step_overhead_s"), row))
 
     def config_step_times(self, mkey: str) -> dict[str, dict[str, float]]:
-        """Measured step time per config of a model: {config_key: {mean, p50, p95, count}}."""
+        """Measured step time per config of a model: {config_key: {mean, var, p50, p95, count}}
+        (var: the attempts' per-step variances pooled, each around its own mean)."""
         out: dict[str, dict[str, float]] = {}
-        q = ("SELECT a.config_key, a.step_count, a.step_mean, a.step_p50, a.step_p95 FROM attempts a "
-             "JOIN jobs j ON j.id = a.job WHERE j.model_key = ? AND a.step_count > 0")
-        acc: dict[str, list[tuple[int, float, float, float]]] = {}
-        for key, n, mean, p50, p95 in self.conn.execute(q, [mkey]):
-            acc.setdefault(key, []).append((n, mean, p50, p95))
+        q = ("SELECT a.config_key, a.step_count, a.step_mean, a.step_var, a.step_p50, a.step_p95 "
+             "FROM attempts a JOIN jobs j ON j.id = a.job WHERE j.model_key = ? AND a.step_count > 0")
+        acc: dict[str, list[tuple[int, float, float, float, float]]] = {}
+        for key, n, mean, var, p50, p95 in self.conn.execute(q, [mkey]):
+            acc.setdefault(key, []).append((n, mean, var or 0.0, p50, p95))
         for key, per_attempt in acc.items():
             n = sum(a[0] for a in per_attempt)
             out[key] = {"count": n, "mean": sum(a[0] * a[1] for a in per_attempt) / n,
-                        "p50": sum(a[0] * a[2] for a in per_attempt) / n,
-                        "p95": max(a[3] for a in per_attempt)}
+                        "var": sum(a[0] * a[2] for a in per_attempt) / n,
+                        "p50": sum(a[0] * a[3] for a in per_attempt) / n,
+                        "p95": max(a[4] for a in per_attempt)}
         return out
 
     def setup_times(self, mkey: str) -> list[float]:
@@ -81,13 +83,12 @@ class Queries:
             "AND a.setup_s IS NOT NULL", [mkey])]
 
     def recent_errors(self, limit: int = 20) -> list[dict[str, Any]]:
-        """Predicted vs actual step time and JCT of the most recent finished, planned jobs."""
-        rows = self.conn.execute(
-            "SELECT job_id, name, predicted_step_s, actual_step_s, predicted_jct_s, actual_jct_s "
-            "FROM jobs WHERE predicted_step_s IS NOT NULL AND actual_step_s IS NOT NULL "
-            "ORDER BY end_time DESC LIMIT ?", [limit])
-        return [dict(zip(("job_id", "name", "predicted_step_s", "actual_step_s", "predicted_jct_s",
-                          "actual_jct_s"), r)) for r in rows]
+        """Predicted vs actual step time and JCT (with the predicted p10-p90 band) of the most
+        recent finished, planned jobs."""
+        return [dict(r) for r in self._named(
+            "SELECT job_id, name, predicted_step_s, actual_step_s, predicted_jct_s, actual_jct_s, "
+            "predicted_jct_p10_s, predicted_jct_p90_s FROM jobs WHERE predicted_step_s IS NOT NULL "
+            "AND actual_step_s IS NOT NULL ORDER BY end_time DESC LIMIT ?", [limit])]
 
     def preemptions_per_hour(self, partition: str | None, days: float = 30.0,
                              now: float | None = None) -> float:

@@ -129,7 +129,8 @@ def _chosen(cfg: TrainConfig, planned: "PlanResult") -> dict[str, Any]:
         "candidates": [c.to_dict() for c in planned.candidates],
         "prediction": {"nodes": ch.nodes, "step_s": e.step_s, "jct_s": e.jct_s, "queue_s": e.queue_s,
                        "train_s": e.train_s, "step_source": e.step_source,
-                       "profile_source": planned.profile_source},
+                       "jct_p10_s": e.jct_p10_s, "jct_p50_s": e.jct_p50_s, "jct_p90_s": e.jct_p90_s,
+                       "objective": cfg.job.objective, "profile_source": planned.profile_source},
         # waiting for the chosen count: ask exactly it; starting now: up to it (a requeue may
         # then start on fewer when the cluster shrank)
         "nodes_request": str(ch.nodes) if e.queue_s > 0 or lo == ch.nodes else f"{lo}-{ch.nodes}",

@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import layouts
+from . import layouts, risk
 from .config import TrainConfig
 from .costmodel import (STATE_BYTES, Calibration, Hardware, Profile, calibrate, checkpoint_seconds,
                         estimate_step, stage_cut, state_factor)
@@ -36,6 +36,10 @@ class Estimate:
     jct_s: float
     step_source: str
     queue_why: str = ""
+    #: the JCT's 10th / 50th / 90th percentiles (pipeswift_slurm.risk)
+    jct_p10_s: float | None = None
+    jct_p50_s: float | None = None
+    jct_p90_s: float | None = None
 
 
 @dataclass
@@ -69,6 +73,10 @@ class PastRuns:
     setup_s: float | None = None
     preemptions_per_hour: float = 0.0
     waits: dict[int, float] = field(default_factory=dict)          # nodes -> median queue wait
+    wait_samples: dict[int, list[float]] = field(default_factory=dict)   # nodes -> past waits
+    step_vars: dict[str, float] = field(default_factory=dict)      # config_key -> per-step variance
+    #: the step model's relative error measured on past jobs (None: too few to say)
+    step_rel_sd: float | None = None
 
 
 @dataclass
@@ -79,6 +87,7 @@ class PlanResult:
     calibration: Calibration
     notes: list[str]
     hardware: Hardware | None = None
+    objective: str = "mean"
 
     def fits_nowhere(self) -> bool:
         """No layout passes the rules and the cost model (memory): not one that only the queue,
@@ -88,7 +97,7 @@ class PlanResult:
     def best_per_nodes(self) -> dict[int, Candidate]:
         best: dict[int, Candidate] = {}
         for c in self.candidates:
-            if c.rejected is None and (c.nodes not in best or c.estimate.jct_s < best[c.nodes].estimate.jct_s):
+            if c.rejected is None and (c.nodes not in best or score(c, self.objective) < score(best[c.nodes], self.objective)):
                 best[c.nodes] = c
         return best
 
@@ -215,6 +224,49 @@ def _wait(cfg: TrainConfig, c: Candidate, cluster: ClusterState | None, history:
     return WaitEstimate(wait, w.free_now, w.usable, f"sbatch --test-only: starts in {duration(wait)}")
 
 
+def _band(cfg: TrainConfig, c: Candidate, history: PastRuns, live: bool, step_key: Any) -> None:
+    """The candidate's JCT percentiles from its estimate and what the history knows."""
+    t, e = cfg.training, c.estimate
+    terms = risk.JctTerms(
+        queue_s=e.queue_s, setup_s=e.setup_s, steps=t.steps, step_s=e.step_s,
+        checkpoint_s=e.checkpoint_s, step_source=e.step_source,
+        step_var=history.step_vars.get(step_key(c)) if step_key is not None else None,
+        rel_sd=history.step_rel_sd if e.step_source != "measured" else None,
+        queue_samples=() if live else history.wait_samples.get(c.nodes, ()),
+        preemptions_per_s=history.preemptions_per_hour / 3600,
+        checkpoint_interval_s=t.checkpoint_interval * e.step_s if t.checkpoint_interval else 0.0)
+    e.jct_p10_s, e.jct_p50_s, e.jct_p90_s = risk.jct_band(terms)
+
+
+def score(c: Candidate, objective: str) -> float:
+    """What the planner minimises for a feasible candidate ([job] objective)."""
+    e = c.estimate
+    got = {"mean": e.jct_s, "p50": e.jct_p50_s, "p90": e.jct_p90_s}[objective]
+    return e.jct_s if got is None else got
+
+
+#: candidates (best by mean JCT, plus each node count's best) that get a JCT band: sampling
+#: every one of a worst-case config's hundreds would cost seconds at submit time
+BANDED = 32
+
+
+def _rank(cfg: TrainConfig, ok: list[Candidate], history: PastRuns, live: bool, step_key: Any) -> list[Candidate]:
+    """Feasible candidates in the objective's order; the best by mean get their JCT bands."""
+    ok = sorted(ok, key=lambda c: (c.estimate.jct_s, -c.nodes))
+    firsts = {}
+    for c in ok:
+        firsts.setdefault(c.nodes, c)
+    top = {id(c) for c in ok[:BANDED]}
+    banded = ok[:BANDED] + [c for c in firsts.values() if id(c) not in top]
+    for c in banded:
+        _band(cfg, c, history, live, step_key)
+    if cfg.job.objective == "mean":
+        return ok
+    ranked = sorted(banded, key=lambda c: (score(c, cfg.job.objective), -c.nodes))
+    done = {id(c) for c in banded}
+    return ranked + [c for c in ok if id(c) not in done]
+
+
 def _complete(cfg: TrainConfig, c: Candidate, w: WaitEstimate, setup: float, ckpt_s: float,
               history: PastRuns) -> None:
     """Fill the candidate's JCT terms around its step time."""
@@ -250,10 +302,11 @@ def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState
             c.rejected, c.estimate, c.never_starts = f"never starts: {w.why}", None, True
             continue
         _complete(cfg, c, w, setup, ckpt_s, history)
-    ok = sorted((c for c in cands if c.rejected is None), key=lambda c: (c.estimate.jct_s, -c.nodes))
+    ok = _rank(cfg, [c for c in cands if c.rejected is None], history, cluster is not None, step_key)
     bad = [c for c in cands if c.rejected is not None]
     return PlanResult(chosen=ok[0] if ok else None, candidates=ok + bad,
-                      profile_source=profile.source, calibration=calibration, notes=notes, hardware=hw)
+                      profile_source=profile.source, calibration=calibration, notes=notes, hardware=hw,
+                      objective=cfg.job.objective)
 
 
 def explain(res: PlanResult) -> str:
@@ -265,7 +318,9 @@ def explain(res: PlanResult) -> str:
     lines = [f"chosen: {c.nodes} node(s), {c.stages} stage(s) x {c.data_parallel} dp, m={c.micro_batches}, "
              f"boundaries {c.boundaries}: JCT {duration(e.jct_s)} = queue {duration(e.queue_s)} + setup {duration(e.setup_s)} "
              f"+ train {duration(e.train_s)} ({e.step_s:.4g} s/step, {e.step_source}) + checkpoints "
-             f"{duration(e.checkpoint_s)} + preemption {duration(e.preemption_s)}"]
+             f"{duration(e.checkpoint_s)} + preemption {duration(e.preemption_s)}"
+             + (f"; p10-p90 {duration(e.jct_p10_s)}-{duration(e.jct_p90_s)}, ranked by "
+                f"{'the mean' if res.objective == 'mean' else res.objective}" if e.jct_p90_s is not None else "")]
     best = res.best_per_nodes()
     for n, o in sorted(best.items()):
         if n == c.nodes:

@@ -137,6 +137,9 @@ def rows(run: str, files: RunFiles, owner: Owner) -> RunRows | None:
         "submit_time": number(plan.get("submitted_at")), "chosen_nodes": number(pred.get("nodes")),
         "predicted_step_s": number(pred.get("step_s")), "predicted_jct_s": number(pred.get("jct_s")),
         "predicted_queue_s": number(pred.get("queue_s")), "job_id": job_id,
+        "predicted_jct_p10_s": number(pred.get("jct_p10_s")),
+        "predicted_jct_p50_s": number(pred.get("jct_p50_s")),
+        "predicted_jct_p90_s": number(pred.get("jct_p90_s")),
     }
     out = _from_events(mkey, job, evs)
     out.decisions = _decisions(plan)
