@@ -44,10 +44,11 @@ def _layer_costs(cfg: TrainConfig, h: hist_mod.History | None) -> Profile | None
         got = h.layer_profile(_model_key(cfg))
         n = cfg.layer_count
         if got is not None and (n is None or len(got[1]) == n):
-            mbs, secs, params, acts = got
+            mbs, secs, params, acts, saved = got
             over = h.pipe_overheads(_model_key(cfg), mbs) or {}
             return Profile(tuple(secs), tuple(params) if any(params) else None,
-                           tuple(acts) if any(acts) else None, mbs, "history", **over)
+                           tuple(acts) if any(acts) else None, mbs, "history", **over,
+                           saved_bytes=tuple(saved) if all(x is not None for x in saved) else None)
     if cfg.model.layer_costs is not None:
         return Profile(cfg.model.layer_costs, cfg.model.layer_memory, None,
                        cfg.training.micro_batch_size, "toml")

@@ -79,6 +79,8 @@ class ModelSection(NamedTuple):
 class TrainingSection(NamedTuple):
     steps: int
     global_batch_size: int
+    #: the micro-batch size [model] layer_costs are for: the TOML's integer, the first size of a
+    #: list, 1 (one sample) with "auto"
     micro_batch_size: int
     #: "module:function", or {"tokens": path, "dtype", "seq_len"}, or {"dataset": "module:fn",
     #: "kwargs"} (see pipeswift_launch/data.py)
@@ -105,6 +107,13 @@ class TrainingSection(NamedTuple):
     #: time) ends the attempt and requeues it (the hung rank's node excluded where possible)
     hang_timeout_factor: float = 10.0
     hang_timeout_min_s: float = 300.0
+    #: the micro-batch sizes the planner may choose from (a list, or every power of two dividing
+    #: the global batch with "auto"); () = micro_batch_size only
+    micro_batch_sizes: tuple[int, ...] = ()
+
+    @property
+    def micro_batch_options(self) -> tuple[int, ...]:
+        return self.micro_batch_sizes or (self.micro_batch_size,)
 
 
 class PipelineSection(NamedTuple):
@@ -453,6 +462,23 @@ def _choice(section: str, key: str, v: Any, choices: tuple[Any, ...]) -> Any:
     return v
 
 
+def _micro_batch_sizes(v: Any, gbs: int) -> tuple[int, ...]:
+    """The sizes a list or "auto" gives the planner (() for an integer: that size only)."""
+    if v == "auto":   # every power of two dividing the batch, at most LIMITS micro-batches a step
+        return tuple(1 << k for k in range(gbs.bit_length())
+                     if gbs % (1 << k) == 0 and gbs >> k <= LIMITS["micro_batches"])
+    if not isinstance(v, list):
+        return ()
+    if not v or len(v) > 32:
+        raise ConfigError(f"[training] micro_batch_size list has {len(v)} sizes: give 1 to 32, or \"auto\"")
+    sizes = [_int("training", "micro_batch_size", x) for x in v]
+    bad = [x for x in sizes if gbs % x]
+    if bad:
+        raise ConfigError(f"[training] micro_batch_size {bad} do not divide global_batch_size = {gbs}: "
+                          f"use divisors of {gbs}")
+    return tuple(dict.fromkeys(sizes))
+
+
 def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
     valid = ("steps", "global_batch_size", "micro_batch_size", "data", "seed", "optimizer",
              "ds_config", "gradient_clipping", "precision", "zero_stage",
@@ -469,8 +495,9 @@ def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
     ckpt_dir = None
     if "checkpoint_dir" in t:
         ckpt_dir = (base_dir / _str("training", "checkpoint_dir", t["checkpoint_dir"])).resolve()
-    mbs = _int("training", "micro_batch_size", t["micro_batch_size"])
     gbs = _int("training", "global_batch_size", t["global_batch_size"])
+    options = _micro_batch_sizes(t["micro_batch_size"], gbs)
+    mbs = options[0] if options else _int("training", "micro_batch_size", t["micro_batch_size"])
     if gbs % mbs:
         raise ConfigError(f"[training] global_batch_size = {gbs} is not a multiple of "
                           f"micro_batch_size = {mbs}: pick a global batch in "
@@ -498,6 +525,7 @@ def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
         keep_checkpoints=_int("training", "keep_checkpoints", t.get("keep_checkpoints", 2), lo=2),
         hang_timeout_factor=_float("training", "hang_timeout_factor", t.get("hang_timeout_factor", 10.0), lo=2.0),
         hang_timeout_min_s=_float("training", "hang_timeout_min_s", t.get("hang_timeout_min_s", 300.0), lo=1.0),
+        micro_batch_sizes=options,
     )
 
 

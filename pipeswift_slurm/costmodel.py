@@ -84,6 +84,9 @@ class Profile(NamedTuple):
     precision: str = "fp32"
     zero_stage: int = 0
     recompute_interval: int = 0
+    #: bytes each layer keeps for its backward per micro-batch (autograd's saved tensors,
+    #: parameters left out), measured by the launcher; None: estimated from layer outputs
+    saved_bytes: tuple[int, ...] | None = None
 
     def scaled(self, factor: float) -> "Profile":
         """Every time in the profile times ``factor`` (a calibration: this host runs slower)."""
@@ -110,6 +113,22 @@ def state_factor(profile: Profile, data_parallel: int) -> float:
     """Training state on one rank per fp32 parameter byte (4 for fp32 without ZeRO)."""
     weights, grads, rest, sharded = STATE_BYTES[(profile.precision, profile.zero_stage)]
     return (weights + grads + rest / (data_parallel if sharded else 1)) / 4
+
+
+def stage_activations(profile: Profile, a: int, b: int, micro_batch_size: int, in_flight: int) -> float:
+    """Bytes of activations the stage of layers [a, b) keeps at its peak: ``in_flight``
+    micro-batches' saved tensors (measured), or the layer-output estimate without them."""
+    scale = micro_batch_size / profile.micro_batch_size
+    saved, act, r = profile.saved_bytes, profile.activation_bytes, profile.recompute_interval
+    if saved is None:
+        out = (act[b - 1] * scale) if act else 0.0
+        return activation_memory(out, b - a, in_flight, r)
+    if not r:
+        return in_flight * sum(saved[a:b]) * scale
+    # recompute: each chunk keeps its input; one chunk's saved tensors live while it recomputes
+    chunks = range(a, b, r)
+    kept = sum((act[c - 1] if c > 0 and act else 0.0) for c in chunks)
+    return (in_flight * kept + max(sum(saved[c:min(c + r, b)]) for c in chunks)) * scale
 
 
 def activation_memory(act: float, layers: int, in_flight: int, recompute_interval: int) -> float:
@@ -190,11 +209,9 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
     step = makespan + allreduce + optimizer
     memory = []
     for s in range(P):
-        a = (act[boundaries[s + 1] - 1] * micro_batch_size / profile.micro_batch_size) if act else 0.0
-        in_flight = sim.peak_in_flight[s]
         memory.append(state_factor(profile, data_parallel) * params[s]
-                      + activation_memory(a, boundaries[s + 1] - boundaries[s], in_flight,
-                                          profile.recompute_interval))
+                      + stage_activations(profile, boundaries[s], boundaries[s + 1], micro_batch_size,
+                                          sim.peak_in_flight[s]))
     return StepEstimate(step_s=step, compute_s=compute * contention, p2p_s=2 * (P - 1) * p2p,
                         allreduce_s=allreduce, optimizer_s=optimizer, contention=contention,
                         bubble_ratio=sim.bubble_ratio, stage_memory=tuple(memory),

@@ -81,6 +81,7 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
                       "micro_batches": (_count, False), "boundaries": (_ints, False),
                       "samples": (_count, False), "param_bytes": (_by_layer(_count), False),
                       "activation_bytes": (_by_layer(_count), False),
+                      "saved_bytes": (_by_layer(_count), False),
                       "instructions": (_instructions, False)},
 }
 COMMON: dict[str, tuple[Check, bool]] = {

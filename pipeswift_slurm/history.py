@@ -119,6 +119,7 @@ MIGRATIONS: list[str] = [
     ALTER TABLE jobs ADD COLUMN predicted_jct_p10_s REAL;
     ALTER TABLE jobs ADD COLUMN predicted_jct_p50_s REAL;
     ALTER TABLE jobs ADD COLUMN predicted_jct_p90_s REAL;
+    ALTER TABLE layer_profiles ADD COLUMN saved_bytes INTEGER;
     CREATE TABLE relayouts (
         job INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, attempt INTEGER NOT NULL,
         step INTEGER NOT NULL, boundaries_from TEXT, boundaries_to TEXT, step_s REAL,

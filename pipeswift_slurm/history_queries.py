@@ -39,16 +39,18 @@ class Queries:
         return cur.execute(sql, params)
 
     # ------------------------------------------------------------------------- the planner
-    def layer_profile(self, mkey: str) -> tuple[int, list[float], list[int], list[int]] | None:
-        """(micro_batch_size, seconds, param bytes, activation bytes per layer), newest profile."""
+    def layer_profile(self, mkey: str) -> tuple[int, list[float], list[int], list[int], list[int | None]] | None:
+        """(micro_batch_size, seconds, param bytes, activation bytes, saved bytes per layer),
+        newest profile (saved bytes None where not measured)."""
         rows = list(self.conn.execute(
-            "SELECT micro_batch_size, layer, seconds, param_bytes, activation_bytes FROM layer_profiles "
-            "WHERE model_key = ? ORDER BY updated DESC, layer", [mkey]))
+            "SELECT micro_batch_size, layer, seconds, param_bytes, activation_bytes, saved_bytes "
+            "FROM layer_profiles WHERE model_key = ? ORDER BY updated DESC, layer", [mkey]))
         if not rows:
             return None
         mbs = rows[0][0]
         mine = sorted((r for r in rows if r[0] == mbs), key=lambda r: r[1])
-        return mbs, [r[2] for r in mine], [int(r[3] or 0) for r in mine], [int(r[4] or 0) for r in mine]
+        return (mbs, [r[2] for r in mine], [int(r[3] or 0) for r in mine], [int(r[4] or 0) for r in mine],
+                [r[5] for r in mine])
 
     def pipe_overheads(self, mkey: str, micro_batch_size: int) -> dict[str, float] | None:
         """The engine's overheads outside the layers for this model (newest profile)."""

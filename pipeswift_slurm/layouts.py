@@ -52,10 +52,35 @@ def splits(cfg: TrainConfig, nodes: int) -> list[tuple[int, int]]:
             and (p.data_parallel is None or world // P == p.data_parallel)]
 
 
-def micro_batches(cfg: TrainConfig, dp: int) -> int:
-    """m for DP data-parallel replicas; ConfigError with the fix when the batch does not divide."""
+def micro_batch_sizes(cfg: TrainConfig, dp: int) -> list[int]:
+    """The micro-batch sizes the TOML allows with DP data-parallel replicas: each of its options
+    that divides the batch into at most LIMITS micro-batches (and gives [pipeline] micro_batches
+    when that is fixed). A single size is returned as is: :func:`micro_batches` says what is
+    wrong with it."""
     t, p = cfg.training, cfg.pipeline
-    mbs, gbs = t.micro_batch_size, t.global_batch_size
+    options = t.micro_batch_options
+    if len(options) == 1:
+        return list(options)
+    ok = [mbs for mbs in options if t.global_batch_size % (mbs * dp) == 0
+          and t.global_batch_size // (mbs * dp) <= LIMITS["micro_batches"]
+          and (p.micro_batches == "auto" or mbs * int(p.micro_batches) * dp == t.global_batch_size)]
+    return ok or [options[0]]
+
+
+def rule_micro_batch_size(cfg: TrainConfig, stages: int, dp: int) -> int:
+    """The TOML's own choice among its sizes when no profile can weigh them: the largest with
+    m >= 2 x stages (a 1F1B bubble under a third), else the smallest."""
+    sizes = sorted(micro_batch_sizes(cfg, dp))
+    gbs = cfg.training.global_batch_size
+    deep = [mbs for mbs in sizes if gbs // (mbs * dp) >= 2 * stages]
+    return deep[-1] if deep else sizes[0]
+
+
+def micro_batches(cfg: TrainConfig, dp: int, mbs: int | None = None) -> int:
+    """m for DP data-parallel replicas of micro-batches of ``mbs`` (default the TOML's); ConfigError
+    with the fix when the batch does not divide."""
+    t, p = cfg.training, cfg.pipeline
+    mbs, gbs = mbs or t.micro_batch_size, t.global_batch_size
     if p.micro_batches == "auto":
         if gbs % (mbs * dp):
             raise ConfigError(f"global_batch_size {gbs} is not divisible by micro_batch_size {mbs} x "
@@ -75,8 +100,10 @@ def micro_batches(cfg: TrainConfig, dp: int) -> int:
     return m
 
 
-def check(cfg: TrainConfig, nodes: int, stages: int, dp: int, n_layers: int | None) -> int:
-    """m of the layout (nodes, P, DP) after every rule; ConfigError says which rule fails."""
+def check(cfg: TrainConfig, nodes: int, stages: int, dp: int, n_layers: int | None,
+          mbs: int | None = None) -> int:
+    """m of the layout (nodes, P, DP, micro-batch size) after every rule; ConfigError says which
+    rule fails."""
     if n_layers is not None and stages > n_layers:
         raise ConfigError(f"{stages} stages > {n_layers} layers on {_slots(cfg, nodes)}: every stage "
                           f"needs a layer; give fewer nodes/tasks or set data_parallel")
@@ -84,7 +111,7 @@ def check(cfg: TrainConfig, nodes: int, stages: int, dp: int, n_layers: int | No
     if isinstance(part, tuple) and len(part) - 1 != stages:
         raise ConfigError(f"[pipeline] partition {list(part)} has {len(part) - 1} stages but this "
                           f"layout needs {stages}; drop the explicit boundaries or fix the nodes")
-    return micro_batches(cfg, dp)
+    return micro_batches(cfg, dp, mbs)
 
 
 def _rule_split(cfg: TrainConfig, nodes: int) -> tuple[int, int]:
@@ -117,12 +144,13 @@ def layout_for(cfg: TrainConfig, nodes: int) -> Layout:
     """The layout for ``nodes`` allocated nodes by the TOML's own rule; ConfigError names the
     numbers and the fix."""
     stages, dp = _rule_split(cfg, nodes)
-    m = check(cfg, nodes, stages, dp, cfg.layer_count)
+    mbs = rule_micro_batch_size(cfg, stages, dp)
+    m = check(cfg, nodes, stages, dp, cfg.layer_count, mbs)
     bounds, how = _boundaries(cfg, stages)
     r = cfg.resources
     return Layout(nodes=nodes, tasks_per_node=r.tasks_per_node, world_size=nodes * r.tasks_per_node,
                   stages=stages, data_parallel=dp, micro_batches=m,
-                  micro_batch_size=cfg.training.micro_batch_size, boundaries=bounds, partition=how)
+                  micro_batch_size=mbs, boundaries=bounds, partition=how)
 
 
 def _boundaries(cfg: TrainConfig, stages: int) -> tuple[list[int] | None, str]:

@@ -109,14 +109,13 @@ class PlanResult:
 
 
 def _layout(cfg: TrainConfig, profile: Profile, hw: Hardware, nodes: int, P: int,
-            dp: int) -> tuple[Layout, str | None]:
+            dp: int, mbs: int) -> tuple[Layout, str | None]:
     """The layout (nodes, P, DP) cut by the profile's costs (no stage's training state over the
     device memory), or why the rules refuse it."""
     r, part = cfg.resources, cfg.pipeline.partition
-    layout = Layout(nodes, r.tasks_per_node, nodes * r.tasks_per_node, P, dp, 0,
-                    cfg.training.micro_batch_size, None, "cost")
+    layout = Layout(nodes, r.tasks_per_node, nodes * r.tasks_per_node, P, dp, 0, mbs, None, "cost")
     try:
-        m = layouts.check(cfg, nodes, P, dp, len(profile.costs))
+        m = layouts.check(cfg, nodes, P, dp, len(profile.costs), mbs)
     except ConfigError as e:
         return layout, str(e)
     try:
@@ -146,8 +145,8 @@ def _candidates(cfg: TrainConfig, profile: Profile, hw: Hardware) -> list[Candid
                              cfg.training.micro_batch_size, None, "cost")
                 cands.append(Candidate(lay, rejected=str(e)))
             continue
-        for P, dp in pairs:
-            layout, why = _layout(cfg, profile, hw, nodes, P, dp)
+        for P, dp, mbs in ((P, dp, mbs) for P, dp in pairs for mbs in layouts.micro_batch_sizes(cfg, dp)):
+            layout, why = _layout(cfg, profile, hw, nodes, P, dp, mbs)
             c = Candidate(layout, rejected=why)
             cands.append(c)
             if why is not None:
@@ -315,7 +314,8 @@ def explain(res: PlanResult) -> str:
     if c is None:
         return "no feasible candidate: " + "; ".join(sorted({x.rejected or "" for x in res.candidates}))
     e = c.estimate
-    lines = [f"chosen: {c.nodes} node(s), {c.stages} stage(s) x {c.data_parallel} dp, m={c.micro_batches}, "
+    lines = [f"chosen: {c.nodes} node(s), {c.stages} stage(s) x {c.data_parallel} dp, m={c.micro_batches} "
+             f"x {c.micro_batch_size}, "
              f"boundaries {c.boundaries}: JCT {duration(e.jct_s)} = queue {duration(e.queue_s)} + setup {duration(e.setup_s)} "
              f"+ train {duration(e.train_s)} ({e.step_s:.4g} s/step, {e.step_source}) + checkpoints "
              f"{duration(e.checkpoint_s)} + preemption {duration(e.preemption_s)}"

@@ -185,6 +185,7 @@ def _profile(ev: dict[str, Any], mkey: str, profiles: list, overheads: list) -> 
                          "layer": int(layer), "seconds": sec,
                          "param_bytes": (ev["param_bytes"] or {}).get(layer),
                          "activation_bytes": (ev["activation_bytes"] or {}).get(layer),
+                         "saved_bytes": (ev["saved_bytes"] or {}).get(layer),
                          "samples": ev["samples"], "updated": t})
     bounds, m = ev["boundaries"], ev["micro_batches"]
     if ev["instructions"] and bounds and m:

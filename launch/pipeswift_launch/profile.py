@@ -3,7 +3,10 @@
 Forward: module pre/post hooks. Backward: autograd hooks on the layer's output (its gradient
 arrives: the layer's backward starts) and input (its gradient is ready: the backward ends). A
 first layer whose input needs no gradient gets 2x its forward as backward. Times are per
-micro-batch on this rank's device, as the planner and the simulator use them.
+micro-batch on this rank's device, as the planner and the simulator use them. Memory: each
+layer's output, and (without activation checkpointing, whose own saved-tensor hooks must stay
+innermost) the bytes autograd saves for its backward: every tensor packed during its forward
+once, parameters left out.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ PROFILE_STEPS = range(2, 5)
 
 
 class LayerProfiler:
-    def __init__(self, module: Any, sync: bool) -> None:
-        self.sync = sync
+    def __init__(self, module: Any, sync: bool, saved: bool = True) -> None:
+        self.sync, self.saved = sync, saved
         self.fwd: dict[int, list[float]] = defaultdict(list)
         self.bwd: dict[int, list[float]] = defaultdict(list)
         self.act_bytes: dict[int, int] = {}
+        self.saved_bytes: dict[int, int] = {}
         self.param_bytes: dict[int, int] = {}
         self.handles: list[Any] = []
         self.active = False
@@ -46,14 +50,39 @@ class LayerProfiler:
     def _pre(self, idx: int):
         def hook(mod: Any, inputs: Any) -> None:
             if self.active:
+                if self.saved:
+                    mod._pswift_saved = self._saved_counter(idx)
+                    mod._pswift_saved.__enter__()
                 mod._pswift_t0 = self._now()
         return hook
+
+    def _saved_counter(self, idx: int) -> Any:
+        """Saved-tensor hooks counting what this layer's forward keeps for its backward (each
+        storage once, parameters and their views left out); tensors pass through unchanged."""
+        seen: set[int] = set()
+        total = [0]
+
+        def pack(t: Any) -> Any:
+            base = t._base if t._base is not None else t
+            if not (base.is_leaf and base.requires_grad):
+                key = t.untyped_storage().data_ptr()
+                if key not in seen:
+                    seen.add(key)
+                    total[0] += t.untyped_storage().nbytes()
+            self.saved_bytes[idx] = total[0]
+            return t
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
 
     def _post(self, idx: int):
         def hook(mod: Any, inputs: Any, output: Any) -> None:
             if not self.active:
                 return
             self.fwd[idx].append(self._now() - mod._pswift_t0)
+            if self.saved and getattr(mod, "_pswift_saved", None) is not None:
+                mod._pswift_saved.__exit__(None, None, None)
+                mod._pswift_saved = None
+                self.saved_bytes.setdefault(idx, 0)
             out = output[0] if isinstance(output, (tuple, list)) else output
             inp = inputs[0] if isinstance(inputs, (tuple, list)) and inputs else None
             if torch.is_tensor(out):
@@ -82,6 +111,7 @@ class LayerProfiler:
             seconds[str(idx)] = fwd + bwd
         return {"seconds": seconds, "param_bytes": {str(k): v for k, v in self.param_bytes.items()},
                 "activation_bytes": {str(k): v for k, v in self.act_bytes.items()},
+                "saved_bytes": {str(k): v for k, v in self.saved_bytes.items()},
                 "samples": min((len(v) for v in self.fwd.values()), default=0)}
 
     def remove(self) -> None:

@@ -63,6 +63,7 @@ def measured_profile(plan: Plan, layout: LayoutSpec, profiled: dict[str, Any],
         return None
     params = [profiled.get("param_bytes", {}).get(str(i)) for i in range(n)]
     acts = [profiled.get("activation_bytes", {}).get(str(i)) for i in range(n)]
+    saved = [(profiled.get("saved_bytes") or {}).get(str(i)) for i in range(n)]
     over: dict[str, float] = {}
     if profiled.get("instructions"):
         over = overheads_from_instructions(profiled["instructions"], secs, boundaries,
@@ -73,7 +74,8 @@ def measured_profile(plan: Plan, layout: LayoutSpec, profiled: dict[str, Any],
                    tuple(acts) if all(a is not None for a in acts) else None,
                    int(layout["micro_batch_size"]), "measured", **over,
                    precision=t.get("precision", "fp32"), zero_stage=int(t.get("zero_stage", 0)),
-                   recompute_interval=int(t.get("activation_checkpoint_interval", 0)))
+                   recompute_interval=int(t.get("activation_checkpoint_interval", 0)),
+                   saved_bytes=tuple(saved) if all(x is not None for x in saved) else None)
 
 
 def hardware(plan: Plan) -> Hardware:

@@ -243,7 +243,8 @@ def _train(att: Attempt) -> int:
                    float(t.get("hang_timeout_factor", 10.0)), float(t.get("hang_timeout_min_s", 300.0)),
                    lambda info: end_attempt(run_dir, plan, att.denv, info))
     dog.start()
-    profiler = LayerProfiler(engine.module, sync=plan["device"] == "cuda")
+    profiler = LayerProfiler(engine.module, sync=plan["device"] == "cuda",
+                             saved=not int(t.get("activation_checkpoint_interval", 0)))
     timer = InstructionTimer(engine, sync=plan["device"] == "cuda")
     first = att.step  # the profiling window counts from this attempt's first step
     step_times: list[float] = []
@@ -375,7 +376,8 @@ def _emit_profile(profiler: LayerProfiler, timer: InstructionTimer, att: Attempt
     timer.remove()
     allp: list[Any] = [None] * world
     att.dist.all_gather_object(allp, mine)
-    merged: dict[str, Any] = {"seconds": {}, "param_bytes": {}, "activation_bytes": {}, "instructions": {}}
+    merged: dict[str, Any] = {"seconds": {}, "param_bytes": {}, "activation_bytes": {}, "saved_bytes": {},
+                              "instructions": {}}
     samples = []
     for p in allp:
         if p:
