@@ -299,7 +299,7 @@ def diagnose(rep: JobReport, plan: Plan | None = None, log_text: str = "") -> li
     for a, b in zip(rep.attempt_rows, rep.attempt_rows[1:]):
         if a["ended"] in ("preempted", "time_limit") and a["end_time"] and b["start_time"]:
             wait = b["start_time"] - a["end_time"]
-            fixed = plan is not None and "-" not in str(plan.get("nodes_request", "-"))
+            fixed = plan is not None and len(plan.get("layouts") or {}) <= 1
             if wait > 600 and fixed:
                 out.append(f"requeue: attempt {b['attempt']} waited {duration(wait)} for {a['nodes']} node(s) after "
                            f"attempt {a['attempt']} stopped; the job cannot continue on fewer nodes: allow a "

@@ -344,11 +344,13 @@ def forbid_requeue(job_id: str) -> None:
     _run(["scontrol", "update", f"JobId={job_id}", "Requeue=0"])
 
 
-def requeue(job_id: str, exclude: str | None = None, nodes_needed: int = 1) -> bool:
+def requeue(job_id: str, exclude: str | None = None, nodes_needed: int = 1,
+            node_range: str | None = None) -> bool:
     """Requeue the job; with ``exclude``, keep its next attempt off that node when the partition
-    still has ``nodes_needed`` other usable nodes (returns whether it did). A running job's
-    ExcNodeList cannot change, so it is set just after the requeue, while the job is pending;
-    the requeue's SIGTERM to the job's processes is ignored until then."""
+    still has ``nodes_needed`` other usable nodes (returns whether it did); with ``node_range``
+    (``min-max``), the next attempt asks for that many nodes (:func:`set_node_range`). A running
+    job's ExcNodeList cannot change, so it is set just after the requeue, while the job is
+    pending; the requeue's SIGTERM to the job's processes is ignored until then."""
     from .queue import usable_nodes
 
     new_exc = None
@@ -359,10 +361,18 @@ def requeue(job_id: str, exclude: str | None = None, nodes_needed: int = 1) -> b
         if len(others) >= nodes_needed:
             old = [x for x in (fields.get("ExcNodeList") or "").split(",") if x and x != "(null)"]
             new_exc = ",".join([*old, exclude])
-    _run(["scontrol", "requeue", str(job_id)], survive_term=exclude is not None)
+    _run(["scontrol", "requeue", str(job_id)], survive_term=bool(exclude or node_range))
     if new_exc:
         _run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={new_exc}"], survive_term=True)
+    if node_range:
+        set_node_range(job_id, node_range)
     return new_exc is not None
+
+
+def set_node_range(job_id: str, node_range: str) -> None:
+    """A pending job's node request (``min-max``): only while pending (a requeued job is, even
+    while its old attempt is still completing); raises PswiftError with Slurm's word."""
+    _run(["scontrol", "update", f"JobId={job_id}", f"NumNodes={node_range}"], survive_term=True)
 
 
 def cancel(job_id: str) -> None:

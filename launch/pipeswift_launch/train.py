@@ -302,7 +302,7 @@ def _finish(att: Attempt, stop_code: int) -> int:
     _log(att.rank, f"attempt {denv.attempt} ended: {reason} at step {att.step}")
     att.dist.barrier()
     if att.rank == 0 and denv.job_id is not None:
-        _requeue_or_not(denv, reason, requeue_by)
+        _requeue_or_not(att.plan, denv, reason, requeue_by)
     att.dist.destroy_process_group()
     return rc
 
@@ -394,7 +394,7 @@ def _relayout_proposal(att: Attempt, profiled: dict[str, Any], step_times: list[
     """Rank 0's re-layout proposal, the same on every rank (None: the TOML's explicit cut is
     the user's and stays)."""
     from . import relayout
-    if att.layout["partition"] == "explicit":
+    if att.layout["partition"] == "explicit" or att.layout["stages"] == 1:
         return None
     done = sum(1 for r in att.plan.get("relayouts") or []
                if r.get("job_id") == att.denv.job_id and r.get("attempt") == att.denv.attempt)
@@ -464,13 +464,21 @@ def _slurm_requeues_preempted() -> bool:
         return False
 
 
-def _requeue_or_not(denv: DistEnv, reason: str, requeue_by: str | None) -> None:
+def _requeue_or_not(plan: Plan, denv: DistEnv, reason: str, requeue_by: str | None) -> None:
     """After the checkpoint is committed: requeue the job where Slurm will not, and keep Slurm
     from requeueing a preempted job whose requeue budget is spent."""
     from pipeswift_slurm import slurm  # the one module that talks to Slurm
     if requeue_by == "pswift":
-        _log(denv.rank, f"requeueing job {denv.job_id}")
+        from pipeswift_slurm.plan import requeue_range
+        widened = requeue_range(plan)
+        _log(denv.rank, f"requeueing job {denv.job_id}"
+             + (f" asking for {widened} node(s): plan.json has a layout for each" if widened else ""))
         slurm.requeue(denv.job_id)
+        if widened:
+            try:
+                slurm.set_node_range(denv.job_id, widened)
+            except Exception as e:   # the next attempt then asks for what this one had
+                _log(denv.rank, f"could not widen the node request to {widened}: {e}")
     elif requeue_by == "slurm":
         _log(denv.rank, f"Slurm requeues preempted job {denv.job_id} itself")
     elif reason == "preempted" and _slurm_requeues_preempted():
