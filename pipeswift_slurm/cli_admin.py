@@ -332,9 +332,9 @@ def doctor(job_id: str | None, db: Path | None) -> None:
     click.echo(f"job {job_id} ({rep.name}): {rep.state}, {rep.attempts} attempt(s)")
     for finding in diagnose(rep, plan, log or ""):
         click.echo(f"- {finding}")
-    from .fmt import relayout_line
+    from .fmt import growth_line, relayout_line
     for r in relayouts:
-        click.echo(f"- attempt {r['attempt']} {relayout_line(r)}")
+        click.echo(f"- {growth_line(r)}" if r["kind"] == "grow" else f"- attempt {r['attempt']} {relayout_line(r)}")
 
 
 def _environment_checkup(db: Path | None) -> None:

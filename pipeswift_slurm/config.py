@@ -41,6 +41,8 @@ class JobSection(NamedTuple):
     python: str | None = None
     #: what the planner minimises: the expected JCT, or its median or 90th percentile (risk)
     objective: str = "mean"
+    #: a job below the top of its node range checks this often whether growing pays (0: never)
+    grow_check_s: int = 60
 
     @property
     def time_seconds(self) -> int | None:
@@ -279,9 +281,17 @@ def _check_keys(section: str, table: dict[str, Any], valid: tuple[str, ...],
 OBJECTIVES = ("mean", "p50", "p90")
 
 
+def _grow_check(v: Any) -> int:
+    s = _int("job", "grow_check_s", v, lo=0, hi=86400)
+    if 0 < s < 5:
+        raise ConfigError(f"[job] grow_check_s = {s}: check at most every 5 s (each check asks "
+                          f"Slurm), or 0 never to grow")
+    return s
+
+
 def _job(t: dict[str, Any]) -> JobSection:
     valid = ("name", "partition", "time", "account", "qos", "sbatch_options", "max_requeues", "python",
-             "objective")
+             "objective", "grow_check_s")
     _check_keys("job", t, valid, ("name",))
     time = t.get("time")
     if time is not None:
@@ -313,6 +323,7 @@ def _job(t: dict[str, Any]) -> JobSection:
         max_requeues=_int("job", "max_requeues", t.get("max_requeues", 3), lo=0),
         python=_str("job", "python", t["python"]) if "python" in t else None,
         objective=_choice("job", "objective", t.get("objective", "mean"), OBJECTIVES),
+        grow_check_s=_grow_check(t.get("grow_check_s", 60)),
     )
 
 

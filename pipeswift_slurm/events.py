@@ -77,6 +77,9 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
     "relayout": {"step": (_count, True), "nodes": (_count, False), "boundaries_from": (_ints, True),
                  "boundaries_to": (_ints, True), "step_s": (_num, False), "predicted_step_s": (_num, False),
                  "gain_s": (_num, False), "cost_s": (_num, False), "remaining": (_count, False)},
+    "grow": {"step": (_count, True), "nodes_from": (_count, True), "nodes_to": (_count, True),
+             "free": (_count, False), "step_s": (_num, False), "predicted_step_s": (_num, False),
+             "remaining": (_count, False), "gain_s": (_num, False), "cost_s": (_num, False)},
     "layer_profile": {"micro_batch_size": (_count, True), "seconds": (_by_layer(_num), True),
                       "micro_batches": (_count, False), "boundaries": (_ints, False),
                       "samples": (_count, False), "param_bytes": (_by_layer(_count), False),
@@ -204,17 +207,17 @@ def by_attempt(evs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Valid events grouped into attempts, oldest first: the one reading of events into attempts
     (``pswift status`` and the history both use it). Each: ``attempt``, its first ``start`` and
     its ``end`` events (or None), its ``steps``, ``checkpoints``, ``profiles``, ``starts`` and
-    ``relayouts`` (lists of events: an in-job re-layout ends one launch of the attempt with
+    ``relayouts`` and ``grows`` (lists of events: an in-job re-layout ends one launch of the attempt with
     reason "relayout" and starts the next, same attempt), and ``ended``: the last launch's end
     reason, else "running" for the last attempt and "killed" for an earlier one (a later attempt
     exists: this one died without writing its end)."""
     found: dict[int, dict[str, Any]] = {}
     lists = {"step": "steps", "checkpoint": "checkpoints", "layer_profile": "profiles",
-             "start": "starts", "relayout": "relayouts"}
+             "start": "starts", "relayout": "relayouts", "grow": "grows"}
     for ev in evs:
         a = found.setdefault(ev["attempt"], {"attempt": ev["attempt"], "start": None, "end": None,
                                              "steps": [], "checkpoints": [], "profiles": [],
-                                             "starts": [], "relayouts": []})
+                                             "starts": [], "relayouts": [], "grows": []})
         kind = ev["event"]
         if kind == "start":
             a["start"] = a["start"] or ev
@@ -256,6 +259,30 @@ def relayout_outcomes(attempt: dict[str, Any]) -> list[dict[str, Any]]:
                     "measured_gain_s": (None if after is None or r["step_s"] is None
                                         else (r["step_s"] - after) * len(later)),
                     "predicted_cost_s": r["cost_s"], "measured_cost_s": cost})
+    return out
+
+
+def growth_outcomes(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each growth (an attempt that requeued itself to come back on more nodes, ``by_attempt``'s
+    grouping) with what was predicted and what was measured: the nodes the next attempt got,
+    its median step (first step left out), the seconds saved over its steps, and what the
+    growth cost (its checkpoint, plus the gap until the next attempt had set up and resumed)."""
+    from .stats import median
+    out = []
+    for a, b in zip(attempts, attempts[1:]):
+        for g in a["grows"]:
+            ckpt = next((c for c in reversed(a["checkpoints"]) if c["reason"] == "grow"), None)
+            start = b["start"] or {}
+            after = median(float(e["step_time"]) for e in b["steps"][1:]) if len(b["steps"]) > 1 else None
+            cost = (start["time"] - g["time"] + float((ckpt or {}).get("seconds") or 0.0)
+                    if start.get("time") is not None and g["time"] is not None else None)
+            out.append({"attempt": a["attempt"], "step": g["step"], "nodes_from": g["nodes_from"],
+                        "nodes_to": g["nodes_to"], "nodes_got": start.get("nodes"), "step_s": g["step_s"],
+                        "predicted_step_s": g["predicted_step_s"], "measured_step_s": after,
+                        "predicted_gain_s": g["gain_s"],
+                        "measured_gain_s": (None if after is None or g["step_s"] is None
+                                            else (g["step_s"] - after) * len(b["steps"])),
+                        "predicted_cost_s": g["cost_s"], "measured_cost_s": cost})
     return out
 
 

@@ -43,6 +43,18 @@ def save(fig: Any, path: Any) -> None:
         plt.close(fig)
 
 
+def growth_line(g: dict[str, Any]) -> str:
+    """One growth, predicted against measured (``pswift status`` and ``pswift doctor``)."""
+    def sec(v: Any) -> str:
+        return "?" if v is None else f"{v:.3g} s"
+    got = g["nodes_got"]
+    return (f"grew at step {g['step']} of attempt {g['attempt']}: {g['nodes_from']} -> {got if got else '?'} "
+            f"node(s) (asked up to {g['nodes_to']}); step {sec(g['step_s'])} -> {sec(g['measured_step_s'])} "
+            f"(predicted {sec(g['predicted_step_s'])}); saved {sec(g['measured_gain_s'])} (predicted "
+            f"{sec(g['predicted_gain_s'])}) for a cost of {sec(g['measured_cost_s'])} (predicted "
+            f"{sec(g['predicted_cost_s'])})")
+
+
 def relayout_line(r: dict[str, Any]) -> str:
     """One in-job re-layout, predicted against measured (``pswift status`` and ``pswift doctor``)."""
     def sec(v: Any, unit: str = "s") -> str:

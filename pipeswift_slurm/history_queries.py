@@ -141,12 +141,14 @@ class Queries:
             "ORDER BY attempt", [job])]
 
     def job_relayouts(self, run_dir: str) -> list[dict[str, Any]]:
-        """A pswift run's in-job re-layouts, oldest first, as events.relayout_outcomes gives them."""
+        """A pswift run's in-job re-layouts and growths, oldest first, each as
+        events.relayout_outcomes / growth_outcomes gives them, with its ``kind``."""
         return [{**dict(r), "from": json.loads(r["boundaries_from"] or "null"),
                  "to": json.loads(r["boundaries_to"] or "null")} for r in self._named(
-            "SELECT r.attempt, r.step, r.boundaries_from, r.boundaries_to, r.step_s, r.predicted_step_s, "
-            "r.measured_step_s, r.predicted_gain_s, r.measured_gain_s, r.predicted_cost_s, "
-            "r.measured_cost_s FROM relayouts r JOIN jobs j ON j.id = r.job WHERE j.run_dir = ? "
+            "SELECT r.kind, r.attempt, r.step, r.boundaries_from, r.boundaries_to, r.nodes_from, "
+            "r.nodes_to, r.nodes_got, r.step_s, r.predicted_step_s, r.measured_step_s, "
+            "r.predicted_gain_s, r.measured_gain_s, r.predicted_cost_s, r.measured_cost_s "
+            "FROM relayouts r JOIN jobs j ON j.id = r.job WHERE j.run_dir = ? "
             "ORDER BY r.attempt, r.step", [run_dir])]
 
     def rollups(self, by: str, user: str | None = None, partition: str | None = None,

@@ -80,6 +80,8 @@ class Plan(TypedDict):
     device: str
     cpus_per_task: int
     max_requeues: int
+    #: seconds between rank 0's checks whether growing to more nodes pays (0: never)
+    grow_check_s: int
     time_limit_s: int | None
     signal_lead_s: int | None
     model: ModelSpec
@@ -212,6 +214,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         "device": cfg.resources.device,
         "cpus_per_task": cfg.resources.cpus_per_task,
         "max_requeues": j.max_requeues,
+        "grow_check_s": j.grow_check_s,
         "time_limit_s": j.time_seconds,
         "signal_lead_s": signal_lead_s(cfg),
         **_sections(cfg, run_dir),

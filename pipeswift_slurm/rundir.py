@@ -102,6 +102,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             "last_loss": last.get("loss"),
             "median_step_s": median(e["step_time"] for e in a["steps"]),
         })
+    grows = events.growth_outcomes(events.by_attempt(evs))
     losses = [(e["step"], e["loss"]) for e in evs if e["event"] == "step"]
     return {
         "run_dir": str(run_dir),
@@ -109,4 +110,5 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "first_loss": losses[0][1] if losses else None,
         "last_loss": losses[-1][1] if losses else None,
         "attempts": out,
+        "growths": grows,
     }

@@ -241,9 +241,12 @@ def _total(xs: Any) -> float | None:
 
 
 def _relayout_rows(grouped: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"attempt": a["attempt"], **{k: v for k, v in r.items() if k not in ("from", "to")},
+    """The relayouts table's rows: each in-job re-layout and each growth."""
+    rows = [{"attempt": a["attempt"], "kind": "relayout",
+             **{k: v for k, v in r.items() if k not in ("from", "to")},
              "boundaries_from": json.dumps(r["from"]), "boundaries_to": json.dumps(r["to"])}
             for a in grouped for r in events_mod.relayout_outcomes(a)]
+    return rows + [{"kind": "grow", **g} for g in events_mod.growth_outcomes(grouped)]
 
 
 def _from_events(mkey: str, job: dict[str, Any], evs: list[dict[str, Any]]) -> RunRows:

@@ -19,7 +19,7 @@ from . import data
 from .dist_env import DistEnv
 from .pipe import build_pipe
 from .profile import PROFILE_STEPS, InstructionTimer, LayerProfiler
-from .signals import STOP_NONE, STOP_TIME, requested
+from .signals import STOP_GROW, STOP_NONE, STOP_TIME, requested
 from .watchdog import Watchdog, end_attempt
 
 if TYPE_CHECKING:
@@ -108,6 +108,7 @@ class Attempt:
     setup_s: float = 0.0
     load_s: float = 0.0
     ckpt_s: float | None = None      # the last checkpoint's seconds in this run of the launcher
+    grow_to: int = 0                 # rank 0: the node count a growth asks for
 
     @property
     def rank(self) -> int:
@@ -248,7 +249,7 @@ def _train(att: Attempt) -> int:
     timer = InstructionTimer(engine, sync=plan["device"] == "cuda")
     first = att.step  # the profiling window counts from this attempt's first step
     step_times: list[float] = []
-    relayout = None
+    relayout = watcher = None
     while att.step < steps:
         profiler.active = timer.active = (att.step + 1 - first) in PROFILE_STEPS
         batches = [data_fn(step=att.step, index=dp_rank * m + i, micro_batch_size=mbs, seed=int(t["seed"]),
@@ -270,13 +271,17 @@ def _train(att: Attempt) -> int:
             profiled = _emit_profile(profiler, timer, att)
             if att.step < steps:
                 relayout = _relayout_proposal(att, profiled, step_times[1:])
+                watcher = _watch_for_growth(att, step_times)
         # every rank, same point of every step: agree whether anyone was asked to stop
         flag.fill_(float(requested()))
         att.dist.all_reduce(flag, op=att.dist.ReduceOp.MAX)
         stop_code = int(flag.item())
         if stop_code or att.step >= steps or (interval and att.step % interval == 0):
             with dog.paused():
-                _save(att, "signal" if stop_code else "final" if att.step >= steps else "periodic")
+                _save(att, "grow" if stop_code == STOP_GROW else "signal" if stop_code
+                      else "final" if att.step >= steps else "periodic")
+            if stop_code == STOP_GROW:
+                _commit_growth(att, watcher)
         elif relayout is not None and relayout.go:
             with dog.paused():
                 _save(att, "relayout")
@@ -285,6 +290,8 @@ def _train(att: Attempt) -> int:
         if stop_code:
             break
     dog.stop()
+    if watcher is not None:
+        watcher.stop()
     return stop_code
 
 
@@ -302,7 +309,8 @@ def _finish(att: Attempt, stop_code: int) -> int:
     _log(att.rank, f"attempt {denv.attempt} ended: {reason} at step {att.step}")
     att.dist.barrier()
     if att.rank == 0 and denv.job_id is not None:
-        _requeue_or_not(att.plan, denv, reason, requeue_by)
+        _requeue_or_not(att.plan, denv, reason, requeue_by,
+                        f"{denv.nodes}-{att.grow_to}" if reason == "grow" and att.grow_to else None)
     att.dist.destroy_process_group()
     return rc
 
@@ -407,6 +415,39 @@ def _relayout_proposal(att: Attempt, profiled: dict[str, Any], step_times: list[
     return got[0]
 
 
+def _watch_for_growth(att: Attempt, step_times: list[float]) -> Any:
+    """Rank 0's growth watcher (grow.py) when the job may grow: below the top of its node range,
+    a planner estimate to weigh, a requeue to spare; None otherwise."""
+    from . import grow, signals
+    plan, denv = att.plan, att.denv
+    interval = float(plan.get("grow_check_s") or 0)
+    counts = [int(n) for n in plan["layouts"]]
+    if (att.rank != 0 or not interval or denv.job_id is None or denv.nodes >= max(counts)
+            or denv.attempt >= int(plan.get("max_requeues", 3)) - 1):
+        return None
+    from pipeswift_slurm import slurm
+    cpus = int(att.layout["tasks_per_node"]) * int(plan.get("cpus_per_task") or 1)
+
+    def check() -> Any:
+        state = slurm.cluster_state()
+        own = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
+        free = grow.free_nodes(state, plan.get("partition"), cpus, own)
+        return grow.decide(plan, denv.nodes, free, step_times[-20:], int(plan["training"]["steps"]) - att.step,
+                           att.setup_s + att.load_s, att.ckpt_s or 0.0)
+
+    w = grow.Watcher(interval, check, signals.request_grow, lambda msg: _log(0, msg))
+    w.start()
+    return w
+
+
+def _commit_growth(att: Attempt, watcher: Any) -> None:
+    """Rank 0 records why the job grows (the event); the requeue follows in _finish."""
+    g = watcher.decision if watcher is not None else None
+    if att.rank == 0 and g is not None:
+        att.grow_to = g.nodes_to
+        att.events.emit("grow", step=att.step, **g.record())
+
+
 def _commit_relayout(att: Attempt, proposal: Any, profiled: dict[str, Any]) -> None:
     """After the checkpoint: plan.json cut from the measured times (rank 0), and the event."""
     from pipeswift_slurm.plan import relaid_out, write_plan
@@ -433,6 +474,8 @@ def _ending(plan: Plan, denv: DistEnv, step: int, steps: int,
     rank 0 decides for all."""
     if step >= steps:
         return "completed", None, 0
+    if stop_code == STOP_GROW and denv.job_id is not None:   # the watcher kept a requeue to spare
+        return "grow", "pswift", 0
     if denv.job_id is None:
         return ("time_limit" if stop_code == STOP_TIME else "stopped"), None, 0
     from pipeswift_slurm import slurm
@@ -464,13 +507,14 @@ def _slurm_requeues_preempted() -> bool:
         return False
 
 
-def _requeue_or_not(plan: Plan, denv: DistEnv, reason: str, requeue_by: str | None) -> None:
+def _requeue_or_not(plan: Plan, denv: DistEnv, reason: str, requeue_by: str | None,
+                    node_range: str | None = None) -> None:
     """After the checkpoint is committed: requeue the job where Slurm will not, and keep Slurm
     from requeueing a preempted job whose requeue budget is spent."""
     from pipeswift_slurm import slurm  # the one module that talks to Slurm
     if requeue_by == "pswift":
         from pipeswift_slurm.plan import requeue_range
-        widened = requeue_range(plan)
+        widened = node_range or requeue_range(plan)
         _log(denv.rank, f"requeueing job {denv.job_id}"
              + (f" asking for {widened} node(s): plan.json has a layout for each" if widened else ""))
         slurm.requeue(denv.job_id)

@@ -1,0 +1,140 @@
+"""Grow back: a job below the top of its node range watches its partition from rank 0 and, when
+enough nodes are free and more of them finish the job sooner by a clear margin, checkpoints
+and requeues itself to come back with more stages.
+
+Rank 0 asks Slurm (one bounded ``sinfo``/``squeue``, or pyslurm) every ``grow_check_s`` seconds
+in a daemon thread, never on the training path. The estimate is the remaining JCT of staying,
+remaining steps x the step time measured now, against growing to n nodes: a requeue (its
+checkpoint, this attempt's measured setup and restore again, ``REQUEUE_S`` of Slurm's requeue)
+plus the remaining steps at plan.json's predicted step time for n nodes, anchored to the step
+time measured now (measured x predicted(n) / predicted(now)). It grows when the saving is at
+least ``COST_MARGIN`` x the cost and the step ``MIN_GAIN`` faster; at most once an attempt, and
+only with a requeue to spare (``max_requeues``): no flapping.
+
+Nodes count as free when idle (enough idle CPUs) in the job's partition, not the job's own,
+less the nodes the partition's pending jobs ask for (they may start first).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from pipeswift_slurm.stats import median
+
+from .relayout import COST_MARGIN, MIN_GAIN
+
+if TYPE_CHECKING:
+    from pipeswift_slurm.plan import Plan
+    from pipeswift_slurm.queue import ClusterState
+
+#: seconds Slurm takes to start a requeued job when nodes are free (its requeue delay)
+REQUEUE_S = 10.0
+
+
+@dataclass
+class Growth:
+    go: bool
+    why: str
+    nodes_from: int
+    nodes_to: int = 0
+    free: int = 0
+    step_s: float = 0.0
+    predicted_step_s: float = 0.0
+    remaining: int = 0
+    gain_s: float = 0.0
+    cost_s: float = 0.0
+
+    def record(self) -> dict[str, Any]:
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()
+                if k not in ("go", "why")}
+
+
+def predicted_steps(plan: Plan) -> dict[int, float]:
+    """Seconds a step per node count, as the planner estimated plan.json's layouts."""
+    out: dict[int, float] = {}
+    for n, lay in plan.get("layouts", {}).items():
+        for c in plan.get("candidates") or []:
+            e = c.get("estimate") or {}
+            same = all(c.get(k) == lay.get(k) for k in ("nodes", "stages", "data_parallel", "micro_batch_size"))
+            if same and c.get("rejected") is None and e.get("step_s"):
+                out[int(n)] = float(e["step_s"])
+                break
+    return out
+
+
+def free_nodes(state: ClusterState, partition: str | None, cpus_per_node: int, mine: set[str]) -> int:
+    from pipeswift_slurm.queue import usable_nodes
+    idle = [n for n in usable_nodes(state, partition, cpus_per_node)
+            if n.name not in mine and n.idle_cpus >= cpus_per_node]
+    ahead = sum(p.node_count for p in state.pending if partition is None or p.partition == partition)
+    return max(0, len(idle) - ahead)
+
+
+def decide(plan: Plan, nodes: int, free: int, step_times: Sequence[float], remaining: int,
+           restart_s: float, ckpt_s: float) -> Growth:
+    """Whether to grow now from ``nodes`` with ``free`` more nodes free, and to how many."""
+    keep = Growth(False, "", nodes, free=free, remaining=remaining)
+    predicted = predicted_steps(plan)
+    if nodes not in predicted or not step_times:
+        keep.why = "no planner estimate for this node count"
+        return keep
+    now = median(step_times)
+    cost = ckpt_s + restart_s + REQUEUE_S
+    best = keep
+    for n, est in sorted(predicted.items()):
+        if not nodes < n <= nodes + free:
+            continue
+        step = now * est / predicted[nodes]
+        g = Growth(False, "", nodes, n, free, now, step, remaining, (now - step) * remaining, cost)
+        if g.gain_s > best.gain_s:
+            best = g
+    if best.nodes_to == 0:
+        keep.why = f"{free} node(s) free: no larger layout fits"
+        return keep
+    if best.predicted_step_s > (1 - MIN_GAIN) * best.step_s:
+        best.why = f"{best.nodes_to} node(s) would be under {MIN_GAIN:.0%} faster a step"
+    elif best.gain_s < COST_MARGIN * best.cost_s:
+        best.why = (f"{best.nodes_to} node(s) save {best.gain_s:.1f} s over {remaining} step(s), under "
+                    f"{COST_MARGIN:g}x the requeue's {best.cost_s:.1f} s")
+    else:
+        best.go = True
+        best.why = (f"{free} node(s) free: {nodes} -> {best.nodes_to} node(s), step {now:.4g} s -> "
+                    f"{best.predicted_step_s:.4g} s predicted, saves {best.gain_s:.1f} s over {remaining} "
+                    f"step(s) for a requeue of {best.cost_s:.1f} s")
+    return best
+
+
+class Watcher:
+    """Rank 0's daemon thread: every ``interval`` seconds, ``check()`` the cluster; the first
+    time it says grow, keep the answer and call ``on_grow`` (it sets the stop flag)."""
+
+    def __init__(self, interval: float, check: Callable[[], Growth], on_grow: Callable[[], None],
+                 log: Callable[[str], None]) -> None:
+        self.interval, self.check, self.on_grow, self.log = interval, check, on_grow, log
+        self.decision: Growth | None = None
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="pswift-grow", daemon=True)
+        self.said = ""
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                g = self.check()
+            except Exception as e:  # Slurm unreachable: stay, try again next time
+                g = Growth(False, f"cannot read the cluster ({type(e).__name__}: {e})", 0)
+            if g.go:
+                self.decision = g
+                self.log(f"growing: {g.why}")
+                self.on_grow()
+                return
+            if g.why != self.said and g.free:   # say why not once per distinct reason
+                self.said = g.why
+                self.log(f"not growing: {g.why}")

@@ -1,0 +1,102 @@
+"""Growing back (issue 12, item 2): a job that started small because nodes were busy watches its
+partition and, when nodes free up and more of them finish it sooner, requeues itself onto them."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from conftest import copy_example, pswift, wait_state
+from pipeswift_slurm import events as events_mod
+from pipeswift_slurm.queue import ClusterState, NodeState, PendingJob, RunningJob
+from pipeswift_launch import grow
+
+PLAN = {"layouts": {"1": {"nodes": 1, "stages": 1, "data_parallel": 1, "micro_batch_size": 8},
+                    "2": {"nodes": 2, "stages": 2, "data_parallel": 1, "micro_batch_size": 8},
+                    "4": {"nodes": 4, "stages": 4, "data_parallel": 1, "micro_batch_size": 8}},
+        "candidates": [{"nodes": n, "stages": n, "data_parallel": 1, "micro_batch_size": 8,
+                        "rejected": None, "estimate": {"step_s": s}}
+                       for n, s in ((1, 0.40), (2, 0.22), (4, 0.15))]}
+
+
+def test_the_planners_step_times_per_node_count_come_from_plan_json():
+    assert grow.predicted_steps(PLAN) == {1: 0.40, 2: 0.22, 4: 0.15}
+
+
+def test_growth_picks_the_count_that_saves_most_anchored_to_the_measured_step():
+    g = grow.decide(PLAN, 1, free=3, step_times=[0.8] * 5, remaining=200, restart_s=5.0, ckpt_s=0.5)
+    assert g.go and g.nodes_to == 4
+    assert g.predicted_step_s == pytest.approx(0.8 * 0.15 / 0.40)          # measured x model ratio
+    assert g.gain_s == pytest.approx((0.8 - 0.3) * 200) and g.cost_s == pytest.approx(15.5)
+    two = grow.decide(PLAN, 1, free=1, step_times=[0.8] * 5, remaining=200, restart_s=5.0, ckpt_s=0.5)
+    assert two.go and two.nodes_to == 2                                     # only one node free
+
+
+def test_no_growth_without_free_nodes_enough_steps_or_an_estimate():
+    none = grow.decide(PLAN, 1, free=0, step_times=[0.8], remaining=200, restart_s=5, ckpt_s=0)
+    assert not none.go and "no larger layout fits" in none.why
+    late = grow.decide(PLAN, 1, free=3, step_times=[0.8], remaining=20, restart_s=5, ckpt_s=0)
+    assert not late.go and "under 2x the requeue's" in late.why
+    top = grow.decide(PLAN, 4, free=4, step_times=[0.8], remaining=200, restart_s=5, ckpt_s=0)
+    assert not top.go
+    blind = grow.decide({"layouts": PLAN["layouts"], "candidates": []}, 1, 3, [0.8], 200, 5, 0)
+    assert not blind.go and blind.why == "no planner estimate for this node count"
+
+
+def test_free_nodes_leave_out_the_jobs_own_busy_ones_and_what_pending_jobs_ask_for():
+    nodes = [NodeState(f"node{i}", st, 8, idle, ("low",)) for i, st, idle in
+             ((1, "mixed", 7), (2, "idle", 8), (3, "idle", 8), (4, "allocated", 0))]
+    state = ClusterState(now=0.0, nodes=nodes, running=[RunningJob("7", ("node1",), 1e9)])
+    assert grow.free_nodes(state, "low", 1, {"node1"}) == 2
+    state.pending.append(PendingJob("9", "low", 1, 600.0))
+    assert grow.free_nodes(state, "low", 1, {"node1"}) == 1
+    assert grow.free_nodes(state, "high", 1, {"node1"}) == 0
+
+
+BIG = {"nodes": "[1, 4]", "steps": "250", "checkpoint_interval": "0", "data_parallel": "1",
+       "kwargs": "{ vocab = 96, hidden = 256, heads = 4, blocks = 4, seq_len = 32 }",
+       "layer_costs": "[0.0006, 0.022, 0.022, 0.022, 0.022, 0.0024]", "time": '"0:30:00"'}
+
+
+def submit_timed(toml, run, env) -> tuple[str, float]:
+    t0 = time.time()
+    proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), env=env)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip()
+    assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=600) == "COMPLETED", \
+        "".join(p.read_text() for p in run.glob("slurm-*.out"))
+    return job, time.time() - t0
+
+
+@pytest.mark.slurm
+@pytest.mark.deepspeed
+def test_a_job_started_on_one_node_grows_when_the_holder_ends_and_beats_staying(cluster, tmp_path):
+    """nodes = [1, 4]: three nodes are held (for 10 min as far as Slurm knows), so the planner
+    starts the job on the free one; the holder ends after 25 s, the job grows to the planner's
+    best count and completes sooner than the same job pinned to one node, with the same losses."""
+    env = {"PSWIFT_HOST_CORES": "2", "PSWIFT_RANKS_PER_HOST": "4"}   # all virtual nodes share 2 cores
+    toml = copy_example(tmp_path / "ex", BIG)
+    toml.write_text(toml.read_text().replace("max_requeues = 3", "max_requeues = 3\ngrow_check_s = 5"))
+    holder = subprocess.run(["sbatch", "--parsable", "-p", "high", "-w", "node[2-4]", "--exclusive",
+                             "--time=10", "-o", "/dev/null", "--wrap", "sleep 25"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        wait_state(holder, {"RUNNING"}, timeout=60)
+        job, grown_jct = submit_timed(toml, tmp_path / "grown", env)
+    finally:
+        subprocess.run(["scancel", holder])
+    attempts = events_mod.by_attempt(events_mod.read(tmp_path / "grown")[0])
+    (g,) = attempts[0]["grows"]
+    assert attempts[0]["start"]["nodes"] == 1 and attempts[0]["ended"] == "grow"
+    assert attempts[1]["start"]["nodes"] == g["nodes_to"] > 1 and attempts[1]["ended"] == "completed"
+    pinned_toml = copy_example(tmp_path / "pinned", {**BIG, "nodes": "1"})
+    _, pinned_jct = submit_timed(pinned_toml, tmp_path / "pinned-run", env)
+    assert grown_jct < pinned_jct, (grown_jct, pinned_jct)
+    losses = lambda run: {e["step"]: e["loss_hex"] for e in events_mod.read(run)[0] if e["event"] == "step"}  # noqa: E731
+    got, want = losses(tmp_path / "grown"), losses(tmp_path / "pinned-run")
+    assert len(want) == 250 and got == want
+    status = pswift("status", job, check=True).stdout
+    assert f"grew at step {g['step']} of attempt 0: 1 -> {g['nodes_to']} node(s)" in status
+    print(f"grown JCT {grown_jct:.1f} s vs pinned {pinned_jct:.1f} s ({pinned_jct / grown_jct:.2f}x)")
