@@ -123,6 +123,9 @@ class PipelineSection(NamedTuple):
     micro_batches: int | str = "auto"
     partition: str | tuple[int, ...] = "auto"
     data_parallel: int | None = None
+    #: re-cut the stages in place from measured layer times when that pays (explicit
+    #: boundaries are never re-cut)
+    rebalance: bool = True
 
 
 class TrainConfig(NamedTuple):
@@ -549,8 +552,11 @@ def _int_or_auto(section: str, key: str, v: Any) -> int | str:
 
 
 def _pipeline(t: dict[str, Any]) -> PipelineSection:
-    valid = ("stages", "micro_batches", "partition", "data_parallel")
+    valid = ("stages", "micro_batches", "partition", "data_parallel", "rebalance")
     _check_keys("pipeline", t, valid)
+    rebalance = t.get("rebalance", True)
+    if not isinstance(rebalance, bool):
+        raise ConfigError(f"[pipeline] rebalance = {_short(rebalance)} must be true or false")
     part = t.get("partition", "auto")
     if isinstance(part, list):
         b = [_int("pipeline", "partition", x, lo=0) for x in part]
@@ -576,6 +582,7 @@ def _pipeline(t: dict[str, Any]) -> PipelineSection:
         micro_batches=_int_or_auto("pipeline", "micro_batches", t.get("micro_batches", "auto")),
         partition=part,
         data_parallel=None if dp is None else _int("pipeline", "data_parallel", dp),
+        rebalance=rebalance,
     )
 
 

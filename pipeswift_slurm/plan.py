@@ -82,6 +82,8 @@ class Plan(TypedDict):
     max_requeues: int
     #: seconds between rank 0's checks whether growing to more nodes pays (0: never)
     grow_check_s: int
+    #: whether the job may re-cut its stages in place from measured layer times
+    rebalance: bool
     time_limit_s: int | None
     signal_lead_s: int | None
     model: ModelSpec
@@ -215,6 +217,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         "cpus_per_task": cfg.resources.cpus_per_task,
         "max_requeues": j.max_requeues,
         "grow_check_s": j.grow_check_s,
+        "rebalance": cfg.pipeline.rebalance,
         "time_limit_s": j.time_seconds,
         "signal_lead_s": signal_lead_s(cfg),
         **_sections(cfg, run_dir),

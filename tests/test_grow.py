@@ -100,3 +100,17 @@ def test_a_job_started_on_one_node_grows_when_the_holder_ends_and_beats_staying(
     status = pswift("status", job, check=True).stdout
     assert f"grew at step {g['step']} of attempt 0: 1 -> {g['nodes_to']} node(s)" in status
     print(f"grown JCT {grown_jct:.1f} s vs pinned {pinned_jct:.1f} s ({pinned_jct / grown_jct:.2f}x)")
+
+
+def test_grow_check_s_is_bounded_and_reaches_plan_json(tmp_path):
+    from pipeswift_slurm.config import load_config
+    from pipeswift_slurm.errors import ConfigError
+    from pipeswift_slurm.plan import build_plan
+    for value, ok in (("2", False), ("0", True), ("30", True), ("-1", False)):
+        toml = copy_example(tmp_path / f"ex{value}", {"nodes": "[1, 4]"})
+        toml.write_text(toml.read_text().replace("max_requeues = 3", f"max_requeues = 3\ngrow_check_s = {value}"))
+        if ok:
+            assert build_plan(load_config(toml), tmp_path / "run")["grow_check_s"] == int(value)
+        else:
+            with pytest.raises(ConfigError, match="grow_check_s"):
+                load_config(toml)

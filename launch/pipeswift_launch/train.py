@@ -402,7 +402,7 @@ def _relayout_proposal(att: Attempt, profiled: dict[str, Any], step_times: list[
     """Rank 0's re-layout proposal, the same on every rank (None: the TOML's explicit cut is
     the user's and stays)."""
     from . import relayout
-    if att.layout["partition"] == "explicit" or att.layout["stages"] == 1:
+    if att.layout["partition"] == "explicit" or att.layout["stages"] == 1 or att.plan.get("rebalance") is False:
         return None
     done = sum(1 for r in att.plan.get("relayouts") or []
                if r.get("job_id") == att.denv.job_id and r.get("attempt") == att.denv.attempt)
