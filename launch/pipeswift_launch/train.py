@@ -249,7 +249,7 @@ def _train(att: Attempt) -> int:
     timer = InstructionTimer(engine, sync=plan["device"] == "cuda")
     first = att.step  # the profiling window counts from this attempt's first step
     step_times: list[float] = []
-    relayout = watcher = None
+    relayout = watcher = profiled = None
     while att.step < steps:
         profiler.active = timer.active = (att.step + 1 - first) in PROFILE_STEPS
         batches = [data_fn(step=att.step, index=dp_rank * m + i, micro_batch_size=mbs, seed=int(t["seed"]),
@@ -272,26 +272,34 @@ def _train(att: Attempt) -> int:
             if att.step < steps:
                 relayout = _relayout_proposal(att, profiled, step_times[1:])
                 watcher = _watch_for_growth(att, step_times)
-        # every rank, same point of every step: agree whether anyone was asked to stop
-        flag.fill_(float(requested()))
-        att.dist.all_reduce(flag, op=att.dist.ReduceOp.MAX)
-        stop_code = int(flag.item())
-        if stop_code or att.step >= steps or (interval and att.step % interval == 0):
-            with dog.paused():
-                _save(att, "grow" if stop_code == STOP_GROW else "signal" if stop_code
-                      else "final" if att.step >= steps else "periodic")
-            if stop_code == STOP_GROW:
-                _commit_growth(att, watcher)
-        elif relayout is not None and relayout.go:
-            with dog.paused():
-                _save(att, "relayout")
-            _commit_relayout(att, relayout, profiled)
-            stop_code = STOP_RELAYOUT
+        stop_code = _step_end(att, flag, dog, interval, relayout, watcher, profiled)
         if stop_code:
             break
     dog.stop()
     if watcher is not None:
         watcher.stop()
+    return stop_code
+
+
+def _step_end(att: Attempt, flag: Any, dog: Watchdog, interval: int, relayout: Any, watcher: Any,
+              profiled: dict[str, Any] | None) -> int:
+    """Every rank, same point of every step: agree whether anyone asked to stop (a signal, rank
+    0's growth watcher), save what the step calls for, or re-lay out; the stop code (0: go on)."""
+    steps = int(att.plan["training"]["steps"])
+    flag.fill_(float(requested()))
+    att.dist.all_reduce(flag, op=att.dist.ReduceOp.MAX)
+    stop_code = int(flag.item())
+    if stop_code or att.step >= steps or (interval and att.step % interval == 0):
+        with dog.paused():
+            _save(att, "grow" if stop_code == STOP_GROW else "signal" if stop_code
+                  else "final" if att.step >= steps else "periodic")
+        if stop_code == STOP_GROW:
+            _commit_growth(att, watcher)
+    elif relayout is not None and relayout.go and profiled is not None:
+        with dog.paused():
+            _save(att, "relayout")
+        _commit_relayout(att, relayout, profiled)
+        stop_code = STOP_RELAYOUT
     return stop_code
 
 
