@@ -208,3 +208,16 @@ def test_rebalance_is_a_switch_that_reaches_plan_json(tmp_path):
     toml.write_text(toml.read_text().replace("rebalance = false", 'rebalance = "no"'))
     with pytest.raises(ConfigError, match=r"\[pipeline\] rebalance = 'no' must be true or false"):
         load_config(toml)
+
+
+def test_drifting_step_times_call_for_another_profile_a_bounded_number_of_times():
+    d = relayout.Drift()
+    assert not d.drifted(100, [1.0] * 50)                      # nothing profiled yet
+    d.settle(4, [0.30, 0.31, 0.29])
+    assert not d.drifted(4 + relayout.DRIFT_STEPS - 1, [0.5] * 30)   # too soon after the profile
+    assert not d.drifted(40, [0.30] * 20 + [0.35] * 10)        # 17 %: noise
+    assert d.drifted(40, [0.30] * 20 + [0.40] * 10)            # 33 % slower: profile again
+    assert d.drifted(40, [0.30] * 20 + [0.20] * 10)            # or faster
+    for _ in range(relayout.MAX_PROFILES - 1):
+        d.settle(40, [0.30] * 3)
+    assert not d.drifted(100, [0.60] * 30)                     # the launch's profiles are spent

@@ -6,7 +6,8 @@ own rule (:func:`pipeswift_slurm.costmodel.stage_cut`: exact min-max, memory cap
 the measured per-layer times; the cost model turns the old and new cuts into step times, and the
 prediction is anchored to the step time measured now (measured x model(new) / model(old)).
 
-A re-layout happens only when all of these hold (hysteresis: noise never moves a job twice):
+Each launch profiles its layers during steps 2-4, and again when its step times drift
+(:class:`Drift`). A re-layout happens only when all of these hold (hysteresis: noise never moves a job twice):
 - the cut differs and is predicted at least ``MIN_GAIN`` faster per step;
 - the seconds saved over the remaining steps are at least ``COST_MARGIN`` x its cost: one
   checkpoint, and this attempt's measured setup and load again (plus a launch);
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
 
 MIN_GAIN = 0.10
 COST_MARGIN = 2.0
+#: a launch profiles its layers again (and may re-cut) when the median of its last
+#: ``DRIFT_WINDOW`` steps is ``DRIFT`` away from the profiled steps', judged ``DRIFT_STEPS``
+#: steps after a profile at the earliest, at most ``MAX_PROFILES`` profiles a launch
+DRIFT, DRIFT_STEPS, DRIFT_WINDOW, MAX_PROFILES = 0.25, 20, 10, 3
 #: seconds of a launch not in the measured setup (srun, the interpreter before the launcher)
 LAUNCH_S = 1.0
 
@@ -134,3 +139,23 @@ def cuts_for_all(plan: Plan, profile: Profile) -> dict[str, list[int]]:
         except PartitionError:
             continue
     return cuts
+
+
+class Drift:
+    """When the stage times drift: rank 0 compares the recent step times with the last profiled
+    ones (the launch then profiles again, every rank together, and proposes again)."""
+
+    def __init__(self) -> None:
+        self.base: float | None = None
+        self.at = 0
+        self.profiles = 0
+
+    def settle(self, step: int, window: Sequence[float]) -> None:
+        self.base, self.at, self.profiles = median(window), step, self.profiles + 1
+
+    def drifted(self, step: int, step_times: Sequence[float]) -> bool:
+        if self.base is None or self.profiles >= MAX_PROFILES or step - self.at < DRIFT_STEPS:
+            return False
+        now = median(step_times[-DRIFT_WINDOW:])
+        return now is not None and abs(now - self.base) > DRIFT * self.base
+

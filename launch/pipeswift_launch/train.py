@@ -18,6 +18,7 @@ from . import checkpoint as ckpt
 from . import data
 from .dist_env import DistEnv
 from .pipe import build_pipe
+from . import relayout as relayout_mod
 from .profile import PROFILE_STEPS, InstructionTimer, LayerProfiler
 from .signals import STOP_GROW, STOP_NONE, STOP_TIME, requested
 from .watchdog import Watchdog, end_attempt
@@ -237,19 +238,18 @@ def _train(att: Attempt) -> int:
     m, mbs = att.layout["micro_batches"], att.layout["micro_batch_size"]
     dp_rank = engine.grid.data_parallel_id
     steps, interval = int(t["steps"]), int(t.get("checkpoint_interval") or 0)
-    flag = torch.zeros(1, device=engine.device)
+    flag = torch.zeros(2, device=engine.device)   # [stop code, re-profile: step times drifted]
     stop_code = STOP_NONE
     run_dir = Path(plan["run_dir"])
     dog = Watchdog(run_dir, att.rank, os.environ.get("SLURMD_NODENAME", "local"),
                    float(t.get("hang_timeout_factor", 10.0)), float(t.get("hang_timeout_min_s", 300.0)),
                    lambda info: end_attempt(run_dir, plan, att.denv, info))
     dog.start()
-    profiler = LayerProfiler(engine.module, sync=plan["device"] == "cuda",
-                             saved=not int(t.get("activation_checkpoint_interval", 0)))
-    timer = InstructionTimer(engine, sync=plan["device"] == "cuda")
+    profiler, timer = _profilers(att), InstructionTimer(engine, sync=plan["device"] == "cuda")
     first = att.step  # the profiling window counts from this attempt's first step
     step_times: list[float] = []
     relayout = watcher = profiled = None
+    drift = relayout_mod.Drift()
     while att.step < steps:
         profiler.active = timer.active = (att.step + 1 - first) in PROFILE_STEPS
         batches = [data_fn(step=att.step, index=dp_rank * m + i, micro_batch_size=mbs, seed=int(t["seed"]),
@@ -270,15 +270,26 @@ def _train(att: Attempt) -> int:
         if profiler.handles and (att.step - first == PROFILE_STEPS[-1] or att.step >= steps):
             profiled = _emit_profile(profiler, timer, att)
             if att.step < steps:
-                relayout = _relayout_proposal(att, profiled, step_times[1:])
-                watcher = _watch_for_growth(att, step_times)
+                window = step_times[-len(PROFILE_STEPS):]   # the profiled steps
+                relayout = _relayout_proposal(att, profiled, window)
+                drift.settle(att.step, window)
+                watcher = watcher or _watch_for_growth(att, step_times)
+        flag[1] = float(att.rank == 0 and not profiler.handles and drift.drifted(att.step, step_times))
         stop_code = _step_end(att, flag, dog, interval, relayout, watcher, profiled)
         if stop_code:
             break
+        if flag[1].item() and not profiler.handles:   # every rank: profile the next steps again
+            profiler, timer = _profilers(att), InstructionTimer(engine, sync=plan["device"] == "cuda")
+            first = att.step
     dog.stop()
     if watcher is not None:
         watcher.stop()
     return stop_code
+
+
+def _profilers(att: Attempt) -> LayerProfiler:
+    return LayerProfiler(att.engine.module, sync=att.plan["device"] == "cuda",
+                         saved=not int(att.plan["training"].get("activation_checkpoint_interval", 0)))
 
 
 def _step_end(att: Attempt, flag: Any, dog: Watchdog, interval: int, relayout: Any, watcher: Any,
@@ -286,9 +297,9 @@ def _step_end(att: Attempt, flag: Any, dog: Watchdog, interval: int, relayout: A
     """Every rank, same point of every step: agree whether anyone asked to stop (a signal, rank
     0's growth watcher), save what the step calls for, or re-lay out; the stop code (0: go on)."""
     steps = int(att.plan["training"]["steps"])
-    flag.fill_(float(requested()))
+    flag[0] = float(requested())
     att.dist.all_reduce(flag, op=att.dist.ReduceOp.MAX)
-    stop_code = int(flag.item())
+    stop_code = int(flag[0].item())
     if stop_code or att.step >= steps or (interval and att.step % interval == 0):
         with dog.paused():
             _save(att, "grow" if stop_code == STOP_GROW else "signal" if stop_code
