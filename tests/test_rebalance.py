@@ -146,7 +146,7 @@ def test_the_history_keeps_the_final_layouts_steps_and_the_relayout(tmp_path):
 
 WRONG = {"layer_costs": "[0.0001, 0.001, 0.001, 0.001, 0.001, 0.1]",    # cuts [0, 5, 6] on 2 stages
          "kwargs": "{ vocab = 96, hidden = 128, heads = 4, blocks = 4, seq_len = 32, slow_block = 0, slow_factor = 3 }",
-         "steps": "180", "global_batch_size": "64", "checkpoint_interval": "0"}
+         "steps": "240", "global_batch_size": "64", "checkpoint_interval": "0"}
 
 
 def job_events(run: Path) -> list[dict]:
@@ -186,7 +186,7 @@ def test_a_job_cut_from_wrong_costs_rebalances_once_in_place_and_matches_a_stati
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not any(e["event"] == "relayout" for e in job_events(ref))   # an explicit cut stays
     got, want = losses(run), losses(ref)
-    assert len(got) == 180 and got == want, [s for s in want if got.get(s) != want[s]][:5]
+    assert len(got) == 240 and got == want, [s for s in want if got.get(s) != want[s]][:5]
     # status and doctor say what was predicted and what was measured
     status = pswift("status", job, check=True).stdout
     assert "re-laid out at step 4: [0, 5, 6] -> [0, 2, 6]" in status and "(predicted" in status
