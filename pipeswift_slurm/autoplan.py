@@ -79,7 +79,7 @@ def past_runs(cfg: TrainConfig, h: hist_mod.History | None) -> PastRuns:
     errors = [(e["predicted_step_s"], e["actual_step_s"]) for e in h.recent_errors()]
     return PastRuns(step_times={k: v["mean"] for k, v in measured.items()},
                     step_vars={k: v["var"] for k, v in measured.items()},
-                    setup_s=median(setups) if setups else None,
+                    setup_s=median(setups) if setups else None, setup_samples=setups,
                     waits={n: median(w) for n, w in samples.items()}, wait_samples=samples,
                     preemptions_per_hour=h.preemptions_per_hour(cfg.job.partition),
                     step_rel_sd=step_rel_sd(errors))

@@ -74,6 +74,7 @@ class PastRuns:
     preemptions_per_hour: float = 0.0
     waits: dict[int, float] = field(default_factory=dict)          # nodes -> median queue wait
     wait_samples: dict[int, list[float]] = field(default_factory=dict)   # nodes -> past waits
+    setup_samples: list[float] = field(default_factory=list)      # this model's past setups
     step_vars: dict[str, float] = field(default_factory=dict)      # config_key -> per-step variance
     #: the step model's relative error measured on past jobs (None: too few to say)
     step_rel_sd: float | None = None
@@ -232,6 +233,7 @@ def _band(cfg: TrainConfig, c: Candidate, history: PastRuns, live: bool, step_ke
         step_var=history.step_vars.get(step_key(c)) if step_key is not None else None,
         rel_sd=history.step_rel_sd if e.step_source != "measured" else None,
         queue_samples=() if live else history.wait_samples.get(c.nodes, ()),
+        setup_samples=history.setup_samples,
         preemptions_per_s=history.preemptions_per_hour / 3600,
         checkpoint_interval_s=t.checkpoint_interval * e.step_s if t.checkpoint_interval else 0.0)
     e.jct_p10_s, e.jct_p50_s, e.jct_p90_s = risk.jct_band(terms)

@@ -5,7 +5,8 @@ in how late they may finish. Sampled here (seeded, pure Python: the submit path 
 numpy), each term from what the history knows:
 
 - queue wait: the live estimate when Slurm gave one, else the past waits of that node count
-  on the partition (resampled), else the single estimate;
+  on the partition (resampled), else the single estimate; setup: this model's past setups
+  (resampled) when there are any;
 - training: steps x step time x (1 + e), e ~ N(0, r) the step-time model's relative error (the
   history's past predictions when there are at least ``MIN_ERRORS`` of them, else
   ``MODEL_REL_SD`` by how the step time was obtained), plus per-step noise: the measured
@@ -50,6 +51,7 @@ class JctTerms(NamedTuple):
     step_var: float | None = None               # measured per-step variance (s^2)
     rel_sd: float | None = None                 # the step model's measured relative error
     queue_samples: Sequence[float] = ()         # past waits, when no live estimate
+    setup_samples: Sequence[float] = ()         # past setups of this model
     preemptions_per_s: float = 0.0
     checkpoint_interval_s: float = 0.0          # 0: only signals checkpoint (no work lost)
 
@@ -84,11 +86,12 @@ def jct_samples(t: JctTerms, n: int = SAMPLES, seed: int = 0) -> list[float]:
     out = []
     for _ in range(n):
         queue = rng.choice(t.queue_samples) if t.queue_samples else t.queue_s
+        setup = rng.choice(t.setup_samples) if t.setup_samples else t.setup_s
         train = max(0.0, mean_train * (1.0 + rng.gauss(0.0, rel)) + (rng.gauss(0.0, noise) if noise else 0.0))
         lost = 0.0
         for _ in range(_poisson(rng, t.preemptions_per_s * train)):
-            lost += t.setup_s + rng.random() * t.checkpoint_interval_s
-        out.append(queue + t.setup_s + train + t.checkpoint_s + lost)
+            lost += setup + rng.random() * t.checkpoint_interval_s
+        out.append(queue + setup + train + t.checkpoint_s + lost)
     return out
 
 

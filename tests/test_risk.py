@@ -87,3 +87,8 @@ def test_objective_is_checked_and_reaches_plan_json(tmp_path):
     d = json.loads(pswift("plan", str(good), "--no-live", "--json", check=True).stdout)
     e = d["chosen"]["estimate"]
     assert e["jct_p10_s"] <= e["jct_p50_s"] <= e["jct_p90_s"]
+
+
+def test_past_setups_spread_the_band():
+    b = jct_band(BASE._replace(setup_samples=[10.0] * 5 + [200.0] * 5))
+    assert b.p10 == pytest.approx(60 + 10 + 1010) and b.p90 == pytest.approx(60 + 200 + 1010)
