@@ -143,28 +143,11 @@ def nodes_request(cfg: TrainConfig, chosen: int, waiting: bool) -> str:
     """sbatch's --nodes for the chosen count: starting now, ``min-chosen`` (the job still starts
     when the cluster shrank meanwhile); waiting, exactly the chosen count. With a node range in
     the TOML always as a range (``4-4``): the batch script then asks CPUs per node rather than
-    tasks per node, so that a requeued attempt's request can be widened (:func:`requeue_range`)."""
+    tasks per node, so that a requeued attempt's request can be changed (pipeswift_launch.grow)."""
     lo, hi = cfg.resources.nodes_min, cfg.resources.nodes_max
     if lo == hi:
         return str(chosen)
     return f"{chosen}-{chosen}" if waiting or lo == chosen else f"{lo}-{chosen}"
-
-
-def requeue_range(plan: Plan) -> str | None:
-    """The --nodes a requeued attempt should ask for: from the smallest node count plan.json has
-    a layout for up to the request's maximum, so it never waits for more nodes than it needs;
-    None when the request already starts there or is not a range (a fixed request also fixes
-    the task count, which Slurm keeps)."""
-    req = str(plan.get("nodes_request") or "")
-    counts = [int(n) for n in plan.get("layouts") or {} if str(n).isdigit()]
-    if "-" not in req or not counts:
-        return None
-    try:
-        low, high = (int(x) for x in req.split("-", 1))
-    except ValueError:
-        return None
-    smallest = min(counts)
-    return f"{smallest}-{high}" if smallest < low else None
 
 
 def _sections(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:

@@ -344,13 +344,11 @@ def forbid_requeue(job_id: str) -> None:
     _run(["scontrol", "update", f"JobId={job_id}", "Requeue=0"])
 
 
-def requeue(job_id: str, exclude: str | None = None, nodes_needed: int = 1,
-            node_range: str | None = None) -> bool:
+def requeue(job_id: str, exclude: str | None = None, nodes_needed: int = 1) -> bool:
     """Requeue the job; with ``exclude``, keep its next attempt off that node when the partition
-    still has ``nodes_needed`` other usable nodes (returns whether it did); with ``node_range``
-    (``min-max``), the next attempt asks for that many nodes (:func:`set_node_range`). A running
-    job's ExcNodeList cannot change, so it is set just after the requeue, while the job is
-    pending; the requeue's SIGTERM to the job's processes is ignored until then."""
+    still has ``nodes_needed`` other usable nodes (returns whether it did). A running job's
+    ExcNodeList cannot change, so it is set just after the requeue, while the job is pending;
+    the requeue's SIGTERM to the job's processes is ignored until then."""
     from .queue import usable_nodes
 
     new_exc = None
@@ -361,17 +359,17 @@ def requeue(job_id: str, exclude: str | None = None, nodes_needed: int = 1,
         if len(others) >= nodes_needed:
             old = [x for x in (fields.get("ExcNodeList") or "").split(",") if x and x != "(null)"]
             new_exc = ",".join([*old, exclude])
-    _run(["scontrol", "requeue", str(job_id)], survive_term=bool(exclude or node_range))
+    _run(["scontrol", "requeue", str(job_id)], survive_term=exclude is not None)
     if new_exc:
         _run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={new_exc}"], survive_term=True)
-    if node_range:
-        set_node_range(job_id, node_range)
     return new_exc is not None
 
 
 def set_node_range(job_id: str, node_range: str) -> None:
     """A pending job's node request (``min-max``): only while pending (a requeued job is, even
-    while its old attempt is still completing); raises PswiftError with Slurm's word."""
+    while its old attempt is still completing). Slurm then starts it on the range's minimum,
+    not as many as are free (measured on 22.05), so a caller asks for ``n-n``. Raises
+    PswiftError with Slurm's word."""
     _run(["scontrol", "update", f"JobId={job_id}", f"NumNodes={node_range}"], survive_term=True)
 
 

@@ -1,5 +1,6 @@
-"""The node request as a range (issue 12, item 3): a requeued attempt whose plan has a layout
-for fewer nodes asks for that many at least, so it never waits for its original count."""
+"""The node request on requeue (issue 12, item 3): a requeued attempt whose plan has a layout
+for fewer nodes asks for the count it can have when it restarts, so it never waits for its
+original count (and takes more when more are free)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from conftest import copy_example, wait_state
 from pipeswift_slurm import events as events_mod
 from pipeswift_slurm import slurm, submit
 from pipeswift_slurm.config import load_config
-from pipeswift_slurm.plan import nodes_request, requeue_range
+from pipeswift_slurm.plan import nodes_request
+from pipeswift_slurm.queue import ClusterState, NodeState, PendingJob, RunningJob
 from pipeswift_slurm.sbatch import options_for, render
 from test_preemption import slow_example, slurm_log, wait_steps
+from pipeswift_launch import grow
 
 
 def test_a_ranged_toml_always_asks_in_range_form(tmp_path):
@@ -28,16 +31,35 @@ def test_a_ranged_toml_always_asks_in_range_form(tmp_path):
     assert "#SBATCH --ntasks-per-node" not in render(options_for(ranged, "/r", None, nodes="4-4"), "/r", "/py")
 
 
-@pytest.mark.parametrize("request_, counts, want", [
-    ("4-4", ["1", "2", "3", "4"], "1-4"),
-    ("2-4", ["2", "3", "4"], None),          # already starts at the smallest layout
-    ("1-3", ["1", "2", "3"], None),
-    ("4", ["1", "4"], None),                 # a fixed request fixes the task count too
-    ("3-3", ["2", "3"], "2-3"),
+def cluster_of(idle: list[str], mine: list[str], pending: list[tuple[str, int]]) -> ClusterState:
+    nodes = [NodeState(f"node{i}", "idle" if f"node{i}" in idle else "allocated", 8,
+                       8 if f"node{i}" in idle else 0, ("low", "high")) for i in range(1, 5)]
+    return ClusterState(now=0.0, nodes=nodes, running=[RunningJob("7", tuple(mine), 1e9)],
+                        pending=[PendingJob(str(k), part, n, 600.0) for k, (part, n) in enumerate(pending)])
+
+
+PLAN = {"partition": "low", "layouts": {"1": {}, "2": {}, "4": {}}}
+
+
+@pytest.mark.parametrize("idle, mine, pending, want", [
+    (["node3", "node4"], ["node1", "node2"], [("high", 3)], 1),   # the preemptor takes 3 of our 4
+    (["node3", "node4"], ["node1", "node2"], [], 4),              # a time limit: all four
+    (["node3"], ["node1", "node2"], [], 2),                       # three: the largest layout under
+    ([], ["node1"], [("low", 4)], 1),                             # nothing: the smallest layout
 ])
-def test_the_requeue_range_starts_at_the_smallest_layout(request_, counts, want):
-    plan = {"nodes_request": request_, "layouts": {n: {} for n in counts}}
-    assert requeue_range(plan) == want
+def test_a_requeued_attempt_asks_for_what_it_can_have_when_it_restarts(idle, mine, pending, want):
+    got, why = grow.requeue_target(PLAN, cluster_of(idle, mine, pending), 1, set(mine))
+    assert got == want, why
+
+
+def test_the_planners_estimates_pick_the_fastest_count_that_fits():
+    plan = {**PLAN, "layouts": {n: {"nodes": int(n), "stages": int(n), "data_parallel": 1,
+                                    "micro_batch_size": 8} for n in ("1", "2", "4")},
+            "candidates": [{"nodes": n, "stages": n, "data_parallel": 1, "micro_batch_size": 8,
+                            "rejected": None, "estimate": {"step_s": s}} for n, s in ((1, 0.4), (2, 0.2), (4, 0.3))]}
+    got, why = grow.requeue_target(plan, cluster_of(["node3", "node4"], ["node1", "node2"], []), 1,
+                                   {"node1", "node2"})
+    assert got == 2 and "2 predicted fastest" in why
 
 
 @pytest.mark.slurm
@@ -72,5 +94,5 @@ def test_a_requeued_job_with_a_1_node_layout_restarts_on_the_one_free_node(clust
     attempts = events_mod.by_attempt(events_mod.read(run)[0])
     assert [(a["start"]["nodes"], a["start"]["stages"]) for a in attempts] == [(2, 2), (1, 1)]
     assert attempts[0]["ended"] == "preempted" and attempts[-1]["ended"] == "completed"
-    assert "asking for 1-2 node(s)" in slurm_log(run)
+    assert "for 1 node(s) (1 node(s) available" in slurm_log(run)
     assert json.loads((run / "plan.json").read_text())["nodes_request"] == "2-2"

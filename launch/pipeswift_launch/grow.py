@@ -64,12 +64,44 @@ def predicted_steps(plan: Plan) -> dict[int, float]:
     return out
 
 
-def free_nodes(state: ClusterState, partition: str | None, cpus_per_node: int, mine: set[str]) -> int:
+def _pool(state: ClusterState, partition: str | None, cpus_per_node: int,
+          mine: set[str]) -> tuple[int, int, int]:
+    """(idle usable nodes not the job's, the job's own, what pending jobs sharing those nodes ask
+    for: they may start first, whatever their partition)."""
     from pipeswift_slurm.queue import usable_nodes
-    idle = [n for n in usable_nodes(state, partition, cpus_per_node)
-            if n.name not in mine and n.idle_cpus >= cpus_per_node]
-    ahead = sum(p.node_count for p in state.pending if partition is None or p.partition == partition)
-    return max(0, len(idle) - ahead)
+    usable = usable_nodes(state, partition, cpus_per_node)
+    names = {n.name for n in usable}
+    idle = sum(1 for n in usable if n.name not in mine and n.idle_cpus >= cpus_per_node)
+    demand = 0
+    for p in state.pending:
+        shared = sum(1 for n in state.nodes if n.name in names and p.partition in n.partitions)
+        demand += min(p.node_count, shared)
+    return idle, len(mine & names), demand
+
+
+def free_nodes(state: ClusterState, partition: str | None, cpus_per_node: int, mine: set[str]) -> int:
+    """Nodes the job could add now: idle ones not its own, less what pending jobs ask for."""
+    idle, _, demand = _pool(state, partition, cpus_per_node, mine)
+    return max(0, idle - demand)
+
+
+def requeue_target(plan: Plan, state: ClusterState, cpus_per_node: int, mine: set[str]) -> tuple[int, str]:
+    """How many nodes a requeued attempt should ask for, and why: of the node counts plan.json
+    has a layout for, the fastest (the planner's estimate, else the most nodes) within what it
+    can have when it restarts (idle nodes and its own, less what pending jobs sharing them ask
+    for); the smallest layout when even that is more. Slurm gives a pending job the minimum of
+    its node range, so the requeued job asks for exactly this count."""
+    idle, own, demand = _pool(state, plan.get("partition"), cpus_per_node, mine)
+    available = max(0, idle + own - demand)
+    counts = sorted(int(n) for n in plan["layouts"])
+    fits = [n for n in counts if n <= available]
+    if not fits:
+        return counts[0], f"{available} node(s) available: the smallest layout"
+    predicted = predicted_steps(plan)
+    if all(n in predicted for n in fits):
+        best = min(fits, key=lambda n: (predicted[n], -n))
+        return best, f"{available} node(s) available, {best} predicted fastest"
+    return fits[-1], f"{available} node(s) available"
 
 
 def decide(plan: Plan, nodes: int, free: int, step_times: Sequence[float], remaining: int,
@@ -116,7 +148,7 @@ class Watcher:
         self.decision: Growth | None = None
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="pswift-grow", daemon=True)
-        self.said = ""
+        self.said = ""   # the free count and target last explained
 
     def start(self) -> None:
         self.thread.start()
@@ -135,6 +167,7 @@ class Watcher:
                 self.log(f"growing: {g.why}")
                 self.on_grow()
                 return
-            if g.why != self.said and g.free:   # say why not once per distinct reason
-                self.said = g.why
+            said = f"{g.free}/{g.nodes_to}"
+            if g.free and said != self.said:   # say why not once per free count and target
+                self.said = said
                 self.log(f"not growing: {g.why}")

@@ -328,8 +328,7 @@ def _finish(att: Attempt, stop_code: int) -> int:
     _log(att.rank, f"attempt {denv.attempt} ended: {reason} at step {att.step}")
     att.dist.barrier()
     if att.rank == 0 and denv.job_id is not None:
-        _requeue_or_not(att.plan, denv, reason, requeue_by,
-                        f"{denv.nodes}-{att.grow_to}" if reason == "grow" and att.grow_to else None)
+        _requeue_or_not(att, reason, requeue_by)
     att.dist.destroy_process_group()
     return rc
 
@@ -526,22 +525,41 @@ def _slurm_requeues_preempted() -> bool:
         return False
 
 
-def _requeue_or_not(plan: Plan, denv: DistEnv, reason: str, requeue_by: str | None,
-                    node_range: str | None = None) -> None:
-    """After the checkpoint is committed: requeue the job where Slurm will not, and keep Slurm
-    from requeueing a preempted job whose requeue budget is spent."""
+def _next_nodes(att: Attempt, reason: str) -> tuple[int | None, str]:
+    """How many nodes the requeued attempt asks for (None: as this one did), and why: a growth's
+    target, else what the cluster will have when it restarts (grow.requeue_target)."""
+    plan, denv = att.plan, att.denv
+    if len(plan["layouts"]) < 2 or "-" not in str(plan.get("nodes_request")):
+        return None, ""   # one layout, or a fixed request (it fixes the task count too)
+    if reason == "grow" and att.grow_to:
+        return att.grow_to, "growing"
+    from pipeswift_slurm import slurm
+
+    from . import grow
+    try:
+        state = slurm.cluster_state()
+    except Exception as e:   # cannot ask: the next attempt asks for what this one did
+        return None, f"cannot read the cluster ({e})"
+    mine = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
+    cpus = int(att.layout["tasks_per_node"]) * int(plan.get("cpus_per_task") or 1)
+    return grow.requeue_target(plan, state, cpus, mine)
+
+
+def _requeue_or_not(att: Attempt, reason: str, requeue_by: str | None) -> None:
+    """After the checkpoint is committed: requeue the job where Slurm will not (asking for the
+    node count that can start soonest), and keep Slurm from requeueing a preempted job whose
+    requeue budget is spent."""
     from pipeswift_slurm import slurm  # the one module that talks to Slurm
+    denv = att.denv
     if requeue_by == "pswift":
-        from pipeswift_slurm.plan import requeue_range
-        widened = node_range or requeue_range(plan)
-        _log(denv.rank, f"requeueing job {denv.job_id}"
-             + (f" asking for {widened} node(s): plan.json has a layout for each" if widened else ""))
+        nodes, why = _next_nodes(att, reason)
+        _log(denv.rank, f"requeueing job {denv.job_id}" + (f" for {nodes} node(s) ({why})" if nodes else ""))
         slurm.requeue(denv.job_id)
-        if widened:
+        if nodes:
             try:
-                slurm.set_node_range(denv.job_id, widened)
+                slurm.set_node_range(denv.job_id, f"{nodes}-{nodes}")
             except Exception as e:   # the next attempt then asks for what this one had
-                _log(denv.rank, f"could not widen the node request to {widened}: {e}")
+                _log(denv.rank, f"could not set the node request to {nodes}: {e}")
     elif requeue_by == "slurm":
         _log(denv.rank, f"Slurm requeues preempted job {denv.job_id} itself")
     elif reason == "preempted" and _slurm_requeues_preempted():

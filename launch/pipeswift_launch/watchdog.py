@@ -131,11 +131,9 @@ def end_attempt(run_dir: Path, plan: Plan, denv: Any, info: dict[str, Any]) -> N
         # the requeue's SIGTERM only sets this process's stop flag (signals.py); the Slurm
         # commands that follow it ignore it (slurm.requeue)
         from pipeswift_slurm import slurm  # the one module that talks to Slurm
-        from pipeswift_slurm.plan import requeue_range
         node = info["suspect_node"] if info["certain"] else None
         try:
-            if slurm.requeue(denv.job_id, exclude=node, nodes_needed=min(int(n) for n in plan["layouts"]),
-                             node_range=requeue_range(plan)):  # raises only after the requeue
+            if slurm.requeue(denv.job_id, exclude=node, nodes_needed=min(int(n) for n in plan["layouts"])):
                 print(f"pswift: the next attempt will not use node {node}", flush=True)
         except Exception as e:  # the job still ends; Slurm's word is in the message
             print(f"pswift: requeue after the hang failed: {e}", flush=True)
