@@ -12,6 +12,7 @@ configurations of the same job, one after the other:
   on node1. static (`[job] grow_check_s = 0`) vs growing (it grows when the nodes free up, and
   re-balances the bigger layout in place).
 
+Each run has its own history (PSWIFT_HOME), so none starts from another's measured profile.
 JCT = `pswift sbatch` to COMPLETED, seen from outside. The ratio is static / dynamic (> 1: the
 dynamic job finished sooner). The planner is told that all virtual nodes share this host's
 cores (PSWIFT_HOST_CORES, PSWIFT_RANKS_PER_HOST), so its estimates reflect what the host can do.
@@ -76,6 +77,7 @@ def wait_for(job: str, states: set[str], timeout: float) -> str:
 def one_run(tmp: Path, name: str, steps: int, holder_nodes: str, hold_s: float | None,
             rebalance: str, grow_check_s: int, pswift: str, env: dict) -> dict:
     toml = make_config(tmp / f"{name}-ex", steps, rebalance, grow_check_s)
+    env = {**env, "PSWIFT_HOME": str(tmp / f"{name}-home")}   # no run learns from another's profile
     sleep = f"sleep {hold_s:.0f}" if hold_s else "sleep 3600"
     holder = subprocess.run(["sbatch", "--parsable", "-p", "high", "-w", holder_nodes, "--exclusive",
                              "--time=10", "-o", "/dev/null", "--wrap", sleep],
@@ -113,8 +115,7 @@ def main() -> None:
     pswift = shutil.which("pswift", path=str(Path(sys.executable).parent)) or "pswift"
     runs: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="pswift-bench-dyn-") as tmp:
-        env = {**os.environ, "PSWIFT_HOME": str(Path(tmp) / "home"), "PSWIFT_HOST_CORES": str(os.cpu_count() or 1),
-               "PSWIFT_RANKS_PER_HOST": "4"}
+        env = {**os.environ, "PSWIFT_HOST_CORES": str(os.cpu_count() or 1), "PSWIFT_RANKS_PER_HOST": "4"}
         for scenario, (nodes, hold, configs) in SCENARIOS.items():
             runs[scenario] = {}
             for config, (rebalance, grow_check_s) in configs.items():
