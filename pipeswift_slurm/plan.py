@@ -95,6 +95,9 @@ class Plan(TypedDict):
     nodes_request: str
     #: bytes per task slot the planner assumed (None: costmodel.DEFAULT_DEVICE_MEMORY)
     device_memory: float | None
+    #: CPU: cores one host has and ranks placed on one host, as the planner assumed (None: unknown)
+    host_cores: int | None
+    ranks_per_host: int | None
     #: 0 as planned; each in-job re-layout rewrites the layouts from measured costs and adds 1
     revision: int
     #: the re-layouts so far, oldest first (pipeswift_launch.relayout writes them)
@@ -136,6 +139,8 @@ def _chosen(cfg: TrainConfig, planned: "PlanResult") -> dict[str, Any]:
                        "objective": cfg.job.objective, "profile_source": planned.profile_source},
         "nodes_request": nodes_request(cfg, ch.nodes, e.queue_s > 0),
         "device_memory": planned.hardware.device_memory if planned.hardware else None,
+        "host_cores": planned.hardware.host_cores if planned.hardware else None,
+        "ranks_per_host": planned.hardware.ranks_per_host if planned.hardware else None,
     }
 
 
@@ -178,7 +183,8 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
     layouts, infeasible = rule_layouts(cfg)
     chosen: dict[str, Any] = {"layouts": {n: lay._asdict() for n, lay in layouts.items()},
                               "infeasible": infeasible, "prediction": None, "candidates": [],
-                              "nodes_request": cfg.resources.nodes_spec, "device_memory": None}
+                              "nodes_request": cfg.resources.nodes_spec, "device_memory": None,
+                              "host_cores": None, "ranks_per_host": None}
     if planned is not None and planned.fits_nowhere():  # e.g. every layout would run out of memory
         reasons = sorted({c.rejected for c in planned.candidates if c.rejected})
         raise ConfigError(f"no layout fits: {'; '.join(reasons)}")

@@ -115,3 +115,19 @@ def test_grow_check_s_is_bounded_and_reaches_plan_json(tmp_path):
         else:
             with pytest.raises(ConfigError, match="grow_check_s"):
                 load_config(toml)
+
+
+def test_the_measured_profile_predicts_each_node_counts_step_and_overrides_the_plan():
+    """Growth weighs step times from the layers the job just measured (each count cut by them),
+    not the planner's guesses from wrong layer_costs."""
+    from pipeswift_launch import relayout
+    from pipeswift_slurm.costmodel import Profile
+    lay = lambda n: {"nodes": n, "stages": n, "data_parallel": 1, "micro_batches": 8,  # noqa: E731
+                     "micro_batch_size": 8, "tasks_per_node": 1}
+    plan = {"device": "cpu", "layouts": {"1": lay(1), "2": lay(2)}, "training": {}}
+    prof = Profile((0.01, 0.03, 0.01, 0.03), (1000,) * 4, (100,) * 4, 8, "measured")
+    steps = relayout.step_times(plan, prof)
+    assert steps[2] < 0.6 * steps[1]
+    wrong = grow.decide(PLAN, 1, 1, [0.8] * 5, 200, 5.0, 0.5, predicted={1: 0.4, 2: 0.39})
+    right = grow.decide(PLAN, 1, 1, [0.8] * 5, 200, 5.0, 0.5, predicted={1: steps[1], 2: steps[2]})
+    assert not wrong.go and right.go and right.nodes_to == 2

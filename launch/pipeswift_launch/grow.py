@@ -105,10 +105,11 @@ def requeue_target(plan: Plan, state: ClusterState, cpus_per_node: int, mine: se
 
 
 def decide(plan: Plan, nodes: int, free: int, step_times: Sequence[float], remaining: int,
-           restart_s: float, ckpt_s: float) -> Growth:
-    """Whether to grow now from ``nodes`` with ``free`` more nodes free, and to how many."""
+           restart_s: float, ckpt_s: float, predicted: dict[int, float] | None = None) -> Growth:
+    """Whether to grow now from ``nodes`` with ``free`` more nodes free, and to how many;
+    ``predicted``: step time per node count (default: the planner's, from plan.json)."""
     keep = Growth(False, "", nodes, free=free, remaining=remaining)
-    predicted = predicted_steps(plan)
+    predicted = predicted if predicted is not None else predicted_steps(plan)
     if nodes not in predicted or not step_times:
         keep.why = "no planner estimate for this node count"
         return keep

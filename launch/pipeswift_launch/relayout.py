@@ -85,7 +85,23 @@ def measured_profile(plan: Plan, layout: LayoutSpec, profiled: dict[str, Any],
 
 def hardware(plan: Plan) -> Hardware:
     device = plan["device"]
-    return Hardware(device=device, device_memory=plan.get("device_memory") or DEFAULT_DEVICE_MEMORY[device])
+    return Hardware(device=device, device_memory=plan.get("device_memory") or DEFAULT_DEVICE_MEMORY[device],
+                    host_cores=plan.get("host_cores"), ranks_per_host=plan.get("ranks_per_host"),
+                    threads_per_rank=int(plan.get("cpus_per_task") or 1))
+
+
+def step_times(plan: Plan, profile: Profile) -> dict[int, float]:
+    """The cost model's step time for every node count of plan.json from a measured profile,
+    each layout cut by the measured times (counts whose cut does not fit are left out)."""
+    hw, out = hardware(plan), {}
+    for n, lay in plan["layouts"].items():
+        try:
+            cut = stage_cut(profile, int(lay["stages"]), int(lay["data_parallel"]), hw.device_memory)
+        except PartitionError:
+            continue
+        out[int(n)] = estimate_step(profile, cut, lay["micro_batches"], lay["micro_batch_size"],
+                                    int(lay["data_parallel"]), lay["tasks_per_node"], hw).step_s
+    return out
 
 
 def propose(plan: Plan, layout: LayoutSpec, boundaries: list[int], profiled: dict[str, Any],

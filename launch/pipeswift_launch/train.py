@@ -273,7 +273,7 @@ def _train(att: Attempt) -> int:
                 window = step_times[-len(PROFILE_STEPS):]   # the profiled steps
                 relayout = _relayout_proposal(att, profiled, window)
                 drift.settle(att.step, window)
-                watcher = watcher or _watch_for_growth(att, step_times)
+                watcher = watcher or _watch_for_growth(att, step_times, profiled)
         flag[1] = float(att.rank == 0 and not profiler.handles and drift.drifted(att.step, step_times))
         stop_code = _step_end(att, flag, dog, interval, relayout, watcher, profiled)
         if stop_code:
@@ -433,10 +433,11 @@ def _relayout_proposal(att: Attempt, profiled: dict[str, Any], step_times: list[
     return got[0]
 
 
-def _watch_for_growth(att: Attempt, step_times: list[float]) -> Any:
+def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str, Any]) -> Any:
     """Rank 0's growth watcher (grow.py) when the job may grow: below the top of its node range,
-    a planner estimate to weigh, a requeue to spare; None otherwise."""
-    from . import grow, signals
+    a requeue to spare; None otherwise. Step times per node count come from the layers just
+    measured (the cost model over each count's measured cut), else from the planner's."""
+    from . import grow, relayout, signals
     plan, denv = att.plan, att.denv
     interval = float(plan.get("grow_check_s") or 0)
     counts = [int(n) for n in plan["layouts"]]
@@ -445,13 +446,19 @@ def _watch_for_growth(att: Attempt, step_times: list[float]) -> Any:
         return None
     from pipeswift_slurm import slurm
     cpus = int(att.layout["tasks_per_node"]) * int(plan.get("cpus_per_task") or 1)
+    profile = relayout.measured_profile(plan, att.layout, profiled, att.boundaries)
+    predicted = relayout.step_times(plan, profile) if profile is not None else None
+    if predicted is not None:   # this count as it runs now, not as a re-cut would
+        predicted[denv.nodes] = relayout.estimate_step(
+            profile, att.boundaries, att.layout["micro_batches"], att.layout["micro_batch_size"],
+            int(att.layout["data_parallel"]), att.layout["tasks_per_node"], relayout.hardware(plan)).step_s
 
     def check() -> Any:
         state = slurm.cluster_state()
         own = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
         free = grow.free_nodes(state, plan.get("partition"), cpus, own)
         return grow.decide(plan, denv.nodes, free, step_times[-20:], int(plan["training"]["steps"]) - att.step,
-                           att.setup_s + att.load_s, att.ckpt_s or 0.0)
+                           att.setup_s + att.load_s, att.ckpt_s or 0.0, predicted)
 
     w = grow.Watcher(interval, check, signals.request_grow, lambda msg: _log(0, msg))
     w.start()
