@@ -6,8 +6,10 @@ Rank 0 asks Slurm (one bounded ``sinfo``/``squeue``, or pyslurm) every ``grow_ch
 in a daemon thread, never on the training path. The estimate is the remaining JCT of staying,
 remaining steps x the step time measured now, against growing to n nodes: a requeue (its
 checkpoint, this attempt's measured setup and restore again, ``REQUEUE_S`` of Slurm's requeue)
-plus the remaining steps at plan.json's predicted step time for n nodes, anchored to the step
-time measured now (measured x predicted(n) / predicted(now)). It grows when the saving is at
+plus the remaining steps at the predicted step time for n nodes, anchored to the step time
+measured now (measured x predicted(n) / predicted(now)). Predictions come from the layers the
+job measured in this attempt (the cost model over each count's measured cut), else from the
+planner's estimates in plan.json. It grows when the saving is at
 least ``COST_MARGIN`` x the cost and the step ``MIN_GAIN`` faster; at most once an attempt, and
 only with a requeue to spare (``max_requeues``): no flapping.
 
