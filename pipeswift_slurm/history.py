@@ -113,22 +113,27 @@ MIGRATIONS: list[str] = [
     """
     CREATE TABLE sacct_state (cluster TEXT PRIMARY KEY, last_end REAL NOT NULL) WITHOUT ROWID;
     """,
-    # 7: the job's own layout changes, predicted and measured: in-job re-layouts (kind
-    #    "relayout": re-balanced stage cuts) and growths ("grow": requeued onto more nodes); the
-    #    JCT band
+    # 7: in-job re-layouts (re-balanced stage cuts), predicted and measured
     """
     ALTER TABLE attempts ADD COLUMN relayouts INTEGER;
+    CREATE TABLE relayouts (
+        job INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, attempt INTEGER NOT NULL,
+        step INTEGER NOT NULL, boundaries_from TEXT, boundaries_to TEXT, step_s REAL,
+        predicted_step_s REAL, measured_step_s REAL, predicted_gain_s REAL, measured_gain_s REAL,
+        predicted_cost_s REAL, measured_cost_s REAL, PRIMARY KEY (job, attempt, step)
+    );
+    """,
+    # 8: growths beside the re-layouts (kind "relayout" or "grow", the node counts), each
+    #    job's predicted JCT band, what each layer saves for its backward
+    """
+    ALTER TABLE relayouts ADD COLUMN kind TEXT;
+    ALTER TABLE relayouts ADD COLUMN nodes_from INTEGER;
+    ALTER TABLE relayouts ADD COLUMN nodes_to INTEGER;
+    ALTER TABLE relayouts ADD COLUMN nodes_got INTEGER;
     ALTER TABLE jobs ADD COLUMN predicted_jct_p10_s REAL;
     ALTER TABLE jobs ADD COLUMN predicted_jct_p50_s REAL;
     ALTER TABLE jobs ADD COLUMN predicted_jct_p90_s REAL;
     ALTER TABLE layer_profiles ADD COLUMN saved_bytes INTEGER;
-    CREATE TABLE relayouts (
-        job INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, attempt INTEGER NOT NULL,
-        step INTEGER NOT NULL, kind TEXT, boundaries_from TEXT, boundaries_to TEXT,
-        nodes_from INTEGER, nodes_to INTEGER, nodes_got INTEGER, step_s REAL,
-        predicted_step_s REAL, measured_step_s REAL, predicted_gain_s REAL, measured_gain_s REAL,
-        predicted_cost_s REAL, measured_cost_s REAL, PRIMARY KEY (job, attempt, step)
-    );
     """,
 ]
 
