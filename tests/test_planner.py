@@ -190,7 +190,8 @@ def test_contention_decided_from_live_cluster_state(cluster, tmp_path, limit, no
         text = pswift("plan", str(toml)).stdout
         assert f"chosen: {nodes} node(s)" in text and "vs " in text
         dry = pswift("sbatch", "--dry-run", str(toml)).stdout
-        assert f"#SBATCH --nodes={nodes}\n" in dry
+        # a ranged TOML asks in range form (CPUs per node), so a requeue can change the count
+        assert f"#SBATCH --nodes={nodes}-{nodes}\n" in dry and "#SBATCH --mincpus=1\n" in dry
         # Slurm's own estimate agrees with the backfill estimate here
         slurm_says = json.loads(pswift("plan", str(toml), "--json", "--test-only").stdout)
         assert slurm_says["chosen"]["nodes"] == nodes
