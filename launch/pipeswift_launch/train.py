@@ -549,7 +549,11 @@ def _next_nodes(att: Attempt, reason: str) -> tuple[int | None, str]:
         return None, f"cannot read the cluster ({e})"
     mine = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
     cpus = int(att.layout["tasks_per_node"]) * int(plan.get("cpus_per_task") or 1)
-    return grow.requeue_target(plan, state, cpus, mine)
+    nodes, why = grow.requeue_target(plan, state, cpus, mine)
+    asked = int(str(plan["nodes_request"]).split("-")[0])
+    # an updated pending job starts on its range's minimum, a submitted one on as many as are
+    # free up to its maximum: the request changes only when the job would otherwise wait
+    return (nodes, why) if nodes < asked else (None, "")
 
 
 def _requeue_or_not(att: Attempt, reason: str, requeue_by: str | None) -> None:
