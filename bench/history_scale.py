@@ -2,7 +2,10 @@
 
 - ingest rate of `History.add_slurm_records` (what `pswift history ingest` and the jobcomp plugin
   use) vs a bare `executemany` INSERT into the same table shape, same run;
-- `pswift history report` over all of it (library call, and the CLI end to end);
+- every admin read command (`history jobs`, `export`, `report`, `show`, `doctor` and the
+  sreport-like reports), end to end in a fresh interpreter with its output piped, against the
+  `sqlite3` command running the equivalent query on the same database, output piped the same
+  way, in the same run (medians of 3, rotated); and `pswift --version`, the interpreter's floor;
 - 64 concurrent writer processes (plugin-like: small transactions) -> rows lost, "database is
   locked" errors.
 
@@ -12,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import random
 import sqlite3
@@ -44,15 +46,104 @@ def records(n: int, seed: int = 1, prefix: str = "") -> list[dict]:
         user = f"u{rnd.randrange(200)}"
         attempts = 2 if rnd.random() < 0.1 else 1
         start = submit + wait
+        nodes = 1 + rnd.randrange(8)
+        final, code = rnd.choices([("COMPLETED", "0:0"), ("FAILED", "1:0"), ("TIMEOUT", "0:15")], (90, 7, 3))[0]
         for a in range(attempts):
             end = start + run
             out.append({"JOBID": f"{prefix}{i}", "JOBNAME": "job", "USERNAME": user, "PARTITION": part,
-                        "JOBSTATE": "PREEMPTED" if a < attempts - 1 else "COMPLETED",
-                        "NODECNT": str(1 + rnd.randrange(8)), "NODES": "n1", "SUBMIT": submit,
-                        "START": start, "END": end, "EXITCODE": "0", "CLUSTER": "c"})
+                        "ACCOUNT": f"a{int(user[1:]) % 20}", "QOS": ("normal", "long", "debug")[i % 3],
+                        "JOBSTATE": "PREEMPTED" if a < attempts - 1 else final,
+                        "NODECNT": str(nodes), "PROCS": str(16 * nodes), "NODES": "n1", "SUBMIT": submit,
+                        "START": start, "END": end, "EXITCODE": code, "LIMIT": 240, "CLUSTER": "c"})
             start = end + rnd.expovariate(1 / 120)
         i += 1
     return out[:n]
+
+
+def _percentiles(key: str) -> str:
+    """p50 and p95 of queue wait and JCT per ``key`` in plain SQL (window functions)."""
+    return (f"WITH w AS (SELECT {key} AS k, queue_s, jct_s, attempts, preempted, "
+            f"ROW_NUMBER() OVER (PARTITION BY {key} ORDER BY queue_s) AS rq, "
+            f"ROW_NUMBER() OVER (PARTITION BY {key} ORDER BY jct_s) AS rj, "
+            f"COUNT(*) OVER (PARTITION BY {key}) AS n FROM job_rollup) "
+            f"SELECT k, COUNT(*), SUM(attempts), SUM(preempted) * 1.0 / SUM(attempts), "
+            f"MAX(CASE WHEN rq = CAST(0.5 * n AS INT) THEN queue_s END), "
+            f"MAX(CASE WHEN rq = CAST(0.95 * n AS INT) THEN queue_s END), "
+            f"MAX(CASE WHEN rj = CAST(0.5 * n AS INT) THEN jct_s END), "
+            f"MAX(CASE WHEN rj = CAST(0.95 * n AS INT) THEN jct_s END) FROM w GROUP BY k ORDER BY k")
+
+
+def command_pairs(jid: str) -> dict[str, tuple[list[str], str, list[str]]]:
+    """Each admin command and the sqlite3 query that reads the same rows and computes the same
+    figures (with sqlite3's options for the same output form)."""
+    one_job = (f"SELECT * FROM slurm_jobs WHERE job_id = '{jid}' ORDER BY start; "
+               f"SELECT * FROM job_rollup WHERE job_id = '{jid}'")
+    listing = "SELECT * FROM job_rollup ORDER BY job_num, job_id"
+    tsv = ["-header", "-separator", "\t"]
+    return {
+        "jobs": (["history", "jobs"], listing, tsv),
+        "export": (["history", "export", "--format", "csv"], listing, ["-header", "-csv"]),
+        "report": (["history", "report", "--by", "partition"], _percentiles("partition"), tsv),
+        "show": (["history", "show", jid], one_job, tsv),
+        "doctor": (["doctor", jid], one_job, tsv),
+        "usage": (["history", "usage", "--by", "account", "--per", "month"],
+                  "SELECT strftime('%Y-%m', start, 'unixepoch', 'localtime') AS b, account, "
+                  "COUNT(DISTINCT cluster || '/' || job_id), SUM((end - start) * node_count) / 3600.0, "
+                  "SUM((end - start) * procs) / 3600.0, SUM((end - start) * COALESCE(gpus, 0)) / 3600.0 "
+                  "FROM slurm_jobs WHERE end IS NOT NULL GROUP BY b, account ORDER BY b", tsv),
+        "efficiency": (["history", "efficiency", "--by", "account"],
+                       "SELECT account, COUNT(*), AVG(last_elapsed_s / limit_s), SUM(cpu_time_s) / SUM(cpu_s), "
+                       "AVG(max_rss_mb / req_mem_mb) FROM job_rollup GROUP BY account ORDER BY account", tsv),
+        "waits": (["history", "waits", "--by", "qos"], _percentiles("qos"), tsv),
+        "failures": (["history", "failures"],
+                     "SELECT last_state, exit_code, COUNT(*), COUNT(DISTINCT user) FROM job_rollup "
+                     "GROUP BY 1, 2 ORDER BY 3 DESC", tsv),
+        "utilisation": (["history", "utilisation", "-r", "p0", "--nodes", "64"],
+                        "SELECT strftime('%Y-%m-%d', start, 'unixepoch', 'localtime') AS d, "
+                        "SUM((end - start) * node_count) / 3600.0 FROM slurm_jobs WHERE partition = 'p0' "
+                        "GROUP BY d ORDER BY d", tsv),
+    }
+
+
+def _timed(cmd: list[str], env: dict[str, str]) -> float:
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    took = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd[:4]}... failed: {proc.stderr.strip()}")
+    return took
+
+
+def compare_commands(db: Path, jid: str, tmp: Path, rounds: int = 3) -> dict[str, dict[str, float]]:
+    """Median wall time of each command and of sqlite3's equivalent, in rotated order; plus
+    `pswift --version`, what any Python command pays before it reads the database."""
+    import os
+    import shutil
+    import statistics
+    if shutil.which("sqlite3") is None:
+        raise SystemExit("the sqlite3 command is needed for the baseline: apt-get install sqlite3")
+    env = {**os.environ, "PSWIFT_HOME": str(tmp / "home"), "PSWIFT_DB": str(db)}
+    pswift = [sys.executable, "-m", "pipeswift_slurm.cli"]
+    pairs = command_pairs(jid)
+    times: dict[str, dict[str, list[float]]] = {k: {"pswift": [], "sqlite3": []} for k in pairs}
+    floor: list[float] = []
+    for r in range(rounds + 1):       # round 0 warms the page cache and the byte-code
+        for name in list(pairs)[r % len(pairs):] + list(pairs)[:r % len(pairs)]:
+            args, sql, opts = pairs[name]
+            p = _timed([*pswift, *args], env)
+            q = _timed(["sqlite3", "-readonly", *opts, str(db), sql], env)
+            if r:
+                times[name]["pswift"].append(p)
+                times[name]["sqlite3"].append(q)
+        f = _timed([*pswift, "--version"], env)
+        if r:
+            floor.append(f)
+    out = {"python_floor": {"pswift_s": statistics.median(floor)}}
+    for name, t in times.items():
+        p, q = statistics.median(t["pswift"]), statistics.median(t["sqlite3"])
+        out[name] = {"pswift_s": p, "sqlite3_s": q, "ratio": p / q}
+        print(f"{name:12s} pswift {p:6.2f} s   sqlite3 {q:6.3f} s   ratio {p / q:6.2f}")
+    return out
 
 
 def writer(args: tuple[str, int, int]) -> tuple[int, int]:
@@ -105,15 +196,11 @@ def main() -> None:
         t = time.perf_counter()
         groups = aggregate_sql(h, "partition")
         res["report_library_s"] = time.perf_counter() - t
+        jid = h.conn.execute("SELECT job_id FROM job_rollup WHERE attempts = 2 ORDER BY job_num DESC LIMIT 1").fetchone()[0]
         h.close()
         assert sum(g["jobs"] for g in groups) > 0
-        t = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "pipeswift_slurm.cli", "history", "report", "--db", str(db),
-                               "--format", "json"], capture_output=True, text=True)
-        res["report_cli_s"] = time.perf_counter() - t
-        if proc.returncode != 0:
-            raise SystemExit(proc.stderr)
-        res["report_groups"] = len(json.loads(proc.stdout))
+        res["commands"] = compare_commands(db, jid, Path(tmp))
+        res["report_cli_s"] = res["commands"]["report"]["pswift_s"]
         # concurrency
         cdb = Path(tmp) / "conc.db"
         History(cdb).close()
@@ -128,13 +215,22 @@ def main() -> None:
                    rows_lost=args.writers * args.per_writer - got,
                    locked_errors=sum(o[0] for o in outs), other_errors=sum(o[1] for o in outs))
     for k, v in res.items():
-        print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
+        if k != "commands":
+            print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
+    cmds = {k: v for k, v in res["commands"].items() if k != "python_floor"}
+    heavy = {k: v for k, v in cmds.items() if v["sqlite3_s"] >= 0.5}
+    res["slowest_command_s"] = max(v["pswift_s"] for v in cmds.values())
+    res["worst_heavy_ratio"] = max((v["ratio"] for v in heavy.values()), default=None)
     benchlib.save(args.out, res, quick=args.quick,
                   what=f"{args.jobs:,} Slurm job attempts: ingest rate vs a bare `executemany` into the "
-                       f"same table; `history report` over all; {args.writers} concurrent writer processes",
+                       f"same table; every admin read command over all of them vs the `sqlite3` command "
+                       f"running the equivalent query, same run; {args.writers} concurrent writer processes",
                   figures=f"ingest {res['ingest_rows_per_s'] / 1000:.0f}k rows/s ({res['ingest_vs_baseline']:.2f}× "
-                          f"the bare insert, which keeps no per-job roll-up); report {res['report_library_s']:.1f} s "
-                          f"(library), {res['report_cli_s']:.1f} s (CLI, with interpreter start); "
+                          f"the bare insert, which keeps no per-job roll-up); admin commands end to end (vs "
+                          f"`sqlite3` on the equivalent query): "
+                          + ", ".join(f"{k} {v['pswift_s']:.2f} s ({v['ratio']:.1f}×)" for k, v in cmds.items())
+                          + f"; slowest {res['slowest_command_s']:.2f} s; `pswift --version` alone "
+                          f"{res['commands']['python_floor']['pswift_s']:.2f} s; "
                           f"{args.writers} writers × {args.per_writer} rows: {res['rows_lost']} lost, "
                           f"{res['locked_errors']} \"database is locked\"")
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
-import shutil
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -100,94 +100,137 @@ def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file:
                f"in {h.path}")
 
 
-def _since(text: str | None) -> float | None:
-    if text is None:
-        return None
-    t = text.strip()
-    units = {"m": 60, "h": 3600, "d": 86400, "w": 604800}
-    if t[:-1].isdigit() and t[-1:] in units:
-        return time.time() - int(t[:-1]) * units[t[-1]]
-    try:
-        import datetime as _dt
-        return _dt.datetime.fromisoformat(t).timestamp()
-    except ValueError:
-        raise CLIError(f"time {text!r}: use an ISO date (2026-11-01) or an age like 7d, 12h", 2) from None
-
-
-def _filters(f: Callable[..., Any]) -> Callable[..., Any]:
-    for opt in reversed([
-        click.option("--user", help="Only this user's jobs."),
-        click.option("--partition", help="Only this partition."),
-        click.option("--since", help="Submitted at or after: ISO date or age (7d, 12h)."),
-        click.option("--until", help="Submitted before: ISO date or age."),
-        click.option("--state", help="Only jobs whose final state is this (COMPLETED, completed...)."),
-        click.option("--pswift-only", is_flag=True, help="Only pswift jobs."),
+def _select(f: Callable[..., Any]) -> Callable[..., Any]:
+    """sacct's selection options (comma lists everywhere), and --db; the command gets ``sel``."""
+    opts = [
+        click.option("-u", "--user", help="Only these users' jobs (comma list)."),
+        click.option("-A", "--account", help="Only these accounts (comma list)."),
+        click.option("-r", "--partition", help="Only these partitions (comma list)."),
+        click.option("-q", "--qos", help="Only these QOS (comma list)."),
+        click.option("-s", "--state", help="Only jobs whose final state is one of these: full names "
+                                           "or sacct's codes (CD,F,PR,TO,CA,OOM,...)."),
+        click.option("-S", "--starttime", "--since", "start",
+                     help="Submitted at or after: sacct's forms (2026-11-01, 2026-11-01T08:00, 11/01, "
+                          "today, now-7days) or an age (7d, 12h)."),
+        click.option("-E", "--endtime", "--until", "end", help="Submitted before (forms as -S)."),
+        click.option("-j", "--jobs", help="Only these job ids (comma list)."),
+        click.option("--pswift-only", is_flag=True, help="Only jobs pswift submitted."),
         _db_option,
-    ]):
-        f = opt(f)
-    return f
+    ]
+
+    @functools.wraps(f)
+    def wrapper(user: str | None, account: str | None, partition: str | None, qos: str | None,
+                state: str | None, start: str | None, end: str | None, jobs: str | None,
+                pswift_only: bool, **kw: Any) -> Any:
+        from .selection import SelectionError, build
+        try:
+            sel = build(user, account, partition, qos, state, jobs, start, end, pswift_only)
+        except SelectionError as e:
+            raise CLIError(str(e), e.exit_code) from None
+        return f(sel=sel, **kw)
+    for opt in reversed(opts):
+        wrapper = opt(wrapper)
+    return wrapper
 
 
-def _reports(db: Path | None, user: str | None, partition: str | None, since: str | None,
-             until: str | None, state: str | None, pswift_only: bool, job_id: str | None = None) -> list:
-    from .history import History
-    from .report import job_reports
+def _output(f: Callable[..., Any]) -> Callable[..., Any]:
+    """sacct's output options; the command gets ``out`` (a :class:`tabular.Output`)."""
+    opts = [
+        click.option("--json", "as_json", is_flag=True, help="A JSON list (raw numbers, null for unknown)."),
+        click.option("--csv", "as_csv", is_flag=True, help="CSV with a header (raw numbers)."),
+        click.option("-P", "--parsable", is_flag=True, help="'|'-separated, raw numbers (piped output "
+                                                            "is tab-separated without it)."),
+        click.option("-n", "--noheader", is_flag=True, help="No header line."),
+        click.option("-o", "--format", "fields", help="Columns to print, by key, comma-separated "
+                                                      "(--format=help lists them)."),
+    ]
 
-    h = History(db, create=False)
+    @functools.wraps(f)
+    def wrapper(as_json: bool, as_csv: bool, parsable: bool, noheader: bool, fields: str | None,
+                **kw: Any) -> Any:
+        from .tabular import Output
+        if sum((as_json, as_csv, parsable)) > 1:
+            raise CLIError("choose one of --json, --csv, -P/--parsable", 2)
+        form = "json" if as_json else "csv" if as_csv else "parsable" if parsable else "auto"
+        return f(out=Output(form, not noheader, fields), **kw)
+    for opt in reversed(opts):
+        wrapper = opt(wrapper)
+    return wrapper
+
+
+def _renderer(columns: list, out: Any, default_fields: str | None = None) -> Any:
+    """A Renderer for ``out`` (a terminal without -o gets ``default_fields``), or None after
+    printing the column keys for ``-o help``."""
+    import sys
+    from .tabular import Renderer
+    if out.fields and out.fields.strip().lower() == "help":
+        click.echo(" ".join(c.key for c in columns))
+        return None
+    if out.fields is None and default_fields and out.resolved(sys.stdout) == "table":
+        out = out._replace(fields=default_fields)
+    return Renderer(columns, out)
+
+
+def _print(rows: Any, columns: list, out: Any, default_fields: str | None = None) -> None:
+    """Print Python rows (tuples, or dicts by column key) as ``out`` says."""
+    from .tabular import from_dicts
+    if rows and isinstance(rows, list) and isinstance(rows[0], dict):
+        rows = from_dicts(rows, columns)
+    r = _renderer(columns, out, default_fields)
+    if r is not None:
+        with _quiet_on_closed_pipe():
+            r.start()
+            for values in rows:
+                r.row(values)
+            r.finish()
+
+
+@contextlib.contextmanager
+def _quiet_on_closed_pipe() -> Any:
+    """`pswift history jobs | head`: a reader that stops early ends the command quietly."""
+    import os
+    import sys
     try:
-        return job_reports(h, user, partition, _since(since), _since(until), state, pswift_only, job_id)
-    finally:
-        h.close()
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit
+        raise SystemExit(0) from None
 
 
-def _dur(s: float | None) -> str:
-    return duration(s, compact=True)
-
-
-def _emit(rows: list[dict[str, Any]], fmt: str, columns: list[tuple[str, str]]) -> None:
-    from .report import to_csv, to_json
-    if fmt == "csv":
-        click.echo(to_csv(rows), nl=False)
-        return
-    if fmt == "json":
-        click.echo(to_json(rows))
-        return
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-    table = Table(*[c[1] for c in columns])
-    for r in rows:   # Text: a job named "[/oops]" is shown as it is, never read as markup
-        table.add_row(*[Text(_dur(r[k]) if k.endswith("_s") else
-                             (f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k] if r[k] is not None else "-")))
-                        for k, _ in columns])
-    Console(highlight=False, markup=False, width=max(150, shutil.get_terminal_size().columns)).print(table)
-
-
-_format_option = click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]),
-                              default="table", show_default=True)
+def _open(db: Path | None) -> Any:
+    from .history import History
+    return History(db, create=False)
 
 
 @history.command("jobs")
-@_filters
-@_format_option
+@_select
+@_output
+@click.option("--limit", type=click.IntRange(min=1), help="Stop after N jobs (the first N in job-id order).")
 @_errors
-def history_jobs(db: Path | None, user: str | None, partition: str | None, since: str | None,
-                 until: str | None, state: str | None, pswift_only: bool, fmt: str) -> None:
-    """Jobs with their JCT breakdown: queue, setup, training, checkpoint/cleanup, attempts.
+def history_jobs(db: Path | None, sel: Any, out: Any, limit: int | None) -> None:
+    """Jobs, one line each, in job-id order: account, QOS, state, exit code, TRES, efficiency,
+    and the JCT breakdown (queue, setup, training, checkpoint/cleanup). Streams any number.
+
+    A terminal gets fixed-width columns; a pipe gets tab-separated raw numbers (seconds,
+    hours, ratios); -o picks columns (-o help lists them).
 
     Examples:
 
-        pswift history jobs --partition low --since 7d
+        pswift history jobs -r low -S now-7days -s CD,F
 
-        pswift history jobs --pswift-only --format csv
+        pswift history jobs -u alice -o job_id,state,elapsed_s,cpu_eff,mem_eff -P
     """
-    from .report import rows_for_output
-    rows = rows_for_output(_reports(db, user, partition, since, until, state, pswift_only))
-    _emit(rows, fmt, [("job_id", "job"), ("name", "name"), ("user", "user"), ("partition", "partition"),
-                      ("state", "state"), ("attempts", "attempts"), ("queue_s", "queue"),
-                      ("setup_s", "setup"), ("training_s", "training"), ("checkpoint_s", "ckpt/cleanup"),
-                      ("jct_s", "JCT"), ("steps_lost", "steps lost"),
-                      ("device_hours_wasted", "device-h wasted")])
+    from .report import LISTING, LISTING_DEFAULT, write_listing
+    r = _renderer(LISTING, out, LISTING_DEFAULT)
+    if r is None:
+        return
+    h = _open(db)
+    try:
+        with _quiet_on_closed_pipe():
+            write_listing(h, sel, r, limit)
+    finally:
+        h.close()
 
 
 @history.command("show")
@@ -196,24 +239,48 @@ def history_jobs(db: Path | None, user: str | None, partition: str | None, since
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_errors
 def history_show(job_id: str, db: Path | None, as_json: bool) -> None:
-    """One job: its JCT breakdown and every attempt (layout, steps, how it ended).
+    """One job: its JCT breakdown, accounting (account, QOS, TRES, efficiency, exit codes) and
+    every attempt (layout, steps, how it ended).
 
     Example:
 
         pswift history show 42
     """
-    from dataclasses import asdict
-    reps = _reports(db, None, None, None, None, None, False, job_id)
-    if not reps:
+    from .report import LISTING, job_reports, job_rows
+    from .selection import Selection
+    sel = Selection(job_ids=(job_id,))
+    h = _open(db)
+    try:
+        reps = job_reports(h, sel)
+        values = next(job_rows(h, sel), None)
+    finally:
+        h.close()
+    if not reps or values is None:
         raise CLIError(f"job {job_id} is not in the history; run `pswift history ingest` first", 1)
+    row = dict(zip((c.key for c in LISTING), values))
+    row["pswift"] = bool(row["pswift"])
     r = reps[-1]
     if as_json:
-        click.echo(json.dumps(asdict(r), indent=2))
+        click.echo(json.dumps({**row, "attempt_rows": r.attempt_rows}, indent=2))
         return
-    click.echo(f"job {r.job_id} {r.name!r} ({'pswift' if r.pswift else 'plain'}), user {r.user}, "
-               f"partition {r.partition}: {r.state}")
+    _show_text(r, row)
+
+
+def _show_text(r: Any, row: dict[str, Any]) -> None:
+    from .tabular import hms, inert
+
+    def pct(v: float | None) -> str:
+        return "unknown" if v is None else f"{100 * v:.1f}%"
+    click.echo(inert(f"job {r.job_id} {r.name!r} ({'pswift' if r.pswift else 'plain'}), user {r.user}, "
+                     f"account {row['account'] or '-'}, partition {r.partition}, QOS {row['qos'] or '-'}: "
+                     f"{r.state}, exit code {row['exit_code'] or '-'} (derived {row['derived_exit_code'] or '-'})"))
     click.echo(f"JCT {_dur(r.jct_s)} = queue {_dur(r.queue_s)} + setup {_dur(r.setup_s)} + "
                f"training {_dur(r.training_s)} + checkpoint/cleanup {_dur(r.checkpoint_s)}")
+    click.echo(f"allocated {row['nodes'] or '-'} node(s), {row['cpus'] or '-'} CPU(s), {row['gpus'] or 0} GPU(s); "
+               f"elapsed {hms(row['elapsed_s'] or 0)} of limit "
+               f"{hms(row['limit_s']) if row['limit_s'] else 'unknown'} (time efficiency {pct(row['time_eff'])}); "
+               f"CPU efficiency {pct(row['cpu_eff'])}; memory efficiency {pct(row['mem_eff'])}"
+               + (f" (MaxRSS {row['max_rss_mb']:.0f} MB)" if row["max_rss_mb"] is not None else ""))
     if r.predicted_jct_s:
         click.echo(f"predicted JCT {_dur(r.predicted_jct_s)}")
     wasted = "unknown" if r.device_hours_wasted is None else f"{r.device_hours_wasted:.3g}"
@@ -225,72 +292,94 @@ def history_show(job_id: str, db: Path | None, as_json: bool) -> None:
                    f"setup {_dur(a['setup_s'])}, step p50 {_dur(a['step_p50'])}")
 
 
+def _dur(s: float | None) -> str:
+    return duration(s, compact=True)
+
+
+#: `history report`'s columns
+_REPORT_COLS = [("jobs", "Jobs", "int", 6), ("attempts", "Attempts", "int", 8), ("wait_p50_s", "WaitP50", "s", 10),
+                ("wait_p95_s", "WaitP95", "s", 10), ("jct_p50_s", "JCTP50", "s", 10), ("jct_p95_s", "JCTP95", "s", 10),
+                ("preemption_rate", "PreemptRate", "ratio", 11), ("steps_lost", "StepsLost", "int", 9),
+                ("device_hours_wasted", "Wasted", "h", 8), ("step_time_var", "StepVar", "float", 8),
+                ("queue_s", "Queue", "s", 13), ("setup_s", "Setup", "s", 13), ("training_s", "Training", "s", 13),
+                ("checkpoint_s", "Ckpt/cleanup", "s", 13), ("predicted_vs_actual_jct", "PredVsActual", "float", 12)]
+
+
 @history.command("report")
-@_filters
-@click.option("--by", type=click.Choice(["partition", "user", "config", "nodes"]), default="partition",
-              show_default=True, help="Group jobs by.")
-@_format_option
+@_select
+@click.option("--by", type=click.Choice(["partition", "user", "account", "qos", "config", "nodes"]),
+              default="partition", show_default=True, help="Group jobs by.")
+@_output
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG: stacked JCT breakdown per group and the wait-time CDF.")
 @_errors
-def history_report(db: Path | None, user: str | None, partition: str | None, since: str | None,
-                   until: str | None, state: str | None, pswift_only: bool, by: str, fmt: str,
-                   plot: Path | None) -> None:
-    """Aggregates per group: p50/p95 wait and JCT, preemption rate, waste, step-time variance.
+def history_report(db: Path | None, sel: Any, by: str, out: Any, plot: Path | None) -> None:
+    """JCT per group: p50/p95 wait and JCT, preemption rate and waste, the JCT phases
+    (queue, setup, training, checkpoint/cleanup), step-time variance, predicted vs actual.
 
     Examples:
 
-        pswift history report --by partition --since 30d
+        pswift history report --by partition -S now-30days
 
         pswift history report --by user --plot jct.png
     """
-    from .history import History
     from .report import aggregate, aggregate_sql, job_reports, wait_quantiles
     from .report import plot as draw
+    from .tabular import Col
 
-    h = History(db, create=False)
+    h = _open(db)
     try:
-        if by == "config":  # pswift configs: the (small) pswift tables
-            reps = job_reports(h, user, partition, _since(since), _since(until), state, True)
+        if by == "config" or sel.pswift_only:  # pswift jobs: the (small) pswift tables
+            reps = [r for r in job_reports(h, sel) if r.pswift]
             groups = aggregate(reps, by)
             waits = [r.queue_s for r in reps]
         else:  # any number of Slurm jobs: aggregated inside SQLite
-            groups = aggregate_sql(h, by, user, partition, _since(since), _since(until), state, pswift_only)
-            waits = wait_quantiles(h) if plot is not None else []
+            groups = aggregate_sql(h, by, sel)
+            waits = wait_quantiles(h, sel) if plot is not None else []
     finally:
         h.close()
-    _emit(groups, fmt, [(by, by), ("jobs", "jobs"), ("attempts", "attempts"), ("wait_p50_s", "wait p50"),
-                        ("wait_p95_s", "wait p95"), ("jct_p50_s", "JCT p50"), ("jct_p95_s", "JCT p95"),
-                        ("preemption_rate", "preempt rate"), ("steps_lost", "steps lost"),
-                        ("device_hours_wasted", "device-h wasted"), ("step_time_var", "step var"),
-                        ("predicted_vs_actual_jct", "pred/actual JCT")])
+    _nothing_selected(groups)
+    _print(groups, [Col(by, by.capitalize(), "text", 10)] + [Col(*c) for c in _REPORT_COLS], out)
     if plot is not None:
         draw([], groups, by, plot, waits)
         _warn(f"plot written to {plot}")
 
 
+def _nothing_selected(rows: list[Any]) -> None:
+    if not rows:
+        raise CLIError("no job in the history matches this selection; widen it (-S, -s, -u, -r) "
+                       "or run `pswift history ingest`", 1)
+
+
 @history.command("export")
-@_filters
-@click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True)
+@_select
+@click.option("--format", "fmt", type=click.Choice(["csv", "json", "tsv"]), default="csv", show_default=True)
 @_errors
-def history_export(db: Path | None, user: str | None, partition: str | None, since: str | None,
-                   until: str | None, state: str | None, pswift_only: bool, fmt: str) -> None:
-    """Every job row with its breakdown, as CSV or JSON (for spreadsheets, pandas, Datasette).
+def history_export(db: Path | None, sel: Any, fmt: str) -> None:
+    """Every selected job with every column, streamed as CSV, JSON or TSV (for spreadsheets,
+    pandas, Datasette).
 
     Example:
 
-        pswift history export --since 30d --format json > jobs.json
+        pswift history export -S now-30days --format json > jobs.json
     """
-    from .report import rows_for_output
-    _emit(rows_for_output(_reports(db, user, partition, since, until, state, pswift_only)), fmt, [])
+    from .report import LISTING, write_listing
+    from .tabular import Output, Renderer
+    h = _open(db)
+    try:
+        with _quiet_on_closed_pipe():
+            write_listing(h, sel, Renderer(LISTING, Output(fmt)))
+    finally:
+        h.close()
 
 
 @click.command()
 @click.argument("job_id", required=False)
 @click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="PSWIFT_DB",
               help="History database (default $PSWIFT_HOME/history.db).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_errors
-def doctor(job_id: str | None, db: Path | None) -> None:
+def doctor(job_id: str | None, db: Path | None, as_json: bool) -> None:
     """Explain where JOB_ID's completion time went and what to try, citing the numbers.
 
     Applies the symptom table: queue or preemption dominating JCT, slow steps despite a small
@@ -305,15 +394,17 @@ def doctor(job_id: str | None, db: Path | None) -> None:
         pswift doctor 42
     """
     if job_id is None:
-        _environment_checkup(db)
+        _environment_checkup(db, as_json)
         return
     from .history import History
     from .report import diagnose, job_reports
+    from .selection import Selection
 
+    sel = Selection(job_ids=(job_id,))
     h = History(db)
     try:
         h.ingest_registered()
-        reps = job_reports(h, job_id=job_id)
+        reps = job_reports(h, sel)
         relayouts = h.job_relayouts(reps[-1].run_dir) if reps and reps[-1].run_dir else []
     finally:
         h.close()
@@ -329,20 +420,30 @@ def doctor(job_id: str | None, db: Path | None) -> None:
         except PswiftError:
             plan = None   # another version's or a damaged plan: the findings that need it are skipped
         log = "".join(p.read_text(errors="replace") for p in run.glob("slurm-*.out"))
-    click.echo(f"job {job_id} ({rep.name}): {rep.state}, {rep.attempts} attempt(s)")
-    for finding in diagnose(rep, plan, log or ""):
-        click.echo(f"- {finding}")
     from .fmt import growth_line, relayout_line
-    for r in relayouts:
-        click.echo(f"- {growth_line(r)}" if r["kind"] == "grow" else f"- attempt {r['attempt']} {relayout_line(r)}")
+    findings = diagnose(rep, plan, log or "") + [
+        growth_line(r) if r["kind"] == "grow" else f"attempt {r['attempt']} {relayout_line(r)}" for r in relayouts]
+    if as_json:
+        click.echo(json.dumps({"job_id": job_id, "name": rep.name, "state": rep.state,
+                               "attempts": rep.attempts, "findings": findings}, indent=2))
+        return
+    click.echo(f"job {job_id} ({rep.name}): {rep.state}, {rep.attempts} attempt(s)")
+    for finding in findings:
+        click.echo(f"- {finding}")
 
 
-def _environment_checkup(db: Path | None) -> None:
+def _environment_checkup(db: Path | None, as_json: bool = False) -> None:
     from .checkup import environment
 
     findings = environment(db)
-    for f in findings:
+    if as_json:
+        from dataclasses import asdict
+        click.echo(json.dumps([asdict(f) for f in findings], indent=2))
+    for f in ([] if as_json else findings):
         click.echo(f"{'ok ' if f.ok else 'BAD'} {f.what}: {f.value}" + ("" if f.ok else f"\n    fix: {f.fix}"))
     bad = [f for f in findings if not f.ok]
     if bad:
         raise CLIError(f"{len(bad)} problem(s): {'; '.join(f'{f.what}: {f.fix}' for f in bad)}", 1)
+
+
+from . import cli_reports  # noqa: E402,F401  (registers the sreport-like commands on `history`)

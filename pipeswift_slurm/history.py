@@ -22,6 +22,7 @@ from . import events as events_mod
 from . import userfiles
 from .errors import PswiftError
 from .history_queries import Queries
+from .history_schema import COLS as _COLS, MIGRATIONS, ROLLUP as _ROLLUP, UPSERT as _UPSERT
 from .rundir import state_dir
 from .runrows import Owner, RunRows, rows, user_name
 
@@ -34,124 +35,6 @@ class IngestRefused(PswiftError):
     """A run directory or spool file that is not read (unsafe, too big, too slow): the reason."""
 
     exit_code = 1
-
-
-MIGRATIONS: list[str] = [
-    # 1: jobs, attempts, per-config step-time statistics, per-layer profiles, ingest bookkeeping
-    """
-    CREATE TABLE jobs (
-        id INTEGER PRIMARY KEY,
-        run_dir TEXT UNIQUE NOT NULL,
-        job_id TEXT, name TEXT, partition TEXT, user TEXT, model_key TEXT,
-        submit_time REAL, start_time REAL, end_time REAL, state TEXT, steps INTEGER,
-        chosen_nodes INTEGER, predicted_step_s REAL, predicted_jct_s REAL, predicted_queue_s REAL,
-        actual_step_s REAL, actual_jct_s REAL
-    );
-    CREATE INDEX jobs_model ON jobs(model_key);
-    CREATE INDEX jobs_partition ON jobs(partition, submit_time);
-    CREATE TABLE attempts (
-        job INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
-        attempt INTEGER NOT NULL,
-        nodes INTEGER, stages INTEGER, data_parallel INTEGER, micro_batches INTEGER,
-        micro_batch_size INTEGER, boundaries TEXT, config_key TEXT,
-        start_time REAL, end_time REAL, start_step INTEGER, end_step INTEGER, ended TEXT,
-        setup_s REAL, load_s REAL, checkpoint_s REAL, train_s REAL, resumed_from TEXT,
-        step_count INTEGER, step_mean REAL, step_var REAL, step_p50 REAL, step_p95 REAL,
-        PRIMARY KEY (job, attempt)
-    );
-    CREATE INDEX attempts_config ON attempts(config_key);
-    CREATE TABLE layer_profiles (
-        model_key TEXT NOT NULL, micro_batch_size INTEGER NOT NULL, layer INTEGER NOT NULL,
-        seconds REAL, param_bytes INTEGER, activation_bytes INTEGER, samples INTEGER,
-        updated REAL, PRIMARY KEY (model_key, micro_batch_size, layer)
-    );
-    CREATE TABLE ingest_state (run_dir TEXT PRIMARY KEY, size INTEGER, mtime REAL);
-    """,
-    # 2: every Slurm job attempt, pswift or not (jobcomp plugin spool, sacct, jobcomp filetxt)
-    """
-    CREATE TABLE slurm_jobs (
-        cluster TEXT NOT NULL DEFAULT '', job_id TEXT NOT NULL, start REAL NOT NULL,
-        name TEXT, user TEXT, partition TEXT, state TEXT, node_count INTEGER, nodes TEXT,
-        submit REAL, end REAL, exit_code TEXT, work_dir TEXT, time_limit TEXT, procs INTEGER,
-        source TEXT, PRIMARY KEY (cluster, job_id, start)
-    ) WITHOUT ROWID;
-    CREATE INDEX slurm_jobs_work_dir ON slurm_jobs(work_dir);
-    """,
-    # 3: one row per Slurm job (all its attempts rolled up), kept current by every ingest, so
-    #    reports over millions of jobs read one narrow row per job
-    """
-    CREATE TABLE job_rollup (
-        cluster TEXT NOT NULL, job_id TEXT NOT NULL, partition TEXT, user TEXT, nodes INTEGER,
-        work_dir TEXT, submit REAL, attempts INTEGER, preempted INTEGER, run_s REAL, jct_s REAL,
-        queue_s REAL, last_state TEXT, PRIMARY KEY (cluster, job_id)
-    ) WITHOUT ROWID;
-    CREATE INDEX job_rollup_partition ON job_rollup(partition, submit);
-    INSERT INTO job_rollup SELECT cluster, job_id, MAX(partition), MAX(user), MAX(node_count),
-        MAX(work_dir), MIN(submit), COUNT(*),
-        SUM(CASE WHEN state IN ('PREEMPTED', 'REQUEUED') THEN 1 ELSE 0 END), SUM(end - start),
-        MAX(end) - MIN(submit), MAX(end) - MIN(submit) - SUM(end - start), NULL
-        FROM slurm_jobs GROUP BY cluster, job_id;
-    """,
-    # 4: every candidate the planner weighed for a job, with its prediction or rejection
-    """
-    CREATE TABLE plan_decisions (
-        job INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, rank INTEGER NOT NULL,
-        chosen INTEGER, nodes INTEGER, stages INTEGER, data_parallel INTEGER, micro_batches INTEGER,
-        boundaries TEXT, queue_s REAL, step_s REAL, train_s REAL, jct_s REAL, step_source TEXT,
-        rejected TEXT, PRIMARY KEY (job, rank)
-    );
-    """,
-    # 5: what the engine spends outside the layers, from the launcher's instruction timing
-    """
-    CREATE TABLE pipe_overheads (
-        model_key TEXT NOT NULL, micro_batch_size INTEGER NOT NULL, stages INTEGER,
-        micro_batches INTEGER, overhead_s REAL, last_stage_overhead_s REAL, send_s REAL,
-        step_overhead_s REAL, updated REAL, PRIMARY KEY (model_key, micro_batch_size)
-    );
-    """,
-    # 6: how far `ingest --sacct` has read each cluster's accounting (the newest end time seen)
-    """
-    CREATE TABLE sacct_state (cluster TEXT PRIMARY KEY, last_end REAL NOT NULL) WITHOUT ROWID;
-    """,
-    # 7: in-job re-layouts (re-balanced stage cuts), predicted and measured
-    """
-    ALTER TABLE attempts ADD COLUMN relayouts INTEGER;
-    CREATE TABLE relayouts (
-        job INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, attempt INTEGER NOT NULL,
-        step INTEGER NOT NULL, boundaries_from TEXT, boundaries_to TEXT, step_s REAL,
-        predicted_step_s REAL, measured_step_s REAL, predicted_gain_s REAL, measured_gain_s REAL,
-        predicted_cost_s REAL, measured_cost_s REAL, PRIMARY KEY (job, attempt, step)
-    );
-    """,
-    # 8: growths beside the re-layouts (kind "relayout" or "grow", the node counts), each
-    #    job's predicted JCT band, what each layer saves for its backward
-    """
-    ALTER TABLE relayouts ADD COLUMN kind TEXT;
-    ALTER TABLE relayouts ADD COLUMN nodes_from INTEGER;
-    ALTER TABLE relayouts ADD COLUMN nodes_to INTEGER;
-    ALTER TABLE relayouts ADD COLUMN nodes_got INTEGER;
-    ALTER TABLE jobs ADD COLUMN predicted_jct_p10_s REAL;
-    ALTER TABLE jobs ADD COLUMN predicted_jct_p50_s REAL;
-    ALTER TABLE jobs ADD COLUMN predicted_jct_p90_s REAL;
-    ALTER TABLE layer_profiles ADD COLUMN saved_bytes INTEGER;
-    """,
-]
-
-_COLS = ("cluster", "job_id", "start", "name", "user", "partition", "state", "node_count", "nodes",
-         "submit", "end", "exit_code", "work_dir", "time_limit", "procs", "source")
-_UPSERT = (f"INSERT INTO slurm_jobs ({', '.join(_COLS)}) VALUES ({', '.join('?' * len(_COLS))}) "
-           f"ON CONFLICT (cluster, job_id, start) DO UPDATE SET " +
-           ", ".join(f"{c} = excluded.{c}" for c in _COLS[3:]))
-_ROLLUP = """
-    INSERT OR REPLACE INTO job_rollup
-    SELECT s.cluster, s.job_id, MAX(s.partition), MAX(s.user), MAX(s.node_count), MAX(s.work_dir),
-        MIN(s.submit), COUNT(*), SUM(CASE WHEN s.state IN ('PREEMPTED', 'REQUEUED') THEN 1 ELSE 0 END),
-        SUM(s.end - s.start), MAX(s.end) - MIN(s.submit), MAX(s.end) - MIN(s.submit) - SUM(s.end - s.start),
-        (SELECT l.state FROM slurm_jobs l WHERE l.cluster = s.cluster AND l.job_id = s.job_id
-         ORDER BY l.start DESC LIMIT 1)
-    FROM slurm_jobs s JOIN temp.touched t ON t.cluster = s.cluster AND t.job_id = s.job_id
-    GROUP BY s.cluster, s.job_id
-"""
 
 
 def default_path() -> Path:
@@ -413,22 +296,59 @@ def _epoch(v: Any) -> float | None:
         return None
 
 
+def _int(v: Any) -> int | None:
+    return int(v) if str(v if v is not None else "").strip().isdigit() else None
+
+
+def _num(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if x == x and x >= 0 else None
+
+
+def limit_seconds(v: Any) -> float | None:
+    """A time limit in seconds: sacct's minutes (a number), or Slurm's text ``[D-]HH:MM:SS``,
+    ``MM:SS``, ``MM`` (jobcomp, filetxt); None for UNLIMITED and anything unreadable."""
+    if isinstance(v, (int, float)):
+        return float(v) * 60 if v > 0 else None
+    text = str(v or "").strip()
+    days, _, rest = text.rpartition("-") if "-" in text else ("0", "", text)
+    parts = rest.split(":")
+    if not days.isdigit() or not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+        return None
+    nums = [int(p) for p in parts]
+    if "-" in text:                          # D-HH, D-HH:MM, D-HH:MM:SS
+        nums += [0] * (3 - len(nums))
+    else:                                    # MM, MM:SS, HH:MM:SS
+        nums = [0] * (3 - len(nums)) + nums if len(nums) == 3 else [0, *nums, *([0] if len(nums) == 1 else [])]
+    secs = nums[0] * 3600 + nums[1] * 60 + nums[2]
+    return float(int(days) * 86400 + secs) or None
+
+
 def normalise_record(r: dict[str, Any], source: str) -> dict[str, Any] | None:
-    """One Slurm attempt from a jobcomp env record, a filetxt line or sacct JSON (keys upper)."""
+    """One Slurm attempt from a jobcomp env record, a filetxt line or sacct JSON (keys upper).
+    A field the source does not carry is None (unknown), never 0."""
     jid = r.get("JOBID")
     start = _epoch(r.get("START"))
     if not jid or start is None:
         return None
-    ec = r.get("EXITCODE") if r.get("EXITCODE") is not None else r.get("DERIVED_EC")
+    ec, dec = r.get("EXITCODE"), r.get("DERIVED_EC")
     return {"cluster": r.get("CLUSTER") or "", "job_id": str(jid), "start": start,
             "name": r.get("JOBNAME"), "user": r.get("USERNAME"), "partition": r.get("PARTITION"),
             "state": (r.get("JOBSTATE") or "").upper() or None,
-            "node_count": int(r["NODECNT"]) if str(r.get("NODECNT", "")).isdigit() else None,
+            "node_count": _int(r.get("NODECNT")),
             "nodes": r.get("NODES"), "submit": _epoch(r.get("SUBMIT")), "end": _epoch(r.get("END")),
             "exit_code": None if ec is None else str(ec), "work_dir": r.get("WORK_DIR"),
-            "time_limit": r.get("LIMIT"),
-            "procs": int(r["PROCS"]) if str(r.get("PROCS", "")).isdigit() else None,
-            "source": source}
+            "time_limit": None if r.get("LIMIT") is None else str(r.get("LIMIT")),
+            "procs": _int(r.get("PROCS")), "source": source,
+            "account": r.get("ACCOUNT") or None, "qos": r.get("QOS") or None,
+            "derived_exit_code": None if dec is None else str(dec),
+            "limit_s": limit_seconds(r.get("LIMIT")), "gpus": _int(r.get("ALLOC_GPUS")),
+            "mem_mb": _num(r.get("ALLOC_MEM_MB")), "req_mem_mb": _num(r.get("REQ_MEM_MB")),
+            "cpu_time_s": _num(r.get("CPU_TIME_S")), "max_rss_mb": _num(r.get("MAX_RSS_MB")),
+            "eligible": _epoch(r.get("ELIGIBLE"))}
 
 
 def parse_jobcomp_filetxt(text: str) -> list[dict[str, Any]]:
@@ -450,8 +370,20 @@ def parse_jobcomp_filetxt(text: str) -> list[dict[str, Any]]:
                     "START": f.get("StartTime"), "END": f.get("EndTime"), "NODES": f.get("NodeList"),
                     "NODECNT": f.get("NodeCnt"), "PROCS": f.get("ProcCnt"),
                     "WORK_DIR": f.get("WorkDir"), "SUBMIT": f.get("SubmitTime"),
-                    "EXITCODE": f.get("ExitCode"), "CLUSTER": f.get("Cluster")})
+                    "EXITCODE": f.get("ExitCode"), "CLUSTER": f.get("Cluster"),
+                    "ACCOUNT": f.get("Account"), "QOS": f.get("QOS"),
+                    "DERIVED_EC": f.get("DerivedExitCode"), "ELIGIBLE": f.get("EligibleTime"),
+                    **_filetxt_tres(f.get("Tres", ""))})
     return out
+
+
+def _filetxt_tres(text: str) -> dict[str, Any]:
+    """filetxt's allocated ``Tres=cpu=2,mem=125G,node=2,gres/gpu=1`` as record fields."""
+    tres = dict(p.partition("=")[::2] for p in text.split(",") if "=" in p)
+    mem = tres.get("mem", "")
+    scale = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}.get(mem[-1:], None)
+    return {"ALLOC_GPUS": tres.get("gres/gpu"),
+            "ALLOC_MEM_MB": float(mem[:-1]) * scale if scale and mem[:-1].replace(".", "", 1).isdigit() else None}
 
 
 def _db_error(path: Path, e: sqlite3.Error) -> HistoryError:

@@ -6,28 +6,31 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from .selection import Selection
 
 
-def report_filters(t: str, user: str | None, partition: str | None, since: float | None,
-                   until: float | None, job_id: str | None = None) -> tuple[list[str], list[Any]]:
-    """SQL conditions (on table alias ``t``) and parameters for the report filters."""
-    where, params = ["1=1"], []
-    for col, val in (("user", user), ("partition", partition), ("job_id", job_id)):
-        if val is not None:
-            where.append(f"{t}.{col} = ?")
-            params.append(val)
-    if since is not None:
-        where.append(f"{t}.submit >= ?")
-        params.append(since)
-    if until is not None:
-        where.append(f"{t}.submit < ?")
-        params.append(until)
-    return where, params
-
+#: each job-listing column as SQL over job_rollup r (a plain job's figures; pswift jobs get
+#: their setup/training/checkpoint split and steps lost from the pswift tables)
+LISTING_SQL = {
+    "job_id": "r.job_id", "name": "r.name", "user": "r.user", "account": "r.account",
+    "partition": "r.partition", "qos": "r.qos", "state": "r.last_state", "exit_code": "r.exit_code",
+    "derived_exit_code": "r.derived_exit_code", "pswift": "0", "nodes": "r.nodes", "cpus": "r.cpus",
+    "gpus": "r.gpus", "attempts": "r.attempts", "submit": "r.submit", "queue_s": "r.queue_s",
+    "setup_s": "0.0", "training_s": "r.run_s", "checkpoint_s": "0.0", "jct_s": "r.jct_s",
+    "elapsed_s": "r.run_s", "limit_s": "r.limit_s", "cpu_time_s": "r.cpu_time_s",
+    "max_rss_mb": "r.max_rss_mb", "req_mem_mb": "r.req_mem_mb",
+    "time_eff": "r.last_elapsed_s / NULLIF(r.limit_s, 0)", "cpu_eff": "r.cpu_time_s / NULLIF(r.cpu_s, 0)",
+    "mem_eff": "r.max_rss_mb / NULLIF(r.req_mem_mb, 0)", "node_hours": "r.node_s / 3600.0",
+    "cpu_hours": "r.cpu_s / 3600.0", "gpu_hours": "r.gpu_s / 3600.0", "preemptions": "r.preempted",
+    "steps_lost": "NULL", "wasted_hours": "r.wasted_s / 3600.0", "step_mean_s": "NULL",
+    "predicted_jct_s": "NULL",
+}
 
 #: the roll-up columns a report may group by
-ROLLUP_KEYS = ("partition", "user", "nodes")
+ROLLUP_KEYS = ("partition", "user", "account", "qos", "nodes")
 
 
 class Queries:
@@ -111,16 +114,31 @@ class Queries:
         return [r[0] for r in rows if r[0] is not None and r[0] >= 0]
 
     # ------------------------------------------------------------------------- the reports
-    def slurm_attempts(self, user: str | None = None, partition: str | None = None,
-                       since: float | None = None, until: float | None = None,
-                       job_id: str | None = None) -> Iterator[sqlite3.Row]:
+    def slurm_attempts(self, sel: Selection) -> Iterator[sqlite3.Row]:
         """Slurm's records (one per attempt) by cluster, job and start: cluster, job_id, start,
-        end, submit, name, user, partition, state, node_count, procs, work_dir."""
-        where, params = report_filters("s", user, partition, since, until, job_id=job_id)
+        end, submit, name, user, partition, state, node_count, procs, work_dir. The selection's
+        states and pswift-only apply to whole jobs: the caller filters those."""
+        where, params = sel._replace(states=(), pswift_only=False).where("s", "state")
         return self._named(
             "SELECT s.cluster, s.job_id, s.start, s.end, s.submit, s.name, s.user, s.partition, "
-            "s.state, s.node_count, s.procs, s.work_dir FROM slurm_jobs s WHERE "
-            + " AND ".join(where) + " ORDER BY s.cluster, s.job_id, s.start", params)
+            "s.state, s.node_count, s.procs, s.work_dir, s.account, s.qos FROM slurm_jobs s WHERE "
+            + where + " ORDER BY s.cluster, s.job_id, s.start", params)
+
+    def listing_rows(self, sel: Selection, keys: list[str], render: str | None = None,
+                     limit: int | None = None) -> Iterator[tuple]:
+        """The selected jobs in numeric job-id order (streamed from the job_num index), each as
+        the values of the listing's ``keys`` (LISTING_SQL), or as one line ``render`` (SQL over
+        those expressions) makes of them; then the job id and its work directory."""
+        where, params = sel.where("r")
+        cols = render if render is not None else ", ".join(LISTING_SQL[k] for k in keys)
+        tail = f" LIMIT {int(limit)}" if limit else ""
+        return self.conn.execute(f"SELECT {cols}, r.job_id, r.work_dir FROM job_rollup r WHERE {where} "
+                                 f"ORDER BY r.job_num, r.job_id{tail}", params)
+
+    def rollup_of(self, cluster: str, job_id: str) -> sqlite3.Row | None:
+        """One job's roll-up row (None when Slurm has no record of it)."""
+        return next(self._named("SELECT * FROM job_rollup WHERE cluster = ? AND job_id = ?",
+                                [cluster, job_id]), None)
 
     def pswift_runs(self) -> dict[str, sqlite3.Row]:
         """Every pswift run by its directory: run_dir, id, job_id, name, user, partition, state,
@@ -151,23 +169,17 @@ class Queries:
             "FROM relayouts r JOIN jobs j ON j.id = r.job WHERE j.run_dir = ? "
             "ORDER BY r.attempt, r.step", [run_dir])]
 
-    def rollups(self, by: str, user: str | None = None, partition: str | None = None,
-                since: float | None = None, until: float | None = None, state: str | None = None,
-                pswift_only: bool = False) -> Iterator[sqlite3.Row]:
-        """One narrow row per job from the roll-up table: key (the ``by`` column), attempts,
-        preempted, queue_s, run_s, jct_s."""
+    def rollups(self, by: str, sel: Selection) -> Iterator[sqlite3.Row]:
+        """One narrow row per selected job from the roll-up table: key (the ``by`` column),
+        attempts, preempted, queue_s, run_s, jct_s."""
         if by not in ROLLUP_KEYS:
             raise ValueError(by)
-        where, params = report_filters("r", user, partition, since, until)
-        if pswift_only:
-            where.append("r.work_dir IN (SELECT run_dir FROM jobs)")
-        if state is not None:
-            where.append("UPPER(COALESCE(r.last_state, '')) = ?")
-            params.append(state.upper())
+        where, params = sel.where("r")
         return self._named(f"SELECT r.{by} AS key, attempts, preempted, queue_s, run_s, jct_s "
-                           f"FROM job_rollup r WHERE {' AND '.join(where)}", params)
+                           f"FROM job_rollup r WHERE {where}", params)
 
-    def queue_waits(self) -> list[float]:
-        """Every job's queue wait, sorted."""
+    def queue_waits(self, sel: Selection) -> list[float]:
+        """Every selected job's queue wait, sorted."""
+        where, params = sel.where("r")
         return sorted(w for (w,) in self.conn.execute(
-            "SELECT queue_s FROM job_rollup WHERE queue_s IS NOT NULL"))
+            f"SELECT queue_s FROM job_rollup r WHERE queue_s IS NOT NULL AND {where}", params))

@@ -13,15 +13,17 @@ attempt's setup) x slots / 3600.
 
 from __future__ import annotations
 
-import json
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from sqlite3 import Row
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from .fmt import duration, pyplot, save
 from .history import History
 from .history_queries import ROLLUP_KEYS
+from .selection import Selection
+from .history_queries import LISTING_SQL
+from .tabular import Col, Renderer
 from .stats import median, quantile
 
 if TYPE_CHECKING:
@@ -55,42 +57,48 @@ class JobReport:
     predicted_jct_s: float | None = None
     config: str | None = None
     run_dir: str | None = None
+    account: str | None = None
+    qos: str | None = None
     attempt_rows: list[dict[str, Any]] = field(default_factory=list)
 
 
-def job_reports(h: History, user: str | None = None, partition: str | None = None,
-                since: float | None = None, until: float | None = None, state: str | None = None,
-                pswift_only: bool = False, job_id: str | None = None) -> list[JobReport]:
+def job_reports(h: History, sel: Selection = Selection()) -> list[JobReport]:
+    """Full reports (every attempt) of the selected jobs; for one job or the pswift ones (the
+    listings of many jobs stream :func:`job_rows` instead)."""
     groups: dict[tuple[str, str], list[Row]] = {}
-    for r in h.slurm_attempts(user, partition, since, until, job_id):
+    for r in h.slurm_attempts(sel):
         groups.setdefault((r["cluster"], r["job_id"]), []).append(r)
     # pswift jobs known only from their run directories (no plugin record yet) are included
     runs = h.pswift_runs()
     out = []
     seen_runs = set()
-    for (_, jid), rows in groups.items():
+    for (cluster, jid), rows in groups.items():
         work = rows[-1]["work_dir"]
         run = runs.get(work)
         if run is not None:
             seen_runs.add(work)
-        rep = _report(h, jid, rows, run)
-        if pswift_only and not rep.pswift:
+        rep = _report(h, jid, rows, run, cluster)
+        if sel.pswift_only and not rep.pswift:
             continue
-        if state is not None and (rep.state or "").upper() != state.upper():
+        if sel.states and (rep.state or "").upper() not in sel.states:
             continue
         out.append(rep)
-    if job_id is None and user is None and since is None and until is None:
-        for work, run in runs.items():
-            if work in seen_runs or (partition is not None and run["partition"] != partition):
-                continue
+    for work, run in runs.items():
+        if work not in seen_runs and _run_selected(run, sel):
             rep = _report(h, run["job_id"] or f"local:{run['id']}", [], run)
-            if state is None or (rep.state or "").upper() == state.upper():
+            if not sel.states or (rep.state or "").upper() in sel.states:
                 out.append(rep)
-    elif job_id is not None and not out:
-        for work, run in runs.items():
-            if run["job_id"] == job_id:
-                out.append(_report(h, job_id, [], run))
     return out
+
+
+def _run_selected(run: Row, sel: Selection) -> bool:
+    """A pswift run with no Slurm record: selected by its job id when the selection names jobs,
+    else by its partition when it names no user, account, QOS or window."""
+    if sel.job_ids:
+        return run["job_id"] in sel.job_ids
+    if sel.narrows:
+        return False
+    return not sel.partitions or run["partition"] in sel.partitions
 
 
 def _queue_s(rows: list[Row], submit: float | None) -> float:
@@ -104,7 +112,7 @@ def _queue_s(rows: list[Row], submit: float | None) -> float:
     return queue
 
 
-def _report(h: History, jid: str, rows: list[Row], run: Row | None) -> JobReport:
+def _report(h: History, jid: str, rows: list[Row], run: Row | None, cluster: str = "") -> JobReport:
     """One job's report from Slurm's records of its attempts and, for pswift jobs, its run."""
     ends = [r["end"] for r in rows if r["end"] is not None]
     submit = rows[0]["submit"] if rows else (run["submit_time"] if run else None)
@@ -116,13 +124,14 @@ def _report(h: History, jid: str, rows: list[Row], run: Row | None) -> JobReport
                     nodes=last["node_count"] if last else None, slots=last["procs"] if last else None,
                     attempts=len(rows), submit=submit, end=max(ends) if ends else None,
                     queue_s=_queue_s(rows, submit), setup_s=0.0, training_s=0.0, checkpoint_s=0.0,
-                    jct_s=None, preemptions=0, steps_lost=0, device_hours_wasted=0.0)
+                    jct_s=None, preemptions=0, steps_lost=0, device_hours_wasted=0.0,
+                    account=last["account"] if last else None, qos=last["qos"] if last else None)
     run_time = sum(r["end"] - r["start"] for r in rows if r["end"] is not None)
     rep.training_s = run_time
     if run is not None:
         _add_pswift_attempts(h, rep, rows, run, run_time, submit)
     else:
-        _add_plain_waste(rep, rows)
+        _add_plain_waste(h, rep, cluster)
     if rep.end is None and run is not None and rep.attempt_rows:
         rep.end = rep.attempt_rows[-1]["end_time"]
     if rep.end is not None and submit is not None:
@@ -130,16 +139,14 @@ def _report(h: History, jid: str, rows: list[Row], run: Row | None) -> JobReport
     return rep
 
 
-def _add_plain_waste(rep: JobReport, rows: list[Row]) -> None:
-    """A job without pswift checkpoints loses each preempted attempt whole: its elapsed time x
-    its CPUs (or nodes), in device-hours; None when an attempt's end or size is not on record."""
-    stopped = [r for r in rows[:-1] if (r["state"] or "").upper() in ("PREEMPTED", "REQUEUED")]
-    rep.preemptions = len(stopped)
-    if any(r["end"] is None or not (r["procs"] or r["node_count"]) for r in stopped):
-        rep.device_hours_wasted = None
+def _add_plain_waste(h: History, rep: JobReport, cluster: str) -> None:
+    """A job without pswift checkpoints loses each preempted attempt whole (the roll-up's
+    rule: elapsed x CPUs, else nodes); None when the records cannot say."""
+    row = h.rollup_of(cluster, rep.job_id)
+    if row is None:
         return
-    rep.device_hours_wasted = sum((r["end"] - r["start"]) * (r["procs"] or r["node_count"])
-                                  for r in stopped) / 3600
+    rep.preemptions = row["preempted"] or 0
+    rep.device_hours_wasted = None if row["wasted_s"] is None else row["wasted_s"] / 3600
 
 
 def _add_pswift_attempts(h: History, rep: JobReport, rows: list[Row], run: Row, run_time: float,
@@ -176,6 +183,7 @@ def _add_pswift_attempts(h: History, rep: JobReport, rows: list[Row], run: Row, 
 
 
 GROUPS = {"partition": lambda r: r.partition, "user": lambda r: r.user, "nodes": lambda r: r.nodes,
+          "account": lambda r: r.account, "qos": lambda r: r.qos,
           "config": lambda r: r.config or "(not pswift)"}
 
 
@@ -204,35 +212,108 @@ def aggregate(reps: list[JobReport], by: str) -> list[dict[str, Any]]:
     return out
 
 
-def rows_for_output(reps: list[JobReport]) -> list[dict[str, Any]]:
-    keep = ("job_id", "name", "user", "partition", "state", "pswift", "nodes", "attempts", "queue_s",
-            "setup_s", "training_s", "checkpoint_s", "jct_s", "preemptions", "steps_lost",
-            "device_hours_wasted", "step_mean_s", "step_var", "predicted_jct_s")
-    return [{k: asdict(r)[k] for k in keep} for r in reps]
+#: the job listing's columns (`history jobs`, `export`, `show --json`), in sacct's spirit
+LISTING = [
+    Col("job_id", "JobID", "text", 8), Col("name", "JobName", "text", 10), Col("user", "User", "text", 9),
+    Col("account", "Account", "text", 9), Col("partition", "Partition", "text", 9),
+    Col("qos", "QOS", "text", 7), Col("state", "State", "text", 10), Col("exit_code", "ExitCode", "text", 8),
+    Col("derived_exit_code", "DerivedExit", "text", 8), Col("pswift", "pswift", "bool", 6),
+    Col("nodes", "NNodes", "int", 6), Col("cpus", "AllocCPUS", "int", 9), Col("gpus", "AllocGPUS", "int", 9),
+    Col("attempts", "Attempts", "int", 8), Col("submit", "Submit", "time", 19),
+    Col("queue_s", "Queue", "s", 10), Col("setup_s", "Setup", "s", 10), Col("training_s", "Training", "s", 10),
+    Col("checkpoint_s", "Ckpt/cleanup", "s", 12), Col("jct_s", "JCT", "s", 10),
+    Col("elapsed_s", "Elapsed", "s", 10), Col("limit_s", "Timelimit", "s", 10),
+    Col("cpu_time_s", "TotalCPU", "s", 10), Col("max_rss_mb", "MaxRSS", "mb", 8),
+    Col("req_mem_mb", "ReqMem", "mb", 8), Col("time_eff", "TimeEff", "ratio", 7),
+    Col("cpu_eff", "CPUEff", "ratio", 7), Col("mem_eff", "MemEff", "ratio", 7),
+    Col("node_hours", "NodeHours", "h", 9), Col("cpu_hours", "CPUHours", "h", 9),
+    Col("gpu_hours", "GPUHours", "h", 9), Col("preemptions", "Preempted", "int", 9),
+    Col("steps_lost", "StepsLost", "int", 9), Col("wasted_hours", "Wasted", "h", 8),
+    Col("step_mean_s", "StepMean", "s", 10), Col("predicted_jct_s", "PredJCT", "s", 10),
+]
+#: what a terminal shows without -o/--format
+LISTING_DEFAULT = "job_id,name,user,account,partition,state,exit_code,nodes,attempts,queue_s,setup_s," \
+                  "training_s,checkpoint_s,jct_s,preemptions,wasted_hours"
 
 
-def to_csv(rows: list[dict[str, Any]]) -> str:
-    import csv
-    import io
-    if not rows:
-        return ""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
-    w.writeheader()
-    w.writerows({k: csv_cell(v) for k, v in r.items()} for r in rows)
-    return buf.getvalue()
+def listing_row(plain: tuple | None, rep: JobReport) -> tuple:
+    """A pswift job's listing row: its Slurm figures (``plain``, the SQL row, when Slurm has a
+    record of it) with the JCT split, waste and steps from its full report."""
+    out = dict(zip(_KEYS, plain)) if plain is not None else dict.fromkeys(_KEYS)
+    out.update(job_id=rep.job_id, name=rep.name, user=rep.user, partition=rep.partition,
+               state=rep.state, pswift=True, attempts=rep.attempts, submit=rep.submit,
+               queue_s=rep.queue_s, setup_s=rep.setup_s, training_s=rep.training_s,
+               checkpoint_s=rep.checkpoint_s, jct_s=rep.jct_s, preemptions=rep.preemptions,
+               steps_lost=rep.steps_lost, wasted_hours=rep.device_hours_wasted,
+               step_mean_s=rep.step_mean_s, predicted_jct_s=rep.predicted_jct_s)
+    if out["nodes"] is None:
+        out["nodes"] = rep.nodes
+    return tuple(out[k] for k in _KEYS)
 
 
-def csv_cell(v: Any) -> Any:
-    """A text cell a spreadsheet would run as a formula (= + - @, tab, CR first) gets a leading
-    apostrophe; numbers stay numbers."""
-    if isinstance(v, str) and v[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + v
-    return v
+_KEYS = [c.key for c in LISTING]
 
 
-def to_json(rows: list[dict[str, Any]]) -> str:
-    return json.dumps(rows, indent=2)
+def write_listing(h: History, sel: Selection, out: Renderer, limit: int | None = None) -> int:
+    """Print the listing of the selected jobs through ``out``, in numeric job-id order: plain
+    jobs straight from the roll-up table, rendered by SQLite in the query that reads them (a
+    million rows at sqlite3's pace); pswift jobs with their JCT split, steps and waste from the
+    pswift tables; then pswift runs Slurm has no record of yet."""
+    runs = h.pswift_runs()
+    render = out.sql([LISTING_SQL[k] for k in _KEYS])
+    out.start()
+    rows = h.listing_rows(sel, _KEYS, render, limit)
+    if render is None:
+        for row in rows:
+            out.row(_job_values(h, runs, row[:-2], row[-2], row[-1]))
+    else:
+        out.lines(rows, runs, lambda row: _job_values(h, runs, _values(h, row[-2], row[-1]), row[-2], row[-1]))
+    if not limit or out.count < limit:
+        for values in _runs_without_records(h, runs, sel, limit and limit - out.count):
+            out.row(values)
+    return out.finish()
+
+
+def job_rows(h: History, sel: Selection = Selection(), limit: int | None = None) -> Iterator[tuple]:
+    """The listing of the selected jobs as Python tuples in LISTING's order (write_listing's rows)."""
+    runs = h.pswift_runs()
+    n = 0
+    for row in h.listing_rows(sel, _KEYS, None, limit):
+        n += 1
+        yield _job_values(h, runs, row[:-2], row[-2], row[-1])
+    yield from _runs_without_records(h, runs, sel, limit and limit - n)
+
+
+def _values(h: History, job_id: str, work_dir: str | None) -> tuple:
+    """One job's listing values, from its roll-up row."""
+    return next(v[:-2] for v in h.listing_rows(Selection(job_ids=(job_id,)), _KEYS) if v[-1] == work_dir)
+
+
+def _job_values(h: History, runs: dict[str, Row], plain: tuple, job_id: str, work: str | None) -> tuple:
+    """A job's listing values: a pswift run's from its report, over Slurm's figures."""
+    run = runs.get(work) if work is not None else None
+    if run is None:
+        return plain
+    rep = next((x for x in job_reports(h, Selection(job_ids=(job_id,)))
+                if x.pswift and x.run_dir == run["run_dir"]), None)
+    return plain if rep is None else listing_row(plain, rep)
+
+
+def _runs_without_records(h: History, runs: dict[str, Row], sel: Selection, limit: int | None) -> Iterator[tuple]:
+    """Selected pswift runs that no Slurm record names (their work directory)."""
+    if limit is not None and limit <= 0:
+        return
+    seen = {w for (w,) in h.conn.execute("SELECT work_dir FROM job_rollup WHERE work_dir IN (SELECT run_dir FROM jobs)")}
+    n = 0
+    for work, run in runs.items():
+        if work in seen or not _run_selected(run, sel):
+            continue
+        rep = _report(h, run["job_id"] or f"local:{run['id']}", [], run)
+        if not sel.states or (rep.state or "").upper() in sel.states:
+            yield listing_row(None, rep)
+            n += 1
+            if limit and n >= limit:
+                return
 
 
 def plot(reps: list[JobReport], groups: list[dict[str, Any]] | None, by: str | None, path: Any,
@@ -335,9 +416,7 @@ def diagnose(rep: JobReport, plan: Plan | None = None, log_text: str = "") -> li
     return out
 
 
-def aggregate_sql(h: History, by: str, user: str | None = None, partition: str | None = None,
-                  since: float | None = None, until: float | None = None, state: str | None = None,
-                  pswift_only: bool = False) -> list[dict[str, Any]]:
+def aggregate_sql(h: History, by: str, sel: Selection = Selection()) -> list[dict[str, Any]]:
     """:func:`aggregate` computed in SQLite (per-job roll-up, window-function percentiles), for
     millions of jobs; pswift-only figures (setup, checkpoints, steps lost, waste, step-time
     variance, predicted JCT) come from the pswift tables, which are small."""
@@ -347,7 +426,7 @@ def aggregate_sql(h: History, by: str, user: str | None = None, partition: str |
     waits: dict[Any, list[float]] = {}
     jcts: dict[Any, list[float]] = {}
     # one narrow row per job from the roll-up table; percentiles by sorting in Python
-    for r in h.rollups(by, user, partition, since, until, state, pswift_only):
+    for r in h.rollups(by, sel):
         k = r["key"]
         g = out.get(k)
         if g is None:
@@ -370,21 +449,19 @@ def aggregate_sql(h: History, by: str, user: str | None = None, partition: str |
         for name, xs in (("wait", waits[k]), ("jct", jcts[k])):
             g[f"{name}_p50_s"] = quantile(xs, 0.5)
             g[f"{name}_p95_s"] = quantile(xs, 0.95)
-    _add_pswift_figures(h, out, by, user, partition, since, until, state, pswift_only)
+    _add_pswift_figures(h, out, by, sel)
     cols = [by, "jobs", "attempts", "wait_p50_s", "wait_p95_s", "jct_p50_s", "jct_p95_s", "preemption_rate",
             "steps_lost", "device_hours_wasted", "step_time_var", "queue_s", "setup_s", "training_s",
             "checkpoint_s", "predicted_vs_actual_jct"]
     return [{c: g.get(c) for c in cols} for _, g in sorted(out.items(), key=lambda kv: str(kv[0]))]
 
 
-def _add_pswift_figures(h: History, out: dict[Any, dict[str, Any]], by: str, user: str | None,
-                        partition: str | None, since: float | None, until: float | None,
-                        state: str | None, pswift_only: bool) -> None:
+def _add_pswift_figures(h: History, out: dict[Any, dict[str, Any]], by: str, sel: Selection) -> None:
     """pswift jobs: split their run time into setup / training / checkpoint and add their waste."""
     runs = h.run_dirs()
     if not runs:
         return
-    reps = [r for r in job_reports(h, user, partition, since, until, state, pswift_only)
+    reps = [r for r in job_reports(h, sel)
             if r.pswift and r.attempts and r.run_dir in runs and r.submit is not None]
     per: dict[Any, list[JobReport]] = {}
     for r in reps:
@@ -404,9 +481,9 @@ def _add_pswift_figures(h: History, out: dict[Any, dict[str, Any]], by: str, use
         g["predicted_vs_actual_jct"] = median(p / a for p, a in pred)
 
 
-def wait_quantiles(h: History, points: int = 200) -> list[float]:
-    """Queue waits per job at ``points`` quantiles, for the CDF plot."""
-    xs = h.queue_waits()
+def wait_quantiles(h: History, sel: Selection, points: int = 200) -> list[float]:
+    """The selected jobs' queue waits at ``points`` quantiles, for the CDF plot."""
+    xs = h.queue_waits(sel)
     if not xs:
         return []
     step = max(1, len(xs) // points)

@@ -160,6 +160,17 @@ def cluster_name() -> str:
     return config().get("ClusterName", "")
 
 
+def partition_node_count(partition: str) -> int | None:
+    """How many nodes ``partition`` has now (``scontrol show partition``'s TotalNodes); None
+    when Slurm cannot be asked or does not know it."""
+    try:
+        out = _run(["scontrol", "show", "partition", partition], timeout=QUERY_TIMEOUT).stdout
+    except SlurmError:
+        return None
+    m = re.search(r"\bTotalNodes=(\d+)", out)
+    return int(m.group(1)) if m else None
+
+
 def job_info(job_id: str) -> JobInfo | None:
     """The job as squeue sees it (including recently finished jobs), or None once purged."""
     for j in backend().jobs(str(job_id)):

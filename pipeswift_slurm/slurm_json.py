@@ -232,8 +232,41 @@ def sacct_records(doc: dict[str, Any]) -> list[dict[str, Any]]:
                     "NODES": j.get("nodes"), "NODECNT": number(j.get("allocation_nodes")),
                     "WORK_DIR": j.get("working_directory"),
                     "EXITCODE": _exit_code(j.get("exit_code")),
-                    "DERIVED_EC": _exit_code(j.get("derived_exit_code"))})
+                    "DERIVED_EC": _exit_code(j.get("derived_exit_code")),
+                    "ELIGIBLE": epoch(t.get("eligible")), **_usage(j, t)})
     return out
+
+
+def _tres(entries: Any) -> dict[str, float]:
+    """A TRES list (``[{"type": "cpu", "name": "", "count": 2}, ...]``) as {"cpu": 2, "gres/gpu": 1};
+    counts Slurm marks unset (negative, None) are left out."""
+    out: dict[str, float] = {}
+    for e in entries if isinstance(entries, list) else []:
+        if isinstance(e, dict) and isinstance(e.get("count"), (int, float)) and e["count"] >= 0:
+            key = e.get("type") or ""
+            out[f"{key}/{e['name']}" if e.get("name") else key] = e["count"]
+    return out
+
+
+def _usage(job: dict[str, Any], t: dict[str, Any]) -> dict[str, Any]:
+    """Allocated CPUs, GPUs and memory (MB), requested memory, CPU time used (user + system,
+    every step) and MaxRSS (the largest step's, MB) of one sacct job; None where sacct has none
+    (MaxRSS needs a jobacct_gather plugin)."""
+    tres = job.get("tres") if isinstance(job.get("tres"), dict) else {}
+    alloc, req = _tres(tres.get("allocated")), _tres(tres.get("requested"))
+    total = t.get("total") if isinstance(t.get("total"), dict) else {}
+    cpu_time = None
+    if isinstance(total.get("seconds"), (int, float)):
+        cpu_time = total["seconds"] + (total.get("microseconds") or 0) / 1e6
+    rss = []
+    for step in job.get("steps") or []:
+        used = ((step.get("tres") or {}).get("requested") or {}) if isinstance(step, dict) else {}
+        mem = _tres(used.get("max") if isinstance(used, dict) else None).get("mem")
+        if mem:
+            rss.append(mem / 2**20)   # bytes
+    return {"PROCS": alloc.get("cpu"), "ALLOC_GPUS": alloc.get("gres/gpu"),
+            "ALLOC_MEM_MB": alloc.get("mem"), "REQ_MEM_MB": req.get("mem"),
+            "CPU_TIME_S": cpu_time, "MAX_RSS_MB": max(rss) if rss else None}
 
 
 def version(doc: dict[str, Any]) -> tuple[int, int] | None:

@@ -179,35 +179,49 @@ def test_job_submit_message_reaches_a_pswift_user(cluster, example, tmp_path):
 @pytest.mark.slurm
 @pytest.mark.deepspeed
 def test_mixed_workload_in_reports_plot_and_doctor(cluster, tmp_path):
+    """Plain jobs, a plain requeueable job and a pswift job, both preempted by one high-priority
+    job, through the real plugin: every listing, report and the doctor on what Slurm recorded."""
     from test_preemption import events, slow_example
 
-    plain = [subprocess.run(["sbatch", "--parsable", "-J", f"plain{i}", "-o", "/dev/null", "--wrap",
-                             "sleep 2"], capture_output=True, text=True, check=True).stdout.strip()
+    plain = [subprocess.run(["sbatch", "--parsable", "-J", f"plain{i}", "-A", "physics", "-o", "/dev/null",
+                             "--wrap", "sleep 2"], capture_output=True, text=True, check=True).stdout.strip()
              for i in range(2)]
     toml = slow_example(tmp_path / "ex", {"steps": "60", "checkpoint_interval": "0", "name": '"preempted-one"'})
     run = tmp_path / "run"
     job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
+    # long before its preemption, short once requeued (Slurm counts its restarts)
+    victim = subprocess.run(["sbatch", "--parsable", "-J", "victim", "--requeue", "-A", "chem", "-t", "10",
+                             "-o", "/dev/null", "--wrap", 'sleep $(( ${SLURM_RESTART_COUNT:-0} ? 1 : 120 ))'],
+                            capture_output=True, text=True, check=True).stdout.strip()
     deadline = time.time() + 120
-    while sum(e["event"] == "step" for e in events(run)) < 5:
+    while sum(e["event"] == "step" for e in events(run)) < 5 or squeue_field(victim, "%T") != "RUNNING":
         assert time.time() < deadline
         time.sleep(0.3)
-    nodes = subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], capture_output=True, text=True).stdout.strip()
+    time.sleep(2)   # the victim's first attempt runs a while: the work its preemption loses
+    nodes = ",".join(squeue_field(j, "%N") for j in (job, victim))
     high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-w", nodes, "--exclusive", "-o", "/dev/null",
                            "--wrap", "sleep 2"], capture_output=True, text=True, check=True).stdout.strip()
     try:
         assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240) == "COMPLETED"
-        for j in plain:
-            wait_state(j, {"COMPLETED"}, timeout=60)
+        for j in [*plain, victim]:
+            wait_state(j, {"COMPLETED"}, timeout=240)
     finally:
         subprocess.run(["scancel", high])
     time.sleep(2)  # the last jobcomp records
     db = str(CLUSTER_DB)
     pswift("history", "ingest", "--spool", str(CLUSTER_SPOOL), "--db", db, "--no-registered", check=True)
-    rows = {r["job_id"]: r for r in json.loads(pswift("history", "jobs", "--db", db, "--format", "json",
+    ids = ",".join([*plain, job, victim])
+    rows = {r["job_id"]: r for r in json.loads(pswift("history", "jobs", "--db", db, "--json", "-j", ids,
                                                       check=True).stdout)}
+    assert list(rows) == sorted(rows, key=int)   # numeric job-id order
     for j in plain:
-        assert rows[j]["pswift"] is False and rows[j]["state"] == "COMPLETED"
+        assert rows[j]["pswift"] is False and rows[j]["state"] == "COMPLETED" and rows[j]["account"] == "physics"
         assert rows[j]["training_s"] >= 1 and rows[j]["jct_s"] >= rows[j]["training_s"]
+        assert rows[j]["cpus"] >= 1 and rows[j]["exit_code"] == "0:0"
+    v = rows[victim]
+    assert (v["pswift"], v["attempts"], v["preemptions"], v["account"]) == (False, 2, 1, "chem")
+    assert v["wasted_hours"] * 3600 >= 2 * v["cpus"]      # its first attempt, whole, on its CPUs
+    assert v["time_eff"] is not None and 0 < v["time_eff"] < 0.1    # its last attempt: ~1 s of 10 min
     r = rows[job]
     assert r["pswift"] is True and r["attempts"] == 2 and r["preemptions"] == 1 and r["steps_lost"] == 0
     assert r["state"] == "COMPLETED" and r["setup_s"] > 0 and r["training_s"] > 0
@@ -217,11 +231,37 @@ def test_mixed_workload_in_reports_plot_and_doctor(cluster, tmp_path):
     show = pswift("history", "show", job, "--db", db, check=True).stdout
     assert "2 attempt(s), 1 preemption(s), 0 step(s) lost" in show and "attempt 1:" in show
     png = tmp_path / "report.png"
-    rep = pswift("history", "report", "--db", db, "--by", "partition", "--plot", str(png), check=True)
+    rep = pswift("history", "report", "--db", db, "--by", "partition", "-j", ids, "--plot", str(png), check=True)
     assert "low" in rep.stdout and png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
+    only = pswift("history", "report", "--db", db, "--pswift-only", "-j", job, "--json", check=True).stdout
+    assert [(g["partition"], g["jobs"]) for g in json.loads(only)] == [("low", 1)]
     doc = pswift("doctor", job, "--db", db, check=True).stdout
     assert "preemption: preempted 1 time(s), 0 step(s) lost" in doc
+    doc = pswift("doctor", victim, "--db", db, check=True).stdout
+    assert "no checkpoints pswift knows of: each stop lost its whole attempt" in doc and "checkpointed" not in doc
     csv = pswift("history", "export", "--db", db, "--pswift-only", check=True).stdout
     import csv as csvmod
-    ids = {r["job_id"] for r in csvmod.DictReader(csv.splitlines())}
-    assert job in ids and not ids & set(plain)
+    exported = {r["job_id"] for r in csvmod.DictReader(csv.splitlines())}
+    assert job in exported and not exported & {*plain, victim}
+    _admin_reports_on_the_real_records(db, ids, plain, victim, tmp_path)
+
+
+def squeue_field(job: str, fmt: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", fmt], capture_output=True, text=True).stdout.strip()
+
+
+def _admin_reports_on_the_real_records(db: str, ids: str, plain: list[str], victim: str, tmp_path: Path) -> None:
+    def rows(*args: str) -> list[dict]:
+        return json.loads(pswift("history", *args, "--db", db, "-j", ids, "--json", check=True).stdout)
+    usage = {r["key"]: r for r in rows("usage", "--by", "account")}
+    assert usage["physics"]["jobs"] == 2 and usage["chem"]["jobs"] == 1 and usage["chem"]["cpu_hours"] > 0
+    assert {(r["state"], r["exit_code"]) for r in rows("failures")} == {("COMPLETED", "0:0")}
+    eff = {r["key"]: r for r in rows("efficiency", "--by", "job")}
+    assert set(eff) == set(ids.split(",")) and eff[victim]["time_eff"] > 0
+    assert sum(r["jobs"] for r in rows("waits", "--by", "size")) == 4
+    png = tmp_path / "util.png"
+    util = pswift("history", "utilisation", "-r", "low", "--db", db, "-j", ids, "--json", "--plot", str(png),
+                  check=True)   # the partition's node count asked of the real Slurm
+    day = json.loads(util.stdout)[-1]
+    assert day["capacity_node_hours"] == 4 * 24 and 0 < day["utilisation"] < 1
+    assert png.read_bytes()[:4] == b"\x89PNG"

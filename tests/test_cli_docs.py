@@ -27,3 +27,19 @@ def test_command_help_ends_with_an_example(name):
 def test_readme_mentions_every_command(name):
     from conftest import ROOT
     assert f"pswift {name}" in (ROOT / "README.md").read_text()
+
+
+def _history_commands() -> list[str]:
+    return sorted(cli.get_command(None, "history").list_commands(None))
+
+
+@pytest.mark.parametrize("name", _history_commands())
+def test_history_command_help_ends_with_an_example_and_the_readme_has_it(name):
+    from conftest import ROOT
+    result = CliRunner().invoke(cli, ["history", name, "--help"])
+    assert result.exit_code == 0, result.output
+    doc = cli.get_command(None, "history").get_command(None, name).help or ""
+    tail = doc.strip().split("\n\n")
+    assert any(p.strip().startswith("Example") for p in tail), f"history {name}: no Example section"
+    assert tail[-1].strip().startswith(f"pswift history {name}"), f"history {name}: end with an example"
+    assert f"pswift history {name}" in (ROOT / "README.md").read_text()

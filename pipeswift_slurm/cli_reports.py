@@ -1,0 +1,156 @@
+"""`pswift history usage|utilisation|efficiency|waits|failures`: sreport / seff / XDMoD style
+reports over the history, each a few lines over :mod:`.admin_reports`, with sacct's selection
+and output options and ``--plot``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .cli_admin import _nothing_selected, _open, _output, _print, _select, history
+from .cli_common import _errors, _warn
+
+_plot_option = click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+                            help="Also write the report as a PNG (labelled axes, units).")
+_by = click.Choice(["user", "account", "partition", "qos"])
+
+
+def _finish(rep: Any, out: Any, plot: Path | None) -> None:
+    _nothing_selected(rep.rows)
+    _print(rep.rows, rep.columns, out)
+    if plot is not None:
+        from .admin_reports import draw
+        draw(rep, plot)
+        _warn(f"plot written to {plot}")
+
+
+@history.command("usage")
+@_select
+@click.option("--by", type=_by, default="account", show_default=True, help="Group by.")
+@click.option("--per", type=click.Choice(["day", "week", "month"]), help="Time buckets (default: one total).")
+@click.option("--top", type=click.IntRange(min=1), help="Only the N groups (and buckets) with the most node-hours.")
+@_output
+@_plot_option
+@_errors
+def history_usage(db: Path | None, sel: Any, by: str, per: str | None, top: int | None, out: Any,
+                  plot: Path | None) -> None:
+    """Node-, CPU- and GPU-hours by user, account, partition or QOS, per day, week or month
+    (sreport's cluster/account utilisation; an attempt counts where it started).
+
+    Examples:
+
+        pswift history usage --by account --per week -S now-60days --plot usage.png
+
+        pswift history usage --by user --top 10
+    """
+    from .admin_reports import usage
+    h = _open(db)
+    try:
+        rep = usage(h, by, sel, per, top)
+    finally:
+        h.close()
+    _finish(rep, out, plot)
+
+
+@history.command("utilisation")
+@_select
+@click.option("--per", type=click.Choice(["day", "week", "month"]), default="day", show_default=True)
+@click.option("--nodes", "capacity", type=click.IntRange(min=1),
+              help="Nodes the partition has (default: Slurm's count for the one -r names).")
+@_output
+@_plot_option
+@_errors
+def history_utilisation(db: Path | None, sel: Any, per: str, capacity: int | None, out: Any,
+                        plot: Path | None) -> None:
+    """A partition's busy node-hours per day, week or month and, with its node count, the
+    share of its capacity (each attempt split exactly across the buckets it ran in).
+
+    Example:
+
+        pswift history utilisation -r low --per day -S now-30days --plot util.png
+    """
+    from .admin_reports import utilisation
+    if capacity is None and len(sel.partitions) == 1:
+        from . import slurm
+        capacity = slurm.partition_node_count(sel.partitions[0])
+        if capacity is None:
+            _warn(f"warning: Slurm does not say how many nodes {sel.partitions[0]} has; pass --nodes N "
+                  f"for the utilisation column")
+    h = _open(db)
+    try:
+        rep = utilisation(h, sel, per, capacity)
+    finally:
+        h.close()
+    _finish(rep, out, plot)
+
+
+@history.command("efficiency")
+@_select
+@click.option("--by", type=click.Choice(["job", "user", "account", "partition", "qos"]), default="user",
+              show_default=True, help="Per job (seff) or aggregated.")
+@_output
+@_plot_option
+@_errors
+def history_efficiency(db: Path | None, sel: Any, by: str, out: Any, plot: Path | None) -> None:
+    """Time used vs the limit, CPU time vs allocated CPU time, MaxRSS vs requested memory
+    (seff / reportseff), per job or aggregated; unknown where Slurm recorded nothing.
+
+    Examples:
+
+        pswift history efficiency --by job -u alice -S now-7days
+
+        pswift history efficiency --by account --plot eff.png
+    """
+    from .admin_reports import efficiency
+    h = _open(db)
+    try:
+        rep = efficiency(h, by, sel)
+    finally:
+        h.close()
+    _finish(rep, out, plot)
+
+
+@history.command("waits")
+@_select
+@click.option("--by", type=click.Choice(["qos", "size", "partition", "user", "account"]), default="qos",
+              show_default=True, help="Group by (size: node count, power-of-two bins).")
+@_output
+@_plot_option
+@_errors
+def history_waits(db: Path | None, sel: Any, by: str, out: Any, plot: Path | None) -> None:
+    """Queue wait p50, p95 and mean by QOS, job size or another group.
+
+    Example:
+
+        pswift history waits --by size -r low --plot waits.png
+    """
+    from .admin_reports import waits
+    h = _open(db)
+    try:
+        rep = waits(h, by, sel)
+    finally:
+        h.close()
+    _finish(rep, out, plot)
+
+
+@history.command("failures")
+@_select
+@_output
+@_plot_option
+@_errors
+def history_failures(db: Path | None, sel: Any, out: Any, plot: Path | None) -> None:
+    """Jobs by final state and exit code, most frequent first, with their share and users.
+
+    Example:
+
+        pswift history failures -S now-7days -s F,TO,OOM,NF
+    """
+    from .admin_reports import failures
+    h = _open(db)
+    try:
+        rep = failures(h, sel)
+    finally:
+        h.close()
+    _finish(rep, out, plot)

@@ -1,0 +1,254 @@
+"""Admins' reports and sacct's conventions (issue: admins mine a million jobs), on a generated
+history whose every figure is worked out by hand here; the same commands through the real
+Slurm are in test_admin.py (mixed workload) and test_slurm_versions.py (sacct with slurmdbd)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sqlite3
+
+import pytest
+
+from conftest import pswift
+from pipeswift_slurm.history import History, limit_seconds
+from pipeswift_slurm.selection import SelectionError, parse_time, states
+
+T0 = dt.datetime(2026, 11, 2, 22, 0).timestamp()   # a Monday, 22:00 local time
+H = 3600.0
+
+
+def rec(jid: str, start: float, end: float | None, **kw: object) -> dict:
+    base = {"JOBID": jid, "JOBNAME": f"j{jid}", "USERNAME": "alice", "ACCOUNT": "physics", "QOS": "normal",
+            "PARTITION": "low", "JOBSTATE": "COMPLETED", "NODECNT": "1", "PROCS": "4", "SUBMIT": start - 600,
+            "START": start, "END": end, "EXITCODE": "0:0", "LIMIT": "02:00:00", "CLUSTER": "c"}
+    return {**base, **{k.upper(): v for k, v in kw.items()}}
+
+
+@pytest.fixture
+def db(tmp_path):
+    """Six jobs: ids 2, 9, 10 (numeric order differs from text order), a preempted plain job
+    (10: 1 h on 4 CPUs lost), one whose size is unknown (11), a failure, and sacct's usage
+    figures for job 2 (CPU time, MaxRSS, requested memory, GPUs)."""
+    path = tmp_path / "h.db"
+    h = History(path)
+    h.add_slurm_records([
+        rec("2", T0 + 1.5 * H, T0 + 2.5 * H, NODECNT="2", PROCS="8"),                # across midnight
+        rec("9", T0 + 3 * H, T0 + 3.5 * H, USERNAME="bob", ACCOUNT="chem", QOS="long", JOBSTATE="FAILED",
+            EXITCODE="3:0", NODECNT="4", PROCS="16"),
+        rec("10", T0 + 4 * H, T0 + 5 * H, JOBSTATE="PREEMPTED", SUBMIT=T0 + 3 * H),
+        rec("10", T0 + 5.5 * H, T0 + 6 * H, SUBMIT=T0 + 3 * H),
+        rec("11", T0 + 7 * H, T0 + 8 * H, JOBSTATE="PREEMPTED", NODECNT="", PROCS=""),
+        rec("11", T0 + 9 * H, T0 + 10 * H, NODECNT="", PROCS=""),
+        rec("12", T0 + 26 * H, T0 + 27 * H, JOBSTATE="TIMEOUT", EXITCODE="0:15", LIMIT="60"),
+    ], "jobcomp")
+    # sacct's view of job 2's attempt: the same attempt, with what the plugin cannot know
+    h.add_slurm_records([{"JOBID": "2", "START": T0 + 1.5 * H, "END": T0 + 2.5 * H, "CLUSTER": "c", "CPU_TIME_S": 4 * H,
+                          "MAX_RSS_MB": 1024, "REQ_MEM_MB": 4096, "ALLOC_GPUS": 2, "DERIVED_EC": "0:0"}], "sacct")
+    h.close()
+    return path
+
+
+def run(db, *args: str) -> str:
+    proc = pswift("history", *args, "--db", str(db))
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def parsable(db, *args: str) -> list[dict]:
+    lines = run(db, *args, "-P").splitlines()
+    head = lines[0].split("|")
+    return [dict(zip(head, line.split("|"))) for line in lines[1:]]
+
+
+# ----------------------------------------------------------------------------- selection
+def test_states_take_sacct_codes_and_comma_lists():
+    assert states("cd,F,preempted,TO,oom") == ("COMPLETED", "FAILED", "PREEMPTED", "TIMEOUT", "OUT_OF_MEMORY")
+    with pytest.raises(SelectionError, match="CD=COMPLETED"):
+        states("done")
+
+
+def test_times_take_sacct_forms():
+    now = dt.datetime(2026, 11, 30, 15, 30).timestamp()
+    assert parse_time("now-7days", now) == now - 7 * 86400
+    assert parse_time("now-2hours", now) == now - 7200 and parse_time("now", now) == now
+    assert parse_time("7d", now) == now - 7 * 86400
+    assert parse_time("2026-11-01", now) == dt.datetime(2026, 11, 1).timestamp()
+    assert parse_time("2026-11-01T08:30", now) == dt.datetime(2026, 11, 1, 8, 30).timestamp()
+    assert parse_time("11/01", now) == dt.datetime(2026, 11, 1).timestamp()
+    assert parse_time("11/01/25", now) == dt.datetime(2025, 11, 1).timestamp()
+    assert parse_time("today", now) == dt.datetime(2026, 11, 30).timestamp()
+    assert parse_time("08:15", now) == dt.datetime(2026, 11, 30, 8, 15).timestamp()
+    for bad in ("yesterdayish", "13/45", "now-3fortnights"):
+        with pytest.raises(SelectionError, match="sacct's forms"):
+            parse_time(bad, now)
+
+
+def test_limits_in_every_form_slurm_writes():
+    assert limit_seconds(90) == 5400 and limit_seconds("90") == 5400          # sacct minutes; filetxt MM
+    assert limit_seconds("01:30:00") == 5400 and limit_seconds("1-00:00:00") == 86400
+    assert limit_seconds("05:30") == 330 and limit_seconds("2-12") == 2 * 86400 + 12 * 3600
+    assert limit_seconds("UNLIMITED") is None and limit_seconds(None) is None
+
+
+def test_bad_selection_is_one_line_and_exit_2(db):
+    for args in (["-s", "done"], ["-S", "someday"], ["-j", "12,abc"], ["-o", "job_id,nope"]):
+        proc = pswift("history", "jobs", *args, "--db", str(db))
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+# ----------------------------------------------------------------------------- listings
+def test_jobs_in_numeric_order_with_sacct_filters_and_forms(db):
+    rows = parsable(db, "jobs")
+    assert [r["job_id"] for r in rows] == ["2", "9", "10", "11", "12"]
+    assert [r["job_id"] for r in parsable(db, "jobs", "-u", "bob,carol")] == ["9"]
+    assert [r["job_id"] for r in parsable(db, "jobs", "-A", "physics", "-s", "cd")] == ["2", "10", "11"]
+    assert [r["job_id"] for r in parsable(db, "jobs", "-q", "long", "-r", "low,high")] == ["9"]
+    assert [r["job_id"] for r in parsable(db, "jobs", "-j", "12,2")] == ["2", "12"]
+    start = dt.datetime.fromtimestamp(T0 + 2 * H).isoformat()
+    assert [r["job_id"] for r in parsable(db, "jobs", "-S", start, "-s", "F,TO")] == ["9", "12"]
+    # piped: tab-separated raw numbers under the keys; -n drops the header; -o picks columns
+    tsv = run(db, "jobs", "-o", "job_id,elapsed_s,cpus", "-n").splitlines()
+    assert tsv[0] == "2\t3600.0\t8"
+    as_json = json.loads(run(db, "jobs", "--json", "-j", "2"))
+    assert as_json[0]["job_id"] == "2" and as_json[0]["elapsed_s"] == 3600.0
+    csv = run(db, "jobs", "--csv", "-o", "job_id,state", "-j", "9").splitlines()
+    assert csv == ["job_id,state", "9,FAILED"]
+
+
+def test_admin_fields_merge_the_plugin_and_sacct(db):
+    r = json.loads(run(db, "jobs", "--json", "-j", "2"))[0]
+    assert (r["account"], r["qos"], r["cpus"], r["gpus"], r["limit_s"]) == ("physics", "normal", 8, 2, 7200.0)
+    assert (r["exit_code"], r["derived_exit_code"]) == ("0:0", "0:0")
+    assert r["cpu_eff"] == pytest.approx(4 * H / (8 * H))         # TotalCPU / (elapsed x CPUs)
+    assert r["time_eff"] == pytest.approx(0.5) and r["mem_eff"] == pytest.approx(0.25)
+    assert r["node_hours"] == pytest.approx(2) and r["gpu_hours"] == pytest.approx(2)
+    nine = json.loads(run(db, "jobs", "--json", "-j", "9"))[0]
+    assert nine["cpu_eff"] is None and nine["max_rss_mb"] is None   # the plugin cannot know: unknown
+
+
+def test_waste_of_preempted_plain_jobs_and_unknown_where_records_cannot_say(db):
+    rows = {r["job_id"]: r for r in json.loads(run(db, "jobs", "--json"))}
+    assert rows["10"]["preemptions"] == 1 and rows["10"]["wasted_hours"] == pytest.approx(4.0)  # 1 h x 4 CPUs
+    assert rows["11"]["preemptions"] == 1 and rows["11"]["wasted_hours"] is None
+    assert rows["2"]["wasted_hours"] == 0
+    show = run(db, "show", "11")
+    assert "unknown device-hours wasted" in show and "no checkpoints: whole attempts lost" in show
+    doc = pswift("doctor", "10", "--db", str(db)).stdout
+    assert "each stop lost its whole attempt, 4 CPU-hours" in doc and "checkpointed" not in doc
+    assert "an unknown amount of work" in pswift("doctor", "11", "--db", str(db)).stdout
+    doc_json = json.loads(pswift("doctor", "10", "--db", str(db), "--json").stdout)
+    assert doc_json["attempts"] == 2 and any("preemption" in f for f in doc_json["findings"])
+
+
+def test_terminal_table_has_one_unit_per_column(db, monkeypatch):
+    from pipeswift_slurm.report import LISTING
+    from pipeswift_slurm.tabular import Output, emit, from_dicts
+    import io
+    buf = io.StringIO()
+    row = {"job_id": "2", "name": "a-very-long-job-name", "queue_s": 90061.0, "wasted_hours": None}
+    emit(from_dicts([row], LISTING), LISTING, Output("table", fields="job_id,name,queue_s,wasted_hours"), buf)
+    head, rule, line = buf.getvalue().splitlines()
+    assert "Wasted (h)" in head and line.split() == ["2", "a-very-lo+", "1-01:01:01", "unknown"]
+
+
+# ----------------------------------------------------------------------------- reports
+def test_usage_by_account_per_day_and_top_users(db):
+    day1 = dt.datetime.fromtimestamp(T0).strftime("%Y-%m-%d")
+    rows = parsable(db, "usage", "--by", "account", "--per", "day")
+    got = {(r["bucket"], r["key"]): float(r["node_hours"]) for r in rows}
+    # an attempt counts on the day it started: job 2 (2 nodes x 1 h, from 23:30) on day 1
+    assert got[(day1, "physics")] == pytest.approx(2.0)
+    assert sum(v for (b, k), v in got.items() if k == "chem") == pytest.approx(2.0)   # 4 nodes x 0.5 h
+    top = parsable(db, "usage", "--by", "user", "--top", "1")
+    assert len(top) == 1 and top[0]["key"] == "alice"
+
+
+def test_utilisation_splits_attempts_at_bucket_edges(db):
+    rows = parsable(db, "utilisation", "-r", "low", "--per", "day", "--nodes", "4")
+    by_day = {r["bucket"]: r for r in rows}
+    day1 = dt.datetime.fromtimestamp(T0).strftime("%Y-%m-%d")
+    # job 2 ran 23:30-00:30 on 2 nodes: half of it on each day
+    assert float(by_day[day1]["busy_node_hours"]) == pytest.approx(1.0)
+    assert float(by_day[day1]["utilisation"]) == pytest.approx(1 / (4 * 24), rel=1e-4)
+    total = sum(float(r["busy_node_hours"]) for r in rows)
+    assert total == pytest.approx(2 + 2 + 1 + 0.5 + 1)   # jobs 2, 9, 10 (two attempts), 12; 11 has no size
+
+
+def test_efficiency_per_job_and_per_account(db):
+    per_job = {r["key"]: r for r in parsable(db, "efficiency", "--by", "job")}
+    assert float(per_job["2"]["cpu_eff"]) == pytest.approx(0.5) and per_job["9"]["cpu_eff"] == ""
+    assert float(per_job["12"]["time_eff"]) == pytest.approx(1.0)        # ran into its 60 min limit
+    acct = {r["key"]: r for r in parsable(db, "efficiency", "--by", "account")}
+    assert float(acct["physics"]["cpu_eff"]) == pytest.approx(0.5)       # only jobs with TotalCPU
+
+
+def test_waits_by_size_and_qos(db):
+    size = {r["key"]: r for r in parsable(db, "waits", "--by", "size")}
+    assert set(size) == {"1", "2-3", "4-7", "unknown"}
+    assert float(size["2-3"]["wait_p50_s"]) == pytest.approx(600)
+    qos = {r["key"]: r for r in parsable(db, "waits", "--by", "qos")}
+    # job 10 waited 1 h before its first start and 30 min between attempts
+    assert int(qos["normal"]["jobs"]) == 4 and float(qos["long"]["wait_p50_s"]) == pytest.approx(600)
+
+
+def test_failures_by_state_and_exit_code(db):
+    rows = parsable(db, "failures")
+    got = {(r["state"], r["exit_code"]): int(r["jobs"]) for r in rows}
+    assert got == {("COMPLETED", "0:0"): 3, ("FAILED", "3:0"): 1, ("TIMEOUT", "0:15"): 1}
+    assert rows[0]["state"] == "COMPLETED" and float(rows[0]["share"]) == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize("args", [["usage", "--per", "day"], ["utilisation", "-r", "low", "--nodes", "4"],
+                                  ["efficiency", "--by", "account"], ["waits", "--by", "size"], ["failures"],
+                                  ["report", "--by", "account"]])
+def test_every_report_plots_and_an_empty_selection_says_so(db, tmp_path, args):
+    png = tmp_path / "r.png"
+    proc = pswift("history", *args, "--db", str(db), "--plot", str(png))
+    assert proc.returncode == 0 and png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 10_000, proc.stderr
+    empty = pswift("history", *args, "--db", str(db), "-u", "nobody", "--plot", str(tmp_path / "e.png"))
+    assert empty.returncode == 1 and "no job in the history matches" in empty.stderr
+    assert not (tmp_path / "e.png").exists()
+
+
+def test_report_and_wait_plot_follow_the_selection(db):
+    rows = parsable(db, "report", "--by", "user", "-s", "F")
+    assert [(r["user"], r["jobs"]) for r in rows] == [("bob", "1")]
+
+
+# ----------------------------------------------------------------------------- schema
+def test_a_database_at_schema_8_gets_the_admin_columns_and_a_rebuilt_rollup(tmp_path):
+    from pipeswift_slurm.history_schema import MIGRATIONS
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    for m in MIGRATIONS[:8]:
+        conn.executescript(m)
+    conn.execute("INSERT INTO slurm_jobs (cluster, job_id, start, end, submit, state, node_count, procs, user) "
+                 "VALUES ('c', '10', 100, 700, 50, 'PREEMPTED', 1, 2, 'u'), ('c', '10', 800, 900, 50, 'COMPLETED', 1, 2, 'u'),"
+                 " ('c', '9', 100, 200, 90, 'COMPLETED', 1, 1, 'u')")
+    conn.execute("PRAGMA user_version = 8")
+    conn.commit()
+    conn.close()
+    History(path).close()
+    rows = json.loads(run(path, "jobs", "--json", "-o", "job_id,attempts,preemptions,wasted_hours,jct_s"))
+    assert rows == [{"job_id": "9", "attempts": 1, "preemptions": 0, "wasted_hours": 0.0, "jct_s": 110.0},
+                    {"job_id": "10", "attempts": 2, "preemptions": 1,
+                     "wasted_hours": pytest.approx(600 * 2 / 3600), "jct_s": 850.0}]
+
+
+def test_user_text_with_separators_quotes_and_escapes_stays_in_its_cell(tmp_path):
+    import csv
+    import io
+    path = tmp_path / "h.db"
+    h = History(path)
+    nasty = 'a\tb|c,"d"\x1b[31m\nnext'
+    h.add_slurm_records([rec("5", T0, T0 + H, JOBNAME=nasty, USERNAME="-cmd"), rec("6", T0, T0 + H)], "t")
+    h.close()
+    for form, sep in (("-P", "|"), (None, "\t")):
+        lines = run(path, "jobs", *([form] if form else [])).splitlines()
+        assert len(lines) == 3 and all(line.count(sep) == lines[0].count(sep) for line in lines)
+        assert "\x1b" not in "".join(lines)
+    rows = list(csv.DictReader(io.StringIO(run(path, "jobs", "--csv"))))
+    assert [r["job_id"] for r in rows] == ["5", "6"] and rows[0]["user"] == "'-cmd"
+    assert rows[0]["name"] == 'a?b|c,"d"?[31m?next'      # whole, its control characters inert
+    assert json.loads(run(path, "jobs", "--json"))[0]["name"] == nasty
