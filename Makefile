@@ -9,7 +9,7 @@ SLURM_TARBALL ?= $(firstword $(wildcard ../shared/slurm-$(NEW_SLURM)/slurm-$(NEW
 PYSLURM ?= pyslurm==25.11.2
 export SLURM_CONF ?= $(or $(PSWIFT_CLUSTER_DIR),/tmp/pswift-dev-cluster)/etc/slurm.conf
 
-.PHONY: setup cluster demo test test-22.05 test-new slurm-new pyslurm bench stop
+.PHONY: setup tools cluster demo test test-22.05 test-new slurm-new pyslurm bench stop
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -21,6 +21,12 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# Debian's Chromium (the headless browser the dashboard test drives) and the sqlite3 command (the
+# baseline bench/history_scale.py measures the admin commands against)
+tools:
+	@command -v chromium >/dev/null && command -v sqlite3 >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium sqlite3 >/dev/null; }
+
 cluster: setup
 	PSWIFT_PYTHON=$(abspath $(PY)) $(CLUSTER) start
 
@@ -31,9 +37,9 @@ demo: cluster
 # every test on Debian's Slurm 22.05, then every Slurm-facing test on $(NEW_SLURM)
 test: test-22.05 test-new
 
-test-22.05: setup
+test-22.05: setup tools
 	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm 22.05 $(CLUSTER) start
-	scripts/with-slurm 22.05 $(PY) -m pytest -q
+	PSWIFT_REQUIRE_BROWSER=1 scripts/with-slurm 22.05 $(PY) -m pytest -q
 
 test-new: setup slurm-new pyslurm
 	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) start
@@ -54,7 +60,7 @@ pyslurm: slurm-new setup
 
 # every benchmark, full size, each writing bench/results/NAME.json (CI runs them in quick mode
 # through tests/test_bench_quick.py), then the README's table from those files
-bench: setup
+bench: setup tools
 	for b in simulator partition history_scale plan_worst_case checkpoint step_time_model; do \
 	  $(PY) bench/$$b.py || exit 1; done
 	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm 22.05 $(CLUSTER) start

@@ -15,11 +15,13 @@ the history, each a function returning rows, its columns (:class:`~.tabular.Col`
 from __future__ import annotations
 
 import datetime as _dt
+import time
 from typing import Any, Iterator, NamedTuple
 
 from .history import History
 from .selection import Selection
-from .stats import quantile
+from .history_views import CPU_HOURS, GPU_HOURS, NODE_HOURS, SIZE_BIN
+from .stats import quantiles
 from .tabular import Col
 
 GROUP_KEYS = ("user", "account", "partition", "qos")
@@ -38,22 +40,60 @@ def usage(h: History, by: str, sel: Selection, per: str | None = None, top: int 
     if by not in GROUP_KEYS:
         raise ValueError(by)
     where, params = sel.where("s", "state")
-    bucket = (f"strftime('{_BUCKET_SQL[per]}', s.start, 'unixepoch', 'localtime')" if per else "'all'")
-    sql = (f"SELECT {bucket} AS bucket, s.{by} AS key, COUNT(DISTINCT s.cluster || '/' || s.job_id) AS jobs, "
-           f"SUM((s.end - s.start) * s.node_count) / 3600.0 AS node_hours, "
-           f"SUM((s.end - s.start) * s.procs) / 3600.0 AS cpu_hours, "
-           f"SUM((s.end - s.start) * COALESCE(s.gpus, 0)) / 3600.0 AS gpu_hours "
-           f"FROM slurm_jobs s WHERE s.end IS NOT NULL AND {where} GROUP BY bucket, key "
-           f"ORDER BY bucket, node_hours DESC")
-    rows = [dict(r) for r in h._named(sql, params)]
+    day = _local_day_sql(h, "s.start") if per else "0"
+    sql = (f"SELECT {day} AS day, s.{by} AS key, COUNT(*) AS attempts, "
+           f"{NODE_HOURS} AS node_hours, {CPU_HOURS} AS cpu_hours, {GPU_HOURS} AS gpu_hours "
+           f"FROM slurm_jobs s WHERE s.end IS NOT NULL AND {where} GROUP BY day, key")
+    merged: dict[tuple[str, Any], dict[str, Any]] = {}
+    epoch = _dt.date(1970, 1, 1)
+    for d, key, attempts, node_h, cpu_h, gpu_h in h.conn.execute(sql, params):
+        bucket = (epoch + _dt.timedelta(days=d)).strftime(_BUCKET_SQL[per]) if per else "all"
+        r = merged.setdefault((bucket, key), {"bucket": bucket, "key": key, "attempts": 0, "node_hours": None,
+                                              "cpu_hours": None, "gpu_hours": None})
+        r["attempts"] += attempts
+        for k, v in (("node_hours", node_h), ("cpu_hours", cpu_h), ("gpu_hours", gpu_h)):
+            if v is not None:
+                r[k] = (r[k] or 0.0) + v
+    rows = sorted(merged.values(), key=lambda r: (r["bucket"], -(r["node_hours"] or 0)))
     if top:
         rows = sorted(rows, key=lambda r: -(r["node_hours"] or 0))[:top]
     cols = [Col("bucket", per.capitalize() if per else "Period", "text", 10), Col("key", by.capitalize(), "text", 10),
-            Col("jobs", "Jobs", "int", 8), Col("node_hours", "NodeHours", "h", 10),
+            Col("attempts", "Attempts", "int", 8), Col("node_hours", "NodeHours", "h", 10),
             Col("cpu_hours", "CPUHours", "h", 10), Col("gpu_hours", "GPUHours", "h", 10)]
     title = f"node-hours by {by}" + (f" per {per}" if per else "")
     return Report(rows, cols, ("bucket" if per else "key", ("node_hours",), "node-hours", title,
                                "key" if per else None))
+
+
+def _local_day_sql(h: History, col: str) -> str:
+    """SQL for the local calendar day (days since 1970-01-01) of the epoch column ``col``, exact
+    across daylight-saving changes: the UTC offset of each span between the changes the
+    history's time range holds (cheaper than SQLite's 'localtime' on every row)."""
+    lo, hi = h.conn.execute("SELECT MIN(start), MAX(start) FROM slurm_jobs").fetchone()
+    if lo is None:
+        return f"CAST({col} / 86400 AS INTEGER)"
+    spans = _offset_spans(int(lo), int(hi) + 1)
+    case = " ".join(f"WHEN {col} < {start} THEN {off}" for (start, _), (_, off) in zip(spans[1:], spans))
+    offset = f"(CASE {case} ELSE {spans[-1][1]} END)" if case else str(spans[0][1])
+    return f"CAST(({col} + {offset}) / 86400 AS INTEGER)"
+
+
+def _offset_spans(lo: int, hi: int) -> list[tuple[int, int]]:
+    """(start, local UTC offset in seconds) of each span in [lo, hi] with one offset."""
+    def offset(t: int) -> int:
+        return time.localtime(t).tm_gmtoff
+    spans = [(lo, offset(lo))]
+    t = lo
+    while t < hi:
+        nxt = min(t + 86400, hi)
+        if offset(nxt) != spans[-1][1]:
+            a, b = t, nxt                       # the change lies in (a, b]: to the second
+            while b - a > 1:
+                m = (a + b) // 2
+                a, b = (m, b) if offset(m) == spans[-1][1] else (a, m)
+            spans.append((b, offset(b)))
+        t = nxt
+    return spans
 
 
 def _bucket_start(t: float, per: str) -> _dt.datetime:
@@ -131,30 +171,26 @@ def efficiency(h: History, by: str, sel: Selection) -> Report:
                                f"efficiency by {by}", None))
 
 
-def _size_bin(nodes: int | None) -> str:
-    if not nodes:
-        return "unknown"
-    lo = 1
-    while lo * 2 <= nodes:
-        lo *= 2
-    return str(lo) if lo == 1 else f"{lo}-{2 * lo - 1}"
-
-
 def waits(h: History, by: str, sel: Selection) -> Report:
     """Queue wait per group: jobs, p50, p95, mean (a job's wait: before its first start and
     between its attempts); ``by="size"`` bins jobs by node count."""
     where, params = sel.where("r")
-    col = "r.nodes" if by == "size" else f"r.{by}"
     if by != "size" and by not in GROUP_KEYS:
         raise ValueError(by)
+    col = SIZE_BIN if by == "size" else f"r.{by}"
     per: dict[Any, list[float]] = {}
     for key, wait in h.conn.execute(f"SELECT {col}, r.queue_s FROM job_rollup r WHERE r.queue_s IS NOT NULL "
                                     f"AND {where}", params):
-        per.setdefault(_size_bin(key) if by == "size" else key, []).append(wait)
-    order = (lambda k: (k == "unknown", int(str(k).split("-")[0]) if k != "unknown" else 0)) if by == "size" \
-        else (lambda k: str(k))
-    rows = [{"key": k, "jobs": len(ws), "wait_p50_s": quantile(ws, 0.5), "wait_p95_s": quantile(ws, 0.95),
-             "wait_mean_s": sum(ws) / len(ws)} for k, ws in sorted(per.items(), key=lambda kv: order(kv[0]))]
+        per.setdefault(key, []).append(wait)
+
+    def order(k: Any) -> Any:
+        if by != "size":
+            return str(k)
+        return (k == "unknown", int(str(k).split("-")[0].rstrip("+")) if k != "unknown" else 0)
+    rows = []
+    for k, ws in sorted(per.items(), key=lambda kv: order(kv[0])):
+        p50, p95 = quantiles(ws, (0.5, 0.95), clean=True)
+        rows.append({"key": k, "jobs": len(ws), "wait_p50_s": p50, "wait_p95_s": p95, "wait_mean_s": sum(ws) / len(ws)})
     label = "Nodes" if by == "size" else by.capitalize()
     cols = [Col("key", label, "text", 10), Col("jobs", "Jobs", "int", 8), Col("wait_p50_s", "WaitP50", "s", 10),
             Col("wait_p95_s", "WaitP95", "s", 10), Col("wait_mean_s", "WaitMean", "s", 10)]

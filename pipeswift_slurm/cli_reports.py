@@ -5,7 +5,7 @@ and output options and ``--plot``."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -17,7 +17,13 @@ _plot_option = click.option("--plot", type=click.Path(dir_okay=False, path_type=
 _by = click.Choice(["user", "account", "partition", "qos"])
 
 
-def _finish(rep: Any, out: Any, plot: Path | None) -> None:
+def _finish(db: Path | None, make: Callable[[Any], Any], out: Any, plot: Path | None) -> None:
+    """Make the report over the history (``make(history)``), print it, draw it if asked."""
+    h = _open(db)
+    try:
+        rep = make(h)
+    finally:
+        h.close()
     _nothing_selected(rep.rows)
     _print(rep.rows, rep.columns, out)
     if plot is not None:
@@ -46,12 +52,7 @@ def history_usage(db: Path | None, sel: Any, by: str, per: str | None, top: int 
         pswift history usage --by user --top 10
     """
     from .admin_reports import usage
-    h = _open(db)
-    try:
-        rep = usage(h, by, sel, per, top)
-    finally:
-        h.close()
-    _finish(rep, out, plot)
+    _finish(db, lambda h: usage(h, by, sel, per, top), out, plot)
 
 
 @history.command("utilisation")
@@ -78,12 +79,7 @@ def history_utilisation(db: Path | None, sel: Any, per: str, capacity: int | Non
         if capacity is None:
             _warn(f"warning: Slurm does not say how many nodes {sel.partitions[0]} has; pass --nodes N "
                   f"for the utilisation column")
-    h = _open(db)
-    try:
-        rep = utilisation(h, sel, per, capacity)
-    finally:
-        h.close()
-    _finish(rep, out, plot)
+    _finish(db, lambda h: utilisation(h, sel, per, capacity), out, plot)
 
 
 @history.command("efficiency")
@@ -104,12 +100,7 @@ def history_efficiency(db: Path | None, sel: Any, by: str, out: Any, plot: Path 
         pswift history efficiency --by account --plot eff.png
     """
     from .admin_reports import efficiency
-    h = _open(db)
-    try:
-        rep = efficiency(h, by, sel)
-    finally:
-        h.close()
-    _finish(rep, out, plot)
+    _finish(db, lambda h: efficiency(h, by, sel), out, plot)
 
 
 @history.command("waits")
@@ -127,12 +118,7 @@ def history_waits(db: Path | None, sel: Any, by: str, out: Any, plot: Path | Non
         pswift history waits --by size -r low --plot waits.png
     """
     from .admin_reports import waits
-    h = _open(db)
-    try:
-        rep = waits(h, by, sel)
-    finally:
-        h.close()
-    _finish(rep, out, plot)
+    _finish(db, lambda h: waits(h, by, sel), out, plot)
 
 
 @history.command("failures")
@@ -148,9 +134,35 @@ def history_failures(db: Path | None, sel: Any, out: Any, plot: Path | None) -> 
         pswift history failures -S now-7days -s F,TO,OOM,NF
     """
     from .admin_reports import failures
-    h = _open(db)
-    try:
-        rep = failures(h, sel)
-    finally:
-        h.close()
-    _finish(rep, out, plot)
+    _finish(db, lambda h: failures(h, sel), out, plot)
+
+
+@history.command("serve")
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="PSWIFT_DB",
+              help="History database (default $PSWIFT_HOME/history.db).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 exposes the history to the network).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8001, show_default=True)
+@click.option("--metadata", "metadata_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Only write the Datasette metadata (titles, units, canned queries, dashboard) here.")
+@_errors
+def history_serve(db: Path | None, host: str, port: int, metadata_out: Path | None) -> None:
+    """Browse the history in Datasette, read-only: tables with titles and units, report views
+    (usage_daily, job_efficiency, job_waits, failures, preemption_waste, jct_phases), canned
+    queries and a dashboard at /-/dashboards/pswift.
+
+    Example:
+
+        pswift history serve --port 8001
+    """
+    import json
+    from .serve import metadata, serve
+    h = _open(db)          # migrated, its views current
+    path = h.path
+    h.close()
+    if metadata_out is not None:
+        metadata_out.write_text(json.dumps(metadata(path), indent=2))
+        _warn(f"metadata written to {metadata_out}")
+        return
+    _warn(f"serving {path} read-only on http://{host}:{port}/ (dashboard: /-/dashboards/pswift)")
+    raise SystemExit(serve(path, host, port))

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import events as events_mod
-from . import userfiles
+from . import history_views, userfiles
 from .errors import PswiftError
 from .history_queries import Queries
 from .history_schema import COLS as _COLS, MIGRATIONS, ROLLUP as _ROLLUP, UPSERT as _UPSERT
@@ -63,6 +63,7 @@ class History(Queries):
             self.conn = conn
             self._db: Any = None
             _retry_locked(self._migrate, timeout)
+            _retry_locked(lambda: history_views.ensure(conn), timeout)
         except sqlite3.OperationalError as e:
             raise _db_error(self.path, e) from None
         except sqlite3.DatabaseError as e:

@@ -117,8 +117,8 @@ class Queries:
     def slurm_attempts(self, sel: Selection) -> Iterator[sqlite3.Row]:
         """Slurm's records (one per attempt) by cluster, job and start: cluster, job_id, start,
         end, submit, name, user, partition, state, node_count, procs, work_dir. The selection's
-        states and pswift-only apply to whole jobs: the caller filters those."""
-        where, params = sel._replace(states=(), pswift_only=False).where("s", "state")
+        states apply to whole jobs: the caller filters those."""
+        where, params = sel._replace(states=()).where("s", "state")
         return self._named(
             "SELECT s.cluster, s.job_id, s.start, s.end, s.submit, s.name, s.user, s.partition, "
             "s.state, s.node_count, s.procs, s.work_dir, s.account, s.qos FROM slurm_jobs s WHERE "
@@ -169,14 +169,14 @@ class Queries:
             "FROM relayouts r JOIN jobs j ON j.id = r.job WHERE j.run_dir = ? "
             "ORDER BY r.attempt, r.step", [run_dir])]
 
-    def rollups(self, by: str, sel: Selection) -> Iterator[sqlite3.Row]:
-        """One narrow row per selected job from the roll-up table: key (the ``by`` column),
-        attempts, preempted, queue_s, run_s, jct_s."""
+    def rollups(self, by: str, sel: Selection) -> Iterator[tuple]:
+        """One narrow tuple per selected job from the roll-up table: (the ``by`` column,
+        attempts, preempted, queue_s, run_s, jct_s)."""
         if by not in ROLLUP_KEYS:
             raise ValueError(by)
         where, params = sel.where("r")
-        return self._named(f"SELECT r.{by} AS key, attempts, preempted, queue_s, run_s, jct_s "
-                           f"FROM job_rollup r WHERE {where}", params)
+        return self.conn.execute(f"SELECT r.{by}, attempts, preempted, queue_s, run_s, jct_s "
+                                 f"FROM job_rollup r WHERE {where}", params)
 
     def queue_waits(self, sel: Selection) -> list[float]:
         """Every selected job's queue wait, sorted."""

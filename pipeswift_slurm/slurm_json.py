@@ -248,19 +248,27 @@ def _tres(entries: Any) -> dict[str, float]:
     return out
 
 
+def _seconds(v: Any) -> float | None:
+    """sacct's ``{"seconds": S, "microseconds": U}`` as seconds (U may exceed a million)."""
+    if not isinstance(v, dict) or not isinstance(v.get("seconds"), (int, float)):
+        return None
+    return v["seconds"] + (v.get("microseconds") or 0) / 1e6
+
+
 def _usage(job: dict[str, Any], t: dict[str, Any]) -> dict[str, Any]:
     """Allocated CPUs, GPUs and memory (MB), requested memory, CPU time used (user + system,
     every step) and MaxRSS (the largest step's, MB) of one sacct job; None where sacct has none
     (MaxRSS needs a jobacct_gather plugin)."""
     tres = job.get("tres") if isinstance(job.get("tres"), dict) else {}
     alloc, req = _tres(tres.get("allocated")), _tres(tres.get("requested"))
-    total = t.get("total") if isinstance(t.get("total"), dict) else {}
-    cpu_time = None
-    if isinstance(total.get("seconds"), (int, float)):
-        cpu_time = total["seconds"] + (total.get("microseconds") or 0) / 1e6
+    steps = [s for s in job.get("steps") or [] if isinstance(s, dict)]
+    # the job's own total is 0 in 22.05 (its steps hold it); from 23.02 it is their sum
+    times = [x for x in (_seconds(t.get("total")), sum(_seconds((s.get("time") or {}).get("total")) or 0.0
+                                                        for s in steps)) if x is not None]
+    cpu_time = max(times) if times else None
     rss = []
-    for step in job.get("steps") or []:
-        used = ((step.get("tres") or {}).get("requested") or {}) if isinstance(step, dict) else {}
+    for step in steps:
+        used = (step.get("tres") or {}).get("requested") or {}
         mem = _tres(used.get("max") if isinstance(used, dict) else None).get("mem")
         if mem:
             rss.append(mem / 2**20)   # bytes

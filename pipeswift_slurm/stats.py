@@ -10,13 +10,27 @@ from typing import Iterable
 
 def quantile(xs: Iterable[float | None], q: float) -> float | None:
     """The ``q`` quantile (0 <= q <= 1) of the values, None when there are none."""
-    data = sorted(x for x in xs if x is not None)
-    if not data:
-        return None
-    pos = (len(data) - 1) * min(1.0, max(0.0, q))
-    lo = int(pos)
-    hi = min(lo + 1, len(data) - 1)
-    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+    return quantiles(xs, (q,))[0]
+
+
+def quantiles(xs: Iterable[float | None], qs: Iterable[float], clean: bool = False) -> list[float | None]:
+    """Several quantiles of the values with one sort (``clean``: ``xs`` is a list with no None,
+    sorted in place)."""
+    if clean and isinstance(xs, list):
+        xs.sort()
+        data = xs
+    else:
+        data = sorted(x for x in xs if x is not None)
+    out: list[float | None] = []
+    for q in qs:
+        if not data:
+            out.append(None)
+            continue
+        pos = (len(data) - 1) * min(1.0, max(0.0, q))
+        lo = int(pos)
+        hi = min(lo + 1, len(data) - 1)
+        out.append(data[lo] + (data[hi] - data[lo]) * (pos - lo))
+    return out
 
 
 def median(xs: Iterable[float | None]) -> float | None:

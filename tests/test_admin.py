@@ -219,7 +219,8 @@ def test_mixed_workload_in_reports_plot_and_doctor(cluster, tmp_path):
         assert rows[j]["training_s"] >= 1 and rows[j]["jct_s"] >= rows[j]["training_s"]
         assert rows[j]["cpus"] >= 1 and rows[j]["exit_code"] == "0:0"
     v = rows[victim]
-    assert (v["pswift"], v["attempts"], v["preemptions"], v["account"]) == (False, 2, 1, "chem")
+    assert (v["pswift"], v["account"]) == (False, "chem")
+    assert v["attempts"] == v["preemptions"] + 1 >= 2     # 25.11 may stop its restart once more
     assert v["wasted_hours"] * 3600 >= 2 * v["cpus"]      # its first attempt, whole, on its CPUs
     assert v["time_eff"] is not None and 0 < v["time_eff"] < 0.1    # its last attempt: ~1 s of 10 min
     r = rows[job]
@@ -243,18 +244,20 @@ def test_mixed_workload_in_reports_plot_and_doctor(cluster, tmp_path):
     import csv as csvmod
     exported = {r["job_id"] for r in csvmod.DictReader(csv.splitlines())}
     assert job in exported and not exported & {*plain, victim}
-    _admin_reports_on_the_real_records(db, ids, plain, victim, tmp_path)
+    _admin_reports_on_the_real_records(db, ids, plain, victim, v["attempts"], tmp_path)
 
 
 def squeue_field(job: str, fmt: str) -> str:
     return subprocess.run(["squeue", "-h", "-j", job, "-o", fmt], capture_output=True, text=True).stdout.strip()
 
 
-def _admin_reports_on_the_real_records(db: str, ids: str, plain: list[str], victim: str, tmp_path: Path) -> None:
+def _admin_reports_on_the_real_records(db: str, ids: str, plain: list[str], victim: str, victim_attempts: int,
+                                       tmp_path: Path) -> None:
     def rows(*args: str) -> list[dict]:
         return json.loads(pswift("history", *args, "--db", db, "-j", ids, "--json", check=True).stdout)
     usage = {r["key"]: r for r in rows("usage", "--by", "account")}
-    assert usage["physics"]["jobs"] == 2 and usage["chem"]["jobs"] == 1 and usage["chem"]["cpu_hours"] > 0
+    assert usage["physics"]["attempts"] == 2 and usage["chem"]["attempts"] == victim_attempts
+    assert usage["chem"]["cpu_hours"] > 0
     assert {(r["state"], r["exit_code"]) for r in rows("failures")} == {("COMPLETED", "0:0")}
     eff = {r["key"]: r for r in rows("efficiency", "--by", "job")}
     assert set(eff) == set(ids.split(",")) and eff[victim]["time_eff"] > 0

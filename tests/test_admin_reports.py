@@ -252,3 +252,44 @@ def test_user_text_with_separators_quotes_and_escapes_stays_in_its_cell(tmp_path
     assert [r["job_id"] for r in rows] == ["5", "6"] and rows[0]["user"] == "'-cmd"
     assert rows[0]["name"] == 'a?b|c,"d"?[31m?next'      # whole, its control characters inert
     assert json.loads(run(path, "jobs", "--json"))[0]["name"] == nasty
+
+
+def test_usage_days_are_local_days_on_both_sides_of_a_dst_change(tmp_path):
+    """00:30 local on a summer day and 23:30 on a winter day (New York, UTC-4 then UTC-5): each
+    counts on its own local date; either offset for the whole history would move one of them."""
+    path = tmp_path / "h.db"
+    summer = dt.datetime(2026, 7, 1, 4, 30, tzinfo=dt.timezone.utc).timestamp()    # 00:30 EDT, July 1
+    winter = dt.datetime(2026, 12, 1, 4, 30, tzinfo=dt.timezone.utc).timestamp()   # 23:30 EST, Nov 30
+    h = History(path)
+    h.add_slurm_records([rec("1", summer, summer + 600), rec("2", winter, winter + 600)], "t")
+    h.close()
+    proc = pswift("history", "usage", "--per", "day", "--db", str(path), "-P", env={"TZ": "America/New_York"})
+    assert proc.returncode == 0, proc.stderr
+    days = sorted(line.split("|")[0] for line in proc.stdout.splitlines()[1:])
+    assert days == ["2026-07-01", "2026-11-30"]
+
+
+def test_a_reader_that_stops_early_ends_the_listing_quietly(tmp_path):
+    from conftest import PSWIFT
+    path = tmp_path / "h.db"
+    h = History(path)
+    h.add_slurm_records([rec(str(i), T0 + i, T0 + i + 60) for i in range(20000)], "t")
+    h.close()
+    import shlex
+    import subprocess
+    cmd = f"{shlex.join([*PSWIFT, 'history', 'jobs', '--db', str(path)])} | head -2"
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.splitlines()[1].startswith("0\t") and proc.stderr == "", proc.stderr
+    assert proc.returncode == 0
+
+
+def test_views_are_recreated_when_stale_and_a_read_only_reader_keeps_what_is_there(db):
+    from pipeswift_slurm import history_views
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("DROP VIEW failures")
+    conn.close()
+    ro = sqlite3.connect(f"file:{db}?mode=ro", uri=True, isolation_level=None)
+    history_views.ensure(ro)                     # cannot write: no error, nothing changed
+    assert not ro.execute("SELECT 1 FROM sqlite_master WHERE name = 'failures'").fetchall()
+    History(db).close()                          # a writer's open brings it back
+    assert ro.execute("SELECT jobs FROM failures WHERE state = 'FAILED'").fetchall() == [(1,)]

@@ -198,3 +198,30 @@ def test_submit_warns_when_slurm_would_hold_the_job_before_max_requeues(acct_clu
         assert "set max_requeues <= 4 or raise MaxBatchRequeue" in proc.stderr
     else:
         assert proc.stderr == ""
+
+
+def test_sacct_gives_the_admin_fields_and_the_reports_use_them(acct_cluster, tmp_path, monkeypatch):
+    """Through slurmdbd: account, QOS, allocated CPUs, requested memory, the limit, CPU time
+    and MaxRSS (jobacct_gather/linux) of a job that burns 3 s of CPU holding 80 MB; then the
+    efficiency and failures reports over them."""
+    monkeypatch.setenv("SLURM_CONF", acct_cluster)
+    burn = ("import time\nx = bytearray(80 * 2**20)\nfor i in range(0, len(x), 4096): x[i] = 1\n"
+            "t = time.process_time()\nwhile time.process_time() - t < 3: pass\n")
+    (tmp_path / "burn.py").write_text(burn)
+    busy = sbatch("-J", "busy", "-t", "5", "--mem=200M", "--wrap", f"{sys.executable} {tmp_path / 'burn.py'}")
+    bad = sbatch("-J", "bad", "-t", "5", "--wrap", "exit 3")
+    sacct_has(busy, bad)
+    db = tmp_path / "history.db"
+    ingest(db)
+    row = json.loads(pswift("history", "jobs", "--db", str(db), "-j", busy, "--json", check=True).stdout)[0]
+    assert (row["account"], row["qos"], row["state"], row["derived_exit_code"]) == ("root", "normal", "COMPLETED", "0:0")
+    assert row["cpus"] >= 1 and row["req_mem_mb"] == 200 and row["limit_s"] == 300
+    assert row["cpu_time_s"] >= 2.5, row                       # sacct's TotalCPU (user + system)
+    assert row["max_rss_mb"] is not None and 60 <= row["max_rss_mb"] <= 200, row
+    eff = json.loads(pswift("history", "efficiency", "--db", str(db), "--by", "job", "-j", busy, "--json",
+                            check=True).stdout)[0]
+    assert eff["cpu_eff"] == pytest.approx(row["cpu_time_s"] / (row["elapsed_s"] * row["cpus"]))
+    assert 0.3 <= eff["mem_eff"] <= 1 and 0 < eff["time_eff"] < 0.1
+    fails = json.loads(pswift("history", "failures", "--db", str(db), "-j", f"{busy},{bad}", "--json",
+                              check=True).stdout)
+    assert {(f["state"], f["jobs"]) for f in fails} == {("COMPLETED", 1), ("FAILED", 1)}

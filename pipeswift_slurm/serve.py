@@ -1,0 +1,168 @@
+"""`pswift history serve`: Datasette over the history database, read-only, with the metadata
+admins need (titles, descriptions, units), the report views (:mod:`.history_views`), canned
+queries and a dashboard (datasette-dashboards: JCT phases, preemption waste, waits, usage,
+utilisation, failures), bound to 127.0.0.1 unless told otherwise."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import PswiftError
+
+DASHBOARD = "pswift"
+_HOUR, _SECOND, _MB = "hour", "s", "MB"
+
+
+class ServeError(PswiftError):
+    exit_code = 1
+
+
+def _tables() -> dict[str, Any]:
+    seconds = {c: _SECOND for c in ("queue_s", "setup_s", "training_s", "checkpoint_s", "jct_s", "elapsed_s",
+                                    "limit_s", "cpu_time_s", "step_mean_s", "predicted_jct_s", "last_elapsed_s",
+                                    "run_s", "node_s", "cpu_s", "gpu_s", "wasted_s")}
+    hours = {c: _HOUR for c in ("node_hours", "cpu_hours", "gpu_hours", "wasted_hours")}
+    memory = {c: _MB for c in ("max_rss_mb", "req_mem_mb", "mem_mb")}
+    units = {**seconds, **hours, **memory}
+    ratios = "time_eff: elapsed / time limit; cpu_eff: CPU time / (elapsed x allocated CPUs); mem_eff: MaxRSS / requested memory"
+    tables = {
+        "slurm_jobs": ("Slurm job attempts", "One row per attempt (a requeue starts a new one), from the jobcomp "
+                       "plugin, jobcomp/filetxt and sacct. Times are epoch seconds."),
+        "job_rollup": ("Jobs (all attempts rolled up)", "One row per Slurm job, kept current by every ingest."),
+        "jobs": ("pswift runs", "Jobs pswift submitted, with the plan's predictions."),
+        "attempts": ("pswift attempts", "Each attempt of a pswift job: layout, steps, setup/training/checkpoint times."),
+        "job_listing": ("Job listing", f"What `pswift history jobs` lists, plain jobs' figures. {ratios}."),
+        "usage_daily": ("Usage per day", "Node-, CPU- and GPU-hours per day (local time; an attempt counts on the "
+                        "day it started) and user, account, partition, QOS."),
+        "job_efficiency": ("Job efficiency", f"seff's figures per job. {ratios}; empty where Slurm recorded nothing "
+                           "(MaxRSS needs a jobacct_gather plugin)."),
+        "job_waits": ("Queue waits", "Each job's wait in the queue (before its first start and between attempts), "
+                      "with its QOS, partition and size bin."),
+        "failures": ("Failures", "Jobs by final state and exit code."),
+        "preemption_waste": ("Preemption waste", "Preempted jobs: a plain job loses each preempted attempt whole "
+                             "(elapsed x CPUs); empty where the records cannot say. pswift jobs lose only the steps "
+                             "since their last checkpoint: see `pswift history show`."),
+        "jct_phases": ("JCT phases of pswift jobs", "Queue (first start - submit), setup, training and "
+                       "checkpoint/cleanup, summed over a pswift job's attempts."),
+    }
+    return {name: {"title": title, "description": text, "units": units} for name, (title, text) in tables.items()}
+
+
+#: canned queries: the CLI's reports, as SQL over the views
+QUERIES = {
+    "usage_by_account_per_month": {
+        "title": "Node-hours by account per month",
+        "sql": "SELECT substr(day, 1, 7) AS month, account, SUM(attempts) AS attempts, SUM(node_hours) AS node_hours, "
+               "SUM(cpu_hours) AS cpu_hours, SUM(gpu_hours) AS gpu_hours FROM usage_daily GROUP BY 1, 2 ORDER BY 1, 4 DESC"},
+    "top_users": {
+        "title": "Top users by node-hours",
+        "sql": "SELECT user, SUM(node_hours) AS node_hours, SUM(cpu_hours) AS cpu_hours, SUM(gpu_hours) AS gpu_hours "
+               "FROM usage_daily GROUP BY user ORDER BY node_hours DESC LIMIT 20"},
+    "utilisation_per_day": {
+        "title": "A partition's utilisation per day",
+        "description": "Busy node-hours per day over what :nodes nodes give in a day (attempts counted on the day "
+                       "they started; `pswift history utilisation` splits them exactly).",
+        "sql": "SELECT day, SUM(node_hours) AS busy_node_hours, SUM(node_hours) / (CAST(:nodes AS REAL) * 24) "
+               "AS utilisation FROM usage_daily WHERE partition = :partition GROUP BY day ORDER BY day"},
+    "waits_by_qos": {
+        "title": "Queue wait by QOS",
+        "sql": "SELECT qos, COUNT(*) AS jobs, AVG(queue_s) AS mean_wait_s, MAX(queue_s) AS max_wait_s "
+               "FROM job_waits GROUP BY qos ORDER BY qos"},
+    "waits_by_size": {
+        "title": "Queue wait by job size (nodes)",
+        "sql": "SELECT size, COUNT(*) AS jobs, AVG(queue_s) AS mean_wait_s, MAX(queue_s) AS max_wait_s "
+               "FROM job_waits GROUP BY size ORDER BY MIN(nodes)"},
+    "efficiency_by_user": {
+        "title": "Efficiency by user",
+        "sql": "SELECT user, COUNT(*) AS jobs, AVG(time_eff) AS time_eff, SUM(cpu_time_s) / "
+               "SUM(CASE WHEN cpu_time_s IS NOT NULL THEN elapsed_s * 1.0 END) AS cpu_time_per_elapsed_s, "
+               "AVG(cpu_eff) AS cpu_eff, AVG(mem_eff) AS mem_eff FROM job_efficiency GROUP BY user ORDER BY user"},
+    "failures_by_exit_code": {
+        "title": "Failures by state and exit code",
+        "sql": "SELECT state, exit_code, jobs, users FROM failures WHERE state <> 'COMPLETED' ORDER BY jobs DESC"},
+}
+
+
+def _bar(x: str, x_title: str, y: str, y_title: str, color: str | None = None, **extra: Any) -> dict[str, Any]:
+    enc: dict[str, Any] = {"x": {"field": x, "type": "nominal", "title": x_title, "sort": None},
+                           "y": {"field": y, "type": "quantitative", "title": y_title}}
+    if color:
+        enc["color"] = {"field": color, "type": "nominal", "title": color}
+    return {"mark": {"type": "bar", "tooltip": True}, "encoding": {**enc, **extra}}
+
+
+def dashboard(db_name: str) -> dict[str, Any]:
+    """The datasette-dashboards definition: one dashboard of the admin figures."""
+    phases = " UNION ALL ".join(
+        f"SELECT job_id, '{label}' AS phase, {col} / 60.0 AS minutes FROM (SELECT * FROM jct_phases ORDER BY "
+        f"CAST(job_id AS INTEGER) DESC LIMIT 30)" for col, label in
+        (("queue_s", "1 queue"), ("setup_s", "2 setup"), ("training_s", "3 training"),
+         ("checkpoint_s", "4 checkpoint/cleanup")))
+    charts = {
+        "jobs": {"title": "Jobs in the history", "db": db_name, "library": "metric",
+                 "query": "SELECT COUNT(*) AS jobs FROM job_rollup", "display": {"field": "jobs"}},
+        "wasted": {"title": "CPU-hours lost to preemption (plain jobs)", "db": db_name, "library": "metric",
+                   "query": "SELECT ROUND(COALESCE(SUM(wasted_hours), 0), 1) AS hours FROM preemption_waste",
+                   "display": {"field": "hours", "suffix": " h"}},
+        "jct-phases": {"title": "JCT phases of the last 30 pswift jobs", "db": db_name, "library": "vega-lite",
+                       "query": f"SELECT * FROM ({phases}) ORDER BY CAST(job_id AS INTEGER), phase",
+                       "display": _bar("job_id", "job", "minutes", "time (minutes)", "phase")},
+        "waste": {"title": "Preemption waste by partition", "db": db_name, "library": "vega-lite",
+                  "query": "SELECT COALESCE(partition, 'unknown') AS partition, SUM(COALESCE(wasted_hours, 0)) AS "
+                           "wasted_hours, SUM(preemptions) AS preemptions FROM preemption_waste GROUP BY 1 ORDER BY 1",
+                  "display": _bar("partition", "partition", "wasted_hours", "wasted CPU-hours")},
+        "waits": {"title": "Mean queue wait by QOS", "db": db_name, "library": "vega-lite",
+                  "query": "SELECT COALESCE(qos, 'none') AS qos, AVG(queue_s) / 60.0 AS minutes, COUNT(*) AS jobs "
+                           "FROM job_waits GROUP BY 1 ORDER BY 1",
+                  "display": _bar("qos", "QOS", "minutes", "mean wait (minutes)")},
+        "usage": {"title": "Node-hours per day by partition (last 60 days on record)", "db": db_name,
+                  "library": "vega-lite",
+                  "query": "SELECT day, COALESCE(partition, 'unknown') AS partition, SUM(node_hours) AS node_hours "
+                           "FROM usage_daily WHERE day >= (SELECT date(MAX(day), '-60 days') FROM usage_daily) "
+                           "GROUP BY 1, 2 ORDER BY 1",
+                  "display": {"mark": {"type": "line", "point": True, "tooltip": True},
+                              "encoding": {"x": {"field": "day", "type": "temporal", "timeUnit": "yearmonthdate",
+                                                 "title": "day"},
+                                           "y": {"field": "node_hours", "type": "quantitative",
+                                                 "title": "busy node-hours"},
+                                           "color": {"field": "partition", "type": "nominal"}}}},
+        "failures": {"title": "Jobs by final state", "db": db_name, "library": "vega-lite",
+                     "query": "SELECT state, SUM(jobs) AS jobs FROM failures GROUP BY state ORDER BY jobs DESC",
+                     "display": _bar("state", "final state", "jobs", "jobs")},
+    }
+    return {DASHBOARD: {"title": "pswift: where cluster time goes",
+                        "description": "Job completion time phases, preemption waste, queue waits, usage and "
+                                       "failures, from the pswift history.",
+                        "layout": [["jobs", "wasted"], ["jct-phases", "jct-phases"], ["waste", "waits"],
+                                   ["usage", "usage"], ["failures", "failures"]],
+                        "charts": charts}}
+
+
+def metadata(db_path: Path) -> dict[str, Any]:
+    name = db_path.stem
+    return {"title": "pswift job history",
+            "description": "Every Slurm job attempt and every pswift run; read-only.",
+            "databases": {name: {"tables": _tables(), "queries": QUERIES}},
+            "plugins": {"datasette-dashboards": dashboard(name)}}
+
+
+def serve(db_path: Path, host: str, port: int) -> int:
+    """Run Datasette on the database (read-only) with the metadata, until it is stopped."""
+    import importlib.util
+    if not all(importlib.util.find_spec(m) for m in ("datasette", "datasette_dashboards")):
+        raise ServeError("`pswift history serve` needs Datasette: pip install 'pipeswift-slurm[serve]'")
+    with tempfile.TemporaryDirectory(prefix="pswift-serve-") as tmp:
+        meta = Path(tmp) / "metadata.json"
+        meta.write_text(json.dumps(metadata(db_path), indent=2))
+        cmd = [sys.executable, "-m", "datasette", "serve", str(db_path), "--metadata", str(meta),
+               "--host", host, "--port", str(port), "--setting", "sql_time_limit_ms", "30000",
+               "--setting", "facet_time_limit_ms", "1000"]
+        try:
+            return subprocess.run(cmd).returncode
+        except KeyboardInterrupt:
+            return 0

@@ -1,0 +1,143 @@
+"""`pswift history serve`: Datasette over a real history (a real local pswift run, ingested, and
+Slurm records as the plugin gives them), read-only and local, its views and canned queries, and
+its dashboard rendered by a real headless Chromium (Debian's): no console error, every chart
+drawn (asserted on the DOM; the screenshot is kept as an artifact)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, copy_example, pswift
+from pipeswift_slurm.history import History
+
+pytestmark = [pytest.mark.deepspeed]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = Path(os.environ.get("PSWIFT_TEST_ARTIFACTS", ROOT / "test-artifacts"))
+VEGA_CHARTS = ("jct-phases", "waste", "waits", "usage", "failures")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    d = tmp_path_factory.mktemp("serve")
+    toml = copy_example(d / "ex", {"steps": "6", "checkpoint_interval": "0"})
+    run, db = d / "run", d / "history.db"
+    proc = pswift("run", "--run-dir", str(run), str(toml), env={"PSWIFT_HOME": str(d / "home")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert pswift("history", "ingest", str(run), "--db", str(db)).returncode == 0
+    t0 = time.time() - 3 * 86400
+    h = History(db)
+    h.add_slurm_records([
+        {"JOBID": str(100 + i), "START": t0 + i * 3600, "END": t0 + i * 3600 + 1800, "SUBMIT": t0 + i * 3600 - 60 * i,
+         "USERNAME": f"u{i % 3}", "ACCOUNT": f"a{i % 2}", "QOS": ("normal", "long")[i % 2], "PARTITION": "low",
+         "JOBSTATE": ("COMPLETED", "FAILED", "PREEMPTED")[i % 3], "EXITCODE": ("0:0", "1:0", "0:15")[i % 3],
+         "NODECNT": str(1 + i % 4), "PROCS": str(4 * (1 + i % 4)), "LIMIT": "01:00:00", "CLUSTER": "c"}
+        for i in range(30)], "jobcomp")
+    h.close()
+    digest = hashlib.sha256(db.read_bytes()).hexdigest()
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.cli", "history", "serve", "--db", str(db),
+                               "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while True:
+        try:
+            get(f"{base}/-/versions.json")
+            break
+        except (urllib.error.URLError, ConnectionError):
+            assert server.poll() is None and time.time() < deadline, server.stdout.read() if server.poll() else "no answer"
+            time.sleep(0.3)
+    yield base, db, digest, server
+    server.terminate()
+    server.wait(timeout=30)
+
+
+def test_serve_listens_on_localhost_only_and_never_writes(served):
+    import psutil
+    base, db, digest, server = served
+    procs = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
+    listening = [c.laddr for p in procs for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+    assert listening and all(a.ip == "127.0.0.1" for a in listening), listening
+    sql = urllib.parse.quote("DELETE FROM slurm_jobs")
+    answer = None
+    try:                                   # a write through the SQL API: refused
+        urllib.request.urlopen(f"{base}/history.json?sql={sql}", timeout=30)
+    except urllib.error.HTTPError as e:
+        answer = e.code
+    assert answer == 400
+    assert get(f"{base}/history.json?sql=SELECT+COUNT(*)+FROM+slurm_jobs")["rows"] == [[30]]
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
+
+
+def test_metadata_views_and_canned_queries(served):
+    base, db, _, _ = served
+    meta = get(f"{base}/-/metadata.json")
+    tables = meta["databases"]["history"]["tables"]
+    assert tables["job_efficiency"]["units"]["max_rss_mb"] == "MB" and tables["usage_daily"]["title"]
+    views = {v["name"] for v in get(f"{base}/history.json")["views"]}
+    assert {"job_listing", "usage_daily", "job_efficiency", "job_waits", "failures", "preemption_waste",
+            "jct_phases"} <= views
+    phases = get(f"{base}/history/jct_phases.json?_shape=objects")["rows"]
+    assert len(phases) == 1 and phases[0]["setup_s"] > 0 and phases[0]["training_s"] > 0
+    failures = {(r["state"], r["exit_code"]): r["jobs"] for r in
+                get(f"{base}/history/failures_by_exit_code.json?_shape=objects")["rows"]}
+    assert failures == {("FAILED", "1:0"): 10, ("PREEMPTED", "0:15"): 10}
+    util = get(f"{base}/history/utilisation_per_day.json?partition=low&nodes=4&_shape=objects")["rows"]
+    assert util and abs(sum(r["busy_node_hours"] for r in util) - sum(0.5 * (1 + i % 4) for i in range(30))) < 1e-6
+    waste = get(f"{base}/history/preemption_waste.json?_shape=objects")["rows"]
+    assert len(waste) == 10 and all(r["wasted_hours"] > 0 for r in waste)
+
+
+def test_the_dashboard_renders_in_a_real_browser_without_console_errors(served):
+    if CHROMIUM is None:
+        if os.environ.get("PSWIFT_REQUIRE_BROWSER"):
+            pytest.fail("chromium is not installed (apt-get install chromium)")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+    base, _, _, _ = served
+    errors: list[str] = []
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
+            page.goto(f"{base}/-/dashboards/pswift", wait_until="networkidle")
+            page.wait_for_function(f"document.querySelectorAll('.vega-embed canvas, .vega-embed svg').length "
+                                   f">= {len(VEGA_CHARTS)}", timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+            sizes = {slug: page.eval_on_selector(f"#chart-{slug} canvas, #chart-{slug} svg",
+                                                 "el => [el.getBoundingClientRect().width, "
+                                                 "el.getBoundingClientRect().height]") for slug in VEGA_CHARTS}
+            jobs = page.inner_text("#chart-jobs")
+        finally:
+            browser.close()
+    assert not errors, errors
+    assert all(w > 100 and h > 50 for w, h in sizes.values()), sizes
+    assert jobs.split() == ["30"]       # the Slurm jobs on record (the local run has no Slurm record)
+    assert (ARTIFACTS / "dashboard.png").stat().st_size > 20_000
