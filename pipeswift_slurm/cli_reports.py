@@ -165,4 +165,4 @@ def history_serve(db: Path | None, host: str, port: int, metadata_out: Path | No
         _warn(f"metadata written to {metadata_out}")
         return
     _warn(f"serving {path} read-only on http://{host}:{port}/ (dashboard: /-/dashboards/pswift)")
-    raise SystemExit(serve(path, host, port))
+    serve(path, host, port)

@@ -64,7 +64,7 @@ class JobReport:
 
 def job_reports(h: History, sel: Selection = Selection()) -> list[JobReport]:
     """Full reports (every attempt) of the selected jobs; for one job or the pswift ones (the
-    listings of many jobs stream :func:`job_rows` instead)."""
+    listings of many jobs stream :func:`write_listing` instead)."""
     groups: dict[tuple[str, str], list[Row]] = {}
     for r in h.slurm_attempts(sel):
         groups.setdefault((r["cluster"], r["job_id"]), []).append(r)
@@ -294,9 +294,10 @@ def _job_values(h: History, runs: dict[str, Row], plain: tuple, job_id: str, wor
     run = runs.get(work) if work is not None else None
     if run is None:
         return plain
-    rep = next((x for x in job_reports(h, Selection(job_ids=(job_id,)))
-                if x.pswift and x.run_dir == run["run_dir"]), None)
-    return plain if rep is None else listing_row(plain, rep)
+    rows = [r for r in h.slurm_attempts(Selection(job_ids=(job_id,))) if r["work_dir"] == work]
+    if not rows:
+        return plain
+    return listing_row(plain, _report(h, job_id, rows, run, rows[-1]["cluster"]))
 
 
 def _runs_without_records(h: History, runs: dict[str, Row], sel: Selection, limit: int | None) -> Iterator[tuple]:

@@ -6,7 +6,6 @@ utilisation, failures), bound to 127.0.0.1 unless told otherwise."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -151,18 +150,22 @@ def metadata(db_path: Path) -> dict[str, Any]:
             "plugins": {"datasette-dashboards": dashboard(name)}}
 
 
-def serve(db_path: Path, host: str, port: int) -> int:
-    """Run Datasette on the database (read-only) with the metadata, until it is stopped."""
+def serve(db_path: Path, host: str, port: int) -> None:
+    """Become Datasette on the database (read-only) with the metadata: exec, so a signal to this
+    process reaches the server itself and nothing is left behind (the metadata is an unlinked
+    temporary file, open on an inherited descriptor)."""
     import importlib.util
+    import os
     if not all(importlib.util.find_spec(m) for m in ("datasette", "datasette_dashboards")):
         raise ServeError("`pswift history serve` needs Datasette: pip install 'pipeswift-slurm[serve]'")
-    with tempfile.TemporaryDirectory(prefix="pswift-serve-") as tmp:
-        meta = Path(tmp) / "metadata.json"
-        meta.write_text(json.dumps(metadata(db_path), indent=2))
-        cmd = [sys.executable, "-m", "datasette", "serve", str(db_path), "--metadata", str(meta),
-               "--host", host, "--port", str(port), "--setting", "sql_time_limit_ms", "30000",
-               "--setting", "facet_time_limit_ms", "1000"]
-        try:
-            return subprocess.run(cmd).returncode
-        except KeyboardInterrupt:
-            return 0
+    with tempfile.TemporaryFile("w+") as meta:
+        meta.write(json.dumps(metadata(db_path), indent=2))
+        meta.flush()
+        fd = os.dup(meta.fileno())
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.set_inheritable(fd, True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "datasette", "serve", str(db_path), "--metadata",
+                              f"/dev/fd/{fd}", "--host", host, "--port", str(port),
+                              "--setting", "sql_time_limit_ms", "30000", "--setting", "facet_time_limit_ms", "1000"])

@@ -293,3 +293,15 @@ def test_views_are_recreated_when_stale_and_a_read_only_reader_keeps_what_is_the
     assert not ro.execute("SELECT 1 FROM sqlite_master WHERE name = 'failures'").fetchall()
     History(db).close()                          # a writer's open brings it back
     assert ro.execute("SELECT jobs FROM failures WHERE state = 'FAILED'").fetchall() == [(1,)]
+
+
+def test_the_wait_cdf_plots_the_selected_jobs_only(db):
+    from pipeswift_slurm.report import wait_quantiles
+    from pipeswift_slurm.selection import Selection
+    h = History(db)
+    try:
+        assert wait_quantiles(h, Selection(users=("bob",))) == [600.0, 600.0]
+        # job 10 waited 1 h, then 30 min between attempts; job 11 10 min, then 1 h between
+        assert wait_quantiles(h, Selection()) == [600.0, 600.0, 600.0, 4200.0, 5400.0, 5400.0]
+    finally:
+        h.close()

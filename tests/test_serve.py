@@ -73,6 +73,9 @@ def served(tmp_path_factory):
     yield base, db, digest, server
     server.terminate()
     server.wait(timeout=30)
+    import psutil
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(db) in " ".join(p.info["cmdline"] or [])]
+    assert not left, f"serve left processes behind: {left}"
 
 
 def test_serve_listens_on_localhost_only_and_never_writes(served):
