@@ -359,7 +359,7 @@ def requeue(job_id: str, exclude: str | None = None, nodes_needed: int = 1) -> b
     """Requeue the job; with ``exclude``, keep its next attempt off that node when the partition
     still has ``nodes_needed`` other usable nodes (returns whether it did). A running job's
     ExcNodeList cannot change, so it is set just after the requeue, while the job is pending;
-    the requeue's SIGTERM to the job's processes is ignored until then."""
+    the requeue's SIGTERM to the job's processes (these commands included) is ignored."""
     from .queue import usable_nodes
 
     new_exc = None
@@ -370,7 +370,8 @@ def requeue(job_id: str, exclude: str | None = None, nodes_needed: int = 1) -> b
         if len(others) >= nodes_needed:
             old = [x for x in (fields.get("ExcNodeList") or "").split(",") if x and x != "(null)"]
             new_exc = ",".join([*old, exclude])
-    _run(["scontrol", "requeue", str(job_id)], survive_term=exclude is not None)
+    # the requeue SIGTERMs every process of the job, this command too: it must outlive that
+    _run(["scontrol", "requeue", str(job_id)], survive_term=True)
     if new_exc:
         _run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={new_exc}"], survive_term=True)
     return new_exc is not None

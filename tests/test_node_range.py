@@ -91,6 +91,7 @@ def test_a_requeued_job_with_a_1_node_layout_restarts_on_the_one_free_node(clust
     finally:
         if holder:
             subprocess.run(["scancel", holder])
+        subprocess.run(["scancel", job])     # a failure here must not leave it to later tests
     attempts = events_mod.by_attempt(events_mod.read(run)[0])
     assert [(a["start"]["nodes"], a["start"]["stages"]) for a in attempts] == [(2, 2), (1, 1)]
     assert attempts[0]["ended"] == "preempted" and attempts[-1]["ended"] == "completed"
