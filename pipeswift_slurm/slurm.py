@@ -44,6 +44,11 @@ def _run(cmd: Sequence[str], timeout: float = 60.0, check: bool = True,
     if shutil.which(exe) is None:
         raise SlurmError(f"{exe}: command not found; install Slurm's client tools (slurm-client) or "
                          f"start the dev cluster with scripts/slurm-dev-cluster start")
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):
+        # Slurm's clients (`--version` too) retry for a minute or wait for a configless server
+        raise SlurmError(f"`{shlex.join(cmd)}` not run: SLURM_CONF={conf} is not a file; "
+                         f"point it at the cluster's slurm.conf or unset it")
     try:
         proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env,
                               stdin=subprocess.DEVNULL, preexec_fn=_ignore_term if survive_term else None)

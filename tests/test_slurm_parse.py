@@ -107,7 +107,8 @@ def test_numbers_states_and_garbage():
     assert slurm_json.sacct_records({"jobs": [7, {"state": {"current": []}, "time": None}]})[0]["JOBSTATE"] == "UNKNOWN"
 
 
-def test_run_reports_command_exit_code_and_stderr():
+def test_run_reports_command_exit_code_and_stderr(monkeypatch):
+    monkeypatch.delenv("SLURM_CONF", raising=False)
     with pytest.raises(SlurmError, match=r"`sh -c 'echo oops >&2; exit 3'` failed \(exit 3\): oops"):
         slurm._run(["sh", "-c", "echo oops >&2; exit 3"])
 
@@ -115,6 +116,16 @@ def test_run_reports_command_exit_code_and_stderr():
 def test_missing_command():
     with pytest.raises(SlurmError, match="command not found"):
         slurm._run(["no-such-slurm-binary-xyz"])
+
+
+def test_a_slurm_conf_that_is_no_file_is_one_line_at_once(monkeypatch, tmp_path):
+    """Slurm's clients wait for a configless server when SLURM_CONF names nothing; pswift says so
+    without running them (22.05's `scontrol --version` too retries for a minute)."""
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
+    with pytest.raises(SlurmError, match=r"`python3 --version` not run: SLURM_CONF=.*missing.conf is not a file"):
+        slurm._run(["python3", "--version"], timeout=60)
+    (tmp_path / "missing.conf").write_text("")
+    assert slurm._run(["python3", "--version"]).returncode == 0
 
 
 def test_a_hung_command_is_bounded_and_names_slurm_conf(monkeypatch):
