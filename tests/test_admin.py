@@ -133,6 +133,7 @@ def requeue_flag(job_id: str) -> str:
 
 
 @pytest.mark.slurm
+@pytest.mark.every_version
 def test_job_submit_adds_requeue_to_pswift_jobs_only(cluster, tmp_path):
     p = sbatch_script(tmp_path, PSWIFT_LIKE.format(extra=""))
     assert p.returncode == 0, p.stderr
@@ -142,6 +143,7 @@ def test_job_submit_adds_requeue_to_pswift_jobs_only(cluster, tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.every_version
 @pytest.mark.parametrize("extra,args,needle", [
     ("", ("--no-requeue",), "asks --no-requeue"),
     ("#SBATCH --signal=USR1@60", (), "SIGUSR1 conflicts with NCCL"),
@@ -150,6 +152,8 @@ def test_job_submit_adds_requeue_to_pswift_jobs_only(cluster, tmp_path):
     ("#SBATCH --time=5 --signal=B:10@60", (), "SIGUSR1 conflicts with NCCL"),  # by number
     ('#SBATCH "--signal=sigusr1@30"', (), "SIGUSR1 conflicts with NCCL"),      # quoted
     ("#SBATCH --open-mode truncate", (), "would erase the log of earlier attempts"),
+    ("#SBATCH --sig=USR1@60", (), "SIGUSR1 conflicts with NCCL"),            # sbatch's unique prefixes
+    ("#SBATCH --open=truncate", (), "would erase the log of earlier attempts"),
 ])
 def test_job_submit_rejects_contradictions_at_sbatch_time(cluster, tmp_path, extra, args, needle):
     p = sbatch_script(tmp_path, PSWIFT_LIKE.format(extra=extra), *args)
@@ -157,18 +161,38 @@ def test_job_submit_rejects_contradictions_at_sbatch_time(cluster, tmp_path, ext
 
 
 @pytest.mark.slurm
+@pytest.mark.every_version
 @pytest.mark.parametrize("extra", ["#SBATCH --signal=USR2@60 # not --signal=USR1@60",
                                    "#SBATCH --comment='--open-mode truncate'",
-                                   "echo hi\n#SBATCH --open-mode=truncate"])
+                                   "echo hi\n#SBATCH --open-mode=truncate",
+                                   "#SBATCH -J --open-mode=truncate",
+                                   "#SBATCH --comment --signal=USR1@60"])
 def test_job_submit_reads_the_script_as_sbatch_does(cluster, tmp_path, extra):
-    """A comment, a quoted value and a line after the first command are not options to sbatch,
-    so they are not to the plugin either."""
+    """A comment, a quoted value, a line after the first command and the value of an option
+    (-J's, --comment's) are not options to sbatch, so they are not to the plugin either."""
     p = sbatch_script(tmp_path, PSWIFT_LIKE.format(extra=extra))
     assert p.returncode == 0, p.stderr
     subprocess.run(["scancel", p.stdout.strip()])
 
 
 @pytest.mark.slurm
+@pytest.mark.every_version
+def test_job_submit_skips_a_1_mb_directive_line_and_still_reads_the_next(cluster, tmp_path):
+    """The submission that held slurmctld ~58 s with the quadratic tokenizer: a pswift script with
+    a 1 MB #SBATCH line. The plugin skips that line (slurmctld's log says so) and still refuses
+    the truncating open mode on the next line; a second submission without it is accepted."""
+    log = Path(os.environ["SLURM_CONF"]).parents[1] / "log" / "slurmctld.log"
+    big = "#SBATCH --comment=" + "x" * 1_000_000
+    p = sbatch_script(tmp_path, PSWIFT_LIKE.format(extra=big + "\n#SBATCH --open-mode=truncate"))
+    assert p.returncode != 0 and "would erase the log of earlier attempts" in p.stderr, p.stderr
+    ok = sbatch_script(tmp_path, PSWIFT_LIKE.format(extra=big))
+    assert ok.returncode == 0, ok.stderr
+    assert requeue_flag(ok.stdout.strip()) == "1"
+    assert "skipped a #SBATCH line of 1000018 bytes (over 65536)" in log.read_text(errors="replace")
+
+
+@pytest.mark.slurm
+@pytest.mark.every_version
 def test_job_submit_message_reaches_a_pswift_user(cluster, example, tmp_path):
     proc = pswift("sbatch", "--run-dir", str(tmp_path / "run"), str(example), "--", "--no-requeue")
     assert proc.returncode == 1 and "asks --no-requeue" in proc.stderr
