@@ -9,7 +9,11 @@ SLURM_TARBALL ?= $(firstword $(wildcard ../shared/slurm-$(NEW_SLURM)/slurm-$(NEW
 PYSLURM ?= pyslurm==25.11.2
 export SLURM_CONF ?= $(or $(PSWIFT_CLUSTER_DIR),/tmp/pswift-dev-cluster)/etc/slurm.conf
 
-.PHONY: setup tools cluster demo test test-22.05 test-new slurm-new pyslurm bench stop
+ARTIFACTS ?= test-artifacts
+# pytest's options in every phase: the slowest 25 tests printed, results kept for the summary
+PYTEST_CI = -q -p no:cacheprovider --durations=25 --junitxml=$(ARTIFACTS)/junit-$@.xml
+
+.PHONY: setup tools cluster demo test test-fast test-22.05 test-new slurm-new pyslurm bench stop
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -21,11 +25,13 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# Debian's Chromium (the headless browser the dashboard test drives) and the sqlite3 command (the
-# baseline bench/history_scale.py measures the admin commands against)
+# Debian's Chromium (the headless browser the dashboard test drives), the sqlite3 command (the
+# baseline bench/history_scale.py measures the admin commands against) and Lua 5.3 (the language
+# slurmctld's job_submit/lua embeds: the fast tier runs plugins/job_submit.lua in it)
 tools:
-	@command -v chromium >/dev/null && command -v sqlite3 >/dev/null || { apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium sqlite3 >/dev/null; }
+	@command -v chromium >/dev/null && command -v sqlite3 >/dev/null && command -v lua5.3 >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    chromium sqlite3 lua5.3 >/dev/null; }
 
 cluster: setup
 	PSWIFT_PYTHON=$(abspath $(PY)) $(CLUSTER) start
@@ -34,18 +40,33 @@ cluster: setup
 demo: cluster
 	$(VENV)/bin/pswift sbatch --wait examples/tiny-gpt/train.toml
 
-# every test on Debian's Slurm 22.05, then every Slurm-facing test on $(NEW_SLURM)
-test: test-22.05 test-new
+# The whole suite, each phase timed: every test on Debian's Slurm 22.05, then on $(NEW_SLURM) the
+# Slurm tests marked every_version (version-sensitive ones and one smoke test per capability);
+# ends with each phase's time and the totals of every phase.
+test:
+	@rm -rf $(ARTIFACTS)/phase-times.tsv $(ARTIFACTS)/junit-*.xml
+	@scripts/timed "set-up (venv, tools, Slurm $(NEW_SLURM))" $(MAKE) --no-print-directory setup tools slurm-new pyslurm
+	@scripts/timed "tests on Slurm 22.05" $(MAKE) --no-print-directory test-22.05; rc=$$?; \
+	  scripts/timed "tests on Slurm $(NEW_SLURM)" $(MAKE) --no-print-directory test-new; rc2=$$?; \
+	  scripts/test-summary $(ARTIFACTS); [ $$rc -eq 0 ] && [ $$rc2 -eq 0 ]
+
+# the edit loop: every test that needs neither a Slurm cluster nor DeepSpeed across processes
+# (no daemon is started: a test that asks for a cluster fails here); a few minutes
+test-fast: setup
+	@command -v lua5.3 >/dev/null || $(MAKE) --no-print-directory tools
+	PSWIFT_TEST_TIER=fast SLURM_CONF=/nonexistent/slurm.conf $(PY) -m pytest -q -p no:cacheprovider --durations=10 -m "not slurm and not deepspeed"
 
 test-22.05: setup tools
 	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm 22.05 $(CLUSTER) start
-	PSWIFT_REQUIRE_BROWSER=1 scripts/with-slurm 22.05 $(PY) -m pytest -q
+	PSWIFT_REQUIRE_BROWSER=1 scripts/with-slurm 22.05 $(PY) -m pytest $(PYTEST_CI)
 
 test-new: setup slurm-new pyslurm
 	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) start
-	PSWIFT_REQUIRE_PYSLURM=1 scripts/with-slurm $(NEW_SLURM) $(PY) -m pytest -q -m slurm
+	PSWIFT_REQUIRE_PYSLURM=1 scripts/with-slurm $(NEW_SLURM) $(PY) -m pytest $(PYTEST_CI) -m "slurm and every_version"
 
-# Slurm $(NEW_SLURM) from its source tarball (skipped when $(NEW_PREFIX) has it)
+# Slurm $(NEW_SLURM): unpacked from ../shared/slurm-$(NEW_SLURM)/prebuilt/ when its sha256 is the one
+# scripts/build-slurm pins (seconds, pyslurm included), else built from its source tarball
+# (~14 min with pyslurm); skipped when $(NEW_PREFIX) has it
 slurm-new:
 	@[ -n "$(SLURM_TARBALL)" ] || { echo "no Slurm $(NEW_SLURM) source tarball: set SLURM_TARBALL=/path/slurm-$(NEW_SLURM).N.tar.gz" >&2; exit 2; }
 	scripts/build-slurm $(SLURM_TARBALL) $(NEW_PREFIX)
@@ -61,7 +82,7 @@ pyslurm: slurm-new setup
 # every benchmark, full size, each writing bench/results/NAME.json (CI runs them in quick mode
 # through tests/test_bench_quick.py), then the README's table from those files
 bench: setup tools
-	for b in simulator partition history_scale plan_worst_case checkpoint step_time_model; do \
+	for b in simulator partition history_scale plan_worst_case job_submit checkpoint step_time_model; do \
 	  $(PY) bench/$$b.py || exit 1; done
 	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm 22.05 $(CLUSTER) start
 	scripts/with-slurm 22.05 $(PY) bench/submit_latency.py

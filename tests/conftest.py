@@ -57,9 +57,28 @@ def _pswift_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("PSWIFT_HOME", str(tmp_path_factory.mktemp("pswift-home")))
 
 
+FAST_TIER = os.environ.get("PSWIFT_TEST_TIER") == "fast"
+CLUSTER_FIXTURES = {"cluster", "acct_cluster"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that asks for a dev cluster is a Slurm test, marked or not (so `-m "not slurm"`,
+    the fast tier, never selects it)."""
+    for item in items:
+        if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slurm)
+
+
+def _refuse_in_fast_tier(what: str) -> None:
+    if FAST_TIER:
+        pytest.fail(f"the fast tier (make test-fast) starts no Slurm daemon, but this test asked for {what}: "
+                    "mark it `slurm`", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def cluster() -> str:
     """SLURM_CONF of the running dev cluster (started if needed)."""
+    _refuse_in_fast_tier("the dev cluster")
     proc = subprocess.run([str(CLUSTER), "start"], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PSWIFT_PYTHON": sys.executable})
     if proc.returncode != 0:
@@ -74,6 +93,7 @@ def acct_cluster() -> Iterator[str]:
     """SLURM_CONF of a second dev cluster of the same Slurm version beside the main one, with real
     accounting (MariaDB + slurmdbd) and QOS preemption (standby preempted by normal); stopped at
     the end of the session. Tests point SLURM_CONF at it with monkeypatch."""
+    _refuse_in_fast_tier("the accounting dev cluster")
     base = int(os.environ.get("PSWIFT_CLUSTER_CTLD_PORT", "6917"))
     env = {**os.environ, "PSWIFT_PYTHON": sys.executable, "PSWIFT_CLUSTER_PLUGINS": "0",
            "PSWIFT_CLUSTER_DIR": f"{CLUSTER_DIR}-acct", "PSWIFT_CLUSTER_NAME": "pswiftacct",

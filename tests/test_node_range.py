@@ -63,6 +63,7 @@ def test_the_planners_estimates_pick_the_fastest_count_that_fits():
 
 
 @pytest.mark.slurm
+@pytest.mark.every_version
 @pytest.mark.deepspeed
 def test_a_requeued_job_with_a_1_node_layout_restarts_on_the_one_free_node(cluster, tmp_path):
     """The job asks for exactly 2 nodes (the planner's choice when it decides to wait for them;

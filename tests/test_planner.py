@@ -164,6 +164,7 @@ def test_cpu_contention_when_ranks_outnumber_cores():
 
 
 @pytest.mark.slurm
+@pytest.mark.every_version
 @pytest.mark.parametrize("limit,nodes", [("5:00:00", 1), ("3:00", 4)])
 def test_contention_decided_from_live_cluster_state(cluster, tmp_path, limit, nodes):
     """3 of 4 nodes held by a job: hours left -> start now on 1 node; minutes left -> wait for 4."""

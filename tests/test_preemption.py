@@ -108,7 +108,7 @@ def preempted_once(toml: Path, run: Path, after_steps: int, preemptor: list[str]
     return json.loads(pswift("status", job, "--json", check=True).stdout)
 
 
-@pytest.fixture(params=["partition", "qos"])
+@pytest.fixture(params=["partition", pytest.param("qos", marks=pytest.mark.every_version)])
 def preemption(request, monkeypatch) -> tuple[list[str], str]:
     """(sbatch options of the preempting job, [job] lines of the preemptible one) for the two
     common site set-ups: partition priority (partition high preempts low) on the main dev
@@ -170,6 +170,7 @@ lr_decay = "cosine"
     assert w[40] < w[1]
 
 
+@pytest.mark.every_version
 def test_time_limit_checkpoints_on_usr2_requeues_itself_and_completes(cluster, tmp_path):
     # 2-minute limit: USR2 60 s before it (capped at half the limit); Slurm's periodic check may
     # deliver it up to ~30 s earlier. Steps take ~0.3-0.5 s, so 200 steps need 2-3 attempts.
@@ -226,6 +227,7 @@ def test_kill_9_mid_checkpoint_resumes_from_the_previous_committed_one(cluster, 
     assert_same_weights(final_weights(ckpt, 12), final_weights(ref / "checkpoints", 12))
 
 
+@pytest.mark.every_version
 def test_max_requeues_stops_a_job_preempted_twice_with_a_clear_reason(cluster, tmp_path):
     toml = slow_example(tmp_path / "ex", {"steps": "1000", "max_requeues": "1", "checkpoint_interval": "0"})
     run = tmp_path / "run"

@@ -233,6 +233,7 @@ def test_user_strings_in_tables_and_csv_stay_inert(tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.every_version
 def test_the_real_plugin_reads_a_users_run_dir_as_that_user_only(cluster, public_tmp, other_user):
     """Through slurmctld: a job of the unprivileged user whose run directory holds a symlink
     to /etc/shadow and a plan.json claiming to be alice's; the plugin (root) merges Slurm's

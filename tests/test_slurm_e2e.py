@@ -10,7 +10,7 @@ import pytest
 
 from conftest import copy_example, pswift, squeue_ids
 
-pytestmark = [pytest.mark.slurm]
+pytestmark = [pytest.mark.slurm, pytest.mark.every_version]
 
 
 def events(run_dir):

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import pswift, wait_state
 
-pytestmark = [pytest.mark.slurm]
+pytestmark = [pytest.mark.slurm, pytest.mark.every_version]
 
 VIEW = """
 import json, sys

@@ -33,6 +33,7 @@ def test_a_bad_toml_is_a_config_error(tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.every_version
 def test_sbatch_submits_through_real_slurm_and_registers_the_job(cluster, example, tmp_path):
     job = submit.sbatch(example, ["--hold"], run_dir=tmp_path / "run")
     try:
@@ -45,6 +46,7 @@ def test_sbatch_submits_through_real_slurm_and_registers_the_job(cluster, exampl
 
 
 @pytest.mark.slurm
+@pytest.mark.every_version
 def test_a_refused_submission_leaves_nothing_behind(cluster, example, tmp_path):
     before = squeue_ids()
     with pytest.raises(SlurmError, match="(?i)invalid feature"):
@@ -67,6 +69,7 @@ def test_submitting_with_a_history_imports_neither_numpy_nor_sqlite_utils(exampl
 
 
 @pytest.mark.slurm
+@pytest.mark.every_version
 def test_a_prefetched_cluster_state_is_the_one_a_direct_query_gives(cluster):
     from pipeswift_slurm import slurm
     slurm._cache.pop("prefetch", None)
