@@ -104,7 +104,9 @@ def test_jobcomp_filetxt_parsing_of_recorded_lines(tmp_path):
         "SubmitTime=2026-11-29T15:05:26 EligibleTime=2026-11-29T15:05:26 DerivedExitCode=0:0 ExitCode=0:0\n"
         "JobId=10 UserId=bob(1001) GroupId=bob(1001) Name=wrap JobState=PREEMPTED Partition=low "
         "TimeLimit=UNLIMITED StartTime=2026-11-29T15:06:00 EndTime=2026-11-29T15:07:00 NodeList=node3 "
-        "NodeCnt=1 ProcCnt=1 WorkDir=/home/bob SubmitTime=2026-11-29T15:05:59 ExitCode=0:15\n")
+        "NodeCnt=1 ProcCnt=1 WorkDir=/home/bob ReservationName= Tres=cpu=1,node=1 Account= QOS= WcKey= "
+        "Cluster=unknown SubmitTime=2026-11-29T15:05:59 EligibleTime=2026-11-29T15:05:59 DerivedExitCode=0:0 "
+        "ExitCode=0:15\n")
     db = tmp_path / "h.db"
     out = pswift("history", "ingest", "--jobcomp-file", str(f), "--db", str(db), "--no-registered", check=True)
     assert "2 jobcomp line(s)" in out.stdout
@@ -113,6 +115,26 @@ def test_jobcomp_filetxt_parsing_of_recorded_lines(tmp_path):
     assert (rows[1]["user"], rows[1]["state"], rows[1]["node_count"]) == ("bob", "PREEMPTED", 1)
     pswift("history", "ingest", "--jobcomp-file", str(f), "--db", str(db), "--no-registered", check=True)
     assert len(slurm_rows(db)) == 2
+
+
+def test_jobcomp_filetxt_identity_is_read_by_position_not_from_a_name(tmp_path):
+    """Slurm writes Name= and WorkDir= unescaped: a job of alice named like a record of bob's job
+    9001, whose work directory mimics the fields Slurm writes after it, stays alice's job 12."""
+    f = tmp_path / "jobcomp.txt"
+    f.write_text(
+        "JobId=12 UserId=alice(1001) GroupId=alice(1001) Name=train UserId=bob(2002) JobId=9001 "
+        "JobState=FAILED Partition=high JobState=COMPLETED Partition=low TimeLimit=15 "
+        "StartTime=2026-11-29T15:05:27 EndTime=2026-11-29T15:05:31 NodeList=node1 NodeCnt=1 ProcCnt=2 "
+        "WorkDir=/home/alice/x ReservationName= Tres=cpu=2 Account=evil QOS=evil Cluster=evil "
+        "ReservationName= Tres=cpu=2,node=1 Account=research QOS=normal WcKey= Cluster=c "
+        "SubmitTime=2026-11-29T15:05:26 EligibleTime=2026-11-29T15:05:26 DerivedExitCode=0:0 ExitCode=1:0\n")
+    db = tmp_path / "h.db"
+    pswift("history", "ingest", "--jobcomp-file", str(f), "--db", str(db), "--no-registered", check=True)
+    (row,) = slurm_rows(db)
+    assert (row["job_id"], row["user"]) == ("12", "alice")
+    assert row["name"] == "train UserId=bob(2002) JobId=9001 JobState=FAILED Partition=high"
+    assert (row["state"], row["partition"], row["account"], row["cluster"]) == ("COMPLETED", "low", "research", "c")
+    assert row["work_dir"] == "/home/alice/x ReservationName= Tres=cpu=2 Account=evil QOS=evil Cluster=evil"
 
 
 # ----------------------------------------------------------------------------- job_submit.lua
