@@ -14,13 +14,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 FILE = "events.jsonl"
-INT64 = 2**63 - 1
+#: every number in a line lies within +-MAX_NUMBER (10^13: epoch seconds, step counts and bytes
+#: per layer of any real run fit), so the readers' sums over the largest collection (MAX_ITEMS
+#: values) stay inside SQLite's int64 and their floats finite, whatever a line says
+MAX_NUMBER = 10**13
 MAX_STR = 4096
 MAX_ITEMS = 100_000
 
 
 def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and -INT64 <= v <= INT64
+    return isinstance(v, int) and not isinstance(v, bool) and -MAX_NUMBER <= v <= MAX_NUMBER
 
 
 def _count(v: Any) -> bool:
@@ -28,7 +31,7 @@ def _count(v: Any) -> bool:
 
 
 def _num(v: Any) -> bool:
-    return (isinstance(v, float) and math.isfinite(v)) or _int(v)
+    return (isinstance(v, float) and math.isfinite(v) and abs(v) <= MAX_NUMBER) or _int(v)
 
 
 def _str(v: Any) -> bool:

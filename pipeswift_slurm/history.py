@@ -249,13 +249,35 @@ class History(Queries):
                 merged += 1
                 if problem:
                     problems.append(f"{f.name}: merged the Slurm record only; {problem}")
-            except (ValueError, OSError, IngestRefused) as e:
-                bad = d / "bad"
-                bad.mkdir(mode=0o750, exist_ok=True)
-                os.replace(f, bad / f.name)
-                (bad / f"{f.name}.why").write_text(f"{e}\n")
-                problems.append(f"{f.name}: {e}; moved to {bad}")
+            except HistoryError as e:
+                if "locked" in str(e):
+                    raise   # the database, not the file: every file stays for the next ingest
+                problems.append(_set_aside(d, f, e))
+            except Exception as e:   # whatever one file does, the others still merge
+                problems.append(_set_aside(d, f, e))
         return merged, problems
+
+
+def _set_aside(spool: Path, f: Path, why: BaseException) -> str:
+    """Move a spool file that could not be merged to ``bad/`` with a ``.why`` beside it; a
+    ``bad`` that is a link or not a directory is never followed (the file then stays)."""
+    bad = spool / "bad"
+    text = f"{type(why).__name__}: {why}" if not isinstance(why, (IngestRefused, HistoryError)) else str(why)
+    text = " ".join(text.split())[:500]
+    try:
+        os.mkdir(bad, 0o750)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        return f"{f.name}: {text}; left in place ({bad}: {e.strerror})"
+    st = os.lstat(bad)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return f"{f.name}: {text}; left in place ({bad} is not a directory of this user's)"
+    os.replace(f, bad / f.name)
+    fd = os.open(bad / f"{f.name}.why", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
+    with os.fdopen(fd, "w") as w:
+        w.write(text + "\n")
+    return f"{f.name}: {text}; moved to {bad}"
 
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
@@ -298,7 +320,9 @@ def _epoch(v: Any) -> float | None:
 
 
 def _int(v: Any) -> int | None:
-    return int(v) if str(v if v is not None else "").strip().isdigit() else None
+    """A count Slurm gives (digits, at most 15 of them: inside SQLite's int64), else None."""
+    text = str(v if v is not None else "").strip()
+    return int(text) if text.isdigit() and len(text) <= 15 else None
 
 
 def _num(v: Any) -> float | None:

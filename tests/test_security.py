@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -194,6 +195,43 @@ def test_bad_spool_files_move_aside_with_their_reason_and_the_rest_merge(tmp_pat
     assert "not a regular file" in (spool / "bad" / "a-fifo.json.why").read_text()
     assert h.conn.execute("SELECT job_id FROM slurm_jobs").fetchall() == [("7",)]
     assert not list(spool.glob("*.json"))
+
+
+def test_one_spool_file_that_fails_anyhow_is_set_aside_and_the_rest_merge(tmp_path, other_user):
+    """Numbers no schema caught (a start time of 10^400 overflows a float) end in bad/ with their
+    reason, the next file still merges; a planted `bad` link is never followed."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "a-huge.json").write_text(json.dumps({**spool_record(other_user, tmp_path / "nowhere", "5"),
+                                                   "START": 10**400, "NODECNT": 10**400}))
+    (spool / "b-good.json").write_text(json.dumps(spool_record(other_user, tmp_path / "nowhere", "6")))
+    h = History(tmp_path / "h.db")
+    merged, problems = h.ingest_spool(spool)
+    assert merged == 1 and len(problems) == 1 and "OverflowError" in problems[0], problems
+    assert "OverflowError" in (spool / "bad" / "a-huge.json.why").read_text()
+    assert h.conn.execute("SELECT job_id FROM slurm_jobs").fetchall() == [("6",)]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(spool / "bad")
+    (spool / "bad").symlink_to(elsewhere)
+    (spool / "c-huge.json").write_text(json.dumps({**spool_record(other_user, tmp_path / "x", "7"), "START": 10**400}))
+    merged, problems = h.ingest_spool(spool)
+    assert merged == 0 and "left in place" in problems[0] and not list(elsewhere.iterdir())
+    assert (spool / "c-huge.json").exists()
+
+
+def test_numbers_beyond_the_events_bounds_are_skipped_not_overflowed():
+    """Step times near the float maximum and times at int64's edge pass no event check, so
+    the ingest's means and sums never overflow (they raised before: nothing after them merged)."""
+    lines = [{"event": "start", "time": -(2**63 - 1), "setup_s": 2**63 - 1, "nodes": 1, "world_size": 1,
+              "stages": 1, "data_parallel": 1, "micro_batches": 1, "micro_batch_size": 1, "step": 0},
+             *({"event": "step", "time": 10.0 + i, "step": i, "loss": 1.0, "step_time": 1.7e308} for i in range(1, 4)),
+             {"event": "step", "time": 20.0, "step": 4, "loss": 1.0, "step_time": 0.5}]
+    from pipeswift_slurm import events
+    got, skipped = events.parse(json.dumps(x) for x in lines)
+    assert skipped == 4 and [e["step_time"] for e in got] == [0.5]
+    assert events.validate({"event": "step", "step": 1, "loss": 1.0, "step_time": 1e13}) is not None
+    assert events.validate({"event": "step", "step": 1, "loss": 1.0, "step_time": 1.1e13}) is None
 
 
 def test_first_creation_races_and_permissions(tmp_path):
