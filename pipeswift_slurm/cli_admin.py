@@ -413,13 +413,19 @@ def doctor(job_id: str | None, db: Path | None, as_json: bool) -> None:
     rep = reps[-1]
     run = Path(rep.run_dir) if rep.run_dir else rundir.lookup_job(job_id)
     plan = log = None
-    if run is not None and (run / "plan.json").is_file():
-        from .plan import read_plan
+    if run is not None:
+        from . import userfiles
+        from .plan import parse_plan
+        try:   # a user's files, read by anyone (root too): no link, no FIFO, bounded, as their owner
+            files = userfiles.read_for_command(str(run), ("plan.json", "slurm-*.out"))
+        except (userfiles.UnsafeFile, OSError) as e:
+            files = {}
+            click.echo(f"note: run directory {run} not read: {e}", err=True)
         try:
-            plan = read_plan(run / "plan.json")
+            plan = parse_plan(files["plan.json"], str(run / "plan.json")) if "plan.json" in files else None
         except PswiftError:
             plan = None   # another version's or a damaged plan: the findings that need it are skipped
-        log = "".join(p.read_text(errors="replace") for p in run.glob("slurm-*.out"))
+        log = "".join(b.decode("utf-8", "replace") for n, b in files.items() if n != "plan.json")
     from .fmt import growth_line, relayout_line
     findings = diagnose(rep, plan, log or "") + [
         growth_line(r) if r["kind"] == "grow" else f"attempt {r['attempt']} {relayout_line(r)}" for r in relayouts]

@@ -87,7 +87,13 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     from . import events
     from .stats import median
 
-    evs = events.read(run_dir)[0]
+    from . import userfiles
+    try:   # a user's file, read by anyone (root too): no link followed, no FIFO waited on, bounded
+        blob = (userfiles.read_for_command(str(run_dir), ("events.jsonl",)).get(events.FILE, b"")
+                if os.path.lexists(run_dir) else b"")
+    except userfiles.UnsafeFile as e:
+        raise RunDirError(f"run directory not read: {e}") from None
+    evs = events.parse(blob.splitlines())[0]
     out = []
     for a in events.by_attempt(evs):
         start, end = a["start"] or {}, a["end"] or {}

@@ -19,7 +19,7 @@ import signal
 import stat
 import struct
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 #: what a run directory may hold for the history, and the most of each that is read
 LIMITS = {"plan.json": 4 << 20, "JOB_ID": 64, "events.jsonl": 256 << 20}
@@ -65,9 +65,10 @@ _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def _read_checked(shown: str, name: str, limit: int, dir_fd: int | None = None,
-                  owner: int | None = None) -> tuple[bytes, os.stat_result] | None:
+                  owner: int | None = None, tail: bool = False) -> tuple[bytes, os.stat_result] | None:
     """A regular file (of ``owner``, when given) not opened through a symlink, at most
-    ``limit`` bytes, with its stat; None when it does not exist."""
+    ``limit`` bytes (``tail``: a longer file gives its last ``limit`` bytes), with its stat;
+    None when it does not exist."""
     try:
         fd = os.open(name, _FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -81,7 +82,15 @@ def _read_checked(shown: str, name: str, limit: int, dir_fd: int | None = None,
         if owner is not None and st.st_uid != owner:
             raise UnsafeFile(f"{shown} belongs to uid {st.st_uid}, not the run directory's owner {owner}")
         if st.st_size > limit:
-            raise UnsafeFile(f"{shown} is larger than {limit} bytes")
+            if not tail:
+                raise UnsafeFile(f"{shown} is larger than {limit} bytes")
+            os.lseek(fd, st.st_size - limit, os.SEEK_SET)
+        if tail:   # a log may grow while it is read: its first ``limit`` bytes from there
+            chunks, total = [], 0
+            while total < limit and (chunk := os.read(fd, min(1 << 20, limit - total))):
+                chunks.append(chunk)
+                total += len(chunk)
+            return b"".join(chunks), st
         return _read_capped(fd, limit, shown), st
     finally:
         os.close(fd)
@@ -146,6 +155,13 @@ def read_run_files_as(path: str, uid: int, gid: int, timeout: float) -> RunFiles
     this process is root and ``uid`` is not, SIGKILLed after ``timeout`` seconds."""
     if os.geteuid() != 0 or uid == 0:
         return read_run_files(path, uid)
+    return _decode(_as_user(uid, gid, timeout, path, sum(LIMITS.values()) + 4096,
+                            lambda: _encode(read_run_files(path, uid))))
+
+
+def _as_user(uid: int, gid: int, timeout: float, path: str, cap: int, produce: Callable[[], bytes]) -> bytes:
+    """``produce()`` run in a forked child dropped to ``uid``/``gid``, SIGKILLed after
+    ``timeout`` seconds; its bytes (at most ``cap``), or its UnsafeFile raised here."""
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: never returns
@@ -154,7 +170,7 @@ def read_run_files_as(path: str, uid: int, gid: int, timeout: float) -> RunFiles
             os.close(rfd)
             _drop_to(uid, gid)
             try:
-                payload = b"K" + _encode(read_run_files(path, uid))
+                payload = b"K" + produce()
             except UnsafeFile as e:
                 payload = b"E" + str(e).encode("utf-8", "replace")[:4000]
             view = memoryview(payload)
@@ -165,7 +181,7 @@ def read_run_files_as(path: str, uid: int, gid: int, timeout: float) -> RunFiles
         os._exit(code)
     os.close(wfd)
     try:
-        blob = _collect(rfd, pid, time.monotonic() + timeout, path)
+        blob = _collect(rfd, pid, time.monotonic() + timeout, path, cap)
     finally:
         os.close(rfd)
         _reap(pid)
@@ -173,11 +189,75 @@ def read_run_files_as(path: str, uid: int, gid: int, timeout: float) -> RunFiles
         raise UnsafeFile(blob[1:].decode("utf-8", "replace"))
     if blob[:1] != b"K":
         raise UnsafeFile(f"the reader of {path} failed")
-    return _decode(blob[1:])
+    return blob[1:]
 
 
-def _collect(rfd: int, pid: int, deadline: float, path: str) -> bytes:
-    cap = sum(LIMITS.values()) + 4096
+#: what an admin command reads of a run directory (`pswift status`, `pswift doctor`): names or
+#: shell patterns, each with the most read of it (a log: its last that many bytes)
+ADMIN_READS = {"plan.json": 4 << 20, "events.jsonl": 256 << 20, "slurm-*.out": 4 << 20}
+
+
+def read_for_command(path: str, names: tuple[str, ...], timeout: float = 30.0) -> dict[str, bytes]:
+    """Files of the run directory ``path`` for a command that anyone may run, root included
+    (``names``: keys of ADMIN_READS): the directory and each file opened without following a
+    link and without blocking, regular files of the directory's owner only, each bounded (logs
+    read from their end); as that owner, in a child SIGKILLed after ``timeout`` seconds, when
+    this process is root and the owner is not. Absent files are left out; a refused file
+    raises UnsafeFile saying why."""
+    dfd, owner = _open_dir(path, None)
+    os.close(dfd)
+    if os.geteuid() != 0 or owner == 0:
+        return _read_named(path, names, owner)
+    import pwd
+    try:
+        gid = pwd.getpwuid(owner).pw_gid
+    except KeyError:
+        gid = os.stat(path, follow_symlinks=False).st_gid
+    cap = sum(ADMIN_READS[n] for n in names) * 2 + 4096
+    return _unpack(_as_user(owner, gid, timeout, path, cap, lambda: _pack(_read_named(path, names, owner))))
+
+
+def _read_named(path: str, names: tuple[str, ...], owner: int) -> dict[str, bytes]:
+    import fnmatch
+    dfd, _ = _open_dir(path, owner)
+    out: dict[str, bytes] = {}
+    try:
+        present = sorted(os.listdir(dfd))
+        for pattern in names:
+            limit = ADMIN_READS[pattern]
+            for name in (n for n in present if fnmatch.fnmatchcase(n, pattern)):
+                got = _read_checked(f"{path}/{name}", name, limit, dir_fd=dfd, owner=owner,
+                                    tail="*" in pattern)
+                if got is not None:
+                    out[name] = got[0]
+    finally:
+        os.close(dfd)
+    return out
+
+
+def _pack(files: dict[str, bytes]) -> bytes:
+    out = []
+    for name, blob in files.items():
+        raw = name.encode("utf-8", "surrogateescape")
+        out.append(struct.pack("<qq", len(raw), len(blob)) + raw + blob)
+    return b"".join(out)
+
+
+def _unpack(blob: bytes) -> dict[str, bytes]:
+    out, pos = {}, 0
+    while pos < len(blob):
+        if pos + 16 > len(blob):
+            raise UnsafeFile("the reader sent a malformed answer")
+        n, m = struct.unpack_from("<qq", blob, pos)
+        pos += 16
+        if n < 0 or m < 0 or n > 4096 or pos + n + m > len(blob):
+            raise UnsafeFile("the reader sent a malformed answer")
+        out[blob[pos:pos + n].decode("utf-8", "surrogateescape")] = blob[pos + n:pos + n + m]
+        pos += n + m
+    return out
+
+
+def _collect(rfd: int, pid: int, deadline: float, path: str, cap: int) -> bytes:
     chunks, total = [], 0
     while True:
         left = deadline - time.monotonic()

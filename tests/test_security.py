@@ -143,7 +143,7 @@ def test_a_stalled_reader_is_killed_at_the_deadline():
     os.close(wfd)
     t0 = time.monotonic()
     with pytest.raises(userfiles.UnsafeFile, match="longer than the deadline"):
-        userfiles._collect(rfd, pid, time.monotonic() + 1.0, "/stalled")
+        userfiles._collect(rfd, pid, time.monotonic() + 1.0, "/stalled", 1 << 20)
     assert time.monotonic() - t0 < 10
     assert os.waitpid(pid, 0)[1] != 0          # SIGKILLed, not finished
     os.close(rfd)
@@ -232,6 +232,50 @@ def test_numbers_beyond_the_events_bounds_are_skipped_not_overflowed():
     assert skipped == 4 and [e["step_time"] for e in got] == [0.5]
     assert events.validate({"event": "step", "step": 1, "loss": 1.0, "step_time": 1e13}) is not None
     assert events.validate({"event": "step", "step": 1, "loss": 1.0, "step_time": 1.1e13}) is None
+
+
+def test_admin_reads_of_a_run_dir_follow_no_link_wait_on_no_fifo_and_read_logs_from_the_end(tmp_path):
+    """What `pswift doctor` and `pswift status` read: a FIFO log is refused at once (it hung
+    doctor), a log linked to a root-only file is never read (root reported "out-of-memory"
+    from /etc/shadow's neighbour), a big log gives its last 4 MiB."""
+    run = tmp_path / "run"
+    run.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_text("slurmstepd: error: Detected 1 oom_kill event\n")
+    secret.chmod(0o600)
+    (run / "slurm-7.out").symlink_to(secret)
+    with pytest.raises(userfiles.UnsafeFile, match="symlinks are not followed"):
+        userfiles.read_for_command(str(run), ("slurm-*.out",))
+    (run / "slurm-7.out").unlink()
+    os.mkfifo(run / "slurm-7.out")
+    with pytest.raises(userfiles.UnsafeFile, match="not a regular file"):
+        userfiles.read_for_command(str(run), ("slurm-*.out",), timeout=5)
+    (run / "slurm-7.out").unlink()
+    (run / "slurm-7.out").write_bytes(b"x" * (5 << 20) + b"the end\n")
+    got = userfiles.read_for_command(str(run), ("plan.json", "slurm-*.out"))
+    assert list(got) == ["slurm-7.out"] and len(got["slurm-7.out"]) == 4 << 20 and got["slurm-7.out"].endswith(b"the end\n")
+
+
+def test_root_reads_a_users_run_dir_for_a_command_as_that_user(public_tmp, other_user):
+    run = run_dir(public_tmp / "run", events=[b'{"event": "step"}\n'], owner=other_user)
+    os.chmod(run / "events.jsonl", 0o600)
+    (run / "slurm-1.out").write_text("mine\n")
+    os.chown(run / "slurm-1.out", 0, 0)     # root's file in the user's directory: not the owner's
+    with pytest.raises(userfiles.UnsafeFile, match="not the run directory's owner"):
+        userfiles.read_for_command(str(run), ("events.jsonl", "slurm-*.out"))
+    (run / "slurm-1.out").unlink()
+    got = userfiles.read_for_command(str(run), ("events.jsonl",))   # root, through the dropped child
+    assert got == {"events.jsonl": (run / "events.jsonl").read_bytes()} and got["events.jsonl"].endswith(b'{"event": "step"}\n\n')
+
+
+def test_status_of_a_run_dir_with_a_fifo_for_events_is_one_line_at_once(tmp_path):
+    run = run_dir(tmp_path / "run")
+    (run / "JOB_ID").unlink()
+    (run / "events.jsonl").unlink()
+    os.mkfifo(run / "events.jsonl")
+    proc = pswift("status", str(run), timeout=60)
+    assert proc.returncode != 0 and "events.jsonl is not a regular file" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
 def test_first_creation_races_and_permissions(tmp_path):
