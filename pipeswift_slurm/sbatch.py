@@ -131,29 +131,89 @@ def render(options: SbatchOptions, run_dir: str, python: str) -> str:
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)   # KeyError: a template typo
 
 
+#: sbatch's long options (Slurm 25.11.7's `sbatch --autocomplete=--`; 22.05's are a subset),
+#: split into those that take a value ("--opt=V" or the next argument) and those that take none
+#: (or only "--opt=V"). plugins/job_submit.lua holds the same table (a test keeps them equal).
+SBATCH_TAKES_VALUE = (
+    "account acctg-freq array autocomplete batch bb bbf begin chdir cluster cluster-constraint clusters "
+    "comment constraint container container-id context core-spec cores-per-socket cpu-freq cpus-per-gpu "
+    "cpus-per-task deadline delay-boot dependency distribution error exclude export export-file extra "
+    "extra-node-info gid gpu-bind gpu-freq gpus gpus-per-node gpus-per-socket gpus-per-task gres gres-flags "
+    "hint input job-name kill-on-invalid-dep licenses mail-type mail-user mcs-label mem mem-bind mem-per-cpu "
+    "mem-per-gpu mincpus network nodefile nodelist nodes ntasks ntasks-per-core ntasks-per-gpu "
+    "ntasks-per-node ntasks-per-socket ntasks-per-tres open-mode output partition prefer priority profile "
+    "qos reservation resources segment signal sockets-per-node switches tasks-per-node thread-spec "
+    "threads-per-core time time-min tmp tres-bind tres-per-task uid wait-all-nodes wckey wrap").split()
+SBATCH_FLAGS = (
+    "consolidate-segments contiguous exclusive external get-user-env help hold ignore-pbs nice no-kill "
+    "no-requeue oom-kill-step overcommit oversubscribe parsable propagate quiet reboot requeue resv-ports "
+    "spread-job spread-segments stepmgr test-only usage use-min-nodes verbose version wait").split()
+#: short options that take a value, with their long names (the others take none)
+SBATCH_SHORT = {"A": "account", "a": "array", "b": "begin", "D": "chdir", "M": "clusters", "C": "constraint",
+                "S": "core-spec", "c": "cpus-per-task", "d": "dependency", "m": "distribution", "e": "error",
+                "x": "exclude", "B": "extra-node-info", "G": "gpus", "i": "input", "J": "job-name",
+                "L": "licenses", "F": "nodefile", "w": "nodelist", "N": "nodes", "n": "ntasks", "o": "output",
+                "p": "partition", "q": "qos", "t": "time"}
+
+
+def sbatch_options(args: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
+    """(long name, as given) of each option in ``args`` as sbatch's getopt_long reads them: an
+    exact name or a unique prefix (``--part=high`` is --partition), a value in the next argument
+    consumed by an option that takes one (``--comment --nodes=3`` is a comment), short options
+    and their clusters (``-HN3``); an unknown or ambiguous option is left for sbatch to refuse."""
+    names = SBATCH_TAKES_VALUE + SBATCH_FLAGS
+    out, k = [], 0
+    while k < len(args):
+        a = args[k]
+        if a == "--":
+            break
+        if a.startswith("--"):
+            given = a[2:].split("=", 1)[0]
+            found = [given] if given in names else [n for n in names if n.startswith(given)] if given else []
+            if len(found) == 1:
+                out.append((found[0], a))
+                if "=" not in a and found[0] in SBATCH_TAKES_VALUE:
+                    k += 1
+        elif a.startswith("-") and len(a) > 1:
+            for j, c in enumerate(a[1:], start=1):
+                if c in SBATCH_SHORT:
+                    out.append((SBATCH_SHORT[c], a))
+                    k += j == len(a) - 1   # "-N 3": the value is the next argument
+                    break
+                out.append(({"H": "hold", "Q": "quiet", "W": "wait", "O": "overcommit", "s": "oversubscribe",
+                             "h": "help", "v": "verbose", "V": "version", "k": "no-kill"}.get(c, c), a))
+        k += 1
+    return out
+
+
 #: sbatch options whose value pswift plans (or takes from train.toml): given after `--` they
 #: would contradict the plan the job starts with, so they are refused, naming the TOML key
-PLANNED = {"-N": "nodes", "--nodes": "nodes", "-n": "ntasks", "--ntasks": "ntasks",
-           "--ntasks-per-node": "ntasks-per-node", "-c": "cpus-per-task",
-           "--cpus-per-task": "cpus-per-task", "-p": "partition", "--partition": "partition",
-           "-t": "time", "--time": "time", "--gres": "gres", "--gpus-per-node": "gpus-per-node"}
-WHERE = {"nodes": "[resources] nodes", "ntasks": "[resources] nodes and tasks_per_node",
-         "ntasks-per-node": "[resources] tasks_per_node", "cpus-per-task": "[resources] cpus_per_task",
-         "partition": "[job] partition", "time": "[job] time", "gres": "[resources] gpus_per_node",
-         "gpus-per-node": "[resources] gpus_per_node"}
+PLANNED = {"nodes": "[resources] nodes", "ntasks": "[resources] nodes and tasks_per_node",
+           "ntasks-per-node": "[resources] tasks_per_node", "tasks-per-node": "[resources] tasks_per_node",
+           "cpus-per-task": "[resources] cpus_per_task", "partition": "[job] partition", "time": "[job] time",
+           "gres": "[resources] gpus_per_node", "gpus-per-node": "[resources] gpus_per_node"}
+#: sbatch options that would break what pswift does for the job, each with why and what instead
+BREAKS = {
+    "no-requeue": "a preempted or timed-out pswift job is requeued to resume from its checkpoint "
+                  "([job] max_requeues bounds how often)",
+    "signal": "pswift asks for USR2 before the time limit itself, from [job] time",
+    "open-mode": "every attempt appends to one log, which status, doctor and requeues read",
+    "output": "the job's log is the run directory's slurm-%j.out, which status, doctor and requeues read "
+              "(choose the directory with --run-dir)",
+    "error": "the job's log is the run directory's slurm-%j.out, which status, doctor and requeues read "
+             "(choose the directory with --run-dir)",
+    "wrap": "pswift writes the batch script itself",
+    "array": "the tasks of an array would share one run directory; submit one pswift job each",
+}
 
 
 def planned_option(args: tuple[str, ...] | list[str]) -> str | None:
-    """Why the sbatch arguments given after `--` cannot go with the plan, or None. Accepts the
-    forms sbatch does: ``--opt=V``, ``--opt V``, ``-xV``, ``-x V``."""
-    for a in args:
-        if not a.startswith("-"):
-            continue
-        name = a.split("=", 1)[0]
-        if name not in PLANNED and len(a) > 2 and not a.startswith("--"):
-            name = a[:2]                       # -N3
+    """Why the sbatch arguments given after `--` cannot go with the plan, or None; the
+    arguments are read as sbatch reads them (:func:`sbatch_options`)."""
+    for name, given in sbatch_options(args):
         if name in PLANNED:
-            key = PLANNED[name]
-            return (f"sbatch option {a!r} would override the planned --{key}: set {WHERE[key]} "
+            return (f"sbatch option {given!r} would override the planned --{name}: set {PLANNED[name]} "
                     f"in train.toml instead (pswift plans the layout for it)")
+        if name in BREAKS:
+            return f"sbatch option {given!r} (--{name}) cannot go with a pswift job: {BREAKS[name]}"
     return None

@@ -83,12 +83,16 @@ def test_pass_through_options_reach_sbatch(cluster, example, tmp_path, args):
 
 @pytest.mark.parametrize("args,key", [(("--nodes=3",), "[resources] nodes"), (("-N", "3"), "[resources] nodes"),
                                       (("-N3",), "[resources] nodes"), (("-p", "high"), "[job] partition"),
-                                      (("--time", "5"), "[job] time"), (("--ntasks-per-node=2",), "tasks_per_node")])
+                                      (("--time", "5"), "[job] time"), (("--ntasks-per-node=2",), "tasks_per_node"),
+                                      (("--part=high",), "[job] partition"),    # sbatch's own abbreviation
+                                      (("-o", "/dev/null"), "slurm-%j.out"), (("--no-requeue",), "max_requeues"),
+                                      (("--sig=USR1@60",), "[job] time"), (("--array=1-2",), "one pswift job each")])
 def test_options_that_contradict_the_plan_are_refused_before_queueing(cluster, example, tmp_path, args, key):
     before = squeue_ids()
     proc = pswift("sbatch", "--run-dir", str(tmp_path / "run"), str(example), "--", *args)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "would override the planned" in proc.stderr and key in proc.stderr
+    assert ("would override the planned" in proc.stderr or "cannot go with a pswift job" in proc.stderr)
+    assert key in proc.stderr
     assert squeue_ids() == before and not (tmp_path / "run").exists()
 
 
