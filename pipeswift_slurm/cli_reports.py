@@ -145,11 +145,15 @@ def history_failures(db: Path | None, sel: Any, out: Any, plot: Path | None) -> 
 @click.option("--port", type=click.IntRange(0, 65535), default=8001, show_default=True)
 @click.option("--metadata", "metadata_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Only write the Datasette metadata (titles, units, canned queries, dashboard) here.")
+@click.option("--everyone", is_flag=True,
+              help="No token: every user who can reach the port reads the whole history (an admin's choice).")
 @_errors
-def history_serve(db: Path | None, host: str, port: int, metadata_out: Path | None) -> None:
+def history_serve(db: Path | None, host: str, port: int, metadata_out: Path | None, everyone: bool) -> None:
     """Browse the history in Datasette, read-only: tables with titles and units, report views
     (usage_daily, job_efficiency, job_waits, failures, preemption_waste, jct_phases), canned
-    queries and a dashboard at /-/dashboards/pswift.
+    queries and a dashboard at /-/dashboards/pswift. For one person by default: open the URL
+    with the token it prints; other users of the host get 403. Read-only SQL for whoever may
+    look (the dashboard draws with it); every query stops after 2 s.
 
     Example:
 
@@ -161,8 +165,9 @@ def history_serve(db: Path | None, host: str, port: int, metadata_out: Path | No
     path = h.path
     h.close()
     if metadata_out is not None:
-        metadata_out.write_text(json.dumps(metadata(path), indent=2))
+        metadata_out.write_text(json.dumps(metadata(path, everyone), indent=2))
         _warn(f"metadata written to {metadata_out}")
         return
-    _warn(f"serving {path} read-only on http://{host}:{port}/ (dashboard: /-/dashboards/pswift)")
-    serve(path, host, port)
+    who = "to every user who can reach it" if everyone else "to whoever opens the token URL below"
+    _warn(f"serving {path} read-only on http://{host}:{port}/ {who} (dashboard: /-/dashboards/pswift)")
+    serve(path, host, port, everyone)

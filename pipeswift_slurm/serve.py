@@ -142,24 +142,37 @@ def dashboard(db_name: str) -> dict[str, Any]:
                         "charts": charts}}
 
 
-def metadata(db_path: Path) -> dict[str, Any]:
+#: the longest a query may run (Datasette's sql_time_limit_ms): the views and canned queries
+#: answer within it on a million-job history (bench/history_scale.py)
+SQL_TIME_LIMIT_MS = 2000
+
+
+def metadata(db_path: Path, everyone: bool = False) -> dict[str, Any]:
+    """Datasette's metadata: titles, units, canned queries, the dashboard, and who may look: the
+    holder of the start-up token (Datasette's root actor), or anyone with ``everyone``. Whoever
+    may look may also run read-only SQL (the dashboard draws its charts with it), each query
+    stopped after SQL_TIME_LIMIT_MS; nobody else gets anything (403)."""
     name = db_path.stem
+    who: Any = True if everyone else {"id": "root"}
     return {"title": "pswift job history",
             "description": "Every Slurm job attempt and every pswift run; read-only.",
+            "allow": who, "allow_sql": who,
             "databases": {name: {"tables": _tables(), "queries": QUERIES}},
             "plugins": {"datasette-dashboards": dashboard(name)}}
 
 
-def serve(db_path: Path, host: str, port: int) -> None:
+def serve(db_path: Path, host: str, port: int, everyone: bool = False) -> None:
     """Become Datasette on the database (read-only) with the metadata: exec, so a signal to this
     process reaches the server itself and nothing is left behind (the metadata is an unlinked
-    temporary file, open on an inherited descriptor)."""
+    temporary file, open on an inherited descriptor). Unless ``everyone``, Datasette prints a
+    URL with a one-time token (``--root``): only a browser that opened it gets in, as on a
+    Jupyter server, so other users of a shared login node cannot read the history."""
     import importlib.util
     import os
     if not all(importlib.util.find_spec(m) for m in ("datasette", "datasette_dashboards")):
         raise ServeError("`pswift history serve` needs Datasette: pip install 'pipeswift-slurm[serve]'")
     with tempfile.TemporaryFile("w+") as meta:
-        meta.write(json.dumps(metadata(db_path), indent=2))
+        meta.write(json.dumps(metadata(db_path, everyone), indent=2))
         meta.flush()
         fd = os.dup(meta.fileno())
     os.lseek(fd, 0, os.SEEK_SET)
@@ -168,4 +181,5 @@ def serve(db_path: Path, host: str, port: int) -> None:
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", "datasette", "serve", str(db_path), "--metadata",
                               f"/dev/fd/{fd}", "--host", host, "--port", str(port),
-                              "--setting", "sql_time_limit_ms", "30000", "--setting", "facet_time_limit_ms", "1000"])
+                              "--setting", "sql_time_limit_ms", str(SQL_TIME_LIMIT_MS),
+                              "--setting", "facet_time_limit_ms", "1000", *([] if everyone else ["--root"])])

@@ -6,6 +6,7 @@ drawn (asserted on the DOM; the screenshot is kept as an artifact)."""
 from __future__ import annotations
 
 import hashlib
+import re
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from http.cookiejar import CookieJar
 from pathlib import Path
 
 import pytest
@@ -35,9 +37,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: the browser of whoever started the server: it opened the token URL, so it has the cookie
+JAR = CookieJar()
+OPENER = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(JAR))
+
+
 def get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=30) as r:
+    with OPENER.open(url, timeout=30) as r:
         return json.loads(r.read())
+
+
+def status_without_token(url: str, as_user: str | None = None) -> int:
+    """The HTTP status another local user gets (no token, so no cookie)."""
+    code = ("import sys, urllib.request, urllib.error\n"
+            "try:\n urllib.request.urlopen(sys.argv[1], timeout=30); print(200)\n"
+            "except urllib.error.HTTPError as e: print(e.code)\n")
+    cmd = [*(["runuser", "-u", as_user, "--"] if as_user else []), "/usr/bin/python3", "-c", code, url]
+    return int(subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout)
+
+
+def token_url(server: subprocess.Popen, deadline: float) -> str:
+    """The one-time URL the server prints at start (Datasette's --root)."""
+    seen = []
+    while time.time() < deadline:
+        line = server.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        m = re.search(r"(http://\S+/-/auth-token\?token=\w+)", line)
+        if m:
+            return m.group(1)
+    raise AssertionError("no token URL printed: " + "".join(seen)[-2000:])
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +93,10 @@ def served(tmp_path_factory):
                                "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90
-    while True:
+    url = token_url(server, deadline)
+    while True:   # the token is for one use: nothing is consumed while the port refuses
         try:
-            get(f"{base}/-/versions.json")
+            OPENER.open(url, timeout=30).read()
             break
         except (urllib.error.URLError, ConnectionError):
             assert server.poll() is None and time.time() < deadline, server.stdout.read() if server.poll() else "no answer"
@@ -87,12 +118,24 @@ def test_serve_listens_on_localhost_only_and_never_writes(served):
     sql = urllib.parse.quote("DELETE FROM slurm_jobs")
     answer = None
     try:                                   # a write through the SQL API: refused
-        urllib.request.urlopen(f"{base}/history.json?sql={sql}", timeout=30)
+        OPENER.open(f"{base}/history.json?sql={sql}", timeout=30)
     except urllib.error.HTTPError as e:
         answer = e.code
     assert answer == 400
     assert get(f"{base}/history.json?sql=SELECT+COUNT(*)+FROM+slurm_jobs")["rows"] == [[30]]
     assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
+    assert get(f"{base}/-/settings.json")["sql_time_limit_ms"] == 2000
+
+
+def test_other_local_users_get_nothing_without_the_token(served):
+    """A second user of the login node, who has no token: every page, the data and the
+    dashboard answer 403 (before, any local user read every user's jobs)."""
+    base, _, _, _ = served
+    for path in ("/", "/history/slurm_jobs.json", "/history/job_listing.json", "/-/dashboards/pswift",
+                 "/history.json?sql=SELECT+1"):
+        assert status_without_token(base + path) == 403, path
+    if os.geteuid() == 0:
+        assert status_without_token(base + "/history/slurm_jobs.json", as_user="nobody") == 403
 
 
 def test_metadata_views_and_canned_queries(served):
@@ -126,7 +169,10 @@ def test_the_dashboard_renders_in_a_real_browser_without_console_errors(served):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            context = browser.new_context(viewport={"width": 1400, "height": 1800})
+            context.add_cookies([{"name": c.name, "value": c.value, "url": base}
+                                 for c in JAR])
+            page = context.new_page()
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
