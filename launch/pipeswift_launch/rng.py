@@ -41,14 +41,19 @@ def capture() -> dict[str, Any]:
 
 
 def restore(state: dict[str, Any]) -> None:
-    """Set this process's generators to ``state`` (from :func:`capture`)."""
-    torch.set_rng_state(_tensor(state["torch"]))
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([_tensor(s) for s in state["cuda"]])
-    name, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
+    """Set this process's generators to ``state`` (from :func:`capture`). rng.json is the user's
+    file: anything that is not a generator state (a wrong shape, values out of range that
+    overflow numpy's or Python's setters) raises ValueError, and the caller seeds instead."""
+    try:
+        torch.set_rng_state(_tensor(state["torch"]))
+        if state.get("cuda") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([_tensor(s) for s in state["cuda"]])
+        name, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+        version, internal, gauss_next = state["python"]
+        random.setstate((version, tuple(internal), gauss_next))
+    except Exception as e:   # OverflowError, TypeError, KeyError, RuntimeError, binascii.Error...
+        raise ValueError(f"not a generator state ({type(e).__name__})") from None
 
 
 def reseed(seed: int, step: int, rank: int) -> None:

@@ -381,7 +381,7 @@ def _continue_generators(att: Attempt, saved: dict[str, Any] | None, step: int) 
         try:
             rng.restore(saved)
             return
-        except (ValueError, TypeError, KeyError, RuntimeError) as e:  # rng.json edited or damaged
+        except ValueError as e:  # rng.json edited or damaged (rng.restore says so)
             _log(att.rank, f"cannot restore the saved random generators ({type(e).__name__}); "
                            f"seeding them from (seed, step, rank)")
     rng.reseed(int(att.plan["training"]["seed"]), step, att.rank)
