@@ -22,6 +22,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .errors import ConfigError
+from .numbers import finite
 
 SECTIONS = ("job", "resources", "model", "training", "pipeline")
 _ENTRY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -222,11 +223,14 @@ def _str(section: str, key: str, v: Any) -> str:
 
 
 def _float(section: str, key: str, v: Any, lo: float = 0.0) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ConfigError(f"{_where(section, key)} must be a finite number, got {_type_name(v)} {v!r}")
-    if v < lo:
+    f = finite(v)
+    if f is None:
+        shown = (f"an integer of {len(str(abs(v)))} digits, too large for a float" if isinstance(v, int)
+                 and not isinstance(v, bool) else f"{_type_name(v)} {v!r}")
+        raise ConfigError(f"{_where(section, key)} must be a finite number, got {shown}")
+    if f < lo:
         raise ConfigError(f"{_where(section, key)} = {v} must be >= {lo}")
-    return float(v)
+    return f
 
 
 def _table(section: str, key: str, v: Any) -> dict[str, Any]:

@@ -9,9 +9,10 @@ counts the rest as skipped; nothing in a line can raise past it.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Callable, Iterable
+
+from .numbers import finite
 
 FILE = "events.jsonl"
 #: every number in a line lies within +-MAX_NUMBER (10^13: epoch seconds, step counts and bytes
@@ -31,7 +32,8 @@ def _count(v: Any) -> bool:
 
 
 def _num(v: Any) -> bool:
-    return (isinstance(v, float) and math.isfinite(v) and abs(v) <= MAX_NUMBER) or _int(v)
+    f = finite(v)
+    return f is not None and abs(f) <= MAX_NUMBER and (isinstance(v, float) or _int(v))
 
 
 def _str(v: Any) -> bool:

@@ -14,6 +14,7 @@ import time
 from typing import Any, NamedTuple
 
 from .errors import PswiftError
+from .numbers import finite
 
 
 class SelectionError(PswiftError):
@@ -106,10 +107,10 @@ def parse_time(text: str | None, now: float | None = None) -> float | None:
     today = _dt.datetime.fromtimestamp(now).replace(hour=0, minute=0, second=0, microsecond=0)
     m = re.fullmatch(r"now(?:([+-])(\d+)([a-z]*))?", t)
     if m and (m.group(3) or "") in _UNITS:
-        return now + (1 if m.group(1) == "+" else -1) * int(m.group(2) or 0) * _UNITS[m.group(3) or ""]
+        return _offset(text, now, (1 if m.group(1) == "+" else -1) * int(m.group(2) or 0) * _UNITS[m.group(3) or ""])
     m = re.fullmatch(r"(\d+)([mhdw])", t)
     if m:
-        return now - int(m.group(1)) * _UNITS[m.group(2)]
+        return _offset(text, now, -int(m.group(1)) * _UNITS[m.group(2)])
     named = {"today": today, "midnight": today, "noon": today.replace(hour=12)}
     if t in named:
         return named[t].timestamp()
@@ -120,6 +121,18 @@ def parse_time(text: str | None, now: float | None = None) -> float | None:
     if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?", t):
         return _parsed(text, lambda: _dt.datetime.combine(today.date(), _dt.time.fromisoformat(t.zfill(5))))
     return _parsed(text, lambda: _dt.datetime.fromisoformat(text.strip()))
+
+
+#: the furthest a relative time may reach from now (about 3,000 years)
+MAX_OFFSET_S = 10**11
+
+
+def _offset(text: str, now: float, seconds: int) -> float:
+    moved = finite(now + seconds) if abs(seconds) <= MAX_OFFSET_S else None
+    if moved is None:
+        raise SelectionError(f"time {text!r} is further than {MAX_OFFSET_S:.0e} s from now; "
+                             f"use a nearer time (now-30days, 2026-11-01)")
+    return moved
 
 
 def _parsed(text: str, make: Any) -> float:

@@ -190,7 +190,7 @@ class Renderer:
             return False
         if self.form != "csv":
             return _CONTROL_BUT_TAB.search(text) is None
-        if _CONTROL_BUT_TAB.search(text) or '"' in text:
+        if _CONTROL.search(text) or '"' in text:   # a tab too: first in a cell, a formula (OWASP)
             return False
         if not (text[:1] in _FORMULA or ",=" in text or ",+" in text or ",-" in text or ",@" in text):
             return True

@@ -312,6 +312,13 @@ def test_user_strings_in_tables_and_csv_stay_inert(tmp_path):
     assert proc.returncode == 0 and "[/oops]" in proc.stdout, proc.stderr
     csv = pswift("history", "export", "--db", str(tmp_path / "h.db")).stdout
     assert "'=HYPERLINK" in csv and ",=HYPERLINK" not in csv
+    h = History(tmp_path / "h.db")     # a tab first is a formula to a spreadsheet too (OWASP)
+    h.add_slurm_records([{"JOBID": "2", "START": 300, "END": 400, "JOBNAME": "\t=cmd|' /C calc'!A0",
+                          "USERNAME": "u", "PARTITION": "low", "JOBSTATE": "COMPLETED"}], "t")
+    h.close()
+    for args in (("history", "export"), ("history", "jobs", "--csv")):
+        out = pswift(*args, "--db", str(tmp_path / "h.db")).stdout
+        assert "\t=cmd" not in out and "?=cmd" in out, (args, out)
 
 
 @pytest.mark.slurm
