@@ -220,7 +220,8 @@ def write_plan(plan: Plan, path: Path) -> None:
     """plan.json written whole or not at all (a job may rewrite it while peers read it)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    # compact: at the config caps an indented plan.json outgrew the 4 MiB the history reads
+    tmp.write_text(json.dumps(plan, separators=(",", ":"), sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 

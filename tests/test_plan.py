@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import copy_example
+from conftest import ROOT, copy_example
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.plan import PLAN_VERSION, build_plan, read_plan, write_plan
@@ -92,3 +92,25 @@ def test_the_launcher_refuses_a_plan_lacking_what_a_job_needs_in_one_line(tmp_pa
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "training.steps is missing or not an integer; re-plan with `pswift sbatch`" in proc.stderr
+
+
+def test_plan_json_at_the_config_caps_fits_what_the_history_reads(tmp_path):
+    """The largest config the caps allow (bench/plan_worst_case.py's: 512 layers, nodes [17, 32]
+    x 16 tasks, micro_batch_size "auto") gives a plan.json under the 4 MiB the jobcomp plugin and the ingest read; with
+    indent=2 it was 4.6 MB, and the plugin refused it."""
+    import importlib.util
+    import re
+    import sys
+    from pipeswift_slurm.submit import prepare
+    from pipeswift_slurm.userfiles import LIMITS
+    spec = importlib.util.spec_from_file_location("plan_worst_case", ROOT / "bench" / "plan_worst_case.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec.loader.exec_module(bench)
+    toml = bench.worst_case(tmp_path / "ex")
+    toml.write_text(re.sub(r"(?m)^micro_batch_size = .*$", 'micro_batch_size = "auto"', toml.read_text()))
+    prepared = prepare(toml, tmp_path / "run", db=tmp_path / "h.db", live=False)
+    write_plan(prepared.plan, tmp_path / "plan.json")
+    size = (tmp_path / "plan.json").stat().st_size
+    assert size < LIMITS["plan.json"], size
+    assert read_plan(tmp_path / "plan.json")["version"] == PLAN_VERSION
