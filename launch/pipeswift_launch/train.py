@@ -243,7 +243,8 @@ def _train(att: Attempt) -> int:
     run_dir = Path(plan["run_dir"])
     dog = Watchdog(run_dir, att.rank, os.environ.get("SLURMD_NODENAME", "local"),
                    float(t.get("hang_timeout_factor", 10.0)), float(t.get("hang_timeout_min_s", 300.0)),
-                   lambda info: end_attempt(run_dir, plan, att.denv, info))
+                   lambda info: end_attempt(run_dir, plan, att.denv, info),
+                   launch=f"{att.denv.attempt}.{os.environ.get('SLURM_STEP_ID', 'local')}.{plan.get('revision', 0)}")
     dog.start()
     profiler, timer = _profilers(att), InstructionTimer(engine, sync=plan["device"] == "cuda")
     first = att.step  # the profiling window counts from this attempt's first step

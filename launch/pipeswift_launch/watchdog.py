@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import threading
 import time
 from collections import deque
@@ -37,10 +38,18 @@ HOLD_FACTOR = 4  # a checkpoint in progress may take this many times the limit
 
 class Watchdog(threading.Thread):
     def __init__(self, run_dir: Path, rank: int, node: str, factor: float, min_s: float,
-                 on_hang: Callable[[dict[str, Any]], None]) -> None:
+                 on_hang: Callable[[dict[str, Any]], None], launch: str = "0") -> None:
         super().__init__(name="pswift-watchdog", daemon=True)
-        self.dir = run_dir / "heartbeats"
+        # one folder per launch (attempt and Slurm step): an earlier launch's heartbeats, stale by
+        # now, would otherwise name a healthy rank's node; rank 0 clears the older folders
+        root = run_dir / "heartbeats"
+        self.dir = root / launch
         self.dir.mkdir(parents=True, exist_ok=True)
+        if rank == 0:
+            for old in root.iterdir():
+                if old.name != launch:
+                    shutil.rmtree(old, ignore_errors=True) if old.is_dir() and not old.is_symlink() \
+                        else old.unlink(missing_ok=True)
         self.rank, self.node, self.factor, self.min_s = rank, node, factor, min_s
         self.on_hang = on_hang
         self.times: deque[float] = deque(maxlen=200)
