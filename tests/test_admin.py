@@ -201,24 +201,31 @@ def test_job_submit_reads_the_script_as_sbatch_does(cluster, tmp_path, extra):
 @pytest.mark.every_version
 def test_job_submit_skips_a_1_mb_directive_line_and_still_reads_the_next(cluster, tmp_path):
     """The submission that held slurmctld ~58 s with the quadratic tokenizer: a pswift script with
-    a 1 MB #SBATCH line. The plugin skips that line (slurmctld's log says so) and still refuses
-    the truncating open mode on the next line; a second submission without it is accepted."""
+    a 1 MB #SBATCH line (its bulk after a #, a comment to sbatch: slurmctld refuses a --comment
+    over 1,024 characters itself, after the plugin ran). The plugin skips that line (slurmctld's
+    log says so) and still refuses the truncating open mode on the next line; a second
+    submission without it is accepted."""
     log = Path(os.environ["SLURM_CONF"]).parents[1] / "log" / "slurmctld.log"
-    big = "#SBATCH --comment=" + "x" * 1_000_000
+    big = "#SBATCH --comment=big # " + "x" * 1_000_000
     p = sbatch_script(tmp_path, PSWIFT_LIKE.format(extra=big + "\n#SBATCH --open-mode=truncate"))
     assert p.returncode != 0 and "would erase the log of earlier attempts" in p.stderr, p.stderr
     ok = sbatch_script(tmp_path, PSWIFT_LIKE.format(extra=big))
     assert ok.returncode == 0, ok.stderr
     assert requeue_flag(ok.stdout.strip()) == "1"
-    assert "skipped a #SBATCH line of 1000018 bytes (over 65536)" in log.read_text(errors="replace")
+    assert "skipped a #SBATCH line of 1000024 bytes (over 65536)" in log.read_text(errors="replace")
 
 
 @pytest.mark.slurm
 @pytest.mark.every_version
-def test_job_submit_message_reaches_a_pswift_user(cluster, example, tmp_path):
+def test_job_submit_message_reaches_a_user_of_pswifts_script(cluster, example, tmp_path):
+    """`pswift sbatch -- --no-requeue` is refused by pswift before sbatch (exit 2, one line);
+    sbatch run by hand on the script pswift rendered gets the plugin's message."""
     proc = pswift("sbatch", "--run-dir", str(tmp_path / "run"), str(example), "--", "--no-requeue")
-    assert proc.returncode == 1 and "asks --no-requeue" in proc.stderr
+    assert proc.returncode == 2 and "'--no-requeue'" in proc.stderr and "max_requeues" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+    script = pswift("sbatch", "--dry-run", "--run-dir", str(tmp_path / "run"), str(example), check=True).stdout
+    by_hand = sbatch_script(tmp_path, script[script.index("#!"):], "--no-requeue")
+    assert by_hand.returncode != 0 and "asks --no-requeue" in by_hand.stderr, by_hand.stderr
 
 
 # ----------------------------------------------------------------------------- mixed workload
