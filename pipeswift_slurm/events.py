@@ -289,3 +289,14 @@ def growth_outcomes(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                             else (g["step_s"] - after) * len(b["steps"])),
                         "predicted_cost_s": g["cost_s"], "measured_cost_s": cost})
     return out
+
+
+def read(run_dir: Path | str) -> tuple[list[dict[str, Any]], int]:
+    """The run's valid events and the count of skipped lines (a torn last line among them), for
+    a process reading its own runs (tests, benchmarks); commands that anyone may run, root
+    included, read the file through ``userfiles.read_for_command`` and :func:`parse` it."""
+    try:
+        with open(Path(run_dir) / FILE, "rb") as fh:
+            return parse(fh)
+    except FileNotFoundError:
+        return [], 0
