@@ -57,7 +57,9 @@ def test_free_nodes_leave_out_the_jobs_own_busy_ones_and_what_pending_jobs_ask_f
 
 #: compute-bound steps (8 micro-batches of 16) at the example's width: bitwise equal across
 #: stage counts on this CPU (at hidden 256 they are not: the layouts' float sums differ)
-BIG = {"nodes": "[1, 2]", "steps": "300", "checkpoint_interval": "0", "data_parallel": "1",
+# 500 steps: growing must save 2x the requeue's ~12 s (setup + 10 s) over the steps left when the
+# holder ends; at 300 steps a host doing 0.23 s steps saved 15.5 s over 208 and rightly stayed
+BIG = {"nodes": "[1, 2]", "steps": "500", "checkpoint_interval": "0", "data_parallel": "1",
        "global_batch_size": "128", "micro_batch_size": "16", "time": '"0:30:00"'}
 
 
@@ -75,13 +77,13 @@ def submit_timed(toml, run, env) -> tuple[str, float]:
 @pytest.mark.deepspeed
 def test_a_job_started_on_one_node_grows_when_the_holder_ends_and_beats_staying(cluster, tmp_path):
     """nodes = [1, 2]: three nodes are held (for 10 min as far as Slurm knows), so the planner
-    starts the job on the free one; the holder ends after 20 s, the job grows to two nodes and
+    starts the job on the free one; the holder ends after 15 s, the job grows to two nodes and
     completes sooner than the same job pinned to one node, with the same losses."""
     env = {"PSWIFT_HOST_CORES": "2", "PSWIFT_RANKS_PER_HOST": "4"}   # all virtual nodes share 2 cores
     toml = copy_example(tmp_path / "ex", BIG)
     toml.write_text(toml.read_text().replace("max_requeues = 3", "max_requeues = 3\ngrow_check_s = 5"))
     holder = subprocess.run(["sbatch", "--parsable", "-p", "high", "-w", "node[2-4]", "--exclusive",
-                             "--time=10", "-o", "/dev/null", "--wrap", "sleep 20"],
+                             "--time=10", "-o", "/dev/null", "--wrap", "sleep 15"],
                             capture_output=True, text=True, check=True).stdout.strip()
     try:
         wait_state(holder, {"RUNNING"}, timeout=60)
@@ -97,7 +99,7 @@ def test_a_job_started_on_one_node_grows_when_the_holder_ends_and_beats_staying(
     assert grown_jct < pinned_jct, (grown_jct, pinned_jct)
     losses = lambda run: {e["step"]: e["loss_hex"] for e in events_mod.read(run)[0] if e["event"] == "step"}  # noqa: E731
     got, want = losses(tmp_path / "grown"), losses(tmp_path / "pinned-run")
-    assert len(want) == 300 and got == want
+    assert len(want) == 500 and got == want
     status = pswift("status", job, check=True).stdout
     assert f"grew at step {g['step']} of attempt 0: 1 -> {g['nodes_to']} node(s)" in status
     print(f"grown JCT {grown_jct:.1f} s vs pinned {pinned_jct:.1f} s ({pinned_jct / grown_jct:.2f}x)")
