@@ -240,9 +240,13 @@ class History(Queries):
 
     def ingest_spool(self, spool_dir: Path | str, timeout: float = 30.0) -> tuple[int, list[str]]:
         """Merge every spooled record; returns (merged, problems). A spool file that cannot be
-        read is moved to ``bad/`` beside them with a ``.why`` file, never lost; the rest merge."""
+        read is moved to ``bad/`` beside them with a ``.why`` file, never lost; the rest merge.
+        A spool folder that is a link, another user's or writable by others raises IngestRefused."""
         d = Path(spool_dir)
         merged, problems = 0, []
+        unsafe = _unsafe_spool(d)
+        if unsafe:
+            raise IngestRefused(unsafe)
         for f in sorted(d.glob("*.json")) if d.is_dir() else []:
             try:
                 problem = self.ingest_spool_file(f, timeout)
@@ -256,6 +260,24 @@ class History(Queries):
             except Exception as e:   # whatever one file does, the others still merge
                 problems.append(_set_aside(d, f, e))
         return merged, problems
+
+
+def _unsafe_spool(d: Path) -> str | None:
+    """Why the spool folder is not read, or None: it must be a real folder (not a link) of the
+    reading user (root for the plugin's) that no other user may write into; the jobcomp plugin
+    makes it so (0750)."""
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        return f"spool {d} is not a directory (a link is not followed): nothing merged"
+    if st.st_uid != os.geteuid():
+        return f"spool {d} belongs to uid {st.st_uid}, not to this user ({os.geteuid()}): nothing merged"
+    if st.st_mode & 0o022:
+        return (f"spool {d} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): nothing merged; "
+                f"chmod go-w {d}")
+    return None
 
 
 def _set_aside(spool: Path, f: Path, why: BaseException) -> str:

@@ -220,6 +220,31 @@ def test_one_spool_file_that_fails_anyhow_is_set_aside_and_the_rest_merge(tmp_pa
     assert (spool / "c-huge.json").exists()
 
 
+def test_a_spool_that_is_a_link_or_writable_by_others_is_not_read(tmp_path, other_user):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o750)
+    (real / "1.json").write_text(json.dumps(spool_record(other_user, tmp_path / "nowhere", "8")))
+    (tmp_path / "link").symlink_to(real)
+    h = History(tmp_path / "h.db")
+    with pytest.raises(IngestRefused, match=r"is not a directory \(a link is not followed\)"):
+        h.ingest_spool(tmp_path / "link")
+    real.chmod(0o777)
+    with pytest.raises(IngestRefused, match=r"writable by other users \(mode 777\).*chmod go-w"):
+        h.ingest_spool(real)
+    os.chown(real, other_user.pw_uid, other_user.pw_gid)
+    real.chmod(0o750)
+    with pytest.raises(IngestRefused, match=f"belongs to uid {other_user.pw_uid}"):
+        h.ingest_spool(real)
+    h.close()
+    proc = pswift("history", "ingest", "--spool", str(tmp_path / "link"), "--db", str(tmp_path / "h.db"),
+                  "--no-registered")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "a link is not followed" in proc.stderr
+    os.chown(real, 0, 0)
+    h = History(tmp_path / "h.db")
+    assert h.ingest_spool(real) == (1, [])
+    assert h.conn.execute("SELECT job_id FROM slurm_jobs").fetchall() == [("8",)]
+
+
 def test_numbers_beyond_the_events_bounds_are_skipped_not_overflowed():
     """Step times near the float maximum and times at int64's edge pass no event check, so
     the ingest's means and sums never overflow (they raised before: nothing after them merged)."""
