@@ -182,7 +182,7 @@ def status(job: str, as_json: bool) -> None:
         pswift status 42 --json
     """
     from . import rundir, slurm
-    from .fmt import growth_line, relayout_line
+    from .fmt import crash_line, growth_line, relayout_line
     run: Path | None
     job_id: str | None
     if job.isdigit():
@@ -221,6 +221,8 @@ def status(job: str, as_json: bool) -> None:
                    + (f", resumed from {Path(a['resumed_from']).name}" if a["resumed_from"] else ""))
         for r in a["relayouts"]:
             click.echo(f"    {relayout_line(r)}")
+        for c in a["crashes"]:
+            click.echo(f"    {crash_line(c)}")
     for g in out.get("growths") or []:
         click.echo(f"  {growth_line(g)}")
 

@@ -413,11 +413,13 @@ def doctor(job_id: str | None, db: Path | None, as_json: bool) -> None:
     rep = reps[-1]
     run = Path(rep.run_dir) if rep.run_dir else rundir.lookup_job(job_id)
     plan = log = None
+    crashes: list[dict[str, Any]] = []
     if run is not None:
+        from . import events
         from . import userfiles
         from .plan import parse_plan
         try:   # a user's files, read by anyone (root too): no link, no FIFO, bounded, as their owner
-            files = userfiles.read_for_command(str(run), ("plan.json", "slurm-*.out"))
+            files = userfiles.read_for_command(str(run), ("plan.json", "events.jsonl", "slurm-*.out"))
         except (userfiles.UnsafeFile, OSError) as e:
             files = {}
             click.echo(f"note: run directory {run} not read: {e}", err=True)
@@ -425,10 +427,13 @@ def doctor(job_id: str | None, db: Path | None, as_json: bool) -> None:
             plan = parse_plan(files["plan.json"], str(run / "plan.json")) if "plan.json" in files else None
         except PswiftError:
             plan = None   # another version's or a damaged plan: the findings that need it are skipped
-        log = "".join(b.decode("utf-8", "replace") for n, b in files.items() if n != "plan.json")
-    from .fmt import growth_line, relayout_line
+        log = "".join(b.decode("utf-8", "replace") for n, b in files.items()
+                      if n not in ("plan.json", events.FILE))
+        crashes = [c for c in events.parse(files.get(events.FILE, b"").splitlines())[0] if c["event"] == "crash"]
+    from .fmt import crash_line, growth_line, relayout_line
     findings = diagnose(rep, plan, log or "") + [
-        growth_line(r) if r["kind"] == "grow" else f"attempt {r['attempt']} {relayout_line(r)}" for r in relayouts]
+        growth_line(r) if r["kind"] == "grow" else f"attempt {r['attempt']} {relayout_line(r)}" for r in relayouts
+    ] + [f"attempt {c['attempt']} {crash_line(c)}" for c in crashes]
     if as_json:
         click.echo(json.dumps({"job_id": job_id, "name": rep.name, "state": rep.state,
                                "attempts": rep.attempts, "findings": findings}, indent=2))

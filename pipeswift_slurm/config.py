@@ -31,6 +31,11 @@ _TIME_RE = re.compile(
 )
 
 
+#: [job] max_restarts: its default and its largest value (pipeswift_slurm.decide uses them)
+MAX_RESTARTS_DEFAULT = 3
+MAX_RESTARTS_LIMIT = 100
+
+
 class JobSection(NamedTuple):
     name: str
     partition: str | None = None
@@ -39,6 +44,8 @@ class JobSection(NamedTuple):
     qos: str | None = None
     sbatch_options: tuple[str, ...] = ()
     max_requeues: int = 3
+    #: restarts of the ranks inside one allocation after a crash (pipeswift_slurm.decide)
+    max_restarts: int = MAX_RESTARTS_DEFAULT
     python: str | None = None
     #: what the planner minimises: the expected JCT, or its median or 90th percentile (risk)
     objective: str = "mean"
@@ -298,7 +305,7 @@ def _grow_check(v: Any) -> int:
 
 def _job(t: dict[str, Any]) -> JobSection:
     valid = ("name", "partition", "time", "account", "qos", "sbatch_options", "max_requeues", "python",
-             "objective", "grow_check_s")
+             "objective", "grow_check_s", "max_restarts")
     _check_keys("job", t, valid, ("name",))
     time = t.get("time")
     if time is not None:
@@ -328,6 +335,8 @@ def _job(t: dict[str, Any]) -> JobSection:
         qos=_str("job", "qos", t["qos"]) if "qos" in t else None,
         sbatch_options=tuple(opts),
         max_requeues=_int("job", "max_requeues", t.get("max_requeues", 3), lo=0),
+        max_restarts=_int("job", "max_restarts", t.get("max_restarts", MAX_RESTARTS_DEFAULT), lo=0,
+                          hi=MAX_RESTARTS_LIMIT),
         python=_str("job", "python", t["python"]) if "python" in t else None,
         objective=_choice("job", "objective", t.get("objective", "mean"), OBJECTIVES),
         grow_check_s=_grow_check(t.get("grow_check_s", 60)),

@@ -79,6 +79,8 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
     "checkpoint_discarded": {"names": (_strs, False)},
     "end": {"reason": (_str, True), "step": (_count, False),
             "requeue": (lambda v: isinstance(v, bool), False), "error": (_str, False)},
+    "crash": {"how": (_str, True), "action": (_str, True), "rank": (_count, False), "node": (_str, False),
+              "step": (_count, False), "error": (_str, False), "restart": (_count, False), "why": (_str, False)},
     "relayout": {"step": (_count, True), "nodes": (_count, False), "boundaries_from": (_ints, True),
                  "boundaries_to": (_ints, True), "step_s": (_num, False), "predicted_step_s": (_num, False),
                  "gain_s": (_num, False), "cost_s": (_num, False), "remaining": (_count, False)},
@@ -212,17 +214,17 @@ def by_attempt(evs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Valid events grouped into attempts, oldest first: the one reading of events into attempts
     (``pswift status`` and the history both use it). Each: ``attempt``, its first ``start`` and
     its ``end`` events (or None), its ``steps``, ``checkpoints``, ``profiles``, ``starts`` and
-    ``relayouts`` and ``grows`` (lists of events: an in-job re-layout ends one launch of the attempt with
-    reason "relayout" and starts the next, same attempt), and ``ended``: the last launch's end
+    ``relayouts``, ``grows`` and ``crashes`` (lists of events: an in-job re-layout or a restart after
+    a crash ends one launch of the attempt and starts the next, same attempt), and ``ended``: the last launch's end
     reason, else "running" for the last attempt and "killed" for an earlier one (a later attempt
     exists: this one died without writing its end)."""
     found: dict[int, dict[str, Any]] = {}
     lists = {"step": "steps", "checkpoint": "checkpoints", "layer_profile": "profiles",
-             "start": "starts", "relayout": "relayouts", "grow": "grows"}
+             "start": "starts", "relayout": "relayouts", "grow": "grows", "crash": "crashes"}
     for ev in evs:
         a = found.setdefault(ev["attempt"], {"attempt": ev["attempt"], "start": None, "end": None,
                                              "steps": [], "checkpoints": [], "profiles": [],
-                                             "starts": [], "relayouts": [], "grows": []})
+                                             "starts": [], "relayouts": [], "grows": [], "crashes": []})
         kind = ev["event"]
         if kind == "start":
             a["start"] = a["start"] or ev

@@ -55,6 +55,11 @@ def growth_line(g: dict[str, Any]) -> str:
             f"{sec(g['predicted_cost_s'])})")
 
 
+def crash_line(c: dict[str, Any]) -> str:
+    """One crash of an attempt's ranks and what followed (``pswift status`` and ``pswift doctor``)."""
+    return f"crashed after step {c.get('step')}: {c.get('why') or c.get('how')}"
+
+
 def relayout_line(r: dict[str, Any]) -> str:
     """One in-job re-layout, predicted against measured (``pswift status`` and ``pswift doctor``)."""
     def sec(v: Any, unit: str = "s") -> str:

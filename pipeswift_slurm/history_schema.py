@@ -180,6 +180,12 @@ MIGRATIONS: list[str] = [
     CREATE INDEX job_rollup_job_id ON job_rollup(job_id);
     CREATE INDEX job_rollup_work_dir ON job_rollup(work_dir);
     """ + _rollup("(SELECT DISTINCT cluster, job_id FROM slurm_jobs)"),
+    # 10: crashes inside an attempt: how often its ranks were started again in the allocation,
+    #     and what ended its last crashed launch (pipeswift_slurm.decide)
+    """
+    ALTER TABLE attempts ADD COLUMN restarts INTEGER;
+    ALTER TABLE attempts ADD COLUMN last_crash TEXT;
+    """,
 ]
 
 #: upsert one attempt: a source that does not know a field (the plugin knows no MaxRSS, sacct

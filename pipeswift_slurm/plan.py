@@ -80,6 +80,8 @@ class Plan(TypedDict):
     device: str
     cpus_per_task: int
     max_requeues: int
+    #: restarts of the ranks inside one allocation after a crash, per attempt
+    max_restarts: int
     #: seconds between rank 0's checks whether growing to more nodes pays (0: never)
     grow_check_s: int
     #: whether the job may re-cut its stages in place from measured layer times
@@ -205,6 +207,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         "device": cfg.resources.device,
         "cpus_per_task": cfg.resources.cpus_per_task,
         "max_requeues": j.max_requeues,
+        "max_restarts": j.max_restarts,
         "grow_check_s": j.grow_check_s,
         "rebalance": cfg.pipeline.rebalance,
         "time_limit_s": j.time_seconds,

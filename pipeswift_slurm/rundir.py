@@ -103,6 +103,8 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             "attempt": a["attempt"], "nodes": now.get("nodes"), "stages": now.get("stages"),
             "data_parallel": now.get("data_parallel"), "boundaries": now.get("boundaries"),
             "start_step": start.get("step"), "relayouts": events.relayout_outcomes(a),
+            "crashes": [{k: c[k] for k in ("step", "rank", "node", "how", "error", "action", "restart", "why")}
+                        for c in a["crashes"]],
             "end_step": end["step"] if end.get("step") is not None else last.get("step"),
             "resumed_from": start.get("resumed_from"), "ended": a["ended"],
             "last_loss": last.get("loss"),

@@ -204,7 +204,9 @@ def _attempt_row(a: dict[str, Any], mkey: str, profiles: list, overheads: list) 
     learns each configuration's own step time); setup and load add up over the launches."""
     import statistics   # here, not at the top: a submission that only reads the history skips it
     row: dict[str, Any] = {"attempt": a["attempt"], "ended": a["ended"], "relayouts": len(a["relayouts"]),
-                           "checkpoint_s": sum(float(c["seconds"] or 0.0) for c in a["checkpoints"])}
+                           "checkpoint_s": sum(float(c["seconds"] or 0.0) for c in a["checkpoints"]),
+                           "restarts": sum(1 for c in a["crashes"] if c["action"] == "restart"),
+                           "last_crash": a["crashes"][-1]["why"] if a["crashes"] else None}
     if a["starts"]:
         _start(row, a["starts"][-1], mkey)
         first = a["starts"][0]

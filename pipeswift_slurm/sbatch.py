@@ -21,7 +21,6 @@ from typing import Any, NamedTuple
 from . import __version__
 from .config import TrainConfig
 from .errors import ConfigError
-from .plan import MAX_RELAYOUTS, RELAYOUT_EXIT
 
 TEMPLATE = "job.sbatch.tmpl"
 
@@ -125,8 +124,6 @@ def render(options: SbatchOptions, run_dir: str, python: str) -> str:
         python=shlex.quote(python),
         tasks_per_node=str(int(options.ntasks_per_node)),
         cpus_per_task=str(int(options.cpus_per_task)),
-        relayout_exit=str(RELAYOUT_EXIT),
-        max_relayouts=str(MAX_RELAYOUTS),
     )
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)   # KeyError: a template typo
 

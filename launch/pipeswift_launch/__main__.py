@@ -20,23 +20,31 @@ def main(argv: list[str] | None = None) -> int:
     from pipeswift_slurm.errors import PswiftError
     from pipeswift_slurm.plan import read_plan, runnable
 
+    from . import launchrec
     from .checkpoint import CheckpointError
     from .dist_env import LaunchEnvError, derive
     from .ds_compat import DeepSpeedVersionError
+    rank = int(os.environ.get("SLURM_PROCID") or os.environ.get("RANK") or 0)
     try:
         plan = runnable(read_plan(argv[0]), argv[0])
         denv = derive(os.environ)
         os.environ.setdefault("OMP_NUM_THREADS", str(plan.get("cpus_per_task") or 1))
         from .train import run
-        return run(plan, denv, started)
+        rc = run(plan, denv, started)
     except (PswiftError, LaunchEnvError, CheckpointError, DeepSpeedVersionError) as e:
         print(f"pswift-launch: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        rc = 2
     except Exception as e:  # the job log keeps the traceback; the last line says what failed
         traceback.print_exc()
-        print(f"pswift-launch: rank {os.environ.get('RANK', '?')} failed: "
-              f"{type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+        error = f"{type(e).__name__}: {' '.join(str(e).split())}"
+        train = sys.modules.get(f"{__package__}.train")
+        step = getattr(train, "progress", {}).get("step") if train is not None else None
+        print(f"pswift-launch: rank {rank} failed" + (f" at step {step}" if step is not None else "")
+              + f": {error}", file=sys.stderr, flush=True)
+        launchrec.raised(rank, step, error)   # the batch script's helper tells a bug from a fault
         return 1
+    launchrec.exited(rank, rc)
+    return rc
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ MANIFEST_VERSION = 2
 #: manifest versions this launcher loads, with each one's stage-file suffix and checksum field
 READABLE = {1: (".pt", "sha256"), 2: (stagefile.SUFFIX, "crc32")}
 #: fault injection for recovery tests: at this step, the last stage's writer SIGKILLs itself
-#: right after writing its file and before the manifest exists (a crash mid-checkpoint)
+#: right after writing its file and before the manifest exists (a crash mid-checkpoint), once
 FAULT_ENV = "PSWIFT_FAULT_KILL_IN_CHECKPOINT"
 #: "STEP:SECONDS": at that step every writer waits that long between its stage file and the
 #: manifest, so a test can preempt the job while a checkpoint is half written
@@ -54,6 +54,14 @@ FAULT_SLOW_ENV = "PSWIFT_FAULT_SLOW_CHECKPOINT"
 
 class CheckpointError(RuntimeError):
     pass
+
+
+def _fault_once(ckpt_dir: Path) -> None:
+    """FAULT_ENV's SIGKILL, once a checkpoint folder (the restart that follows must get past it)."""
+    marker = ckpt_dir.parent / f".fault-fired-{ckpt_dir.name}"
+    if not marker.exists():
+        marker.touch()
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def tag_for(step: int) -> str:
@@ -248,7 +256,7 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
         size, digest = stagefile.write(path / name, blob)
         mine = (name, size, digest, time.perf_counter() - t_blob, t_blob - t0)
         if os.environ.get(FAULT_ENV) == str(step) and engine.stage_id == engine.num_stages - 1:
-            os.kill(os.getpid(), signal.SIGKILL)
+            _fault_once(path.parent)
     slow_step, _, slow_s = os.environ.get(FAULT_SLOW_ENV, "").partition(":")
     if slow_step == str(step):
         time.sleep(float(slow_s or 0))

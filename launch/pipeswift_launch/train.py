@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 #: the attempt stops to come back with a new cut in the same allocation (not a signal's code)
 STOP_RELAYOUT = 99
+#: the step this rank is running (None before training): a crash's record says where it was
+progress: dict[str, int | None] = {"step": None}
 
 
 def _log(rank: int, msg: str) -> None:
@@ -252,6 +254,7 @@ def _train(att: Attempt) -> int:
     relayout = watcher = profiled = None
     drift = relayout_mod.Drift()
     while att.step < steps:
+        progress["step"] = att.step + 1
         profiler.active = timer.active = (att.step + 1 - first) in PROFILE_STEPS
         batches = [data_fn(step=att.step, index=dp_rank * m + i, micro_batch_size=mbs, seed=int(t["seed"]),
                            **data_kwargs) for i in range(m)]

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 if TYPE_CHECKING:
     from pipeswift_slurm.plan import Plan
 
-HUNG_EXIT = 75   # EX_TEMPFAIL: the attempt was ended by the watchdog
+HUNG_EXIT = 76   # the attempt was ended by the watchdog (not the re-layout's 75)
 HEARTBEAT_EVERY_S = 1.0
 STALE_S = 5.0    # a heartbeat older than this: that process is not running at all
 HOLD_FACTOR = 4  # a checkpoint in progress may take this many times the limit
@@ -146,4 +146,6 @@ def end_attempt(run_dir: Path, plan: Plan, denv: Any, info: dict[str, Any]) -> N
                 print(f"pswift: the next attempt will not use node {node}", flush=True)
         except Exception as e:  # the job still ends; Slurm's word is in the message
             print(f"pswift: requeue after the hang failed: {e}", flush=True)
+    from . import launchrec
+    launchrec.exited(denv.rank, HUNG_EXIT)   # the batch script follows: this launch ended itself
     os._exit(HUNG_EXIT)

@@ -1,0 +1,111 @@
+"""``python -m pipeswift_launch.afterlaunch PLAN RC LAUNCH_DIR RESTARTS RELAYOUTS``: the batch
+script asks this after every launch of the ranks what follows, and gets one line back:
+``restart`` or ``relayout`` (launch again in this allocation) or ``exit N`` (end the script
+with N). The rules are pipeswift_slurm.decide's; this module gathers their facts (the ranks'
+records, srun's report, the job's events), records the outcome (``crash`` and ``end`` events),
+waits the backoff and requeues the job when the decision says so. No torch."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeswift_slurm import decide
+from pipeswift_slurm import events as events_mod
+
+from . import launchrec
+
+
+def deaths_of(records: list[dict[str, Any]], report: str) -> list[decide.Death]:
+    """The ranks' exceptions (their own words) and what srun saw of the others."""
+    raised = [decide.Death("exception", r["rank"], r.get("node"), r.get("step"), str(r["error"]))
+              for r in records if r.get("error")]
+    said = {d.rank for d in raised}
+    seen = [d for d in decide.srun_deaths(report) if not (d.rank in said and d.how.startswith("exit"))]
+    return raised + seen
+
+
+def _job_failures(evs: list[dict[str, Any]], job_id: str | None) -> list[str]:
+    return [decide.Death("exception", step=e.get("step"), error=e.get("error")).signature
+            for e in evs if e["event"] == "crash" and e.get("job_id") == job_id
+            and e.get("how") == "exception" and e.get("error")]
+
+
+def decide_after(plan: dict[str, Any], rc: int, folder: Path, restarts: int, relayouts: int,
+                 env: dict[str, str]) -> tuple[decide.Decision, int | None]:
+    """The decision and the last step this attempt reached (from the events)."""
+    records, report = launchrec.read(folder)
+    ended_itself = any("rc" in r for r in records) and not any(r.get("error") for r in records)
+    job_id, attempt = env.get("SLURM_JOB_ID"), int(env.get("SLURM_RESTART_COUNT") or 0)
+    evs = events_mod.read(plan["run_dir"])[0] if rc not in (0, decide.RELAYOUT_EXIT) else []
+    budgets = decide.Budgets(restarts=restarts, max_restarts=int(plan.get("max_restarts", decide.MAX_RESTARTS_DEFAULT)),
+                             relayouts=relayouts, attempt=attempt, max_requeues=int(plan["max_requeues"]),
+                             in_slurm=job_id is not None)
+    d = decide.after_launch(rc, ended_itself, deaths_of(records, report), _job_failures(evs, job_id), budgets)
+    steps = [e["step"] for e in evs if e["event"] == "step" and e["attempt"] == attempt
+             and e.get("job_id") == job_id]
+    return d, (steps[-1] if steps else None)
+
+
+def _record(plan: dict[str, Any], d: decide.Decision, last_step: int | None, restarts: int,
+            env: dict[str, str]) -> None:
+    run_dir, job_id = Path(plan["run_dir"]), env.get("SLURM_JOB_ID")
+    attempt = int(env.get("SLURM_RESTART_COUNT") or 0)
+    death = d.death or decide.Death("exit")
+    action = {"relaunch": "restart"}.get(d.action, d.action)
+    events_mod.append(run_dir, "crash", attempt, job_id, how=death.how, rank=death.rank, node=death.node,
+                      step=death.step if death.step is not None else last_step, error=death.error,
+                      action=action, restart=restarts + 1 if d.counts_as_restart else None, why=d.why)
+    events_mod.append(run_dir, "end", attempt, job_id, reason="failed" if d.action == "fail" else "crashed",
+                      step=last_step, requeue=d.action == "requeue", error=d.why)
+
+
+def carry_out(plan: dict[str, Any], d: decide.Decision, last_step: int | None, restarts: int,
+              env: dict[str, str]) -> str:
+    """Record the outcome, wait or requeue; the line for the batch script."""
+    if d.death is not None or d.action in ("fail", "requeue"):
+        _record(plan, d, last_step, restarts, env)
+    job = env.get("SLURM_JOB_ID", "?")
+    if d.action == "relaunch":
+        if d.counts_as_restart:
+            print(f"pswift: job {job}: {d.why}; launching again in {d.backoff_s:g} s", file=sys.stderr, flush=True)
+            time.sleep(d.backoff_s)
+            return "restart"
+        return "relayout"
+    if d.action == "requeue":
+        print(f"pswift: job {job}: {d.why}", file=sys.stderr, flush=True)
+        from pipeswift_slurm import slurm   # the one module that talks to Slurm
+        try:
+            if slurm.requeue(job, exclude=d.exclude, nodes_needed=min(int(n) for n in plan["layouts"])):
+                print(f"pswift: the next attempt will not use node {d.exclude}", file=sys.stderr, flush=True)
+        except Exception as e:   # noqa: BLE001 - Slurm's word goes to the log; the job then ends
+            print(f"pswift: the requeue failed: {e}", file=sys.stderr, flush=True)
+            return "exit 1"
+        return "exit 0"
+    if d.action == "fail":
+        print(f"pswift: job {job} failed: {d.why}", file=sys.stderr, flush=True)
+    return f"exit {d.exit_code}"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 5:
+        print("usage: python -m pipeswift_launch.afterlaunch PLAN RC LAUNCH_DIR RESTARTS RELAYOUTS",
+              file=sys.stderr)
+        return 2
+    from pipeswift_slurm.plan import read_plan
+    plan = read_plan(argv[0])
+    rc, folder, restarts, relayouts = int(argv[1]), Path(argv[2]), int(argv[3]), int(argv[4])
+    env = dict(os.environ)
+    d, last_step = decide_after(plan, rc, folder, restarts, relayouts, env)
+    if d.death is None and d.action != "fail":   # nothing went wrong: nothing to keep
+        shutil.rmtree(folder, ignore_errors=True)
+    print(carry_out(plan, d, last_step, restarts, env))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

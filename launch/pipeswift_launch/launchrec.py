@@ -1,0 +1,69 @@
+"""What each rank leaves of one launch for the batch script's helper (afterlaunch): a small
+JSON file per rank in ``$PSWIFT_LAUNCH_DIR`` (set by the batch script, one folder a launch):
+``{"rank", "node", "rc"}`` when the launcher returned by itself, ``{"rank", "node", "step",
+"error"}`` when it raised. A rank killed by a signal leaves nothing; srun's report says so.
+No torch here: the helper reads these without it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+ENV = "PSWIFT_LAUNCH_DIR"
+#: srun's standard error of the launch (the batch script tees it here)
+SRUN_ERR = "srun.err"
+#: the most of one record or of srun's report that is read (its tail)
+READ_MAX = 64 * 1024
+
+
+def _write(rank: int, record: dict[str, Any]) -> None:
+    folder = os.environ.get(ENV)
+    if not folder:
+        return   # pswift run, or a launch by hand: nobody reads records
+    node = os.environ.get("SLURMD_NODENAME")
+    path = Path(folder) / f"rank_{int(rank)}.json"
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps({"rank": int(rank), "node": node, **record}))
+        os.replace(tmp, path)
+    except OSError:
+        pass   # the record helps the decision; a full disk must not hide the rank's own error
+
+
+def exited(rank: int, rc: int) -> None:
+    """The launcher returned ``rc`` by itself (done, re-laid out, refused, a spent budget)."""
+    _write(rank, {"rc": int(rc)})
+
+
+def raised(rank: int, step: int | None, error: str) -> None:
+    """The launcher raised ``error`` (one line) while running ``step``."""
+    _write(rank, {"step": step, "error": " ".join(error.split())[:500]})
+
+
+def _tail(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(0, size - READ_MAX), os.SEEK_SET)
+        return os.read(fd, READ_MAX)
+    finally:
+        os.close(fd)
+
+
+def read(folder: Path) -> tuple[list[dict[str, Any]], str]:
+    """(every rank's record, srun's report) of the launch in ``folder``; unreadable parts skipped."""
+    records: list[dict[str, Any]] = []
+    for f in sorted(folder.glob("rank_*.json")):
+        try:
+            rec = json.loads(_tail(f))
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("rank"), int):
+            records.append(rec)
+    try:
+        report = _tail(folder / SRUN_ERR).decode("utf-8", "replace")
+    except OSError:
+        report = ""
+    return records, report

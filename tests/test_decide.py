@@ -1,0 +1,175 @@
+"""The decision after a launch of the ranks ends (pipeswift_slurm.decide): pure rules, a table of
+cases, no torch and no Slurm; the batch script's helper over real record files; srun's report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeswift_slurm import decide
+from pipeswift_slurm.config import MAX_RESTARTS_DEFAULT
+from pipeswift_slurm.decide import Budgets, Death, after_launch
+
+KILLED = Death("signal 9", 1, "node2")
+LOST = Death("lost", 3, "node4")
+BUG = Death("exception", 0, "node1", 5, "ValueError: bad batch at step 5")
+GLOO = Death("exception", 0, "node1", 58, "RuntimeError: [gloo/pair.cc:537] Read error: Connection reset by peer")
+OOM = Death("exception", 2, "node3", 9, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB")
+EXIT = Death("exit 7", 1, "node2")
+
+
+def budgets(restarts=0, max_restarts=3, relayouts=0, attempt=0, max_requeues=3, in_slurm=True) -> Budgets:
+    return Budgets(restarts, max_restarts, relayouts, attempt, max_requeues, in_slurm)
+
+
+# (name, rc, ended by itself, deaths, signatures seen before, budgets, action, exit code, exclude)
+CASES = [
+    ("finished", 0, True, [], [], budgets(), "done", 0, None),
+    ("finished, no records", 0, False, [], [], budgets(), "done", 0, None),
+    ("re-layout", 75, True, [], [], budgets(), "relaunch", 0, None),
+    ("re-layout budget spent", 75, True, [], [], budgets(relayouts=2), "fail", 75, None),
+    ("a refusal of the launcher", 2, True, [], [], budgets(), "done", 2, None),
+    ("the requeue budget spent by the launcher", 3, True, [], [], budgets(), "done", 3, None),
+    ("the watchdog's hang requeue", 76, True, [KILLED], [], budgets(), "done", 76, None),
+    ("SIGKILL of a rank", 143, False, [KILLED], [], budgets(), "relaunch", 0, None),
+    ("SIGKILL, peer's gloo error first", 143, False, [GLOO, KILLED], [], budgets(), "relaunch", 0, None),
+    ("a lost node", 143, False, [LOST], [], budgets(restarts=2), "relaunch", 0, None),
+    ("an exit code of a rank", 143, False, [EXIT], [], budgets(), "relaunch", 0, None),
+    ("nothing known", 137, False, [], [], budgets(), "relaunch", 0, None),
+    ("out of memory is a fault", 143, False, [OOM], [OOM.signature], budgets(), "relaunch", 0, None),
+    ("restarts spent: requeue without the node", 143, False, [KILLED], [], budgets(restarts=3), "requeue", 0, "node2"),
+    ("restarts spent, gloo only: requeue with every node", 143, False, [GLOO], [], budgets(restarts=3), "requeue", 0, None),
+    ("restarts and requeues spent", 143, False, [KILLED], [], budgets(restarts=3, attempt=3), "fail", 143, None),
+    ("no restarts allowed", 143, False, [KILLED], [], budgets(max_restarts=0), "requeue", 0, "node2"),
+    ("nothing allowed, pswift run", 143, False, [KILLED], [], budgets(max_restarts=0, in_slurm=False), "fail", 143, None),
+    ("a bug, the first time", 143, False, [BUG, GLOO], [], budgets(), "relaunch", 0, None),
+    ("a bug, the same again", 143, False, [GLOO, BUG], [BUG.signature], budgets(), "fail", 1, None),
+    ("a bug again, restarts spent or not", 143, False, [BUG], [BUG.signature], budgets(restarts=3, attempt=3), "fail", 1, None),
+    ("the same error at another step", 143, False, [Death("exception", 0, "n", 6, BUG.error)], [BUG.signature],
+     budgets(), "relaunch", 0, None),
+    ("a bug, restarts spent: requeue, no node left out", 143, False, [BUG], [], budgets(restarts=3), "requeue", 0, None),
+]
+
+
+@pytest.mark.parametrize("name,rc,itself,deaths,seen,b,action,code,exclude", CASES, ids=[c[0] for c in CASES])
+def test_what_follows_a_launch(name, rc, itself, deaths, seen, b, action, code, exclude):
+    d = after_launch(rc, itself, deaths, seen, b)
+    assert (d.action, d.exit_code, d.exclude) == (action, code, exclude), d.why
+    assert d.why and "\n" not in d.why
+    if d.action == "relaunch" and rc != 75:
+        assert d.counts_as_restart and d.backoff_s == decide.backoff(b.restarts + 1)
+        assert f"restart {b.restarts + 1} of {b.max_restarts}" in d.why
+
+
+def test_the_reasons_name_the_rank_the_node_and_the_fix():
+    d = after_launch(143, False, [KILLED], [], budgets())
+    assert d.why.startswith("rank 1 on node2 was killed by signal 9 (fault): restart 1 of 3")
+    d = after_launch(143, False, [BUG], [BUG.signature], budgets())
+    assert "rank 0 on node1 raised ValueError: bad batch at step 5 at step 5 again" in d.why
+    assert "fix it and resubmit" in d.why
+    d = after_launch(143, False, [KILLED], [], budgets(restarts=3, attempt=3))
+    assert "max_restarts = 3 spent" in d.why and "max_requeues = 3 spent at attempt 3" in d.why
+    assert "raise [job] max_restarts or max_requeues" in d.why
+
+
+def test_faults_and_bugs_are_told_apart_by_how_a_rank_ended():
+    assert KILLED.is_fault and LOST.is_fault and GLOO.is_fault and OOM.is_fault and EXIT.is_fault
+    assert not BUG.is_fault
+    assert not Death("exception", error="ModuleNotFoundError: No module named 'mymodel'").is_fault
+    assert not Death("exception", error="RuntimeError: shape '[8, 32]' is invalid for input of size 100").is_fault
+    assert Death("exception", error="torch.distributed.DistBackendError: NCCL error in: ...").is_fault
+    assert decide.first_death([GLOO, KILLED]) is KILLED      # the peer's broken collective is a consequence
+    assert decide.first_death([GLOO, KILLED, BUG]) is BUG    # the code's error explains it all
+    assert decide.first_death([]) is None
+
+
+def test_backoff_doubles_and_is_capped():
+    assert [decide.backoff(k) for k in (1, 2, 3, 4)] == [1, 2, 4, 8]
+    assert decide.backoff(50) == decide.BACKOFF_MAX_S
+
+
+def test_the_budgets_are_one_function_each():
+    assert decide.requeue_left(2, 3) and not decide.requeue_left(3, 3)
+    assert decide.restart_left(0, 1) and not decide.restart_left(1, 1) and not decide.restart_left(0, 0)
+
+
+SRUN_22 = """\
+srun: error: node2: task 1: Killed
+srun: launch/slurm: _step_signal: Terminating StepId=176.0
+slurmstepd-node1: error: *** STEP 176.0 ON node1 CANCELLED AT 2026-11-30T23:59:48 ***
+srun: error: node1: task 0: Exited with exit code 1
+srun: error: node3: tasks 2-3: Terminated
+srun: Force Terminated StepId=176.0
+"""
+
+
+def test_srun_reports_are_read_in_order_and_its_own_terminations_left_out():
+    got = decide.srun_deaths(SRUN_22 + "srun: error: node4: task 5: Exited with exit code 7\n"
+                             "srun: error: Node failure on node9\nsrun: error: node9: task 6: Unknown\n")
+    assert got == [Death("signal 9", 1, "node2"), Death("exit 1", 0, "node1"), Death("exit 7", 5, "node4"),
+                   Death("lost", 6, "node9")]
+    assert decide.srun_deaths("step 4 loss 3.1\nsrun: error: nonsense\n") == []
+
+
+def _plan(tmp_path, **over) -> dict:
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    return {"run_dir": str(run), "max_requeues": 3, "max_restarts": MAX_RESTARTS_DEFAULT,
+            "layouts": {"2": {}}, **over}
+
+
+def _launch(tmp_path, n: int, records: list[dict], srun: str = "") -> object:
+    folder = tmp_path / "run" / "launches" / f"9.0.{n}"
+    folder.mkdir(parents=True)
+    for r in records:
+        (folder / f"rank_{r['rank']}.json").write_text(json.dumps(r))
+    (folder / "srun.err").write_text(srun)
+    return folder
+
+
+def test_the_helper_reads_the_records_and_remembers_a_bug_across_launches(tmp_path, capsys):
+    from pipeswift_launch import afterlaunch
+    from pipeswift_slurm import events
+    plan, env = _plan(tmp_path), {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0"}
+    bug = {"rank": 1, "node": "node2", "step": 5, "error": "ValueError: bad batch"}
+    for launch, (restarts, want) in enumerate([(0, "restart"), (1, "exit 1")]):
+        folder = _launch(tmp_path, launch, [bug, {"rank": 0, "node": "node1", "step": 5,
+                                                  "error": "RuntimeError: Connection closed by peer"}],
+                         "srun: error: node2: task 1: Exited with exit code 1\n")
+        d, last = afterlaunch.decide_after(plan, 143, folder, restarts, 0, env)
+        assert afterlaunch.carry_out(plan, d, last, restarts, env) == want
+    crashes = [e for e in events.read(plan["run_dir"])[0] if e["event"] == "crash"]
+    assert [(c["how"], c["rank"], c["step"], c["action"], c["restart"]) for c in crashes] == [
+        ("exception", 1, 5, "restart", 1), ("exception", 1, 5, "fail", None)]
+    (a,) = events.by_attempt(events.read(plan["run_dir"])[0])
+    assert a["ended"] == "failed" and "ValueError: bad batch" in a["end"]["error"]
+    assert "restart 1 of 3" in capsys.readouterr().err
+
+
+def test_the_helper_follows_a_launch_that_ended_itself_and_removes_its_folder(tmp_path, capsys):
+    from pipeswift_launch import afterlaunch
+    plan = _plan(tmp_path)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    folder = _launch(tmp_path, 0, [{"rank": 0, "node": "n", "rc": 75}, {"rank": 1, "node": "n", "rc": 75}])
+    from pipeswift_slurm import plan as plan_mod
+    orig = plan_mod.read_plan
+    try:
+        plan_mod.read_plan = lambda p: plan   # the plan's full checks are test_plan's
+        assert afterlaunch.main([str(tmp_path / "plan.json"), "75", str(folder), "0", "0"]) == 0
+    finally:
+        plan_mod.read_plan = orig
+    assert capsys.readouterr().out == "relayout\n" and not folder.exists()
+
+
+def test_max_restarts_is_checked_where_the_config_is_built(tmp_path):
+    from conftest import copy_example, pswift
+    from pipeswift_slurm.config import load_config
+    toml = copy_example(tmp_path / "ex")
+    assert load_config(toml).job.max_restarts == MAX_RESTARTS_DEFAULT
+    for bad, msg in (("-1", "must be >= 0"), ("101", "larger than pswift supports (100)"), ('"3"', "must be an integer")):
+        toml.write_text(toml.read_text().replace("[job]\n", f"[job]\nmax_restarts = {bad}\n", 1))
+        proc = pswift("plan", "--no-live", str(toml))
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and msg in proc.stderr, proc.stderr
+        assert "[job] max_restarts" in proc.stderr
+        toml.write_text(toml.read_text().replace(f"max_restarts = {bad}\n", ""))

@@ -1,0 +1,85 @@
+"""Failures nobody announces (issue 23), through the real local Slurm and real DeepSpeed: a rank
+SIGKILLed mid-run costs a restart inside the allocation, not the job; a model whose code raises
+at the same step every time fails fast, its error in `pswift status`, no budget spent. The rules
+themselves are tests/test_decide.py's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from conftest import pswift, wait_state
+from pipeswift_slurm import slurm
+from test_preemption import (events, rank_process, reference, slow_example, slurm_log, step_losses,
+                             wait_steps)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
+
+
+@pytest.mark.every_version
+def test_a_rank_killed_mid_run_restarts_in_the_allocation_and_ends_bitwise_equal(cluster, tmp_path):
+    toml = slow_example(tmp_path / "ex", {"steps": "60", "checkpoint_interval": "10"})
+    run = tmp_path / "run"
+    job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
+    wait_steps(run, 24)
+    pid, node = rank_process(run, 1)
+    os.kill(pid, signal.SIGKILL)
+    t_kill = time.time()
+    assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240) == "COMPLETED", slurm_log(run)[-3000:]
+    assert slurm.show_job(job)["Restarts"] == "0"            # the same Slurm job: no requeue
+    evs = events(run)
+    (crash,) = [e for e in evs if e["event"] == "crash"]
+    assert (crash["how"], crash["rank"], crash["node"], crash["action"], crash["restart"]) == (
+        "signal 9", 1, node, "restart", 1), crash
+    starts = [e for e in evs if e["event"] == "start"]
+    assert [e["attempt"] for e in starts] == [0, 0]
+    # at most one checkpoint interval lost, and the ranks were back within seconds
+    assert crash["step"] - starts[1]["step"] <= 10 and starts[1]["resumed_from"]
+    assert starts[1]["time"] - t_kill < 60, starts[1]["time"] - t_kill
+    # every step, the repeated ones too, has the uninterrupted run's loss bit for bit
+    ref = step_losses(reference(toml, tmp_path, nodes=2))
+    assert all(e["loss_hex"] == ref[e["step"]] for e in evs if e["event"] == "step")
+    assert sorted(step_losses(run)) == sorted(ref) == list(range(1, 61))
+    st = json.loads(pswift("status", job, "--json", check=True).stdout)
+    (a,) = st["attempts"]
+    assert a["ended"] == "completed" and a["crashes"][0]["how"] == "signal 9"
+    text = pswift("status", job, check=True).stdout
+    assert f"crashed after step {crash['step']}: rank 1 on {node} was killed by signal 9" in text
+    assert "restart 1 of 3 in this allocation" in text
+    doctor = pswift("doctor", job, "--db", str(tmp_path / "h.db"), check=True).stdout
+    assert f"attempt 0 crashed after step {crash['step']}: rank 1 on {node} was killed by signal 9" in doctor
+
+
+RAISING = '''
+from model import batch as _batch
+
+
+def batch(step, **kw):
+    if step == 4:     # the 5th step, every time
+        raise ValueError(f"token ids out of range in the batch of step {step}")
+    return _batch(step=step, **kw)
+'''
+
+
+def test_a_model_that_raises_at_the_same_step_fails_after_two_launches_without_a_requeue(cluster, tmp_path):
+    toml = slow_example(tmp_path / "ex", {"steps": "40", "checkpoint_interval": "0"})
+    (toml.parent / "raising.py").write_text(RAISING)
+    toml.write_text(toml.read_text().replace('data = "slow:batch"', 'data = "raising:batch"'))
+    run = tmp_path / "run"
+    job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
+    assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180) == "FAILED", slurm_log(run)[-3000:]
+    assert slurm.show_job(job)["Restarts"] == "0"
+    evs = events(run)
+    assert len([e for e in evs if e["event"] == "start"]) == 2          # two launches, no more
+    crashes = [e for e in evs if e["event"] == "crash"]
+    assert [(c["how"], c["step"], c["action"]) for c in crashes] == [("exception", 5, "restart"),
+                                                                     ("exception", 5, "fail")]
+    assert all(c["error"] == "ValueError: token ids out of range in the batch of step 4" for c in crashes)
+    text = pswift("status", job, check=True).stdout
+    assert "ValueError: token ids out of range in the batch of step 4" in text and ", failed" in text
+    assert "fix it and resubmit" in text
+    assert "same error at the same step in two launches" in slurm_log(run)
