@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import history as hist_mod
+from . import interval
 from . import runrows
 from . import slurm
 from .config import TrainConfig
@@ -81,7 +82,8 @@ def past_runs(cfg: TrainConfig, h: hist_mod.History | None) -> PastRuns:
                     step_vars={k: v["var"] for k, v in measured.items()},
                     setup_s=median(setups) if setups else None, setup_samples=setups,
                     waits={n: median(w) for n, w in samples.items()}, wait_samples=samples,
-                    preemptions_per_hour=h.preemptions_per_hour(cfg.job.partition),
+                    interruptions=interval.smoothed(*h.failures(cfg.job.partition),
+                                                    h.preemptions_per_hour(cfg.job.partition)),
                     step_rel_sd=step_rel_sd(errors))
 
 

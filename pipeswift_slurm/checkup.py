@@ -55,6 +55,23 @@ def _slurm_conf() -> Finding:
     return Finding("SLURM_CONF", conf)
 
 
+#: a preempted job needs at least this long to finish its step and checkpoint (a small model)
+MIN_GRACE_S = 10
+
+
+def _preemption() -> list[Finding]:
+    """Each preemptible partition's GraceTime: the time a preempted job has to checkpoint."""
+    try:
+        parts = [p for p in slurm.partitions_preemption() if not p.mode.startswith("OFF")]
+    except PswiftError as e:
+        return [Finding("preemption", str(e), _fix_for(str(e)))]
+    return [Finding(f"preemption on {p.partition}", f"{p.mode}, GraceTime {p.grace_s} s",
+                    None if p.grace_s >= MIN_GRACE_S else
+                    f"GraceTime {p.grace_s} s leaves a preempted job no time to checkpoint: set "
+                    f"GraceTime >= {MIN_GRACE_S} (more for big models: `pswift plan` says how much)")
+            for p in parts]
+
+
 def _slurm() -> list[Finding]:
     try:
         version = ".".join(map(str, slurm.slurm_version()))
@@ -105,4 +122,6 @@ def environment(db: Path | None = None) -> list[Finding]:
         probes = [Finding("Slurm", "not asked (no configuration to reach it with)")]
     else:
         probes = _slurm()
+        if probes and probes[0].ok:
+            probes += _preemption()
     return [conf, *probes, _history(db)]

@@ -265,6 +265,11 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
     if res is None:
         raise CLIError(f"{toml}: nothing to plan with: add [model] layer_costs (seconds per layer "
                        f"per micro-batch) or run the job once so its profile is in the history", 2)
+    if res.chosen is not None and not no_live:
+        from .submit import grace_warning
+        why = grace_warning(cfg.job.partition, res.chosen.estimate.step_s, res.checkpoint_cost_s)
+        if why:
+            _warn(why)
     if as_json:
         out = res.to_dict()
         out["model_error"] = errors
@@ -272,7 +277,7 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
         return
     con = Console(highlight=False, markup=False, soft_wrap=True, width=max(140, shutil.get_terminal_size().columns))
     table = Table("nodes", "PxDP", "mbs", "m", "boundaries", "queue", "setup", "step", "train", "ckpt",
-                  "preempt", "JCT", "p10-p90", "")
+                  "interrupt", "JCT", "p10-p90", "")
     f = lambda s: f"{s:.0f}" if s >= 10 else f"{s:.3g}"  # noqa: E731
     for i, c in enumerate(res.candidates):
         e = c.estimate
@@ -282,7 +287,7 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
             continue
         table.add_row(str(c.nodes), f"{c.stages}x{c.data_parallel}", str(c.micro_batch_size),
                       str(c.micro_batches), str(c.boundaries), f(e.queue_s), f(e.setup_s), f"{e.step_s:.4g}", f(e.train_s),
-                      f(e.checkpoint_s), f(e.preemption_s), f(e.jct_s),
+                      f(e.checkpoint_s), f(e.interruption_s), f(e.jct_s),
                       f"{f(e.jct_p10_s)}-{f(e.jct_p90_s)}" if e.jct_p90_s is not None else "",
                       "chosen" if c is res.chosen else f"#{i + 1}")
     con.print(f"profile: {res.profile_source}; seconds" + "".join(f"; {n}" for n in res.notes), markup=False)

@@ -111,7 +111,9 @@ class TrainingSection(NamedTuple):
     lr_decay: str = "constant"
     lr_min_ratio: float = 0.0
     checkpoint_dir: Path | None = None
-    checkpoint_interval: int = 0
+    #: steps between periodic checkpoints; 0: only on a signal and at the end; "auto": every
+    #: Young/Daly interval of training (pipeswift_slurm.interval)
+    checkpoint_interval: int | str = "auto"
     keep_checkpoints: int = 2
     #: a rank making no progress for max(hang_timeout_min_s, hang_timeout_factor x p95 step
     #: time) ends the attempt and requeues it (the hung rank's node excluded where possible)
@@ -548,7 +550,7 @@ def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
         lr_decay=_choice("training", "lr_decay", t.get("lr_decay", "constant"), LR_DECAYS),
         lr_min_ratio=_float("training", "lr_min_ratio", t.get("lr_min_ratio", 0.0)),
         checkpoint_dir=ckpt_dir,
-        checkpoint_interval=_int("training", "checkpoint_interval", t.get("checkpoint_interval", 0), lo=0),
+        checkpoint_interval=_int_or_auto("training", "checkpoint_interval", t.get("checkpoint_interval", "auto"), lo=0),
         keep_checkpoints=_int("training", "keep_checkpoints", t.get("keep_checkpoints", 2), lo=2),
         hang_timeout_factor=_float("training", "hang_timeout_factor", t.get("hang_timeout_factor", 10.0), lo=2.0),
         hang_timeout_min_s=_float("training", "hang_timeout_min_s", t.get("hang_timeout_min_s", 300.0), lo=1.0),
@@ -556,12 +558,13 @@ def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
     )
 
 
-def _int_or_auto(section: str, key: str, v: Any) -> int | str:
+def _int_or_auto(section: str, key: str, v: Any, lo: int = 1) -> int | str:
     if v == "auto":
         return "auto"
     if isinstance(v, str):
-        raise ConfigError(f"{_where(section, key)} = {v!r} must be a positive integer or \"auto\"")
-    return _int(section, key, v)
+        what = "a positive integer" if lo == 1 else f"an integer >= {lo}"
+        raise ConfigError(f"{_where(section, key)} = {_short(v)} must be {what} or \"auto\"")
+    return _int(section, key, v, lo=lo)
 
 
 def _pipeline(t: dict[str, Any]) -> PipelineSection:

@@ -60,6 +60,7 @@ class TrainingSpec(TypedDict):
     lr_decay: str
     lr_min_ratio: float
     checkpoint_dir: str
+    #: steps between periodic checkpoints (0: none by step count; see Plan.checkpoint_auto)
     checkpoint_interval: int
     keep_checkpoints: int
     hang_timeout_factor: float
@@ -104,6 +105,9 @@ class Plan(TypedDict):
     revision: int
     #: the re-layouts so far, oldest first (pipeswift_launch.relayout writes them)
     relayouts: list[dict[str, Any]]
+    #: checkpoint_interval = "auto": the interruption rates and the estimated checkpoint cost
+    #: the launcher's Young/Daly interval starts from (pipeswift_slurm.interval); else None
+    checkpoint_auto: dict[str, Any] | None
 
 
 #: what a job cannot run without: a plan.json lacking one is refused when read, in one line
@@ -138,7 +142,8 @@ def _chosen(cfg: TrainConfig, planned: "PlanResult") -> dict[str, Any]:
         "prediction": {"nodes": ch.nodes, "step_s": e.step_s, "jct_s": e.jct_s, "queue_s": e.queue_s,
                        "train_s": e.train_s, "step_source": e.step_source,
                        "jct_p10_s": e.jct_p10_s, "jct_p50_s": e.jct_p50_s, "jct_p90_s": e.jct_p90_s,
-                       "objective": cfg.job.objective, "profile_source": planned.profile_source},
+                       "objective": cfg.job.objective, "profile_source": planned.profile_source,
+                       "checkpoint_cost_s": planned.checkpoint_cost_s},
         "nodes_request": nodes_request(cfg, ch.nodes, e.queue_s > 0),
         "device_memory": planned.hardware.device_memory if planned.hardware else None,
         "host_cores": planned.hardware.host_cores if planned.hardware else None,
@@ -172,7 +177,8 @@ def _sections(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
             "zero_stage": t.zero_stage, "activation_checkpoint_interval": t.activation_checkpoint_interval,
             "lr_warmup_steps": t.lr_warmup_steps, "lr_decay": t.lr_decay, "lr_min_ratio": t.lr_min_ratio,
             "checkpoint_dir": str(t.checkpoint_dir or run_dir / "checkpoints"),
-            "checkpoint_interval": t.checkpoint_interval, "keep_checkpoints": t.keep_checkpoints,
+            "checkpoint_interval": t.checkpoint_interval if isinstance(t.checkpoint_interval, int) else 0,
+            "keep_checkpoints": t.keep_checkpoints,
             "hang_timeout_factor": t.hang_timeout_factor, "hang_timeout_min_s": t.hang_timeout_min_s,
         },
     }
@@ -216,7 +222,21 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         **chosen,
         "revision": 0,
         "relayouts": [],
+        "checkpoint_auto": _checkpoint_auto(cfg, planned),
     }
+
+
+def _checkpoint_auto(cfg: TrainConfig, planned: "PlanResult | None") -> dict[str, Any] | None:
+    """plan.json's ``checkpoint_auto``: what the launcher's interval starts from."""
+    if cfg.training.checkpoint_interval != "auto":
+        return None
+    from . import interval
+    from .costmodel import checkpoint_seconds
+    if planned is None or planned.chosen is None:
+        return {**interval.Interruptions().record(), "cost_s": checkpoint_seconds(None)}
+    every = {str(n): (None if math.isinf(c.estimate.checkpoint_every_s) else round(c.estimate.checkpoint_every_s, 3))
+             for n, c in sorted(planned.best_per_nodes().items())}
+    return {**planned.interruptions.record(), "cost_s": planned.checkpoint_cost_s, "every_s": every}
 
 
 def write_plan(plan: Plan, path: Path) -> None:

@@ -3,7 +3,8 @@
 A candidate is a layout (nodes, tasks per node, stages P, data-parallel DP, micro-batch size, m,
 boundaries) that the rules of :mod:`layouts` allow, cut by the profile's costs. Each gets an estimate: queue wait (live cluster state) + setup + training
 (steps x step time from the cost model, calibrated by history) + checkpoints + expected
-preemption loss = JCT; or a reason why it was rejected. The lowest JCT wins.
+interruption loss (preemptions and failures: pipeswift_slurm.interval) = JCT; or a reason why it
+was rejected. The lowest JCT wins.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import layouts, risk
+from . import interval, layouts, risk
 from .config import TrainConfig
 from .costmodel import (STATE_BYTES, Calibration, Hardware, Profile, calibrate, checkpoint_seconds,
                         estimate_step, stage_cut, state_factor)
@@ -32,10 +33,15 @@ class Estimate:
     step_s: float
     train_s: float
     checkpoint_s: float
-    preemption_s: float
+    #: expected seconds lost to interruptions (preemptions and failures)
+    interruption_s: float
     jct_s: float
     step_source: str
     queue_why: str = ""
+    #: seconds of training between periodic checkpoints (inf: none; pipeswift_slurm.interval)
+    checkpoint_every_s: float = math.inf
+    #: expected interruptions over the run
+    interruptions: float = 0.0
     #: the JCT's 10th / 50th / 90th percentiles (pipeswift_slurm.risk)
     jct_p10_s: float | None = None
     jct_p50_s: float | None = None
@@ -71,7 +77,8 @@ class PastRuns:
     """What the planner needs from the history store (filled by the caller)."""
     step_times: dict[str, float] = field(default_factory=dict)     # config_key -> measured mean
     setup_s: float | None = None
-    preemptions_per_hour: float = 0.0
+    #: preemptions (the partition's) and failures (per node-hour) the job can expect
+    interruptions: interval.Interruptions = field(default_factory=interval.Interruptions)
     waits: dict[int, float] = field(default_factory=dict)          # nodes -> median queue wait
     wait_samples: dict[int, list[float]] = field(default_factory=dict)   # nodes -> past waits
     setup_samples: list[float] = field(default_factory=list)      # this model's past setups
@@ -89,6 +96,9 @@ class PlanResult:
     notes: list[str]
     hardware: Hardware | None = None
     objective: str = "mean"
+    #: what the checkpoint interval was chosen from (pipeswift_slurm.interval)
+    interruptions: interval.Interruptions = field(default_factory=interval.Interruptions)
+    checkpoint_cost_s: float = 0.0
 
     def fits_nowhere(self) -> bool:
         """No layout passes the rules and the cost model (memory): not one that only the queue,
@@ -234,8 +244,8 @@ def _band(cfg: TrainConfig, c: Candidate, history: PastRuns, live: bool, step_ke
         rel_sd=history.step_rel_sd if e.step_source != "measured" else None,
         queue_samples=() if live else history.wait_samples.get(c.nodes, ()),
         setup_samples=history.setup_samples,
-        preemptions_per_s=history.preemptions_per_hour / 3600,
-        checkpoint_interval_s=t.checkpoint_interval * e.step_s if t.checkpoint_interval else 0.0)
+        preemptions_per_s=history.interruptions.per_hour(c.nodes) / 3600,
+        checkpoint_interval_s=0.0 if math.isinf(e.checkpoint_every_s) else e.checkpoint_every_s)
     e.jct_p10_s, e.jct_p50_s, e.jct_p90_s = risk.jct_band(terms)
 
 
@@ -272,16 +282,16 @@ def _complete(cfg: TrainConfig, c: Candidate, w: WaitEstimate, setup: float, ckp
               history: PastRuns) -> None:
     """Fill the candidate's JCT terms around its step time."""
     t, e = cfg.training, c.estimate
-    n_ckpt = (t.steps // t.checkpoint_interval if t.checkpoint_interval else 0) + 1
     e.queue_s, e.queue_why = w.seconds, w.why
     e.setup_s = setup
     e.train_s = t.steps * e.step_s
-    e.checkpoint_s = n_ckpt * ckpt_s
-    # each preemption loses half a checkpoint interval of work (or the whole run without
-    # periodic checkpoints: signals save it) plus a restart's setup
-    lost_per = setup + (t.checkpoint_interval * e.step_s / 2 if t.checkpoint_interval else 0.0)
-    e.preemption_s = history.preemptions_per_hour * (e.train_s / 3600) * lost_per
-    e.jct_s = e.queue_s + e.setup_s + e.train_s + e.checkpoint_s + e.preemption_s
+    every = (None if t.checkpoint_interval == "auto" else
+             int(t.checkpoint_interval) * e.step_s if t.checkpoint_interval else math.inf)
+    x = interval.expected(e.train_s, ckpt_s, c.nodes, setup, w.seconds, history.interruptions, every)
+    e.checkpoint_every_s, e.interruptions = x.every_s, x.interruptions
+    e.checkpoint_s = x.checkpoints * ckpt_s
+    e.interruption_s = x.loss_s
+    e.jct_s = e.queue_s + e.setup_s + e.train_s + e.checkpoint_s + e.interruption_s
 
 
 def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState | None,
@@ -307,7 +317,19 @@ def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState
     bad = [c for c in cands if c.rejected is not None]
     return PlanResult(chosen=ok[0] if ok else None, candidates=ok + bad,
                       profile_source=profile.source, calibration=calibration, notes=notes, hardware=hw,
-                      objective=cfg.job.objective)
+                      objective=cfg.job.objective, interruptions=history.interruptions,
+                      checkpoint_cost_s=ckpt_s)
+
+
+def checkpoint_line(res: PlanResult, c: Candidate) -> str:
+    """How often the chosen layout checkpoints, why, and what interruptions are expected to cost."""
+    e, inter = c.estimate, res.interruptions
+    every = "only on a signal and at the end" if math.isinf(e.checkpoint_every_s) else \
+        f"every {duration(e.checkpoint_every_s)} of training (~{max(1, round(e.checkpoint_every_s / e.step_s))} steps)"
+    mtbf = inter.mtbf_s(c.nodes)
+    return (f"checkpoints: {every}; a checkpoint ~{duration(res.checkpoint_cost_s)}, an interruption every "
+            f"{'never' if math.isinf(mtbf) else duration(mtbf)} on {c.nodes} node(s) ({inter.source}); "
+            f"expected {e.interruptions:.2g} interruption(s) costing {duration(e.interruption_s)}")
 
 
 def explain(res: PlanResult) -> str:
@@ -320,9 +342,10 @@ def explain(res: PlanResult) -> str:
              f"x {c.micro_batch_size}, "
              f"boundaries {c.boundaries}: JCT {duration(e.jct_s)} = queue {duration(e.queue_s)} + setup {duration(e.setup_s)} "
              f"+ train {duration(e.train_s)} ({e.step_s:.4g} s/step, {e.step_source}) + checkpoints "
-             f"{duration(e.checkpoint_s)} + preemption {duration(e.preemption_s)}"
+             f"{duration(e.checkpoint_s)} + interruptions {duration(e.interruption_s)}"
              + (f"; p10-p90 {duration(e.jct_p10_s)}-{duration(e.jct_p90_s)}, ranked by "
                 f"{'the mean' if res.objective == 'mean' else res.objective}" if e.jct_p90_s is not None else "")]
+    lines.append(checkpoint_line(res, c))
     best = res.best_per_nodes()
     for n, o in sorted(best.items()):
         if n == c.nodes:

@@ -17,7 +17,7 @@ import re
 import shlex
 import shutil
 import subprocess
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 if TYPE_CHECKING:
     from .queue import ClusterState
@@ -174,6 +174,33 @@ def partition_node_count(partition: str) -> int | None:
         return None
     m = re.search(r"\bTotalNodes=(\d+)", out)
     return int(m.group(1)) if m else None
+
+
+class Preemption(NamedTuple):
+    """How a partition treats a preempted job: its PreemptMode ("OFF": never preempted) and the
+    GraceTime between the SIGTERM and the kill."""
+    partition: str
+    default: bool
+    mode: str
+    grace_s: int
+
+
+def partitions_preemption() -> list[Preemption]:
+    """Every partition's preemption (``scontrol show partition -o``; a partition without its
+    own PreemptMode has the cluster's; PreemptType=preempt/none preempts nothing)."""
+    out = _run(["scontrol", "-o", "show", "partition"], timeout=QUERY_TIMEOUT).stdout
+    cfg = config()
+    none = cfg.get("PreemptType", "preempt/none").endswith("/none")
+    got = []
+    for line in out.splitlines():
+        f = dict(x.split("=", 1) for x in line.split() if "=" in x)
+        if "PartitionName" not in f:
+            continue
+        mode = "OFF" if none else f.get("PreemptMode") or cfg.get("PreemptMode", "OFF")
+        grace = re.match(r"\d+", f.get("GraceTime", "0"))
+        got.append(Preemption(f["PartitionName"], f.get("Default") == "YES", mode.upper(),
+                              int(grace.group()) if grace else 0))
+    return got
 
 
 def job_info(job_id: str) -> JobInfo | None:

@@ -8,6 +8,7 @@ refuses the job.
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from pathlib import Path
@@ -106,11 +107,33 @@ def requeue_limit_warning(max_requeues: int) -> str | None:
     return None
 
 
+def grace_warning(partition: str | None, step_s: float | None, checkpoint_s: float | None) -> str | None:
+    """Why a preemption on ``partition`` would lose work: its GraceTime is shorter than the step
+    in flight plus the checkpoint the SIGTERM asks for (None: it fits, or nothing to say)."""
+    if step_s is None or checkpoint_s is None:
+        return None
+    try:
+        parts = slurm.partitions_preemption()
+    except PswiftError:
+        return None   # the submission itself will say what is wrong with Slurm
+    p = next((x for x in parts if x.partition == partition or (partition is None and x.default)), None)
+    need = step_s + checkpoint_s
+    if p is None or p.mode.startswith("OFF") or p.grace_s >= need:
+        return None
+    return (f"warning: partition {p.partition} preempts ({p.mode}) with GraceTime = {p.grace_s} s, but the "
+            f"step in flight (~{step_s:.3g} s) and its checkpoint (~{checkpoint_s:.3g} s) need ~{need:.3g} s: "
+            f"a preemption loses the work since the last periodic checkpoint; ask for GraceTime >= "
+            f"{math.ceil(need * 1.5)} s, or use a partition that is not preempted")
+
+
 def submit(prepared: Prepared, warn: Warn = lambda msg: None) -> Submission:
     """Write the run directory and sbatch it; on refusal nothing is left behind."""
-    why = requeue_limit_warning(prepared.config.job.max_requeues)
-    if why:
-        warn(why)
+    pred, auto = prepared.plan.get("prediction") or {}, prepared.plan.get("checkpoint_auto") or {}
+    for why in (requeue_limit_warning(prepared.config.job.max_requeues),
+                grace_warning(prepared.plan.get("partition"), pred.get("step_s"),
+                              pred.get("checkpoint_cost_s", auto.get("cost_s")))):
+        if why:
+            warn(why)
     target = write_run_dir(prepared)
     try:
         job_id = slurm.submit(str(target / "job.sbatch"), prepared.sbatch_args, cwd=str(target))

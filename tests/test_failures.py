@@ -83,3 +83,20 @@ def test_a_model_that_raises_at_the_same_step_fails_after_two_launches_without_a
     assert "ValueError: token ids out of range in the batch of step 4" in text and ", failed" in text
     assert "fix it and resubmit" in text
     assert "same error at the same step in two launches" in slurm_log(run)
+
+
+@pytest.mark.every_version
+def test_a_step_and_checkpoint_longer_than_gracetime_is_said_at_plan_time(cluster, tmp_path):
+    """The dev cluster's preemptible partition gives 20 s of GraceTime; a model whose step takes
+    about a minute cannot checkpoint within it: `pswift plan` says so with the numbers, and
+    `pswift doctor` lists each preemptible partition's GraceTime."""
+    from conftest import copy_example
+    slow = copy_example(tmp_path / "slow", {"layer_costs": "[0.5, 5.0, 5.0, 5.0, 5.0, 0.5]"})
+    proc = pswift("plan", str(slow))
+    assert proc.returncode == 0, proc.stderr
+    line = next((x for x in proc.stderr.splitlines() if "GraceTime" in x), "")
+    assert line.startswith("warning: partition low preempts (REQUEUE) with GraceTime = 20 s, but the step in flight (~"), proc.stderr
+    assert "ask for GraceTime >= " in line
+    fast = copy_example(tmp_path / "fast")
+    assert "GraceTime" not in pswift("plan", str(fast), check=True).stderr
+    assert "ok  preemption on low: REQUEUE, GraceTime 20 s" in pswift("doctor", check=True).stdout

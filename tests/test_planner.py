@@ -184,7 +184,7 @@ def test_contention_decided_from_live_cluster_state(cluster, tmp_path, limit, no
         assert d["chosen"]["nodes"] == nodes, proc.stdout
         assert d["chosen"]["stages"] == nodes and d["chosen"]["data_parallel"] == 1
         e = d["chosen"]["estimate"]
-        assert set(e) >= {"queue_s", "setup_s", "step_s", "train_s", "checkpoint_s", "preemption_s", "jct_s"}
+        assert set(e) >= {"queue_s", "setup_s", "step_s", "train_s", "checkpoint_s", "interruption_s", "jct_s"}
         for c in d["candidates"]:
             assert set(c) >= {"nodes", "tasks_per_node", "stages", "data_parallel", "micro_batches",
                               "micro_batch_size", "boundaries", "partition", "estimate"}
@@ -204,10 +204,17 @@ def test_contention_decided_from_live_cluster_state(cluster, tmp_path, limit, no
 def test_partition_preemption_rate_adds_expected_loss(tmp_path):
     cfg = load_config(big_toml(tmp_path))
     prof = Profile(cfg.model.layer_costs, None, None, 1, "toml")
-    calm = plan(cfg, prof, Hardware(host_cores=8), cluster(None)).chosen.estimate
-    stormy = plan(cfg, prof, Hardware(host_cores=8), cluster(None), PastRuns(preemptions_per_hour=2.0)).chosen.estimate
-    assert calm.preemption_s == 0 and stormy.preemption_s > 0
-    assert stormy.jct_s == pytest.approx(calm.jct_s + stormy.preemption_s)
+    from pipeswift_slurm.interval import Interruptions
+    quiet = PastRuns(interruptions=Interruptions(failures_per_node_hour=0.0))
+    calm = plan(cfg, prof, Hardware(host_cores=8), cluster(None), quiet).chosen.estimate
+    stormy = plan(cfg, prof, Hardware(host_cores=8), cluster(None),
+                  PastRuns(interruptions=Interruptions(preemptions_per_hour=2.0, failures_per_node_hour=0.0))).chosen.estimate
+    assert calm.interruption_s == 0 and stormy.interruption_s > 0 and stormy.interruptions > 0
+    # the TOML's checkpoint_interval = 0 stays: only signals save (tests/test_interval.py: "auto")
+    assert stormy.checkpoint_every_s == calm.checkpoint_every_s == math.inf
+    assert stormy.jct_s == pytest.approx(stormy.queue_s + stormy.setup_s + stormy.train_s + stormy.checkpoint_s
+                                         + stormy.interruption_s)
+    assert stormy.jct_s > calm.jct_s
 
 
 # ----------------------------------------------------------------------------- memory by training
