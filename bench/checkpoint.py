@@ -8,6 +8,9 @@ trained locally with real DeepSpeed on CPU (`pswift run`, no Slurm needed), ever
   and inside (the checkpoint event's seconds: the save alone). The job's median step time is
   reported too: a signal waits for the step in flight, at most one step;
 - resume 2 -> 4 stages and 4 -> 2 stages: the in-job load time (``load_s`` of the start event);
+- periodic checkpoints (every 3 steps of an 8-step run) written in the background: how long
+  training stalls for each (the state copied to host memory, the commit) against the
+  signal's synchronous save;
 - baseline, same tensors (the merged model + optimizer state of a warm-up run): one plain
   ``torch.save`` (+ fsync) and ``torch.load``.
 
@@ -124,6 +127,21 @@ def signal_and_commit(toml: Path, run: Path, ckpt: Path, nodes: int) -> dict:
             "page_cache_dropped": dropped}
 
 
+def background_stall(work: Path, hidden: int, mode: str) -> dict:
+    """A run that checkpoints every 3 steps: what its periodic checkpoints (written in the
+    background) cost training, against the signal's synchronous save of the same state."""
+    ckpt = work / "bg-ckpt"
+    toml = make_config(work / "bg-cfg", ckpt, steps=8, hidden=hidden, mode=mode)
+    toml.write_text(toml.read_text().replace("checkpoint_interval = 0", "checkpoint_interval = 3"))
+    flush_dirty_pages()
+    pswift_run(toml, work / "bg-run", MODES[mode][2]).wait()
+    periodic = [e for e in events(work / "bg-run") if e["event"] == "checkpoint" and e.get("background")]
+    if len(periodic) != 2:
+        raise SystemExit(f"expected 2 background checkpoints, got {periodic}")
+    return {"background_stall_s": statistics.median(e["seconds"] for e in periodic),
+            "background_write_s": statistics.median(e["write_s"] for e in periodic)}
+
+
 def resume_loads(work: Path, ckpt: Path, step: int, hidden: int, mode: str) -> dict:
     """The mode's resumes: each trains one step and writes a final checkpoint in its layout,
     which the next one loads."""
@@ -183,15 +201,17 @@ def one_round(state: dict, hidden: int, baseline_first: bool, mode: str) -> dict
         got = signal_and_commit(make_config(work / "cfg", ckpt, steps=1000, hidden=hidden, mode=mode),
                                 work / "save", ckpt, MODES[mode][2])
         loads = resume_loads(work, ckpt, got.pop("step"), hidden, mode)
+        stall = background_stall(work, hidden, mode)
         if not baseline_first:
             base = torch_baseline(state, work / "baseline.pt")
-        return {**got, **loads, **base, "baseline_first": baseline_first}
+        return {**got, **loads, **stall, **base, "baseline_first": baseline_first}
 
 
 RATIOS = {  # name: (pswift figure, baseline figures summed); and one per resume of the mode
     "signal_to_commit_vs_torch_save_plus_step": ("signal_to_commit_s", ("torch_save_s", "step_s")),
     "in_job_save_vs_torch_save": ("in_job_save_s", ("torch_save_s",)),
     "signal_to_commit_vs_torch_save": ("signal_to_commit_s", ("torch_save_s",)),
+    "background_stall_vs_sync_save": ("background_stall_s", ("in_job_save_s",)),
 }
 
 
@@ -221,7 +241,10 @@ def readme_figures(s: dict, rounds: int) -> str:
             f"(4 → 2) torch.load. bf16 + ZeRO-1 ({mb['checkpoint_bytes'] / 1e6:.0f} MB, 2 stages × 2 "
             f"dp): in-job save {mb['in_job_save_s']:.2f} s = {span_b('in_job_save_vs_torch_save')} "
             f"torch.save; load {span_b('load_2x2_to_2x1_vs_torch_load')} (2×2 → 2×1) and "
-            f"{span_b('load_2x1_to_2x2_vs_torch_load')} (2×1 → 2×2) torch.load")
+            f"{span_b('load_2x1_to_2x2_vs_torch_load')} (2×1 → 2×2) torch.load. A periodic checkpoint "
+            f"written in the background stalls training {m['background_stall_s']:.3f} s = "
+            f"{span('background_stall_vs_sync_save')} of the synchronous save (bf16 + ZeRO-1: "
+            f"{span_b('background_stall_vs_sync_save')})")
 
 
 def measure(mode: str, hidden: int, repeats: int) -> tuple[dict, list[dict]]:
@@ -256,7 +279,8 @@ def main() -> None:
                        f"consensus, both stages writing, manifest; inside: the save alone); resume "
                        f"2 → 4 and 4 → 2 stages; the same for bf16 + ZeRO-1 (sharded fp32 masters "
                        f"and Adam state); each vs one plain `torch.save` (+ fsync) / `torch.load` "
-                       f"of the same tensors",
+                       f"of the same tensors; and the stall of a periodic checkpoint written in the "
+                       f"background against the synchronous save",
                   figures=readme_figures(s, repeats))
 
 

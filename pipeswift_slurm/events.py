@@ -75,7 +75,7 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
              "loss_hex": (_str, False)},
     "checkpoint": {"step": (_count, False), "path": (_str, False), "seconds": (_num, False),
                    "reason": (_str, False), "gather_s": (_num, False), "write_s": (_num, False),
-                   "commit_s": (_num, False)},
+                   "commit_s": (_num, False), "background": (lambda v: isinstance(v, bool), False)},
     "checkpoint_discarded": {"names": (_strs, False)},
     "end": {"reason": (_str, True), "step": (_count, False),
             "requeue": (lambda v: isinstance(v, bool), False), "error": (_str, False)},

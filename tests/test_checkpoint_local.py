@@ -209,3 +209,49 @@ def test_a_resumed_attempt_profiles_its_layers_too(tmp_path):
     (prof,) = [e for e in evs if e["event"] == "layer_profile"]
     assert sorted(prof["seconds"], key=int) == [str(i) for i in range(6)]
     assert all(v > 0 for v in prof["seconds"].values())
+
+
+SLOW_DATA = '''
+import time
+from model import batch as _batch
+
+
+def batch(**kw):
+    time.sleep(0.06)
+    return _batch(**kw)
+'''
+
+
+def test_a_periodic_checkpoint_is_written_in_the_background_and_counts_only_once_committed(tmp_path):
+    """Each stage file of step 12 takes 2 s more to write (the fault hook) while steps take
+    ~0.3 s: training goes on meanwhile, and the checkpoint is committed at a later step's end,
+    once every file is on disk; a run resumed from a background checkpoint has the uninterrupted
+    run's losses."""
+    ckpt = tmp_path / "ckpt"
+
+    def config(d):
+        toml = with_ckpt(copy_example(d, {"steps": "30", "checkpoint_interval": "12"}), ckpt)
+        (toml.parent / "slow.py").write_text(SLOW_DATA)
+        toml.write_text(toml.read_text().replace('data = "model:batch"', 'data = "slow:batch"'))
+        return toml
+    run = tmp_path / "run"
+    proc = pswift("run", "--run-dir", str(run), str(config(tmp_path / "a")),
+                  env={"PSWIFT_FAULT_SLOW_CHECKPOINT": "12:2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    evs = events(run)
+    (c12,) = [e for e in evs if e["event"] == "checkpoint" and e["step"] == 12]
+    assert c12["background"] is True and c12["reason"] == "periodic"
+    assert c12["write_s"] >= 2 and c12["seconds"] < 1.0, c12      # training stalled far less than the write
+    later = [e for e in evs if e["event"] == "step" and e["step"] > 12 and e["time"] < c12["time"]]
+    assert len(later) >= 3, "steps did not go on while step 12's checkpoint was being written"
+    final = [e for e in evs if e["event"] == "checkpoint" and e["reason"] == "final"]
+    assert final and final[0]["background"] is False
+    import shutil
+    shutil.rmtree(ckpt / "step_00000030")     # resume from the newest background checkpoint
+    again = tmp_path / "again"
+    assert pswift("run", "--run-dir", str(again), str(config(tmp_path / "b"))).returncode == 0
+    start = next(e for e in events(again) if e["event"] == "start")
+    assert start["resumed_from"] == str(ckpt / "step_00000024")
+    got = {e["step"]: e["loss_hex"] for e in events(again) if e["event"] == "step"}
+    want = {e["step"]: e["loss_hex"] for e in evs if e["event"] == "step"}
+    assert sorted(got) == list(range(25, 31)) and all(got[s] == want[s] for s in got)

@@ -238,6 +238,42 @@ def _stage_blob(engine: Any) -> dict[str, Any]:
     }
 
 
+def _write_stage(engine: Any, path: Path, step: int, blob: dict[str, Any], t0: float,
+                 t_blob: float) -> tuple[str, int, str, float, float] | None:
+    """Data-parallel rank 0 of each stage writes the stage file: (name, size, checksum, write
+    seconds, gather seconds); other ranks write nothing (None)."""
+    if engine.grid.data_parallel_id != 0:
+        return None
+    name = stage_file(engine.stage_id)
+    size, digest = stagefile.write(path / name, blob)
+    if os.environ.get(FAULT_ENV) == str(step) and engine.stage_id == engine.num_stages - 1:
+        _fault_once(path.parent)
+    slow_step, _, slow_s = os.environ.get(FAULT_SLOW_ENV, "").partition(":")
+    if slow_step == str(step):
+        time.sleep(float(slow_s or 0))
+    return name, size, digest, time.perf_counter() - t_blob, t_blob - t0
+
+
+def _commit(path: Path, step: int, meta: dict[str, Any], mine: Any, generators: Any,
+            gather: Callable[[Any], list[Any]], barrier: Callable[[], None], rank: int) -> dict[str, float]:
+    """Every rank: its file is on disk; rank 0 writes the generators and the manifest (the
+    checkpoint counts from here), then all meet. Where the time went (see :func:`save`)."""
+    gathered = gather((mine, generators))  # every stage's file is on disk
+    files = [f for f, _ in gathered if f is not None]
+    t_commit = time.perf_counter()
+    if rank == 0:
+        record = json.dumps({"layout": layout_key(meta), "ranks": [g for _, g in gathered]}).encode()
+        _atomic_write(path / RNG_FILE, record)
+        listed = {n: {"size": s, "crc32": h} for n, s, h, _, _ in sorted(files)}
+        listed[RNG_FILE] = {"size": len(record), "crc32": f"{zlib.crc32(record):08x}"}
+        man = dict(meta, version=MANIFEST_VERSION, step=step, created=time.time(), files=listed)
+        _atomic_write(path / MANIFEST, (json.dumps(man, indent=1, sort_keys=True) + "\n").encode())
+        _fsync_dir(path)
+    barrier()  # committed before anyone moves on (or exits)
+    return {"gather_s": max(f[4] for f in files), "write_s": max(f[3] for f in files),
+            "commit_s": time.perf_counter() - t_commit}
+
+
 def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
          gather: Callable[[Any], list[Any]], barrier: Callable[[], None],
          rank: int) -> tuple[Path, dict[str, float]]:
@@ -247,33 +283,63 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
     (from the last file on disk to the manifest committed on every rank)."""
     path = ckpt_dir / tag_for(step)
     path.mkdir(parents=True, exist_ok=True)
-    mine = None
     t0 = time.perf_counter()
     blob = _stage_blob(engine)
-    t_blob = time.perf_counter()
-    if engine.grid.data_parallel_id == 0:
-        name = stage_file(engine.stage_id)
-        size, digest = stagefile.write(path / name, blob)
-        mine = (name, size, digest, time.perf_counter() - t_blob, t_blob - t0)
-        if os.environ.get(FAULT_ENV) == str(step) and engine.stage_id == engine.num_stages - 1:
-            _fault_once(path.parent)
-    slow_step, _, slow_s = os.environ.get(FAULT_SLOW_ENV, "").partition(":")
-    if slow_step == str(step):
-        time.sleep(float(slow_s or 0))
-    gathered = gather((mine, rng.capture()))  # every stage's file is on disk
-    files = [f for f, _ in gathered if f is not None]
-    t_commit = time.perf_counter()
-    if rank == 0:
-        generators = json.dumps({"layout": layout_key(meta), "ranks": [g for _, g in gathered]}).encode()
-        _atomic_write(path / RNG_FILE, generators)
-        listed = {n: {"size": s, "crc32": h} for n, s, h, _, _ in sorted(files)}
-        listed[RNG_FILE] = {"size": len(generators), "crc32": f"{zlib.crc32(generators):08x}"}
-        man = dict(meta, version=MANIFEST_VERSION, step=step, created=time.time(), files=listed)
-        _atomic_write(path / MANIFEST, (json.dumps(man, indent=1, sort_keys=True) + "\n").encode())
-        _fsync_dir(path)
-    barrier()  # committed before anyone moves on (or exits)
-    return path, {"gather_s": max(f[4] for f in files), "write_s": max(f[3] for f in files),
-                  "commit_s": time.perf_counter() - t_commit}
+    mine = _write_stage(engine, path, step, blob, t0, time.perf_counter())
+    return path, _commit(path, step, meta, mine, rng.capture(), gather, barrier, rank)
+
+
+def _snapshot(obj: Any) -> Any:
+    """A copy of every tensor in ``obj`` (training goes on changing the originals)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_snapshot(v) for v in obj)
+    return obj
+
+
+class Pending:
+    """A checkpoint written in the background (as torch.distributed.checkpoint's async save):
+    the stage's state copied to host memory at its step, the stage file written by a thread,
+    the manifest committed by :meth:`commit` once every rank's file is durable -- until then the
+    checkpoint does not count, and a crash leaves a folder without manifest (removed at the
+    next start)."""
+
+    def __init__(self, engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any]) -> None:
+        import threading
+        self.path, self.step, self.meta = ckpt_dir / tag_for(step), step, meta
+        self.path.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        blob = _stage_blob(engine)   # a collective over the stage's data-parallel ranks: all call it
+        blob = _snapshot(blob) if engine.grid.data_parallel_id == 0 else None
+        self.generators = rng.capture()
+        self.stall_s = time.perf_counter() - t0
+        self.mine: Any = None
+        self.error: BaseException | None = None
+
+        def write() -> None:
+            try:
+                self.mine = _write_stage(engine, self.path, step, blob, t0, time.perf_counter()) if blob else None
+            except BaseException as e:  # noqa: BLE001 - re-raised in the training thread by commit()
+                self.error = e
+        self.thread = threading.Thread(target=write, name=f"pswift-save-{step}", daemon=True)
+        self.thread.start()
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def commit(self, gather: Callable[[Any], list[Any]], barrier: Callable[[], None],
+               rank: int) -> dict[str, float]:
+        """Every rank, at the same step: wait for this rank's file, then commit together."""
+        t0 = time.perf_counter()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        phases = _commit(self.path, self.step, self.meta, self.mine, self.generators, gather, barrier, rank)
+        self.stall_s += time.perf_counter() - t0
+        return phases
 
 
 def layout_key(meta: dict[str, Any]) -> list[Any]:

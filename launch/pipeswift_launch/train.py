@@ -111,6 +111,8 @@ class Attempt:
     setup_s: float = 0.0
     load_s: float = 0.0
     ckpt_s: float | None = None      # the last checkpoint's seconds in this run of the launcher
+    saved_at: float = 0.0            # when the last checkpoint (or training) started, time.time()
+    pending: Any = None              # a periodic checkpoint being written (checkpoint.Pending)
     grow_to: int = 0                 # rank 0: the node count a growth asks for
 
     @property
@@ -207,29 +209,60 @@ def _emit_start(att: Attempt, setup_s: float, load_s: float, resumed_from: str |
                    f"m={layout['micro_batches']}, from step {att.step}, setup {setup_s:.1f} s")
 
 
-def _save(att: Attempt, reason: str) -> None:
-    """A stage-consistent checkpoint of ``att.step`` by every rank, pruned, and its event."""
-    ts = time.time()
-    layout, denv, t = att.layout, att.denv, att.plan["training"]
-    meta = {"samples": int(att.engine.global_samples), "boundaries": att.boundaries,
+def _meta(att: Attempt, reason: str) -> dict[str, Any]:
+    layout, denv = att.layout, att.denv
+    return {"samples": int(att.engine.global_samples), "boundaries": att.boundaries,
             "model_id": att.model_id, "stages": layout["stages"],
             "data_parallel": layout["data_parallel"], "micro_batches": layout["micro_batches"],
             "world_size": denv.world_size, "data_position": att.step, "reason": reason,
             "job_id": denv.job_id, "attempt": denv.attempt}
 
+
+def _gather(att: Attempt) -> Any:
     def gather(obj: Any) -> list[Any]:
-        out: list[Any] = [None] * denv.world_size
+        out: list[Any] = [None] * att.denv.world_size
         att.dist.all_gather_object(out, obj)
         return out
+    return gather
 
-    path, phases = ckpt.save(att.engine, att.ckpt_dir, att.step, meta, gather, att.dist.barrier, att.rank)
+
+def _committed(att: Attempt, path: Path, step: int, reason: str, stall_s: float,
+               phases: dict[str, float], background: bool) -> None:
+    """After a commit: prune, the event, the line; ``stall_s``: what training waited for it."""
     if att.rank == 0:
-        ckpt.prune(att.ckpt_dir, int(t.get("keep_checkpoints") or 2))
-    dur = time.time() - ts
-    att.ckpt_s = dur
-    att.events.emit("checkpoint", step=att.step, path=str(path), seconds=round(dur, 3), reason=reason,
-                    **{k: round(v, 4) for k, v in phases.items()})
-    _log(att.rank, f"checkpoint {path.name} committed ({reason}) in {dur:.2f} s")
+        ckpt.prune(att.ckpt_dir, int(att.plan["training"].get("keep_checkpoints") or 2))
+    att.ckpt_s = stall_s
+    att.events.emit("checkpoint", step=step, path=str(path), seconds=round(stall_s, 3), reason=reason,
+                    background=background, **{k: round(v, 4) for k, v in phases.items()})
+    _log(att.rank, f"checkpoint {path.name} committed ({reason}) in {stall_s:.2f} s"
+                   + (" of training time, written in the background" if background else ""))
+
+
+def _save(att: Attempt, reason: str) -> None:
+    """A stage-consistent checkpoint of ``att.step`` by every rank, committed before it returns
+    (after any checkpoint still being written), pruned, and its event."""
+    _finish_pending(att)
+    ts = time.time()
+    path, phases = ckpt.save(att.engine, att.ckpt_dir, att.step, _meta(att, reason), _gather(att),
+                             att.dist.barrier, att.rank)
+    _committed(att, path, att.step, reason, time.time() - ts, phases, False)
+    att.saved_at = time.time()
+
+
+def _save_in_background(att: Attempt) -> None:
+    """A periodic checkpoint: the state copied at this step, written by a thread, committed at a
+    later step's end once every rank's file is on disk (:func:`_finish_pending`)."""
+    _finish_pending(att)
+    att.pending = ckpt.Pending(att.engine, att.ckpt_dir, att.step, _meta(att, "periodic"))
+    att.saved_at = time.time()
+
+
+def _finish_pending(att: Attempt) -> None:
+    """Every rank at the same point: commit the checkpoint being written (waiting for it)."""
+    p, att.pending = att.pending, None
+    if p is not None:
+        phases = p.commit(_gather(att), att.dist.barrier, att.rank)
+        _committed(att, p.path, p.step, "periodic", p.stall_s, phases, True)
 
 
 def _train(att: Attempt) -> int:
@@ -240,7 +273,10 @@ def _train(att: Attempt) -> int:
     m, mbs = att.layout["micro_batches"], att.layout["micro_batch_size"]
     dp_rank = engine.grid.data_parallel_id
     steps, interval = int(t["steps"]), int(t.get("checkpoint_interval") or 0)
-    flag = torch.zeros(2, device=engine.device)   # [stop code, re-profile: step times drifted]
+    # [stop code, re-profile: step times drifted, rank 0: a periodic checkpoint is due by time,
+    #  a rank's background checkpoint is still being written]
+    flag = torch.zeros(4, device=engine.device)
+    att.saved_at = time.time()
     stop_code = STOP_NONE
     run_dir = Path(plan["run_dir"])
     dog = Watchdog(run_dir, att.rank, os.environ.get("SLURMD_NODENAME", "local"),
@@ -279,6 +315,7 @@ def _train(att: Attempt) -> int:
                 drift.settle(att.step, window)
                 watcher = watcher or _watch_for_growth(att, step_times, profiled)
         flag[1] = float(att.rank == 0 and not profiler.handles and drift.drifted(att.step, step_times))
+        flag[2] = float(att.rank == 0 and time.time() - att.saved_at >= _checkpoint_every_s(att))
         stop_code = _step_end(att, flag, dog, interval, relayout, watcher, profiled)
         if stop_code:
             break
@@ -289,6 +326,17 @@ def _train(att: Attempt) -> int:
     if watcher is not None:
         watcher.stop()
     return stop_code
+
+
+def _checkpoint_every_s(att: Attempt) -> float:
+    """checkpoint_interval = "auto": Young/Daly's seconds between periodic checkpoints on this
+    node count, from the checkpoint cost measured in this launch (else the planner's estimate)."""
+    rec = att.plan.get("checkpoint_auto")
+    if not rec:
+        return float("inf")
+    from pipeswift_slurm import interval
+    cost = att.ckpt_s if att.ckpt_s is not None else float(rec.get("cost_s") or 0.0)
+    return interval.every_s(cost, interval.from_record(rec).mtbf_s(att.denv.nodes))
 
 
 def _profilers(att: Attempt) -> LayerProfiler:
@@ -302,14 +350,20 @@ def _step_end(att: Attempt, flag: Any, dog: Watchdog, interval: int, relayout: A
     0's growth watcher), save what the step calls for, or re-lay out; the stop code (0: go on)."""
     steps = int(att.plan["training"]["steps"])
     flag[0] = float(requested())
+    flag[3] = float(att.pending is not None and not att.pending.done())
     att.dist.all_reduce(flag, op=att.dist.ReduceOp.MAX)
     stop_code = int(flag[0].item())
-    if stop_code or att.step >= steps or (interval and att.step % interval == 0):
+    if att.pending is not None and not flag[3].item():   # every rank's file is on disk: commit
+        _finish_pending(att)
+    periodic = (interval and att.step % interval == 0) or flag[2].item()
+    if stop_code or att.step >= steps:
         with dog.paused():
-            _save(att, "grow" if stop_code == STOP_GROW else "signal" if stop_code
-                  else "final" if att.step >= steps else "periodic")
+            _save(att, "grow" if stop_code == STOP_GROW else "signal" if stop_code else "final")
         if stop_code == STOP_GROW:
             _commit_growth(att, watcher)
+    elif periodic:
+        with dog.paused():
+            _save_in_background(att)
     elif relayout is not None and relayout.go and profiled is not None:
         with dog.paused():
             _save(att, "relayout")
