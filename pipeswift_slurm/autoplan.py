@@ -77,7 +77,7 @@ def past_runs(cfg: TrainConfig, h: hist_mod.History | None) -> PastRuns:
     measured = h.config_step_times(mkey)
     setups = h.setup_times(mkey)
     samples = {n: w for n in cfg.resources.node_counts if (w := h.partition_waits(cfg.job.partition, n))}
-    errors = [(e["predicted_step_s"], e["actual_step_s"]) for e in h.recent_errors()]
+    errors = [(e["predicted_step_s"], e["actual_step_s"]) for e in h.recent_errors(user=runrows.current_user())]
     return PastRuns(step_times={k: v["mean"] for k, v in measured.items()},
                     step_vars={k: v["var"] for k, v in measured.items()},
                     setup_s=median(setups) if setups else None, setup_samples=setups,
@@ -108,7 +108,7 @@ def make_plan(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn,
         if h is not None:
             try:
                 h.ingest_registered(measured_only=True)  # what ran since: the planner learns
-                errors = h.recent_errors()
+                errors = h.recent_errors(user=runrows.current_user())
             except (PswiftError, OSError, ValueError) as e:
                 warn(f"warning: could not ingest finished runs ({e}); using the history as it is")
         profile = load_profile(cfg, h)

@@ -87,13 +87,16 @@ class Queries:
             "SELECT a.setup_s FROM attempts a JOIN jobs j ON j.id = a.job WHERE j.model_key = ? "
             "AND a.setup_s IS NOT NULL", [mkey])]
 
-    def recent_errors(self, limit: int = 20) -> list[dict[str, Any]]:
+    def recent_errors(self, limit: int = 20, user: str | None = None) -> list[dict[str, Any]]:
         """Predicted vs actual step time and JCT (with the predicted p10-p90 band) of the most
-        recent finished, planned jobs."""
+        recent finished, planned jobs; ``user``: that user's only (a plan learns from its own
+        user's runs: another's events cannot steer it)."""
+        mine = "AND user = ? " if user is not None else ""
         return [dict(r) for r in self._named(
             "SELECT job_id, name, predicted_step_s, actual_step_s, predicted_jct_s, actual_jct_s, "
             "predicted_jct_p10_s, predicted_jct_p90_s FROM jobs WHERE predicted_step_s IS NOT NULL "
-            "AND actual_step_s IS NOT NULL ORDER BY end_time DESC LIMIT ?", [limit])]
+            f"AND actual_step_s IS NOT NULL {mine}ORDER BY end_time DESC LIMIT ?",
+            [*([user] if user is not None else []), limit])]
 
     def preemptions_per_hour(self, partition: str | None, days: float = 30.0,
                              now: float | None = None) -> float:
@@ -120,11 +123,13 @@ class Queries:
             [partition, since]).fetchone()
         return (float(row[0] or 0), float(row[1] or 0.0)) if row else (0.0, 0.0)
 
-    def partition_waits(self, partition: str | None, nodes: int) -> list[float]:
+    def partition_waits(self, partition: str | None, nodes: int, limit: int = 1000) -> list[float]:
+        """Past queue waits of ``nodes``-node jobs on a partition, newest first: Slurm's own
+        submit and start times (jobcomp, sacct), never what a user's plan.json says."""
         rows = self.conn.execute(
-            "SELECT start_time - submit_time FROM jobs WHERE partition IS ? AND chosen_nodes = ? "
-            "AND start_time IS NOT NULL AND submit_time IS NOT NULL", [partition, nodes])
-        return [r[0] for r in rows if r[0] is not None and r[0] >= 0]
+            "SELECT queue_s FROM job_rollup WHERE partition IS ? AND nodes = ? AND queue_s IS NOT NULL "
+            "ORDER BY submit DESC LIMIT ?", [partition, nodes, limit])
+        return [float(r[0]) for r in rows if r[0] is not None and r[0] >= 0]
 
     # ------------------------------------------------------------------------- the reports
     def slurm_attempts(self, sel: Selection) -> Iterator[sqlite3.Row]:

@@ -100,3 +100,23 @@ def test_a_step_and_checkpoint_longer_than_gracetime_is_said_at_plan_time(cluste
     fast = copy_example(tmp_path / "fast")
     assert "GraceTime" not in pswift("plan", str(fast), check=True).stderr
     assert "ok  preemption on low: REQUEUE, GraceTime 20 s" in pswift("doctor", check=True).stdout
+
+
+def test_with_no_restart_left_a_crash_requeues_the_job_without_the_dead_ranks_node(cluster, tmp_path):
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "40", "checkpoint_interval": "5"})
+    toml.write_text(toml.read_text().replace("[job]\n", "[job]\nmax_restarts = 0\n", 1))
+    run = tmp_path / "run"
+    job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
+    wait_steps(run, 12)
+    pid, node = rank_process(run, 1)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240) == "COMPLETED", slurm_log(run)[-3000:]
+    fields = slurm.show_job(job)
+    assert fields["Restarts"] == "1" and node in fields["ExcNodeList"], fields
+    (crash,) = [e for e in events(run) if e["event"] == "crash"]
+    assert (crash["how"], crash["node"], crash["action"]) == ("signal 9", node, "requeue")
+    assert "max_restarts = 0 spent in this attempt: requeueing the job without " + node in crash["why"]
+    st = json.loads(pswift("status", job, "--json", check=True).stdout)
+    a0, a1 = st["attempts"]
+    assert a0["ended"] == "crashed" and a1["ended"] == "completed" and a1["start_step"] >= 10
+    assert step_losses(run) == step_losses(reference(toml, tmp_path, nodes=4))

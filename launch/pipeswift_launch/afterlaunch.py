@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -78,6 +79,8 @@ def carry_out(plan: dict[str, Any], d: decide.Decision, last_step: int | None, r
         return "relayout"
     if d.action == "requeue":
         print(f"pswift: job {job}: {d.why}", file=sys.stderr, flush=True)
+        # the requeue SIGTERMs the job's processes, this one too: it must live to exclude the node
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         from pipeswift_slurm import slurm   # the one module that talks to Slurm
         try:
             if slurm.requeue(job, exclude=d.exclude, nodes_needed=min(int(n) for n in plan["layouts"])):
