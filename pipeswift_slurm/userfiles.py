@@ -113,6 +113,12 @@ def read_run_files(path: str, uid: int | None = None) -> RunFiles:
     return RunFiles(owner, data, size, mtime)
 
 
+def read_tail(path: str, limit: int) -> bytes | None:
+    """A file's last ``limit`` bytes: not through a symlink, regular; None when absent."""
+    got = _read_checked(path, path, limit, tail=True)
+    return None if got is None else got[0]
+
+
 def read_one(path: str, limit: int) -> bytes:
     """One file (e.g. a spool record): not through a symlink, regular, at most ``limit`` bytes."""
     got = _read_checked(path, path, limit)

@@ -42,28 +42,19 @@ def raised(rank: int, step: int | None, error: str) -> None:
     _write(rank, {"step": step, "error": " ".join(error.split())[:500]})
 
 
-def _tail(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        size = os.fstat(fd).st_size
-        os.lseek(fd, max(0, size - READ_MAX), os.SEEK_SET)
-        return os.read(fd, READ_MAX)
-    finally:
-        os.close(fd)
-
-
 def read(folder: Path) -> tuple[list[dict[str, Any]], str]:
     """(every rank's record, srun's report) of the launch in ``folder``; unreadable parts skipped."""
+    from pipeswift_slurm.userfiles import UnsafeFile, read_tail
     records: list[dict[str, Any]] = []
     for f in sorted(folder.glob("rank_*.json")):
         try:
-            rec = json.loads(_tail(f))
-        except (OSError, ValueError):
+            rec = json.loads(read_tail(str(f), READ_MAX) or b"")
+        except (OSError, ValueError, UnsafeFile):
             continue
         if isinstance(rec, dict) and isinstance(rec.get("rank"), int):
             records.append(rec)
     try:
-        report = _tail(folder / SRUN_ERR).decode("utf-8", "replace")
-    except OSError:
+        report = (read_tail(str(folder / SRUN_ERR), READ_MAX) or b"").decode("utf-8", "replace")
+    except (OSError, UnsafeFile):
         report = ""
     return records, report
