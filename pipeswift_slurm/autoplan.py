@@ -82,7 +82,7 @@ def past_runs(cfg: TrainConfig, h: hist_mod.History | None) -> PastRuns:
                     step_vars={k: v["var"] for k, v in measured.items()},
                     setup_s=median(setups) if setups else None, setup_samples=setups,
                     waits={n: median(w) for n, w in samples.items()}, wait_samples=samples,
-                    interruptions=interval.smoothed(*h.failures(cfg.job.partition),
+                    interruptions=interval.smoothed(*h.failures(cfg.job.partition, user=runrows.current_user()),
                                                     h.preemptions_per_hour(cfg.job.partition)),
                     step_rel_sd=step_rel_sd(errors))
 

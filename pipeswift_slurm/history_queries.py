@@ -110,17 +110,20 @@ class Queries:
         pre, run = row if row else (None, None)
         return (pre or 0) / (run / 3600) if run else 0.0
 
-    def failures(self, partition: str | None, days: float = 30.0, now: float | None = None) -> tuple[float, float]:
+    def failures(self, partition: str | None, days: float = 30.0, now: float | None = None,
+                 user: str | None = None) -> tuple[float, float]:
         """(failures, node-hours) of pswift's attempts on a partition over the last ``days``: a
         failure is a restart inside an attempt, or an attempt that ended crashed, hung or killed
-        (pipeswift_slurm.interval smooths the rate)."""
+        (pipeswift_slurm.interval smooths the rate). ``user``: that user's jobs only (their
+        events are theirs to write: another user's cannot steer this user's interval)."""
         import time as _time
         since = (now if now is not None else _time.time()) - days * 86400
         row = self.conn.execute(
             "SELECT SUM(COALESCE(a.restarts, 0) + (a.ended IN ('crashed', 'hung', 'killed'))), "
             "SUM(a.nodes * (a.end_time - a.start_time)) / 3600.0 FROM attempts a JOIN jobs j ON a.job = j.id "
-            "WHERE j.partition IS ? AND a.start_time >= ? AND a.end_time > a.start_time AND a.nodes > 0",
-            [partition, since]).fetchone()
+            "WHERE j.partition IS ? AND a.start_time >= ? AND a.end_time > a.start_time AND a.nodes > 0"
+            + (" AND j.user = ?" if user is not None else ""),
+            [partition, since, *([user] if user is not None else [])]).fetchone()
         return (float(row[0] or 0), float(row[1] or 0.0)) if row else (0.0, 0.0)
 
     def partition_waits(self, partition: str | None, nodes: int, limit: int = 1000) -> list[float]:

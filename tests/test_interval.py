@@ -70,6 +70,7 @@ def _history_with_failures(db, failures: int, node_hours: float) -> None:
     try:
         assert h.ingest_run_dir(str(run))
         assert h.failures("low") == (failures, pytest.approx(node_hours, rel=1e-3))
+        assert h.failures("low", user="someone-else") == (0.0, 0.0)   # another user's plans ignore them
     finally:
         h.close()
 
