@@ -56,6 +56,7 @@ def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file:
 
         pswift history ingest --spool /var/spool/pswift --jobcomp-file /var/log/slurm/jobcomp.txt
     """
+    from . import eventfold
     from .history import History, IngestRefused, parse_jobcomp_filetxt
 
     h = History(db)
@@ -73,13 +74,17 @@ def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file:
         else:
             n = 0 if no_registered else h.ingest_registered()
         msgs = [f"{n} changed run director{'y' if n == 1 else 'ies'}"]
-        if h.skipped_events:
-            msgs[0] += f" ({h.skipped_events} bad event line(s) skipped)"
         if spool is not None:
             merged, problems = h.ingest_spool(spool)
             msgs.append(f"{merged} spooled record(s)")
             for p in problems:
                 _warn(f"warning: spool file {p}")
+        if h.skipped_events:
+            msgs.append(f"{h.skipped_events} bad event line(s) skipped")
+        if h.dropped_events:
+            msgs.append(f"{h.dropped_events} event(s) beyond one job's bounds left out "
+                        f"(over {eventfold.MAX_ATTEMPTS} attempts or {eventfold.MAX_KEPT_BYTES >> 20} MiB of "
+                        "non-step events)")
         if jobcomp_file is not None:
             if not jobcomp_file.is_file():
                 raise CLIError(f"{jobcomp_file}: no such file", 2)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import events as events_mod
-from . import history_views, userfiles
+from . import eventfold, history_views, userfiles
 from .errors import PswiftError
 from .history_queries import Queries
 from .history_schema import COLS as _COLS, MIGRATIONS, ROLLUP as _ROLLUP, UPSERT as _UPSERT
@@ -50,6 +50,7 @@ class History(Queries):
                  timeout: float = 30.0) -> None:
         self.path = Path(path) if path else default_path()
         self.skipped_events = 0   # bad lines in the events files ingested through this handle
+        self.dropped_events = 0   # valid events beyond eventfold's bounds (attempts, kept bytes)
         if not create and not self.path.exists():
             raise HistoryError(f"no history database at {self.path}; run `pswift history ingest` "
                                f"or pass --db")
@@ -125,18 +126,20 @@ class History(Queries):
                                    [run]).fetchone()
         if row is not None and row[0] == size and row[1] == mtime:
             return False
+        fold = eventfold.Fold()   # events.jsonl is folded as it is read, never held whole
         try:
             if owner is None:
-                files = userfiles.read_run_files(run)
+                files = userfiles.read_run_files(run, events_sink=fold.feed)
                 owner = Owner(user_name(files.owner), files.owner, -1)
             else:
-                files = userfiles.read_run_files_as(run, owner.uid, owner.gid, timeout)
+                files = userfiles.read_run_files_as(run, owner.uid, owner.gid, timeout, fold.feed)
         except userfiles.UnsafeFile as e:
             raise IngestRefused(f"run directory not ingested: {e}") from None
-        got = rows(run, files, owner)
+        got = rows(run, files, owner, fold)
         if got is None:
             return False
         self.skipped_events += got.skipped_events
+        self.dropped_events += got.dropped_events
         self._replace_run(run, got, files.events_size, files.events_mtime)
         return True
 

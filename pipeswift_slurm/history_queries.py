@@ -181,7 +181,7 @@ class Queries:
 
     def job_relayouts(self, run_dir: str) -> list[dict[str, Any]]:
         """A pswift run's in-job re-layouts and growths, oldest first, each as
-        events.relayout_outcomes / growth_outcomes gives them, with its ``kind``."""
+        eventfold.relayout_outcomes / growth_outcomes gives them, with its ``kind``."""
         return [{**dict(r), "from": json.loads(r["boundaries_from"] or "null"),
                  "to": json.loads(r["boundaries_to"] or "null")} for r in self._named(
             "SELECT r.kind, r.attempt, r.step, r.boundaries_from, r.boundaries_to, r.nodes_from, "

@@ -84,7 +84,7 @@ def lookup_job(job_id: str) -> Path | None:
 
 def summarize(run_dir: Path) -> dict[str, Any]:
     """Attempts, steps, last loss from the run's events."""
-    from . import events
+    from . import eventfold, events
     from .stats import median
 
     from . import userfiles
@@ -93,30 +93,29 @@ def summarize(run_dir: Path) -> dict[str, Any]:
                 if os.path.lexists(run_dir) else b"")
     except userfiles.UnsafeFile as e:
         raise RunDirError(f"run directory not read: {e}") from None
-    evs = events.parse(blob.splitlines())[0]
+    attempts = eventfold.read_attempts(blob).attempts()
     out = []
-    for a in events.by_attempt(evs):
+    for a in attempts:
         start, end = a["start"] or {}, a["end"] or {}
         now = a["starts"][-1] if a["starts"] else {}   # the layout after any in-job re-layout
         last = a["steps"][-1] if a["steps"] else {}
         out.append({
             "attempt": a["attempt"], "nodes": now.get("nodes"), "stages": now.get("stages"),
             "data_parallel": now.get("data_parallel"), "boundaries": now.get("boundaries"),
-            "start_step": start.get("step"), "relayouts": events.relayout_outcomes(a),
+            "start_step": start.get("step"), "relayouts": eventfold.relayout_outcomes(a),
             "crashes": [{k: c[k] for k in ("step", "rank", "node", "how", "error", "action", "restart", "why")}
                         for c in a["crashes"]],
             "end_step": end["step"] if end.get("step") is not None else last.get("step"),
             "resumed_from": start.get("resumed_from"), "ended": a["ended"],
             "last_loss": last.get("loss"),
-            "median_step_s": median(e["step_time"] for e in a["steps"]),
+            "median_step_s": median(a["steps"].step_time),
         })
-    grows = events.growth_outcomes(events.by_attempt(evs))
-    losses = [(e["step"], e["loss"]) for e in evs if e["event"] == "step"]
+    logs = [a["steps"] for a in attempts if a["steps"]]
     return {
         "run_dir": str(run_dir),
-        "step": losses[-1][0] if losses else None,
-        "first_loss": losses[0][1] if losses else None,
-        "last_loss": losses[-1][1] if losses else None,
+        "step": logs[-1][-1]["step"] if logs else None,
+        "first_loss": logs[0][0]["loss"] if logs else None,
+        "last_loss": logs[-1][-1]["loss"] if logs else None,
+        "growths": eventfold.growth_outcomes(attempts),
         "attempts": out,
-        "growths": grows,
     }

@@ -18,10 +18,10 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import events as events_mod
+from . import eventfold
 from .costmodel import overheads_from_instructions
 from .errors import ConfigError
-from .stats import median, quantile
+from .stats import median, quantiles
 from .userfiles import RunFiles
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ class RunRows:
     decisions: list[dict[str, Any]] = field(default_factory=list)   # "job" filled in on insert
     relayouts: list[dict[str, Any]] = field(default_factory=list)   # "job" filled in on insert
     skipped_events: int = 0
+    dropped_events: int = 0   # valid events beyond eventfold's bounds (attempts, kept bytes)
 
 
 def user_name(uid: int) -> str:
@@ -117,8 +118,9 @@ def parse_plan(blob: bytes | None) -> dict[str, Any] | None:
         return None
 
 
-def rows(run: str, files: RunFiles, owner: Owner) -> RunRows | None:
-    """The rows of one run directory, or None when it holds no readable plan.json."""
+def rows(run: str, files: RunFiles, owner: Owner, fold: eventfold.Fold | None = None) -> RunRows | None:
+    """The rows of one run directory, or None when it holds no readable plan.json. ``fold``:
+    its events.jsonl already folded while it was read (else folded here from ``files``)."""
     plan = parse_plan(files.data.get("plan.json"))
     if plan is None:
         return None
@@ -126,8 +128,8 @@ def rows(run: str, files: RunFiles, owner: Owner) -> RunRows | None:
     if job_id is None and files.data.get("JOB_ID"):
         text = files.data["JOB_ID"].decode("ascii", "replace").strip()
         job_id = text if _JOB_ID.match(text) else None
-    evs, skipped = events_mod.parse(files.data.get("events.jsonl", b"").splitlines()
-                                    if files.data.get("events.jsonl") else [])
+    if fold is None:
+        fold = eventfold.read_attempts(files.data.get("events.jsonl") or b"")
     mkey = model_key(_dict(plan.get("model")), owner.user)
     pred = _dict(plan.get("prediction"))
     job: dict[str, Any] = {
@@ -141,9 +143,9 @@ def rows(run: str, files: RunFiles, owner: Owner) -> RunRows | None:
         "predicted_jct_p50_s": number(pred.get("jct_p50_s")),
         "predicted_jct_p90_s": number(pred.get("jct_p90_s")),
     }
-    out = _from_events(mkey, job, evs)
+    out = _from_events(mkey, job, fold.attempts())
     out.decisions = _decisions(plan)
-    out.skipped_events = skipped
+    out.skipped_events, out.dropped_events = fold.skipped, fold.dropped
     return out
 
 
@@ -199,12 +201,11 @@ def _profile(ev: dict[str, Any], mkey: str, profiles: list, overheads: list) -> 
 
 
 def _attempt_row(a: dict[str, Any], mkey: str, profiles: list, overheads: list) -> dict[str, Any]:
-    """One attempt's row (events.by_attempt's grouping) with its step-time statistics. After an
+    """One attempt's row (eventfold.by_attempt's grouping) with its step-time statistics. After an
     in-job re-layout the row holds the last layout and that layout's steps only (the planner
     learns each configuration's own step time); setup and load add up over the launches."""
-    import statistics   # here, not at the top: a submission that only reads the history skips it
     row: dict[str, Any] = {"attempt": a["attempt"], "ended": a["ended"], "relayouts": len(a["relayouts"]),
-                           "checkpoint_s": sum(float(c["seconds"] or 0.0) for c in a["checkpoints"]),
+                           "checkpoint_s": a["checkpoint_s"],
                            "restarts": sum(1 for c in a["crashes"] if c["action"] == "restart"),
                            "last_crash": a["crashes"][-1]["why"] if a["crashes"] else None}
     if a["starts"]:
@@ -216,24 +217,25 @@ def _attempt_row(a: dict[str, Any], mkey: str, profiles: list, overheads: list) 
         row.pop("start_time", None)
         if first["time"] is not None and first["setup_s"] is not None:
             row["start_time"] = first["time"] - first["setup_s"]
-    if a["steps"]:
-        row["end_step"], row["end_time"] = a["steps"][-1]["step"], a["steps"][-1]["time"]
+    log = a["steps"]
+    if log:
+        row["end_step"], row["end_time"] = log[-1]["step"], log[-1]["time"]
     if a["end"] is not None:
         row["end_time"] = a["end"]["time"]
         if a["end"]["step"] is not None:
             row["end_step"] = a["end"]["step"]
     for ev in a["profiles"]:
         _profile(ev, mkey, profiles, overheads)
-    times = [float(e["step_time"]) for e in a["steps"]]
     last = a["starts"][-1] if a["starts"] else None
-    mine = [float(e["step_time"]) for e in a["steps"]
-            if last is None or last["time"] is None or e["time"] is None or e["time"] >= last["time"]]
+    mine = log.times_since(None if last is None else last["time"])
     # the first step of a launch includes warm-up: statistics use the rest when there is one
     xs = mine[1:] if len(mine) > 1 else mine
     row["step_count"] = len(xs)
     if xs:
-        row.update(step_mean=statistics.fmean(xs), step_var=statistics.pvariance(xs),
-                   step_p50=quantile(xs, 0.5), step_p95=quantile(xs, 0.95), train_s=sum(times))
+        mean = math.fsum(xs) / len(xs)
+        var = math.fsum((x - mean) ** 2 for x in xs) / len(xs)
+        p50, p95 = quantiles(xs, (0.5, 0.95), clean=True)
+        row.update(step_mean=mean, step_var=var, step_p50=p50, step_p95=p95, train_s=math.fsum(log.step_time))
     return row
 
 
@@ -247,20 +249,19 @@ def _relayout_rows(grouped: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = [{"attempt": a["attempt"], "kind": "relayout",
              **{k: v for k, v in r.items() if k not in ("from", "to")},
              "boundaries_from": json.dumps(r["from"]), "boundaries_to": json.dumps(r["to"])}
-            for a in grouped for r in events_mod.relayout_outcomes(a)]
-    return rows + [{"kind": "grow", **g} for g in events_mod.growth_outcomes(grouped)]
+            for a in grouped for r in eventfold.relayout_outcomes(a)]
+    return rows + [{"kind": "grow", **g} for g in eventfold.growth_outcomes(grouped)]
 
 
-def _from_events(mkey: str, job: dict[str, Any], evs: list[dict[str, Any]]) -> RunRows:
+def _from_events(mkey: str, job: dict[str, Any], grouped: list[dict[str, Any]]) -> RunRows:
     profiles: list[dict[str, Any]] = []
     overheads: list[dict[str, Any]] = []
-    grouped = events_mod.by_attempt(evs)
     ordered = [_attempt_row(a, mkey, profiles, overheads) for a in grouped]
     if ordered:
         job["start_time"] = ordered[0].get("start_time")
         job["end_time"] = ordered[-1].get("end_time")
         job["state"] = ordered[-1].get("ended")
-        job["actual_step_s"] = median(float(e["step_time"]) for a in grouped for e in a["steps"][1:])
+        job["actual_step_s"] = median(x for a in grouped for x in a["steps"].step_time[1:])
         if job["state"] == "completed" and job.get("submit_time") and job.get("end_time"):
             job["actual_jct_s"] = job["end_time"] - job["submit_time"]
     return RunRows(job, ordered, profiles, overheads, relayouts=_relayout_rows(grouped))

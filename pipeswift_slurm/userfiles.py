@@ -37,16 +37,19 @@ class RunFiles(NamedTuple):
     events_mtime: float
 
 
-def _read_capped(fd: int, limit: int, name: str) -> bytes:
+def _read_capped(fd: int, limit: int, name: str, sink: Callable[[bytes], None] | None = None) -> bytes:
     chunks, total = [], 0
     while True:
         chunk = os.read(fd, min(1 << 20, limit + 1 - total))
         if not chunk:
             return b"".join(chunks)
-        chunks.append(chunk)
         total += len(chunk)
         if total > limit:
             raise UnsafeFile(f"{name} is larger than {limit} bytes")
+        if sink is None:
+            chunks.append(chunk)
+        else:
+            sink(chunk)
 
 
 def _open_dir(path: str, uid: int | None) -> tuple[int, int]:
@@ -65,10 +68,12 @@ _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def _read_checked(shown: str, name: str, limit: int, dir_fd: int | None = None,
-                  owner: int | None = None, tail: bool = False) -> tuple[bytes, os.stat_result] | None:
+                  owner: int | None = None, tail: bool = False,
+                  sink: Callable[[bytes], None] | None = None) -> tuple[bytes, os.stat_result] | None:
     """A regular file (of ``owner``, when given) not opened through a symlink, at most
     ``limit`` bytes (``tail``: a longer file gives its last ``limit`` bytes), with its stat;
-    None when it does not exist."""
+    None when it does not exist. ``sink``: given the content in chunks of 1 MiB as it is read
+    (the bytes returned are then empty)."""
     try:
         fd = os.open(name, _FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -91,20 +96,24 @@ def _read_checked(shown: str, name: str, limit: int, dir_fd: int | None = None,
                 chunks.append(chunk)
                 total += len(chunk)
             return b"".join(chunks), st
-        return _read_capped(fd, limit, shown), st
+        return _read_capped(fd, limit, shown, sink), st
     finally:
         os.close(fd)
 
 
-def read_run_files(path: str, uid: int | None = None) -> RunFiles:
+def read_run_files(path: str, uid: int | None = None,
+                   events_sink: Callable[[bytes], None] | None = None) -> RunFiles:
     """Read the run directory's files in this process, with every check but the privilege drop.
-    ``uid``: the user the directory and files must belong to (None: whoever owns the directory)."""
+    ``uid``: the user the directory and files must belong to (None: whoever owns the directory).
+    ``events_sink``: given events.jsonl in chunks as it is read, never held whole (its entry in
+    ``data`` is then empty)."""
     dfd, owner = _open_dir(path, uid)
     data: dict[str, bytes | None] = {}
     size, mtime = 0, 0.0
     try:
         for name, limit in LIMITS.items():
-            got = _read_checked(f"{path}/{name}", name, limit, dir_fd=dfd, owner=owner)
+            got = _read_checked(f"{path}/{name}", name, limit, dir_fd=dfd, owner=owner,
+                                sink=events_sink if name == "events.jsonl" else None)
             data[name] = None if got is None else got[0]
             if got is not None and name == "events.jsonl":
                 size, mtime = got[1].st_size, got[1].st_mtime
@@ -156,18 +165,29 @@ def _decode(blob: bytes) -> RunFiles:
     return RunFiles(owner, data, size, mtime)
 
 
-def read_run_files_as(path: str, uid: int, gid: int, timeout: float) -> RunFiles:
+def read_run_files_as(path: str, uid: int, gid: int, timeout: float,
+                      events_sink: Callable[[bytes], None] | None = None) -> RunFiles:
     """:func:`read_run_files` for the user ``uid``: in a child dropped to ``uid``/``gid`` when
-    this process is root and ``uid`` is not, SIGKILLed after ``timeout`` seconds."""
+    this process is root and ``uid`` is not, SIGKILLed after ``timeout`` seconds (the
+    ``events_sink``'s work included: the child waits on it)."""
     if os.geteuid() != 0 or uid == 0:
-        return read_run_files(path, uid)
-    return _decode(_as_user(uid, gid, timeout, path, sum(LIMITS.values()) + 4096,
-                            lambda: _encode(read_run_files(path, uid))))
+        return read_run_files(path, uid, events_sink)
+    return _decode(_as_user(
+        uid, gid, timeout, path, sum(LIMITS.values()) + 4096,
+        lambda emit: _encode(read_run_files(path, uid, None if events_sink is None else emit)),
+        events_sink))
 
 
-def _as_user(uid: int, gid: int, timeout: float, path: str, cap: int, produce: Callable[[], bytes]) -> bytes:
-    """``produce()`` run in a forked child dropped to ``uid``/``gid``, SIGKILLed after
-    ``timeout`` seconds; its bytes (at most ``cap``), or its UnsafeFile raised here."""
+_FRAME = struct.Struct("<cI")
+
+
+def _as_user(uid: int, gid: int, timeout: float, path: str, cap: int,
+             produce: Callable[[Callable[[bytes], None]], bytes],
+             on_data: Callable[[bytes], None] | None = None) -> bytes:
+    """``produce(emit)`` run in a forked child dropped to ``uid``/``gid``, SIGKILLed after
+    ``timeout`` seconds; the bytes it returns, or its UnsafeFile raised here. Whatever it
+    ``emit``s on the way goes to ``on_data`` as it arrives. All of it at most ``cap`` bytes.
+    The child writes frames (a kind: D data, K the answer, E an UnsafeFile; a length; the bytes)."""
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: never returns
@@ -176,26 +196,27 @@ def _as_user(uid: int, gid: int, timeout: float, path: str, cap: int, produce: C
             os.close(rfd)
             _drop_to(uid, gid)
             try:
-                payload = b"K" + produce()
+                _write_frame(wfd, b"K", produce(lambda chunk: _write_frame(wfd, b"D", chunk)))
             except UnsafeFile as e:
-                payload = b"E" + str(e).encode("utf-8", "replace")[:4000]
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(wfd, view):]
+                _write_frame(wfd, b"E", str(e).encode("utf-8", "replace")[:4000])
         except BaseException:
             code = 1
         os._exit(code)
     os.close(wfd)
     try:
-        blob = _collect(rfd, pid, time.monotonic() + timeout, path, cap)
+        kind, blob = _collect(rfd, pid, time.monotonic() + timeout, path, cap, on_data)
     finally:
         os.close(rfd)
         _reap(pid)
-    if blob[:1] == b"E":
-        raise UnsafeFile(blob[1:].decode("utf-8", "replace"))
-    if blob[:1] != b"K":
-        raise UnsafeFile(f"the reader of {path} failed")
-    return blob[1:]
+    if kind == b"E":
+        raise UnsafeFile(blob.decode("utf-8", "replace"))
+    return blob
+
+
+def _write_frame(fd: int, kind: bytes, payload: bytes) -> None:
+    view = memoryview(_FRAME.pack(kind, len(payload)) + payload)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 #: what an admin command reads of a run directory (`pswift status`, `pswift doctor`): names or
@@ -220,7 +241,7 @@ def read_for_command(path: str, names: tuple[str, ...], timeout: float = 30.0) -
     except KeyError:
         gid = os.stat(path, follow_symlinks=False).st_gid
     cap = sum(ADMIN_READS[n] for n in names) * 2 + 4096
-    return _unpack(_as_user(owner, gid, timeout, path, cap, lambda: _pack(_read_named(path, names, owner))))
+    return _unpack(_as_user(owner, gid, timeout, path, cap, lambda emit: _pack(_read_named(path, names, owner))))
 
 
 def _read_named(path: str, names: tuple[str, ...], owner: int) -> dict[str, bytes]:
@@ -263,21 +284,39 @@ def _unpack(blob: bytes) -> dict[str, bytes]:
     return out
 
 
-def _collect(rfd: int, pid: int, deadline: float, path: str, cap: int) -> bytes:
-    chunks, total = [], 0
+def _collect(rfd: int, pid: int, deadline: float, path: str, cap: int,
+             on_data: Callable[[bytes], None] | None) -> tuple[bytes, bytes]:
+    """The child's frames until its answer: data frames to ``on_data``; (kind, bytes) of the
+    answer. A child that writes more than ``cap`` bytes, misses the deadline, writes a frame
+    it may not or ends without an answer is killed and refused."""
+    buf, total = bytearray(), 0
+
+    def refuse(why: str) -> UnsafeFile:
+        os.kill(pid, signal.SIGKILL)
+        return UnsafeFile(why)
+
     while True:
+        while len(buf) >= _FRAME.size:
+            kind, n = _FRAME.unpack_from(buf)
+            if kind not in (b"D", b"K", b"E") or (kind == b"D" and on_data is None):
+                raise refuse(f"the reader of {path} sent a malformed answer")
+            if len(buf) < _FRAME.size + n:
+                break
+            payload = bytes(buf[_FRAME.size:_FRAME.size + n])
+            del buf[:_FRAME.size + n]
+            if kind != b"D":
+                return kind, payload
+            on_data(payload)   # type: ignore[misc]
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([rfd], [], [], left)[0]:
-            os.kill(pid, signal.SIGKILL)
-            raise UnsafeFile(f"reading {path} took longer than the deadline; killed the reader")
+            raise refuse(f"reading {path} took longer than the deadline; killed the reader")
         chunk = os.read(rfd, 1 << 20)
         if not chunk:
-            return b"".join(chunks)
+            raise UnsafeFile(f"the reader of {path} failed")
         total += len(chunk)
         if total > cap:
-            os.kill(pid, signal.SIGKILL)
-            raise UnsafeFile(f"the reader of {path} sent more than {cap} bytes")
-        chunks.append(chunk)
+            raise refuse(f"the reader of {path} sent more than {cap} bytes")
+        buf += chunk
 
 
 def _reap(pid: int) -> None:

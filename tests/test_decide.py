@@ -130,7 +130,7 @@ def _launch(tmp_path, n: int, records: list[dict], srun: str = "") -> object:
 
 def test_the_helper_reads_the_records_and_remembers_a_bug_across_launches(tmp_path, capsys):
     from pipeswift_launch import afterlaunch
-    from pipeswift_slurm import events
+    from pipeswift_slurm import eventfold, events
     plan, env = _plan(tmp_path), {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0"}
     bug = {"rank": 1, "node": "node2", "step": 5, "error": "ValueError: bad batch"}
     for launch, (restarts, want) in enumerate([(0, "restart"), (1, "exit 1")]):
@@ -142,7 +142,7 @@ def test_the_helper_reads_the_records_and_remembers_a_bug_across_launches(tmp_pa
     crashes = [e for e in events.read(plan["run_dir"])[0] if e["event"] == "crash"]
     assert [(c["how"], c["rank"], c["step"], c["action"], c["restart"]) for c in crashes] == [
         ("exception", 1, 5, "restart", 1), ("exception", 1, 5, "fail", None)]
-    (a,) = events.by_attempt(events.read(plan["run_dir"])[0])
+    (a,) = eventfold.by_attempt(events.read(plan["run_dir"])[0])
     assert a["ended"] == "failed" and "ValueError: bad batch" in a["end"]["error"]
     assert "restart 1 of 3" in capsys.readouterr().err
 

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from conftest import copy_example, pswift, wait_state
+from pipeswift_slurm import eventfold
 from pipeswift_slurm import events as events_mod
 from pipeswift_slurm.queue import ClusterState, NodeState, PendingJob, RunningJob
 from pipeswift_launch import grow
@@ -90,7 +91,7 @@ def test_a_job_started_on_one_node_grows_when_the_holder_ends_and_beats_staying(
         job, grown_jct = submit_timed(toml, tmp_path / "grown", env)
     finally:
         subprocess.run(["scancel", holder])
-    attempts = events_mod.by_attempt(events_mod.read(tmp_path / "grown")[0])
+    attempts = eventfold.by_attempt(events_mod.read(tmp_path / "grown")[0])
     (g,) = attempts[0]["grows"]
     assert attempts[0]["start"]["nodes"] == 1 and attempts[0]["ended"] == "grow"
     assert attempts[1]["start"]["nodes"] == g["nodes_to"] > 1 and attempts[1]["ended"] == "completed"

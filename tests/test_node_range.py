@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from conftest import copy_example, wait_state
+from pipeswift_slurm import eventfold
 from pipeswift_slurm import events as events_mod
 from pipeswift_slurm import slurm, submit
 from pipeswift_slurm.config import load_config
@@ -93,7 +94,7 @@ def test_a_requeued_job_with_a_1_node_layout_restarts_on_the_one_free_node(clust
         if holder:
             subprocess.run(["scancel", holder])
         subprocess.run(["scancel", job])     # a failure here must not leave it to later tests
-    attempts = events_mod.by_attempt(events_mod.read(run)[0])
+    attempts = eventfold.by_attempt(events_mod.read(run)[0])
     assert [(a["start"]["nodes"], a["start"]["stages"]) for a in attempts] == [(2, 2), (1, 1)]
     assert attempts[0]["ended"] == "preempted" and attempts[-1]["ended"] == "completed"
     assert "for 1 node(s) (1 node(s) available" in slurm_log(run)

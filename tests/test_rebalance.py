@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import copy_example, pswift, wait_state
+from pipeswift_slurm import eventfold
 from pipeswift_slurm import events as events_mod
 from pipeswift_slurm import runrows
 from pipeswift_slurm.history import History
@@ -112,9 +113,9 @@ def relaid_out_events() -> list[dict]:
 
 
 def test_a_relayout_is_one_attempt_with_its_prediction_against_what_was_measured():
-    (a,) = events_mod.by_attempt(relaid_out_events())
+    (a,) = eventfold.by_attempt(relaid_out_events())
     assert a["ended"] == "completed" and len(a["starts"]) == 2 and a["start"]["boundaries"] == [0, 5, 6]
-    (r,) = events_mod.relayout_outcomes(a)
+    (r,) = eventfold.relayout_outcomes(a)
     assert (r["from"], r["to"], r["step_s"], r["predicted_step_s"]) == ([0, 5, 6], [0, 2, 6], 0.4, 0.25)
     assert r["measured_step_s"] == 0.25                      # the next launch's first step left out
     assert r["measured_gain_s"] == pytest.approx((0.4 - 0.25) * 96)
@@ -167,7 +168,7 @@ def test_a_job_cut_from_wrong_costs_rebalances_once_in_place_and_matches_a_stati
     job = proc.stdout.strip()
     log = lambda: "".join(p.read_text() for p in run.glob("slurm-*.out"))  # noqa: E731
     assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300) == "COMPLETED", log()
-    (a,) = events_mod.by_attempt(job_events(run))          # one Slurm attempt: no requeue
+    (a,) = eventfold.by_attempt(job_events(run))          # one Slurm attempt: no requeue
     assert a["ended"] == "completed" and len(a["starts"]) == 2, log()
     (r,) = a["relayouts"]
     assert r["boundaries_from"] == [0, 5, 6] and r["boundaries_to"] == [0, 2, 6]

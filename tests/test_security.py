@@ -80,7 +80,7 @@ def test_hostile_event_lines_are_skipped_and_counted_never_raised(tmp_path):
     run = run_dir(tmp_path / "run", HOSTILE_LINES)
     proc = pswift("history", "ingest", str(run), "--db", str(tmp_path / "h.db"))
     assert proc.returncode == 0, proc.stderr
-    assert f"({len(HOSTILE_LINES)} bad event line(s) skipped)" in proc.stdout
+    assert f"{len(HOSTILE_LINES)} bad event line(s) skipped" in proc.stdout
     db = sqlite3.connect(tmp_path / "h.db")
     assert db.execute("SELECT step_count, step_mean FROM attempts").fetchall() == [(1, 0.25)]
     assert pswift("history", "jobs", "--db", str(tmp_path / "h.db")).returncode == 0
@@ -143,9 +143,32 @@ def test_a_stalled_reader_is_killed_at_the_deadline():
     os.close(wfd)
     t0 = time.monotonic()
     with pytest.raises(userfiles.UnsafeFile, match="longer than the deadline"):
-        userfiles._collect(rfd, pid, time.monotonic() + 1.0, "/stalled", 1 << 20)
+        userfiles._collect(rfd, pid, time.monotonic() + 1.0, "/stalled", 1 << 20, None)
     assert time.monotonic() - t0 < 10
     assert os.waitpid(pid, 0)[1] != 0          # SIGKILLed, not finished
+    os.close(rfd)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("sent, why", [
+    (b"X\0\0\0\0", "malformed"),                                   # a kind that is not a frame's
+    (b"D\3\0\0\0abc", "malformed"),                                # data where none was asked for
+    (b"K\xff\xff\xff\x7f" + b"x" * (2 << 20), "sent more than"),   # a frame past the cap
+    (b"K\5\0\0\0ab", "failed"),                                    # ends inside its answer
+])
+def test_a_reader_that_sends_what_it_may_not_is_refused(sent, why):
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a reader the user has tampered with
+        os.close(rfd)
+        try:
+            os.write(wfd, sent)
+        finally:
+            os._exit(0)
+    os.close(wfd)
+    with pytest.raises(userfiles.UnsafeFile, match=why):
+        userfiles._collect(rfd, pid, time.monotonic() + 10.0, "/tampered", 1 << 20, None)
+    os.waitpid(pid, 0)
     os.close(rfd)
 
 

@@ -1,0 +1,185 @@
+"""Events folded into attempts, streamed and bounded (issue 24): the fast reading of the
+launcher's step lines gives exactly what reading every line through the schema gives, however
+the file is cut into chunks; the bounds hold against a hostile log; the real jobcomp plugin,
+as root, folds a log at the 256 MiB cap as its user within 256 MB."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pipeswift_slurm import eventfold, events
+from pipeswift_slurm.eventfold import Fold
+
+from test_security import other_user, public_tmp  # noqa: F401 - fixtures
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def step_line(attempt: int, step: int, t: float, loss: float, dt: float, job: str | None = "9") -> bytes:
+    """A step line exactly as the launcher's events.Writer writes it."""
+    return (json.dumps({"event": "step", "time": t, "attempt": attempt, "job_id": job, "step": step,
+                        "loss": loss, "loss_hex": loss.hex(), "step_time": dt}) + "\n").encode()
+
+
+def start_line(attempt: int, t: float, step: int = 0) -> bytes:
+    return (json.dumps({"event": "start", "time": t, "attempt": attempt, "job_id": "9", "nodes": 2,
+                        "world_size": 2, "stages": 2, "data_parallel": 1, "micro_batches": 4,
+                        "micro_batch_size": 8, "boundaries": [0, 3, 6], "step": step,
+                        "resumed_from": None, "setup_s": 1.5, "load_s": 0.0}) + "\n").encode()
+
+
+OTHER_LINES = [
+    b'{"event": "checkpoint", "time": 5.0, "attempt": 0, "step": 3, "seconds": 0.25, "reason": "periodic"}\n',
+    b'{"event": "end", "time": 9.0, "attempt": 0, "reason": "preempted", "step": 4}\n',
+    b'{"event": "crash", "time": 7.0, "attempt": 1, "how": "signal", "action": "restart", "rank": 1}\n',
+    b'{"event":"step","time":3.0,"attempt":0,"step":99,"loss":1.0,"step_time":0.5}\n',   # other spacing
+    b'{"event": "step", "time": 3.0, "attempt": 0, "job_id": "9", "step": 7, "loss": NaN, "step_time": 0.5}\n',
+    b'{"event": "step", "time": 1e400, "attempt": 0, "job_id": "9", "step": 7, "loss": 1.0, "step_time": 0.5}\n',
+    b'{"event": "step", "time": 3.0, "attempt": 0, "job_id": "9", "step": 99999999999999, "loss": 1.0, "step_time": 0.5}\n',
+    b'{"event": "step", "time": 3.0, "attempt": 2, "job_id": null, "step": 8, "loss": -2.5e-3, "step_time": 12}\n',
+    b'{"event": "step", "time": 3.0, "attempt": 0, "job_id": "9", "step": 8, "loss": 1.0, "step_time": 0.5, "x": 1}\n',
+    b'garbage {"event": "step", "time": 3.0, "attempt": 0, "job_id": "9", "step": 8, "loss": 1.0, "step_time": 0.5}\n',
+    b'{"event": "step", "time": 3.0, "attempt": 0, "job_id": "9", "step": 8, "loss": 1.0, "step_time": 0.5}{\n',
+    b"\n", b"   \n", b"\xff\xfe\n", b'{"event": "start"}\n',
+]
+
+
+def reference(lines: list[bytes]) -> tuple[list[dict], int]:
+    """Every line through the schema, in order: what the fold must equal."""
+    evs, skipped = events.parse(lines)
+    return eventfold.by_attempt(evs), skipped
+
+
+def shape(attempts: list[dict]) -> list:
+    def nan_none(v):
+        return None if isinstance(v, float) and math.isnan(v) else v
+    return [(a["attempt"], a["ended"], a["start"], a["end"], a["checkpoint_s"],
+             [tuple(nan_none(e[k]) for k in ("step", "time", "loss", "step_time")) for e in a["steps"]],
+             *(a[k] for k in ("checkpoints", "profiles", "starts", "relayouts", "grows", "crashes")))
+            for a in attempts]
+
+
+def folded(blob: bytes, cuts: list[int]) -> Fold:
+    fold, pos = Fold(), 0
+    for cut in sorted(c % (len(blob) + 1) for c in cuts) + [len(blob)]:
+        fold.feed(blob[pos:cut])
+        pos = max(pos, cut)
+    fold.close()
+    return fold
+
+
+line_st = st.one_of(
+    st.builds(step_line, st.integers(0, 3), st.integers(0, 10**6), st.floats(0, 2e9),
+              st.floats(-1e6, 1e6), st.floats(0, 100), st.sampled_from(["9", "12_3", None])),
+    st.builds(start_line, st.integers(0, 3), st.floats(0, 2e9)),
+    st.sampled_from(OTHER_LINES))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(line_st, max_size=60), st.lists(st.integers(0, 10**6), max_size=6),
+       st.booleans())
+def test_the_fast_reading_equals_the_schemas_reading_however_the_file_is_cut(lines, cuts, torn):
+    blob = b"".join(lines)
+    if torn and blob:
+        blob = blob[:-1]          # a last line without its newline still counts
+    want, skipped = reference(blob.split(b"\n"))
+    fold = folded(blob, cuts)
+    assert shape(fold.attempts()) == shape(want)
+    assert fold.skipped == skipped and fold.dropped == 0
+
+
+def test_a_long_run_of_launcher_lines_takes_the_fast_reading():
+    blob = start_line(0, 1.0) + b"".join(step_line(0, s, 1.0 + s, 3.0 - s / 1e4, 0.5) for s in range(1, 20001))
+    calls = []
+    fold = Fold()
+    fold._slow = lambda block: calls.append(block)   # noqa: SLF001 - the fallback must not be needed
+    for i in range(0, len(blob), 1 << 16):
+        fold.feed(blob[i:i + (1 << 16)])
+    (a,) = fold.attempts()
+    assert calls == [] and len(a["steps"]) == 20000 and a["steps"][-1]["step"] == 20000
+    assert a["start"]["setup_s"] == 1.5 and a["ended"] == "running"
+
+
+def test_attempts_beyond_the_cap_keep_the_newest_and_count_the_rest():
+    n = eventfold.MAX_ATTEMPTS + 50
+    blob = b"".join(start_line(a, float(a)) + step_line(a, 1, a + 0.5, 1.0, 0.1) for a in range(n))
+    fold = folded(blob, [])
+    got = fold.attempts()
+    assert len(got) == eventfold.MAX_ATTEMPTS and got[0]["attempt"] == 50 and got[-1]["attempt"] == n - 1
+    assert fold.dropped == 50 * 2
+    late = folded(blob + start_line(3, 1.0), [])          # an old attempt's event after the cap
+    assert late.dropped == 50 * 2 + 1
+
+
+def test_non_step_events_are_kept_within_their_bytes_and_per_kind_bounds():
+    ckpt = b'{"event": "checkpoint", "time": 5.0, "attempt": 0, "step": 3, "seconds": 0.5, "reason": "periodic"}\n'
+    n = eventfold.MAX_KEPT_BYTES // len(ckpt) + 100
+    fold = folded(ckpt * n, [])
+    (a,) = fold.attempts()
+    assert len(a["checkpoints"]) == n - fold.dropped and 0 < fold.dropped <= 100
+    assert a["checkpoint_s"] == 0.5 * n                  # the seconds of every checkpoint still count
+    grow = (b'{"event": "grow", "time": 5.0, "attempt": 0, "step": 3, "nodes_from": 2, "nodes_to": 4}\n')
+    fold = folded(grow * 500, [])
+    assert len(fold.attempts()[0]["grows"]) == eventfold.PER_ATTEMPT["grows"] and fold.dropped == 400
+
+
+def test_a_line_over_the_cap_is_skipped_to_its_end():
+    huge = b'{"event": "crash", "how": "' + b"x" * (eventfold.MAX_LINE + 10) + b'"}\n'
+    blob = step_line(0, 1, 1.0, 1.0, 0.1) + huge + step_line(0, 2, 2.0, 1.0, 0.1)
+    fold = folded(blob, list(range(0, len(blob), 1 << 20)))
+    (a,) = fold.attempts()
+    assert [e["step"] for e in a["steps"]] == [1, 2] and fold.skipped == 1
+
+
+def _write_cap_log(run: Path, size: int) -> int:
+    """events.jsonl of launcher lines up to ``size`` bytes; returns its step count."""
+    n = (size - 400) // len(step_line(0, 10**6, 1796092184.016, 4.736441612243652, 0.116868))
+    with open(run / "events.jsonl", "wb") as fh:
+        fh.write(start_line(0, 1796092180.0))
+        for lo in range(1, n + 1, 100_000):
+            fh.write(b"".join(step_line(0, s, 1796092180.0 + s, 4.736441612243652, 0.116868)
+                              for s in range(lo, min(n + 1, lo + 100_000))))
+    return n
+
+
+#: runs one command and prints the largest resident set (KiB) of it and its waited-for children
+PEAK = ("import resource, subprocess, sys; rc = subprocess.call(sys.argv[1:]); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(rc)")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the plugin reads as the job's user only when root")
+def test_the_plugin_as_root_folds_a_log_at_the_cap_within_256_mb(tmp_path, public_tmp, other_user):
+    run = public_tmp / "big"
+    run.mkdir()
+    (run / "plan.json").write_text(json.dumps({
+        "version": 1, "job_name": "big", "partition": "low", "training": {"steps": 10**7},
+        "model": {"entry": "m:f"}, "prediction": {"nodes": 2, "step_s": 0.1, "jct_s": 10.0}}))
+    steps = _write_cap_log(run, 256 << 20)
+    assert (run / "events.jsonl").stat().st_size > 250 << 20
+    for p in (run, run / "plan.json", run / "events.jsonl"):
+        os.chown(p, other_user.pw_uid, other_user.pw_gid)
+    env = {**os.environ, "JOBID": "77", "UID": str(other_user.pw_uid), "GID": str(other_user.pw_gid),
+           "USERNAME": other_user.pw_name, "WORK_DIR": str(run), "JOBSTATE": "COMPLETED",
+           "START": "1796092180", "END": "1796192180", "SUBMIT": "1796092100", "PARTITION": "low",
+           "CLUSTER": "c", "NODECNT": "2"}
+    db, spool = tmp_path / "h.db", tmp_path / "spool"
+    proc = subprocess.run([sys.executable, "-c", PEAK, sys.executable, str(ROOT / "plugins" / "jobcomp_pswift.py"),
+                           "--spool", str(spool), "--db", str(db), "--timeout", "120"],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert list(spool.glob("*.json")) == []                     # merged, not left in the spool
+    peak_mb = int(proc.stdout.split()[-1]) / 1024
+    assert peak_mb <= 256, peak_mb                              # the plugin and its reader child
+    import sqlite3
+    with sqlite3.connect(db) as conn:
+        row = conn.execute("SELECT j.user, j.job_id, a.step_count, a.end_step FROM jobs j "
+                           "JOIN attempts a ON a.job = j.id").fetchone()
+    assert row == (other_user.pw_name, "77", steps - 1, steps)
