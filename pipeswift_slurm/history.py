@@ -86,20 +86,29 @@ class History(Queries):
         conn = self.conn
         if conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS):
             return
+        # a migration may rebuild a table that others reference: foreign keys are off while it
+        # runs (the pragma works outside a transaction only), and checked before it commits
+        conn.execute("PRAGMA foreign_keys = OFF")
         conn.execute("BEGIN IMMEDIATE")   # the version is read again under the write lock, so
         try:                              # two first openers cannot both create the tables
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > len(MIGRATIONS):
                 raise HistoryError(f"history database {self.path} has schema {version}, newer than "
                                    f"this pswift ({len(MIGRATIONS)}); upgrade pipeswift-slurm")
+            for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'view'").fetchall():
+                conn.execute(f'DROP VIEW "{name}"')   # derived: history_views.ensure makes them anew
             for i in range(version, len(MIGRATIONS)):
                 for stmt in filter(str.strip, MIGRATIONS[i].split(";")):
                     conn.execute(stmt)
+            if conn.execute("PRAGMA foreign_key_check").fetchone() is not None:
+                raise HistoryError(f"history database {self.path}: a migration broke a reference")
             conn.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
             conn.execute("COMMIT")
         except Exception:
             conn.execute("ROLLBACK")
             raise
+        finally:
+            conn.execute("PRAGMA foreign_keys = ON")
 
     def close(self) -> None:
         self.conn.close()
@@ -147,7 +156,9 @@ class History(Queries):
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute("DELETE FROM jobs WHERE run_dir = ?", [run])
+            conn.execute("DELETE FROM jobs WHERE run_dir = ? AND cluster = ? AND COALESCE(job_id, '') = ? "
+                         "AND COALESCE(user, '') = ?", [run, got.job["cluster"], got.job["job_id"] or "",
+                                                         got.job["user"] or ""])
             job_pk = _insert(conn, "jobs", [got.job])
             _insert(conn, "attempts", [{**a, "job": job_pk} for a in got.attempts])
             _insert(conn, "layer_profiles", got.profiles, ("model_key", "micro_batch_size", "layer"))
@@ -522,7 +533,8 @@ def _read_spool(path: Path) -> dict[str, Any]:
 
 
 def _record_owner(rec: dict[str, Any]) -> Owner | None:
-    """Whose job the record is, from Slurm's own fields (UID, GID, USERNAME, JOBID, PARTITION)."""
+    """Whose job the record is, from Slurm's own fields (UID, GID, USERNAME, JOBID, PARTITION,
+    CLUSTER)."""
     try:
         uid, gid = int(str(rec["UID"])), int(str(rec["GID"]))
     except (KeyError, ValueError):
@@ -531,7 +543,8 @@ def _record_owner(rec: dict[str, Any]) -> Owner | None:
         return None
     return Owner(str(rec.get("USERNAME") or user_name(uid)), uid, gid,
                  job_id=str(rec["JOBID"]) if rec.get("JOBID") else None,
-                 partition=str(rec["PARTITION"]) if rec.get("PARTITION") else None)
+                 partition=str(rec["PARTITION"]) if rec.get("PARTITION") else None,
+                 cluster=str(rec.get("CLUSTER") or ""))
 
 
 def _lstat_regular(path: str) -> bool:

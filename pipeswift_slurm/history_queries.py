@@ -161,12 +161,13 @@ class Queries:
         return next(self._named("SELECT * FROM job_rollup WHERE cluster = ? AND job_id = ?",
                                 [cluster, job_id]), None)
 
-    def pswift_runs(self) -> dict[str, sqlite3.Row]:
-        """Every pswift run by its directory: run_dir, id, job_id, name, user, partition, state,
-        submit_time, predicted_jct_s."""
-        return {r["run_dir"]: r for r in self._named(
+    def pswift_runs(self) -> dict[tuple[str, str | None], sqlite3.Row]:
+        """Every pswift run by its directory and job id (a shared scratch may hold several jobs
+        at one path): run_dir, id, job_id, name, user, partition, state, submit_time,
+        predicted_jct_s."""
+        return {(r["run_dir"], r["job_id"]): r for r in self._named(
             "SELECT run_dir, id, job_id, name, user, partition, state, submit_time, predicted_jct_s "
-            "FROM jobs")}
+            "FROM jobs ORDER BY id")}
 
     def run_dirs(self) -> set[str]:
         return {r[0] for r in self.conn.execute("SELECT run_dir FROM jobs")}

@@ -186,6 +186,26 @@ MIGRATIONS: list[str] = [
     ALTER TABLE attempts ADD COLUMN restarts INTEGER;
     ALTER TABLE attempts ADD COLUMN last_crash TEXT;
     """,
+    # 11: a pswift job is its run directory *and* its Slurm identity (cluster, job id, user): a
+    #     new job at the same path in a shared scratch no longer replaces another job's rows
+    #     (jobs rebuilt without UNIQUE(run_dir); History._migrate turns foreign keys off for it)
+    """
+    CREATE TABLE jobs_v11 (
+        id INTEGER PRIMARY KEY, cluster TEXT NOT NULL DEFAULT '', run_dir TEXT NOT NULL,
+        job_id TEXT, name TEXT, partition TEXT, user TEXT, model_key TEXT,
+        submit_time REAL, start_time REAL, end_time REAL, state TEXT, steps INTEGER,
+        chosen_nodes INTEGER, predicted_step_s REAL, predicted_jct_s REAL, predicted_queue_s REAL,
+        actual_step_s REAL, actual_jct_s REAL, predicted_jct_p10_s REAL, predicted_jct_p50_s REAL,
+        predicted_jct_p90_s REAL
+    );
+    INSERT INTO jobs_v11 (id, run_dir, job_id, name, partition, user, model_key, submit_time, start_time, end_time, state, steps, chosen_nodes, predicted_step_s, predicted_jct_s, predicted_queue_s, actual_step_s, actual_jct_s, predicted_jct_p10_s, predicted_jct_p50_s, predicted_jct_p90_s) SELECT id, run_dir, job_id, name, partition, user, model_key, submit_time, start_time, end_time, state, steps, chosen_nodes, predicted_step_s, predicted_jct_s, predicted_queue_s, actual_step_s, actual_jct_s, predicted_jct_p10_s, predicted_jct_p50_s, predicted_jct_p90_s FROM jobs;
+    DROP TABLE jobs;
+    ALTER TABLE jobs_v11 RENAME TO jobs;
+    CREATE INDEX jobs_model ON jobs(model_key);
+    CREATE INDEX jobs_partition ON jobs(partition, submit_time);
+    CREATE INDEX jobs_job_id ON jobs(job_id);
+    CREATE UNIQUE INDEX jobs_identity ON jobs(run_dir, cluster, COALESCE(job_id, ''), COALESCE(user, ''))
+    """,
 ]
 
 #: upsert one attempt: a source that does not know a field (the plugin knows no MaxRSS, sacct

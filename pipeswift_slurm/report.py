@@ -73,22 +73,29 @@ def job_reports(h: History, sel: Selection = Selection()) -> list[JobReport]:
     out = []
     seen_runs = set()
     for (cluster, jid), rows in groups.items():
-        work = rows[-1]["work_dir"]
-        run = runs.get(work)
+        run = run_of(runs, rows[-1]["work_dir"], jid)
         if run is not None:
-            seen_runs.add(work)
+            seen_runs.add(run["id"])
         rep = _report(h, jid, rows, run, cluster)
         if sel.pswift_only and not rep.pswift:
             continue
         if sel.states and (rep.state or "").upper() not in sel.states:
             continue
         out.append(rep)
-    for work, run in runs.items():
-        if work not in seen_runs and _run_selected(run, sel):
+    for run in runs.values():
+        if run["id"] not in seen_runs and _run_selected(run, sel):
             rep = _report(h, run["job_id"] or f"local:{run['id']}", [], run)
             if not sel.states or (rep.state or "").upper() in sel.states:
                 out.append(rep)
     return out
+
+
+def run_of(runs: dict[tuple[str, str | None], Row], work: str | None, job_id: str) -> Row | None:
+    """The pswift run a Slurm record names: its work directory and job id (several jobs may
+    have run at one path), else a run at that path whose job id was never known."""
+    if work is None:
+        return None
+    return runs.get((work, job_id)) or runs.get((work, None))
 
 
 def _run_selected(run: Row, sel: Selection) -> bool:
@@ -267,7 +274,8 @@ def write_listing(h: History, sel: Selection, out: Renderer, limit: int | None =
         for row in rows:
             out.row(_job_values(h, runs, row[:-2], row[-2], row[-1]))
     else:
-        out.lines(rows, runs, lambda row: _job_values(h, runs, _values(h, row[-2], row[-1]), row[-2], row[-1]))
+        out.lines(rows, {work for work, _ in runs},
+                  lambda row: _job_values(h, runs, _values(h, row[-2], row[-1]), row[-2], row[-1]))
     if not limit or out.count < limit:
         for values in _runs_without_records(h, runs, sel, limit and limit - out.count):
             out.row(values)
@@ -289,9 +297,10 @@ def _values(h: History, job_id: str, work_dir: str | None) -> tuple:
     return next(v[:-2] for v in h.listing_rows(Selection(job_ids=(job_id,)), _KEYS) if v[-1] == work_dir)
 
 
-def _job_values(h: History, runs: dict[str, Row], plain: tuple, job_id: str, work: str | None) -> tuple:
+def _job_values(h: History, runs: dict[tuple[str, str | None], Row], plain: tuple, job_id: str,
+                work: str | None) -> tuple:
     """A job's listing values: a pswift run's from its report, over Slurm's figures."""
-    run = runs.get(work) if work is not None else None
+    run = run_of(runs, work, job_id)
     if run is None:
         return plain
     rows = [r for r in h.slurm_attempts(Selection(job_ids=(job_id,))) if r["work_dir"] == work]
@@ -300,14 +309,17 @@ def _job_values(h: History, runs: dict[str, Row], plain: tuple, job_id: str, wor
     return listing_row(plain, _report(h, job_id, rows, run, rows[-1]["cluster"]))
 
 
-def _runs_without_records(h: History, runs: dict[str, Row], sel: Selection, limit: int | None) -> Iterator[tuple]:
-    """Selected pswift runs that no Slurm record names (their work directory)."""
+def _runs_without_records(h: History, runs: dict[tuple[str, str | None], Row], sel: Selection,
+                          limit: int | None) -> Iterator[tuple]:
+    """Selected pswift runs that no Slurm record names (their work directory and job id)."""
     if limit is not None and limit <= 0:
         return
-    seen = {w for (w,) in h.conn.execute("SELECT work_dir FROM job_rollup WHERE work_dir IN (SELECT run_dir FROM jobs)")}
+    seen = {(w, j) for (w, j) in h.conn.execute(
+        "SELECT work_dir, job_id FROM job_rollup WHERE work_dir IN (SELECT run_dir FROM jobs)")}
+    seen_dirs = {w for w, _ in seen}
     n = 0
-    for work, run in runs.items():
-        if work in seen or not _run_selected(run, sel):
+    for (work, jid), run in runs.items():
+        if (work, jid) in seen or (jid is None and work in seen_dirs) or not _run_selected(run, sel):
             continue
         rep = _report(h, run["job_id"] or f"local:{run['id']}", [], run)
         if not sel.states or (rep.state or "").upper() in sel.states:

@@ -38,6 +38,7 @@ class Owner(NamedTuple):
     gid: int
     job_id: str | None = None
     partition: str | None = None
+    cluster: str = ""
 
 
 @dataclass
@@ -133,7 +134,7 @@ def rows(run: str, files: RunFiles, owner: Owner, fold: eventfold.Fold | None = 
     mkey = model_key(_dict(plan.get("model")), owner.user)
     pred = _dict(plan.get("prediction"))
     job: dict[str, Any] = {
-        "run_dir": run, "name": plain(plan.get("job_name")),
+        "run_dir": run, "cluster": owner.cluster, "name": plain(plan.get("job_name")),
         "partition": owner.partition or plain(plan.get("partition")), "user": owner.user,
         "model_key": mkey, "steps": number(_dict(plan.get("training")).get("steps")),
         "submit_time": number(plan.get("submitted_at")), "chosen_nodes": number(pred.get("nodes")),

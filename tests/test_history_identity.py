@@ -44,3 +44,54 @@ def test_waits_are_slurms_and_errors_are_the_users_own(tmp_path):
         assert {e["actual_step_s"] for e in h.recent_errors()} == {1.1, 50.0}   # an admin's view: all
     finally:
         h.close()
+
+
+def test_a_new_job_at_the_same_path_keeps_the_other_jobs_rows(tmp_path):
+    """A shared scratch path reused by another user's job: two jobs, each its own rows; the same
+    job ingested again replaces its own rows only (issue 24: rows keyed by cluster and job id)."""
+    h = History(tmp_path / "h.db")
+    try:
+        run, _ = _run(tmp_path, "scratch", "alice", 1.0, 1.1)
+        assert h.ingest_run_dir(run, Owner("alice", 0, 0, "5", cluster="c"))
+        (tmp_path / "again").mkdir()
+        _run(tmp_path / "again", "scratch", "mallory", 1.0, 9.0)           # mallory's files...
+        for name in ("plan.json", "events.jsonl"):                          # ...at the same path
+            (tmp_path / "scratch" / name).write_bytes((tmp_path / "again" / "scratch" / name).read_bytes())
+        with open(tmp_path / "scratch" / "events.jsonl", "a") as fh:
+            fh.write("\n")
+        assert h.ingest_run_dir(run, Owner("mallory", 0, 0, "6", cluster="c"))
+        jobs = h.conn.execute("SELECT job_id, user, actual_step_s FROM jobs ORDER BY job_id").fetchall()
+        assert jobs == [("5", "alice", 1.1), ("6", "mallory", 9.0)]
+        with open(tmp_path / "scratch" / "events.jsonl", "a") as fh:
+            fh.write("\n\n")
+        assert h.ingest_run_dir(run, Owner("mallory", 0, 0, "6", cluster="c"))   # mallory's again
+        assert h.conn.execute("SELECT COUNT(*), COUNT(DISTINCT job_id) FROM jobs").fetchone() == (2, 2)
+        assert h.conn.execute("SELECT COUNT(*) FROM attempts").fetchone()[0] == 2
+        assert set(h.pswift_runs()) == {(run, "5"), (run, "6")}
+    finally:
+        h.close()
+
+
+def test_a_database_at_schema_10_keeps_its_jobs_and_their_attempts(tmp_path):
+    import sqlite3
+    from pipeswift_slurm.history_schema import MIGRATIONS
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    for m in MIGRATIONS[:10]:
+        conn.executescript(m)
+    conn.execute("INSERT INTO jobs (id, run_dir, job_id, user, predicted_jct_p90_s) VALUES (1, '/r', '5', 'u', 9.5)")
+    conn.execute("INSERT INTO attempts (job, attempt, restarts) VALUES (1, 0, 2)")
+    conn.execute("INSERT INTO relayouts (job, attempt, step, kind) VALUES (1, 0, 7, 'grow')")
+    conn.execute("PRAGMA user_version = 10")
+    conn.commit()
+    conn.close()
+    h = History(path)
+    try:
+        assert h.conn.execute("SELECT cluster, run_dir, job_id, predicted_jct_p90_s FROM jobs").fetchall() == [
+            ("", "/r", "5", 9.5)]
+        assert h.conn.execute("SELECT COUNT(*) FROM job_listing").fetchone() is not None   # views made anew
+        h.conn.execute("DELETE FROM jobs")                           # the references still cascade
+        assert h.conn.execute("SELECT COUNT(*) FROM attempts").fetchone()[0] == 0
+        assert h.conn.execute("SELECT COUNT(*) FROM relayouts").fetchone()[0] == 0
+    finally:
+        h.close()
