@@ -4,6 +4,7 @@ and output options and ``--plot``."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -146,21 +147,26 @@ def history_failures(db: Path | None, sel: Any, out: Any, plot: Path | None) -> 
 @click.option("--metadata", "metadata_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Only write the Datasette metadata (titles, units, canned queries, dashboard) here.")
 @click.option("--everyone", is_flag=True,
-              help="No token: every user who can reach the port reads the whole history (an admin's choice).")
+              help="No token: every user who can reach the port reads what is served (an admin's choice).")
+@click.option("--user", "only_user", metavar="NAME",
+              help="Serve NAME's jobs only (an admin's preview of what NAME sees).")
 @_errors
-def history_serve(db: Path | None, host: str, port: int, metadata_out: Path | None, everyone: bool) -> None:
+def history_serve(db: Path | None, host: str, port: int, metadata_out: Path | None, everyone: bool,
+                  only_user: str | None) -> None:
     """Browse the history in Datasette, read-only: tables with titles and units, report views
     (usage_daily, job_efficiency, job_waits, failures, preemption_waste, jct_phases), canned
     queries and a dashboard at /-/dashboards/pswift. For one person by default: open the URL
     with the token it prints; other users of the host get 403. Read-only SQL for whoever may
-    look (the dashboard draws with it); every query stops after 2 s.
+    look (the dashboard draws with it); every query stops after 2 s. The database's owner (or
+    root) sees every job; anyone else who can read it is served a private copy of their own.
 
     Example:
 
         pswift history serve --port 8001
     """
     import json
-    from .serve import metadata, serve
+    from .runrows import current_user
+    from .serve import metadata, serve, served_user
     h = _open(db)          # migrated, its views current
     path = h.path
     h.close()
@@ -168,6 +174,8 @@ def history_serve(db: Path | None, host: str, port: int, metadata_out: Path | No
         metadata_out.write_text(json.dumps(metadata(path, everyone), indent=2))
         _warn(f"metadata written to {metadata_out}")
         return
+    only_user = served_user(path, os.geteuid(), path.stat().st_uid, only_user, current_user())
     who = "to every user who can reach it" if everyone else "to whoever opens the token URL below"
-    _warn(f"serving {path} read-only on http://{host}:{port}/ {who} (dashboard: /-/dashboards/pswift)")
-    serve(path, host, port, everyone)
+    whose = f"{only_user}'s jobs in " if only_user else ""
+    _warn(f"serving {whose}{path} read-only on http://{host}:{port}/ {who} (dashboard: /-/dashboards/pswift)")
+    serve(path, host, port, everyone, only_user)

@@ -21,6 +21,10 @@ class ServeError(PswiftError):
     exit_code = 1
 
 
+class ServeRefused(ServeError):
+    exit_code = 2
+
+
 def _tables() -> dict[str, Any]:
     seconds = {c: _SECOND for c in ("queue_s", "setup_s", "training_s", "checkpoint_s", "jct_s", "elapsed_s",
                                     "limit_s", "cpu_time_s", "step_mean_s", "predicted_jct_s", "last_elapsed_s",
@@ -161,16 +165,81 @@ def metadata(db_path: Path, everyone: bool = False) -> dict[str, Any]:
             "plugins": {"datasette-dashboards": dashboard(name)}}
 
 
-def serve(db_path: Path, host: str, port: int, everyone: bool = False) -> None:
+#: what a one-user copy of the history keeps of each table: SQL over the source ``src``, with
+#: :user the user; tables whose rows hang off a job keep those of the jobs kept
+OWN_ROWS = {
+    "slurm_jobs": "user = :user", "job_rollup": "user = :user", "jobs": "user = :user",
+    "attempts": "job IN (SELECT id FROM main.jobs)", "plan_decisions": "job IN (SELECT id FROM main.jobs)",
+    "relayouts": "job IN (SELECT id FROM main.jobs)",
+    "layer_profiles": "model_key IN (SELECT model_key FROM main.jobs)",
+    "pipe_overheads": "model_key IN (SELECT model_key FROM main.jobs)",
+    "ingest_state": "run_dir IN (SELECT run_dir FROM main.jobs)", "sacct_state": "1",
+}
+
+
+def served_user(db_path: Path, euid: int, db_owner: int, asked: str | None, me: str) -> str | None:
+    """Whose jobs are served (None: everyone's). The database's owner and root see every job,
+    or the one user they ask for; anyone else who can read it sees their own only."""
+    admin = euid in (0, db_owner)
+    if asked is not None and not admin and asked != me:
+        raise ServeRefused(f"--user {asked}: only the owner of {db_path} (or root) may serve another "
+                           f"user's jobs; leave --user out to serve your own")
+    return asked if asked is not None or admin else me
+
+
+def own_rows(db_path: Path, user: str, folder: Path) -> Path:
+    """A copy of the history at ``folder``/<same name> holding ``user``'s jobs only (their Slurm
+    attempts, pswift runs, and what hangs off those), its views made anew: what a user who is
+    not the database's admin is served. The source is opened read-only."""
+    import sqlite3
+    from .history import History
+    dest = folder / db_path.name
+    History(dest).close()                       # the newest schema and its views, empty
+    conn = sqlite3.connect(f"file:{dest}", uri=True, isolation_level=None)
+    try:
+        conn.execute("ATTACH DATABASE ? AS src", [f"file:{db_path}?mode=ro"])
+        conn.execute("BEGIN")
+        for table, where in OWN_ROWS.items():
+            have = {r[1] for r in conn.execute(f"PRAGMA src.table_info({table})")}
+            cols = ", ".join(f'"{r[1]}"' for r in conn.execute(f"PRAGMA main.table_info({table})") if r[1] in have)
+            if cols:
+                conn.execute(f"INSERT INTO main.{table} ({cols}) SELECT {cols} FROM src.{table} WHERE {where}",
+                             {"user": user} if ":user" in where else {})
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    return dest
+
+
+def serve(db_path: Path, host: str, port: int, everyone: bool = False, only_user: str | None = None) -> None:
+    """Serve the history; with ``only_user``, a private copy of that user's rows (own_rows),
+    removed when the server stops."""
+    import importlib.util
+    if not all(importlib.util.find_spec(m) for m in ("datasette", "datasette_dashboards")):
+        raise ServeError("`pswift history serve` needs Datasette: pip install 'pipeswift-slurm[serve]'")
+    if only_user is None:
+        _become_datasette(db_path, host, port, everyone)
+    import shutil
+    folder = Path(tempfile.mkdtemp(prefix="pswift-serve-"))   # 0700: this user's alone
+    try:
+        _serve_child(own_rows(db_path, only_user, folder), host, port, everyone)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _datasette_args(db_path: Path, meta: str, host: str, port: int, everyone: bool) -> list[str]:
+    return [sys.executable, "-m", "datasette", "serve", str(db_path), "--metadata", meta, "--host", host,
+            "--port", str(port), "--setting", "sql_time_limit_ms", str(SQL_TIME_LIMIT_MS),
+            "--setting", "facet_time_limit_ms", "1000", *([] if everyone else ["--root"])]
+
+
+def _become_datasette(db_path: Path, host: str, port: int, everyone: bool) -> None:
     """Become Datasette on the database (read-only) with the metadata: exec, so a signal to this
     process reaches the server itself and nothing is left behind (the metadata is an unlinked
     temporary file, open on an inherited descriptor). Unless ``everyone``, Datasette prints a
     URL with a one-time token (``--root``): only a browser that opened it gets in, as on a
     Jupyter server, so other users of a shared login node cannot read the history."""
-    import importlib.util
     import os
-    if not all(importlib.util.find_spec(m) for m in ("datasette", "datasette_dashboards")):
-        raise ServeError("`pswift history serve` needs Datasette: pip install 'pipeswift-slurm[serve]'")
     with tempfile.TemporaryFile("w+") as meta:
         meta.write(json.dumps(metadata(db_path, everyone), indent=2))
         meta.flush()
@@ -179,7 +248,17 @@ def serve(db_path: Path, host: str, port: int, everyone: bool = False) -> None:
     os.set_inheritable(fd, True)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "datasette", "serve", str(db_path), "--metadata",
-                              f"/dev/fd/{fd}", "--host", host, "--port", str(port),
-                              "--setting", "sql_time_limit_ms", str(SQL_TIME_LIMIT_MS),
-                              "--setting", "facet_time_limit_ms", "1000", *([] if everyone else ["--root"])])
+    os.execv(sys.executable, _datasette_args(db_path, f"/dev/fd/{fd}", host, port, everyone))
+
+
+def _serve_child(db_path: Path, host: str, port: int, everyone: bool) -> None:
+    """Datasette as a child over a copy this process removes afterwards: the signals that would
+    stop it are passed on, and this process waits for it."""
+    import signal
+    import subprocess
+    meta = db_path.parent / "metadata.json"
+    meta.write_text(json.dumps(metadata(db_path, everyone), indent=2))
+    child = subprocess.Popen(_datasette_args(db_path, str(meta), host, port, everyone))
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+    child.wait()

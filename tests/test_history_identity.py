@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pipeswift_slurm.history import History
 from pipeswift_slurm.runrows import Owner
 
@@ -95,3 +97,40 @@ def test_a_database_at_schema_10_keeps_its_jobs_and_their_attempts(tmp_path):
         assert h.conn.execute("SELECT COUNT(*) FROM relayouts").fetchone()[0] == 0
     finally:
         h.close()
+
+
+def test_a_one_user_copy_keeps_that_users_jobs_and_what_hangs_off_them(tmp_path):
+    from pipeswift_slurm.serve import own_rows
+    h = History(tmp_path / "h.db")
+    try:
+        for name, user in (("mine-5", "alice"), ("theirs-6", "mallory")):
+            run, owner = _run(tmp_path, name, user, 1.0, 1.5)
+            assert h.ingest_run_dir(run, owner)
+        h.add_slurm_records([rec("5", T0, T0 + H, USERNAME="alice"), rec("6", T0, T0 + H, USERNAME="mallory"),
+                             rec("7", T0, T0 + H, USERNAME="mallory")], "jobcomp")
+    finally:
+        h.close()
+    (tmp_path / "copy").mkdir()
+    copy = History(own_rows(tmp_path / "h.db", "alice", tmp_path / "copy"))
+    try:
+        q = lambda sql: copy.conn.execute(sql).fetchall()    # noqa: E731
+        assert q("SELECT job_id, user FROM slurm_jobs") == [("5", "alice")]
+        assert q("SELECT job_id, user FROM job_rollup") == [("5", "alice")]
+        assert q("SELECT job_id, user FROM jobs") == [("mine-5"[-1], "alice")]
+        assert q("SELECT COUNT(*) FROM attempts") == [(1,)]
+        assert q("SELECT run_dir FROM ingest_state") == [(str(tmp_path / "mine-5"),)]
+        assert q("SELECT user FROM job_listing") == [("alice",)]         # the views read the copy
+    finally:
+        copy.close()
+
+
+def test_who_is_served_whose_jobs(tmp_path):
+    from pipeswift_slurm.serve import ServeRefused, served_user
+    db = tmp_path / "h.db"
+    assert served_user(db, 0, 500, None, "root") is None                  # root: everyone's
+    assert served_user(db, 500, 500, None, "admin") is None               # the database's owner too
+    assert served_user(db, 500, 500, "bob", "admin") == "bob"             # or one user's, asked for
+    assert served_user(db, 1000, 500, None, "alice") == "alice"           # anyone else: their own
+    assert served_user(db, 1000, 500, "alice", "alice") == "alice"
+    with pytest.raises(ServeRefused, match="only the owner of .* may serve another user's jobs"):
+        served_user(db, 1000, 500, "bob", "alice")

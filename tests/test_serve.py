@@ -138,6 +138,48 @@ def test_other_local_users_get_nothing_without_the_token(served):
         assert status_without_token(base + "/history/slurm_jobs.json", as_user="nobody") == 403
 
 
+def test_one_users_server_shows_that_users_jobs_only_and_leaves_no_copy(served, tmp_path):
+    """What a user who does not own the database is served (here an admin's --user preview):
+    a private copy of their own jobs, through real Datasette, removed when the server stops."""
+    import psutil
+    _, db, digest, _ = served
+    before = set(Path(tempfile_dir()).glob("pswift-serve-*"))
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.cli", "history", "serve", "--db", str(db),
+                               "--port", str(port), "--user", "u1"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
+    try:
+        url, deadline = token_url(server, time.time() + 90), time.time() + 90
+        while True:
+            try:
+                opener.open(url, timeout=30).read()
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert server.poll() is None and time.time() < deadline
+                time.sleep(0.3)
+        base = f"http://127.0.0.1:{port}/history"
+        with opener.open(f"{base}.json?sql=SELECT+user,+COUNT(*)+FROM+slurm_jobs+GROUP+BY+user", timeout=30) as r:
+            assert json.loads(r.read())["rows"] == [["u1", 10]]
+        with opener.open(f"{base}.json?sql=SELECT+COUNT(*)+FROM+jobs", timeout=30) as r:
+            assert json.loads(r.read())["rows"] == [[0]]          # the pswift run is root's
+        with opener.open(f"{base}/job_listing.json?_shape=array", timeout=30) as r:
+            assert {row["user"] for row in json.loads(r.read())} == {"u1"}
+        copies = set(Path(tempfile_dir()).glob("pswift-serve-*")) - before
+        assert len(copies) == 1 and oct((copies.pop()).stat().st_mode & 0o777) == "0o700"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert set(Path(tempfile_dir()).glob("pswift-serve-*")) == before
+    assert not [p.pid for p in psutil.process_iter(["cmdline"]) if "pswift-serve-" in " ".join(p.info["cmdline"] or [])]
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
+
+
+def tempfile_dir() -> str:
+    import tempfile
+    return tempfile.gettempdir()
+
+
 def test_metadata_views_and_canned_queries(served):
     base, db, _, _ = served
     meta = get(f"{base}/-/metadata.json")
