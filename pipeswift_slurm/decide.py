@@ -7,9 +7,10 @@ The rule, as the README states it:
 - a launch that ended by itself (done, re-laid out, or its own decision: a refusal, a spent
   budget, a requeue it asked for) is followed as it asked;
 - a *fault* (a rank killed by a signal, a lost node or task, a broken collective, a timeout,
-  an out-of-memory kill) is retried: the ranks start again in the same allocation from the
-  newest committed checkpoint, up to ``[job] max_restarts`` times an attempt; after that the
-  job is requeued (its node left out when one is to blame), within ``[job] max_requeues``;
+  an out-of-memory kill, a rank the watchdog found hung) is retried: the ranks start again in
+  the same allocation from the newest committed checkpoint, up to ``[job] max_restarts`` times
+  an attempt; after that the job is requeued (its node left out when one is to blame), within
+  ``[job] max_requeues``; a second hang on the same node requeues at once, without that node;
 - a *bug* (an exception of the model's or data's code) is tried once more; the same error at
   the same step in a second launch fails the job at once, no restart or requeue spent.
 """
@@ -39,7 +40,7 @@ _FAULT_TEXT = re.compile(
 class Death:
     """How one rank ended, as its launcher recorded it (an exception) or srun saw it (a signal,
     an exit code, a lost node)."""
-    how: str                   # "exception", "signal 9", "exit 1", "lost"
+    how: str                   # "exception", "signal 9", "exit 1", "lost", "hung" (the watchdog's)
     rank: int | None = None
     node: str | None = None
     step: int | None = None    # the step it was running (an exception), else None
@@ -54,13 +55,14 @@ class Death:
 
     @property
     def signature(self) -> str:
-        """What makes two failures the same: the error and the step it happened at."""
-        return f"{self.error} @ step {self.step}"
+        """What makes two failures the same: the error and the step it happened at; for a hang,
+        the node it happened on."""
+        return f"hung on {self.node}" if self.how == "hung" else f"{self.error} @ step {self.step}"
 
     def describe(self) -> str:
         who = f"rank {self.rank}" if self.rank is not None else "a rank"
         where = f" on {self.node}" if self.node else ""
-        what = {"exception": f"raised {self.error}", "lost": "was lost"}.get(
+        what = {"exception": f"raised {self.error}", "lost": "was lost", "hung": f"hung ({self.error})"}.get(
             self.how, f"was killed by {self.how}" if self.how.startswith("signal") else f"ended with {self.how}")
         at = f" at step {self.step}" if self.step is not None else ""
         return f"{who}{where} {what}{at}"
@@ -135,6 +137,10 @@ def after_launch(rc: int, ended_itself: bool, deaths: list[Death], seen: list[st
                                 f"launches is the model's or the data's, not the cluster's; fix it and "
                                 f"resubmit (the newest checkpoint is kept)", 1, death=death)
     kind = "fault" if death.is_fault else "error, once"
+    if death.how == "hung" and death.node and death.signature in seen and b.in_slurm \
+            and requeue_left(b.attempt, b.max_requeues):
+        return Decision("requeue", f"{death.describe()}: a second hang on {death.node}; requeueing the job "
+                                   f"without it", 0, exclude=death.node, death=death)
     if restart_left(b.restarts, b.max_restarts):
         n = b.restarts + 1
         return Decision("relaunch", f"{death.describe()} ({kind}): restart {n} of {b.max_restarts} in "

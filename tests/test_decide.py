@@ -17,6 +17,7 @@ BUG = Death("exception", 0, "node1", 5, "ValueError: bad batch at step 5")
 GLOO = Death("exception", 0, "node1", 58, "RuntimeError: [gloo/pair.cc:537] Read error: Connection reset by peer")
 OOM = Death("exception", 2, "node3", 9, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB")
 EXIT = Death("exit 7", 1, "node2")
+HUNG = Death("hung", 2, "node3", 12, "no step finished for 9.1 s (limit 8.0 s, after step 12)")
 
 
 def budgets(restarts=0, max_restarts=3, relayouts=0, attempt=0, max_requeues=3, in_slurm=True) -> Budgets:
@@ -31,7 +32,16 @@ CASES = [
     ("re-layout budget spent", 75, True, [], [], budgets(relayouts=2), "fail", 75, None),
     ("a refusal of the launcher", 2, True, [], [], budgets(), "done", 2, None),
     ("the requeue budget spent by the launcher", 3, True, [], [], budgets(), "done", 3, None),
-    ("the watchdog's hang requeue", 76, True, [KILLED], [], budgets(), "done", 76, None),
+    ("the watchdog's hang requeue, launched by hand", 76, True, [KILLED], [], budgets(), "done", 76, None),
+    ("a hang: restart in the allocation", 137, False, [HUNG, KILLED], [], budgets(), "relaunch", 0, None),
+    ("a hang nobody was singled out for", 137, False, [Death("hung", error="blocked")], ["hung on None"],
+     budgets(), "relaunch", 0, None),
+    ("a second hang on that node: requeue without it", 137, False, [HUNG], [HUNG.signature], budgets(),
+     "requeue", 0, "node3"),
+    ("a second hang on another node: restart", 137, False, [HUNG], ["hung on node1"], budgets(),
+     "relaunch", 0, None),
+    ("a second hang, requeues spent: restart", 137, False, [HUNG], [HUNG.signature], budgets(attempt=3),
+     "relaunch", 0, None),
     ("SIGKILL of a rank", 143, False, [KILLED], [], budgets(), "relaunch", 0, None),
     ("SIGKILL, peer's gloo error first", 143, False, [GLOO, KILLED], [], budgets(), "relaunch", 0, None),
     ("a lost node", 143, False, [LOST], [], budgets(restarts=2), "relaunch", 0, None),
@@ -145,6 +155,28 @@ def test_the_helper_reads_the_records_and_remembers_a_bug_across_launches(tmp_pa
     (a,) = eventfold.by_attempt(events.read(plan["run_dir"])[0])
     assert a["ended"] == "failed" and "ValueError: bad batch" in a["end"]["error"]
     assert "restart 1 of 3" in capsys.readouterr().err
+
+
+def test_the_helper_restarts_a_hung_launch_then_requeues_without_the_node_that_hung_twice(tmp_path, capsys,
+                                                                                           monkeypatch):
+    from pipeswift_launch import afterlaunch
+    from pipeswift_slurm import events, slurm
+    plan, env = _plan(tmp_path), {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0"}
+    hang = {"rank": 0, "node": "node1", "step": 12, "suspect_rank": 2, "suspect_node": "node3",
+            "hang": "no step finished for 9.1 s (limit 8.0 s, after step 12): rank 2 on node node3 stopped running"}
+    requeued = []
+    monkeypatch.setattr(slurm, "requeue", lambda job, exclude, nodes_needed: requeued.append((job, exclude)) or True)
+    monkeypatch.setattr(afterlaunch.time, "sleep", lambda s: None)
+    for launch, want in enumerate(["restart", "exit 0"]):
+        folder = _launch(tmp_path, launch, [hang], "srun: error: node1: task 0: Exited with exit code 76\n"
+                                                   "srun: error: node3: task 2: Killed\n")
+        d, last = afterlaunch.decide_after(plan, 137, folder, launch, 0, env)
+        assert afterlaunch.carry_out(plan, d, last, launch, env) == want, d.why
+    crashes = [e for e in events.read(plan["run_dir"])[0] if e["event"] == "crash"]
+    assert [(c["how"], c["rank"], c["node"], c["step"], c["action"]) for c in crashes] == [
+        ("hung", 2, "node3", 12, "restart"), ("hung", 2, "node3", 12, "requeue")]
+    assert requeued == [("9", "node3")]
+    assert "rank 2 on node3 hung (no step finished" in capsys.readouterr().err
 
 
 def test_the_helper_follows_a_launch_that_ended_itself_and_removes_its_folder(tmp_path, capsys):

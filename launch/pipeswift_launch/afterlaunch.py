@@ -25,15 +25,19 @@ def deaths_of(records: list[dict[str, Any]], report: str) -> list[decide.Death]:
     """The ranks' exceptions (their own words) and what srun saw of the others."""
     raised = [decide.Death("exception", r["rank"], r.get("node"), r.get("step"), str(r["error"]))
               for r in records if r.get("error")]
-    said = {d.rank for d in raised}
+    hangs = [decide.Death("hung", r.get("suspect_rank"), r.get("suspect_node"), r.get("step"), str(r["hang"]))
+             for r in records if r.get("hang")]
+    said = {d.rank for d in raised} | {r["rank"] for r in records if r.get("hang")}
     seen = [d for d in decide.srun_deaths(report) if not (d.rank in said and d.how.startswith("exit"))]
-    return raised + seen
+    return raised + hangs + seen
 
 
 def _job_failures(evs: list[dict[str, Any]], job_id: str | None) -> list[str]:
-    return [decide.Death("exception", step=e.get("step"), error=e.get("error")).signature
+    """The signatures of this job's earlier failures that repeat matters for: an exception (at
+    its step) and a hang (on its node)."""
+    return [decide.Death(e["how"], node=e.get("node"), step=e.get("step"), error=e.get("error")).signature
             for e in evs if e["event"] == "crash" and e.get("job_id") == job_id
-            and e.get("how") == "exception" and e.get("error")]
+            and (e.get("how") == "exception" and e.get("error") or e.get("how") == "hung" and e.get("node"))]
 
 
 def decide_after(plan: dict[str, Any], rc: int, folder: Path, restarts: int, relayouts: int,

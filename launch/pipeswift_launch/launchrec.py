@@ -1,7 +1,8 @@
 """What each rank leaves of one launch for the batch script's helper (afterlaunch): a small
 JSON file per rank in ``$PSWIFT_LAUNCH_DIR`` (set by the batch script, one folder a launch):
 ``{"rank", "node", "rc"}`` when the launcher returned by itself, ``{"rank", "node", "step",
-"error"}`` when it raised. A rank killed by a signal leaves nothing; srun's report says so.
+"error"}`` when it raised, ``{"rank", "node", "hang", "suspect_rank", "suspect_node", "step"}``
+when its watchdog ended a hung launch. A rank killed by a signal leaves nothing; srun's report says so.
 No torch here: the helper reads these without it."""
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def exited(rank: int, rc: int) -> None:
 def raised(rank: int, step: int | None, error: str) -> None:
     """The launcher raised ``error`` (one line) while running ``step``."""
     _write(rank, {"step": step, "error": " ".join(error.split())[:500]})
+
+
+def hung(rank: int, suspect_rank: int | None, suspect_node: str | None, step: int | None, why: str) -> None:
+    """This rank's watchdog found the launch hung and ends it: ``suspect_*`` name the rank that
+    stopped (None: blocked, nobody singled out), ``why`` says what was seen (one line)."""
+    _write(rank, {"hang": " ".join(why.split())[:500], "suspect_rank": suspect_rank,
+                  "suspect_node": suspect_node, "step": step})
 
 
 def read(folder: Path) -> tuple[list[dict[str, Any]], str]:

@@ -7,12 +7,12 @@ the thread writes a small heartbeat file every second (``run_dir/heartbeats/rank
 node, last step, wall time), so a stopped process's heartbeat goes stale while a blocked but
 live one's does not. When no step has finished for ``max(min_s, factor x p95 step time)`` the
 thread reads all heartbeats: the suspect is the rank whose heartbeat is stale (else the one with
-the fewest steps), and the lowest live other rank acts (one rank, never the stuck one): it
-records an ``end`` event
-``reason = "hung"`` naming the rank, node and stall, asks Slurm to requeue the job (within
-``max_requeues``), excludes the suspect's node from the next attempt when the partition keeps
-enough other nodes, and exits; Slurm then kills every task of the attempt. The next attempt
-resumes from the last committed checkpoint.
+the fewest steps), and the lowest live other rank acts (one rank, never the stuck one): in a
+batch job it leaves a record naming the rank, node and stall for the batch script's helper and
+exits; srun (``--kill-on-bad-exit``) ends the other tasks, and the helper restarts the ranks in
+the allocation from the last committed checkpoint, as for any fault (pipeswift_slurm.decide: a
+second hang on the same node requeues the job without that node). Launched by hand, it records
+an ``end`` event ``reason = "hung"`` and asks Slurm to requeue the job itself.
 """
 
 from __future__ import annotations
@@ -123,12 +123,21 @@ class Watchdog(threading.Thread):
 
 
 def end_attempt(run_dir: Path, plan: Plan, denv: Any, info: dict[str, Any]) -> None:
-    """What the acting rank does about a hang: record it, requeue within the budget (excluding
-    the suspect's node when that is safe), and end this process; Slurm ends the others."""
+    """What the acting rank does about a hang. In a batch job: record it for the batch script's
+    helper and end this launch (srun ends the others); the helper treats it as a fault (a
+    restart in the allocation; a second hang on one node requeues without it). Launched by
+    hand: record the end, requeue within the budget (excluding the suspect's node when that is
+    safe), and end this process; Slurm ends the others."""
     who = (f"rank {info['suspect_rank']} on node {info['suspect_node']} stopped running"
            if info["certain"] else "no rank could be singled out (blocked, not stopped)")
     msg = (f"no step finished for {info['stalled_s']} s (limit {info['limit_s']} s, after step "
            f"{info['step']}): {who}")
+    from . import launchrec
+    if os.environ.get(launchrec.ENV):
+        print(f"pswift: rank {denv.rank}: {msg}; ending this launch", flush=True)
+        launchrec.hung(denv.rank, info["suspect_rank"] if info["certain"] else None,
+                       info["suspect_node"] if info["certain"] else None, max(info["step"], 0), msg)
+        os._exit(HUNG_EXIT)
     budget = int(plan.get("max_requeues", 3))
     requeue = denv.job_id is not None and denv.attempt < budget
     from pipeswift_slurm import events
@@ -146,6 +155,5 @@ def end_attempt(run_dir: Path, plan: Plan, denv: Any, info: dict[str, Any]) -> N
                 print(f"pswift: the next attempt will not use node {node}", flush=True)
         except Exception as e:  # the job still ends; Slurm's word is in the message
             print(f"pswift: requeue after the hang failed: {e}", flush=True)
-    from . import launchrec
     launchrec.exited(denv.rank, HUNG_EXIT)   # the batch script follows: this launch ended itself
     os._exit(HUNG_EXIT)
