@@ -87,9 +87,17 @@ def test_version_from_meta():
     ("n[08-10]", ("n08", "n09", "n10")),
     ("a1", ("a1",)), ("", ()),
     ("rack[1-2]-n", ("rack1-n", "rack2-n")),
+    ("rack[1-2]-node[1-2]", ("rack1-node1", "rack1-node2", "rack2-node1", "rack2-node2")),
+    ("r[1,3]n[08-09],x,c[2]", ("r1n08", "r1n09", "r3n08", "r3n09", "x", "c2")),
 ])
 def test_expand_hostlist(text, names):
     assert slurm_json.expand_hostlist(text) == names
+
+
+@pytest.mark.parametrize("text", ["n[1-2", "n1-2]", "n[a-b]", "n[3-1]", "n[[1]]", "n[0-99999999]"])
+def test_a_host_list_that_cannot_be_read_is_one_error(text):
+    with pytest.raises(slurm_json.SlurmError):
+        slurm_json.expand_hostlist(text)
 
 
 def test_numbers_states_and_garbage():
@@ -153,3 +161,15 @@ def test_squeue_active_text_odd_lines():
     a, b = slurm_json.squeue_active(text)
     assert (a.time_limit_min, a.end_time, a.node_names) == (None, None, ("n1",))
     assert (b.time_limit_min, b.priority, b.node_count) == (1440, 0, 2)
+
+
+def test_a_partition_that_cannot_hold_the_job_is_named_with_the_fix():
+    from pipeswift_slurm.queue import ClusterState, NodeState, partition_problem
+    nodes = [NodeState(f"n{i}", "down" if i == 3 else "idle", 4, 4, ("low", "high") if i < 3 else ("low",))
+             for i in range(4)]
+    state = ClusterState(now=0.0, nodes=nodes, running=[], pending=[])
+    assert partition_problem(state, "low", 4) is None           # a down node still counts: it may return
+    assert partition_problem(state, None, 99) is None           # the default partition: Slurm's to say
+    assert "has 3; ask for 3 or fewer" in partition_problem(state, "high", 4)
+    why = partition_problem(state, "gpu", 1)
+    assert "no such partition" in why and "(here: high, low)" in why

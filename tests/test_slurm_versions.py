@@ -225,3 +225,11 @@ def test_sacct_gives_the_admin_fields_and_the_reports_use_them(acct_cluster, tmp
     fails = json.loads(pswift("history", "failures", "--db", str(db), "-j", f"{busy},{bad}", "--json",
                               check=True).stdout)
     assert {(f["state"], f["jobs"]) for f in fails} == {("COMPLETED", 1), ("FAILED", 1)}
+
+
+@pytest.mark.parametrize("text", ["node[1-3,5],gpu07", "rack[1-2]-node[1-2]", "r[1,3]n[08-09],x,c[2]", "n[098-101]"])
+def test_host_lists_expand_as_scontrol_expands_them(cluster, text):
+    from pipeswift_slurm import slurm_json
+    want = subprocess.run(["scontrol", "show", "hostnames", text], capture_output=True, text=True, timeout=30,
+                          check=True).stdout.split()
+    assert list(slurm_json.expand_hostlist(text)) == want
