@@ -17,10 +17,10 @@ from . import runrows
 from . import slurm
 from .config import TrainConfig
 from .costmodel import DEFAULT_DEVICE_MEMORY, Hardware, Profile
-from .errors import PswiftError
+from .errors import ConfigError, PswiftError
 from .risk import step_rel_sd
 from .planner import Candidate, PastRuns, PlanResult, plan
-from .queue import ClusterState
+from .queue import ClusterState, partition_problem
 from .stats import median
 
 Warn = Callable[[str], None]
@@ -100,14 +100,17 @@ def step_key_for(cfg: TrainConfig) -> Callable[[Candidate], str]:
 
 
 def make_plan(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn,
-              test_only: bool = False) -> tuple[PlanResult | None, list[dict]]:
-    """The planner's result (None without any per-layer costs) and the model's recent errors."""
-    h = hist_mod.safe_open(db, warn)
+              test_only: bool = False, learn: bool = True) -> tuple[PlanResult | None, list[dict]]:
+    """The planner's result (None without any per-layer costs) and the model's recent errors.
+    ``learn``: first ingest the runs that ended since (a submission); a read-only command (plan,
+    a dry run) writes nothing and makes no database."""
+    h = hist_mod.safe_open(db, warn, create=learn)
     errors: list[dict] = []
     try:
         if h is not None:
             try:
-                h.ingest_registered(measured_only=True)  # what ran since: the planner learns
+                if learn:
+                    h.ingest_registered(measured_only=True)  # what ran since: the planner learns
                 errors = h.recent_errors(user=runrows.current_user())
             except (PswiftError, OSError, ValueError) as e:
                 warn(f"warning: could not ingest finished runs ({e}); using the history as it is")
@@ -122,6 +125,10 @@ def make_plan(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn,
                 cluster = slurm.cluster_state()
             except PswiftError as e:
                 warn(f"warning: no live cluster state ({e}); queue waits from history")
+        why = None if cluster is None else partition_problem(cluster, cfg.job.partition,
+                                                             min(cfg.resources.node_counts))
+        if why:
+            raise ConfigError(why)
         starts = None
         if test_only and cluster is not None:
             r = cfg.resources

@@ -115,6 +115,19 @@ def _history(db: Path | None) -> Finding:
     return Finding("history DB", f"{path}: {n[0]} Slurm attempt(s), {n[1]} pswift job(s)")
 
 
+def _job_python() -> Finding:
+    """Whether this interpreter (a job's default [job] python) can run a pswift job's ranks."""
+    import sys
+    from .preflight import FIX, missing
+    try:
+        gone = missing(sys.executable)
+    except OSError as e:
+        return Finding("job Python", f"{sys.executable}: cannot run it ({e})", "set [job] python in the TOML")
+    if gone:
+        return Finding("job Python", f"{sys.executable} cannot import {', '.join(gone)}", FIX)
+    return Finding("job Python", f"{sys.executable} (torch, deepspeed and the launcher found)")
+
+
 def environment(db: Path | None = None) -> list[Finding]:
     conf = _slurm_conf()
     if not conf.ok and not os.environ.get("SLURM_CONF"):
@@ -124,4 +137,4 @@ def environment(db: Path | None = None) -> list[Finding]:
         probes = _slurm()
         if probes and probes[0].ok:
             probes += _preemption()
-    return [conf, *probes, _history(db)]
+    return [conf, *probes, _job_python(), _history(db)]

@@ -77,7 +77,7 @@ def sbatch(toml: Path, sbatch_args: tuple[str, ...], run_dir: Path | None, dry_r
     from . import slurm
     slurm.prefetch()   # asks Slurm while the planner's modules load
     from . import submit as sub
-    p = sub.prepare(toml, run_dir, db, warn=_warn, sbatch_args=sbatch_args)
+    p = sub.prepare(toml, run_dir, db, warn=_warn, sbatch_args=sbatch_args, learn=not dry_run)
     if dry_run:
         _print_dry_run(p)
         return
@@ -261,7 +261,7 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
 
     cfg = load_config(toml)
     rule_layouts(cfg)
-    res, errors = make_plan(cfg, db, not no_live, _warn, test_only)
+    res, errors = make_plan(cfg, db, not no_live, _warn, test_only, learn=False)
     if res is None:
         raise CLIError(f"{toml}: nothing to plan with: add [model] layer_costs (seconds per layer "
                        f"per micro-batch) or run the job once so its profile is in the history", 2)
@@ -274,6 +274,8 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
         out = res.to_dict()
         out["model_error"] = errors
         click.echo(json.dumps(out, indent=2))
+        if res.fits_nowhere():
+            raise CLIError("no layout can run (see the candidates' reasons); change the TOML as they say", 2)
         return
     con = Console(highlight=False, markup=False, soft_wrap=True, width=max(140, shutil.get_terminal_size().columns))
     table = Table("nodes", "PxDP", "mbs", "m", "boundaries", "queue", "setup", "step", "train", "ckpt",
@@ -293,6 +295,8 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
     con.print(f"profile: {res.profile_source}; seconds" + "".join(f"; {n}" for n in res.notes), markup=False)
     con.print(table)
     con.print(explain(res), markup=False)
+    if res.fits_nowhere():
+        raise CLIError("no layout can run (reasons above); change the TOML as they say", 2)
     if errors:
         from .stats import median
         se = [abs(e["predicted_step_s"] - e["actual_step_s"]) / e["actual_step_s"] for e in errors

@@ -554,8 +554,11 @@ def _lstat_regular(path: str) -> bool:
         return False
 
 
-def safe_open(path: Path | str | None = None, warn: Any = None) -> History | None:
-    """Open for the planner: a bad DB degrades to no history, with a warning, never a crash."""
+def safe_open(path: Path | str | None = None, warn: Any = None, create: bool = True) -> History | None:
+    """Open for the planner: a bad DB degrades to no history, with a warning, never a crash;
+    ``create=False`` (a read-only command): no database is made where there is none."""
+    if not create and not Path(path or default_path()).exists():
+        return None
     try:
         return History(path, timeout=5.0)
     except HistoryError as e:

@@ -62,6 +62,22 @@ class WaitEstimate(NamedTuple):
     why: str
 
 
+def partition_problem(state: ClusterState, partition: str | None, min_nodes: int) -> str | None:
+    """Why the job can never run in ``partition`` (no such partition, or fewer nodes in it, in
+    any state, than the fewest the job asks for), with the fix; None when it can."""
+    if partition is None:
+        return None
+    names = sorted({p for n in state.nodes for p in n.partitions})
+    total = sum(1 for n in state.nodes if partition in n.partitions)
+    if total == 0:
+        return (f"[job] partition = {partition!r}: Slurm has no such partition with nodes (here: "
+                f"{', '.join(names) or 'none'}); set [job] partition to one of them")
+    if total < min_nodes:
+        return (f"[resources] nodes asks for at least {min_nodes} node(s), but partition {partition!r} has "
+                f"{total}; ask for {total} or fewer, or choose a larger partition")
+    return None
+
+
 def usable_nodes(state: ClusterState, partition: str | None, cpus_per_node: int) -> list[NodeState]:
     """Nodes of the partition that are up and big enough."""
     return [n for n in state.nodes

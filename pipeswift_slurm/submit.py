@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
 from . import rundir, slurm
 from .config import TrainConfig, load_config
-from .errors import PswiftError, RunDirError, UsageError
+from .errors import ConfigError, PswiftError, RunDirError, UsageError
 from .plan import build_plan, rule_layouts, write_plan
 from .sbatch import options_for, planned_option, render
 
@@ -53,18 +54,20 @@ class Submission(NamedTuple):
         return self.prepared.run_dir
 
 
-def _planned(cfg: TrainConfig, db: Path | None, live: bool, warn: Warn) -> Any:
+def _planned(cfg: TrainConfig, db: Path | None, live: bool, warn: Warn, learn: bool) -> Any:
     """The JCT planner's result, unless the TOML fixes the split method (uniform/parameters)."""
     if cfg.pipeline.partition in ("uniform", "parameters"):
         return None
     from .autoplan import make_plan
-    return make_plan(cfg, db, live, warn)[0]
+    return make_plan(cfg, db, live, warn, learn=learn)[0]
 
 
 def prepare(toml: Path | str, run_dir: Path | str | None = None, db: Path | str | None = None,
-            live: bool = True, warn: Warn = lambda msg: None, sbatch_args: Sequence[str] = ()) -> Prepared:
+            live: bool = True, warn: Warn = lambda msg: None, sbatch_args: Sequence[str] = (),
+            learn: bool = True) -> Prepared:
     """Load and check TOML, plan it (live cluster state unless ``live`` is False) and render the
-    batch script for ``run_dir`` (default ./pswift-runs/NAME-DATE-XXXX). Writes nothing.
+    batch script for ``run_dir`` (default ./pswift-runs/NAME-DATE-XXXX). Writes nothing but,
+    with ``learn``, the history of the runs that ended since (False: a dry run writes nothing).
     ``sbatch_args`` that contradict the plan (-N, --ntasks, -p, -t, ...) are refused first."""
     conflict = planned_option(sbatch_args)
     if conflict:
@@ -74,7 +77,12 @@ def prepare(toml: Path | str, run_dir: Path | str | None = None, db: Path | str 
     cfg = load_config(toml)
     target = (Path(run_dir) if run_dir else rundir.default_run_dir(cfg.job.name)).resolve()
     rule_layouts(cfg)  # the TOML's own invariants first: a bad TOML fails before any planning
-    plan = build_plan(cfg, target, planned=_planned(cfg, db, live, warn))
+    from .preflight import Check   # the job's interpreter can run the job: asked while this plans
+    check = Check(cfg.job.python or sys.executable)
+    plan = build_plan(cfg, target, planned=_planned(cfg, db, live, warn, learn))
+    why = check.problem() if check.python == plan["python"] else Check(plan["python"]).problem()
+    if why:
+        raise ConfigError(why)
     plan["submitted_at"] = time.time()
     opts = options_for(cfg, str(target), plan["signal_lead_s"], nodes=plan["nodes_request"])
     return Prepared(cfg, target, plan, render(opts, str(target), plan["python"]), tuple(sbatch_args))

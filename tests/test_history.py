@@ -60,7 +60,11 @@ def test_ingest_is_idempotent_and_keeps_attempts_profiles_and_stats(trained, tmp
 def test_planner_uses_the_measured_profile_and_reports_its_error(trained, tmp_path):
     toml, run, home = trained
     env = {"PSWIFT_HOME": str(home), "PSWIFT_DB": str(tmp_path / "h.db")}
-    proc = pswift("plan", str(toml), "--no-live", env=env)  # ingests registered runs itself
+    proc = pswift("plan", str(toml), "--no-live", env=env)  # read-only: makes no database
+    assert proc.returncode == 0 and "profile: toml" in proc.stdout, proc.stderr
+    assert not (tmp_path / "h.db").exists()
+    assert pswift("history", "ingest", env=env).returncode == 0   # (pswift sbatch learns by itself)
+    proc = pswift("plan", str(toml), "--no-live", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "profile: history" in proc.stdout and "measured" in proc.stdout
     assert "model error over the last 1 planned job(s): step time" in proc.stdout
@@ -80,6 +84,7 @@ def test_corrupt_or_missing_db_degrades_with_a_warning(trained, tmp_path):
     assert bad.read_bytes().startswith(b"this is not a database")  # nothing overwritten
     fresh = pswift("plan", str(toml), "--no-live", "--db", str(tmp_path / "new" / "h.db"))
     assert fresh.returncode == 0 and "profile: toml" in fresh.stdout
+    assert not (tmp_path / "new").exists()                     # plan writes nothing
 
 
 def test_locked_db_does_not_break_planning(trained, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -117,16 +118,31 @@ def test_hostile_job_name_and_run_dir(cluster, tmp_path):
     assert not list(tmp_path.rglob("PWNED"))
 
 
-def test_slurm_refusal_is_one_clear_line_and_leaves_nothing(cluster, tmp_path):
-    toml = copy_example(tmp_path / "ex", {"job.partition": '"nosuchpartition"'})
+def test_slurm_refusal_is_one_clear_line_and_leaves_nothing(cluster, example, tmp_path):
     run = tmp_path / "run"
-    proc = pswift("sbatch", "--run-dir", str(run), str(toml))
+    proc = pswift("sbatch", "--run-dir", str(run), str(example), "--", "--constraint=nosuchfeature")
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("Error: `sbatch ") and "--parsable" in lines[0]
-    assert "invalid partition specified: nosuchpartition" in lines[0].lower()
+    assert "invalid feature specification" in lines[0].lower()
     assert not run.exists() and not list(tmp_path.glob(".run*"))
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("job.partition", '"nosuchpartition"', "[job] partition = 'nosuchpartition': Slurm has no such partition"),
+    ("resources.nodes", "[6, 8]", "[resources] nodes asks for at least 6 node(s), but partition 'low' has 4"),
+])
+def test_a_job_that_can_never_run_is_refused_before_queueing(cluster, tmp_path, key, value, says):
+    """No such partition, or fewer nodes in it than the job's least: `pswift plan` and `pswift
+    sbatch` say so in one line with the fix and exit 2; nothing is queued or written (issue 25)."""
+    toml = copy_example(tmp_path / "ex", {key: value})
+    before = squeue_ids()
+    for cmd in (["plan", str(toml)], ["sbatch", "--run-dir", str(tmp_path / "run"), str(toml)]):
+        proc = pswift(*cmd)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert squeue_ids() == before and not (tmp_path / "run").exists()
 
 
 def test_status_of_unknown_job_is_clear(cluster):
@@ -177,3 +193,17 @@ def test_values_sbatch_cannot_hold_are_refused_in_one_line(cluster, tmp_path):
     run = tmp_path / "back\\slash"
     proc = pswift("sbatch", "--dry-run", "--run-dir", str(run), str(copy_example(tmp_path / "ex2")))
     assert proc.returncode == 2 and "contains a backslash" in proc.stderr and not run.exists()
+
+
+def test_a_login_only_python_is_refused_before_queueing(cluster, tmp_path):
+    """[job] python without torch (a login-node install): one line with the fix, exit 2, nothing
+    queued or written (issue 25: it used to queue, and every rank died after the wait)."""
+    venv = tmp_path / "login"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    toml = copy_example(tmp_path / "ex", {"steps": "4"})
+    toml.write_text(toml.read_text().replace("[job]\n", f'[job]\npython = "{venv}/bin/python"\n', 1))
+    before = squeue_ids()
+    proc = pswift("sbatch", "--run-dir", str(tmp_path / "run"), str(toml))
+    assert proc.returncode == 2 and "cannot import" in proc.stderr and "torch" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert squeue_ids() == before and not (tmp_path / "run").exists()

@@ -17,14 +17,21 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m pipeswift_launch RUN_DIR/plan.json", file=sys.stderr)
         return 2
-    from pipeswift_slurm.errors import PswiftError
-    from pipeswift_slurm.plan import read_plan, runnable
-
     from . import launchrec
-    from .checkpoint import CheckpointError
-    from .dist_env import LaunchEnvError, derive
-    from .ds_compat import DeepSpeedVersionError
     rank = int(os.environ.get("SLURM_PROCID") or os.environ.get("RANK") or 0)
+    try:
+        from pipeswift_slurm.errors import PswiftError
+        from pipeswift_slurm.plan import read_plan, runnable
+
+        from .checkpoint import CheckpointError
+        from .dist_env import LaunchEnvError, derive
+        from .ds_compat import DeepSpeedVersionError
+    except ModuleNotFoundError as e:   # a login-only install: one line, and no retry of it
+        print(f"pswift-launch: error: this Python ({sys.executable}) cannot import {e.name}: install "
+              f"pipeswift-slurm's training side (pip install 'pipeswift-slurm[train]') or set [job] python",
+              file=sys.stderr, flush=True)
+        launchrec.exited(rank, 2)
+        return 2
     try:
         plan = runnable(read_plan(argv[0]), argv[0])
         denv = derive(os.environ)
