@@ -17,6 +17,7 @@ import click
 
 from . import __version__
 from .cli_common import CLIError, _errors, _warn
+from .errors import PswiftError
 
 
 class _LazyGroup(click.Group):
@@ -88,7 +89,7 @@ def sbatch(toml: Path, sbatch_args: tuple[str, ...], run_dir: Path | None, dry_r
         click.echo(f"Submitted pswift job {job.job_id} ({p.layout_line()})")
         click.echo(f"run directory: {job.run_dir}")
     if wait:
-        sys.exit(_wait(job.job_id, job.run_dir, timeout, quiet=parsable))
+        sys.exit(_wait(job.job_id, job.run_dir, timeout, quiet=parsable, db=db))
 
 
 def _print_dry_run(p: Any) -> None:
@@ -105,7 +106,22 @@ def _print_dry_run(p: Any) -> None:
     click.echo(p.script, nl=False)
 
 
-def _wait(job_id: str, run: Path, timeout: float, quiet: bool = False) -> int:
+def _learn(run: Path, db: Path | None) -> None:
+    """A finished run into the history, so that the next `pswift plan` learns from it (plan
+    itself writes nothing)."""
+    from .history import IngestRefused, safe_open
+    h = safe_open(db, _warn)
+    if h is None:
+        return
+    try:
+        h.ingest_run_dir(run)
+    except (IngestRefused, PswiftError, OSError) as e:
+        _warn(f"warning: {run} not added to the history ({e})")
+    finally:
+        h.close()
+
+
+def _wait(job_id: str, run: Path, timeout: float, quiet: bool = False, db: Path | None = None) -> int:
     from . import rundir, slurm
     deadline = time.time() + timeout
     seen_state = None
@@ -122,6 +138,7 @@ def _wait(job_id: str, run: Path, timeout: float, quiet: bool = False) -> int:
             raise CLIError(f"job {job_id} still {state} after {timeout:.0f} s; "
                            f"`pswift status {job_id}` shows it later")
         time.sleep(1.0)
+    _learn(run, db)
     s = rundir.summarize(run)
     if not quiet:
         if s["first_loss"] is not None:
@@ -162,6 +179,7 @@ def run_cmd(toml: Path, run_dir: Path | None, nodes: int | None, db: Path | None
     click.echo(f"running locally: {p.layout_line(n)}")
     click.echo(f"run directory: {target}")
     rc = run_local(p.plan, str(target / "plan.json"), n)
+    _learn(target, db)
     s = rundir.summarize(target)
     if s["first_loss"] is not None:
         click.echo(f"loss {s['first_loss']:.4f} -> {s['last_loss']:.4f} after step {s['step']}")

@@ -11,6 +11,10 @@ The rule, as the README states it:
   the same allocation from the newest committed checkpoint, up to ``[job] max_restarts`` times
   an attempt; after that the job is requeued (its node left out when one is to blame), within
   ``[job] max_requeues``; a second hang on the same node requeues at once, without that node;
+- a *lost node* (the job is submitted with ``--no-kill``, so Slurm drops a failed node from the
+  allocation instead of ending it) is a fault too: the ranks start again on the nodes left,
+  with plan.json's layout for that many nodes (fewer stages); with no layout for them, the job
+  is requeued without the lost node;
 - a *bug* (an exception of the model's or data's code) is tried once more; the same error at
   the same step in a second launch fails the job at once, no restart or requeue spent.
 """
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field
 from .config import MAX_RESTARTS_DEFAULT
 from .plan import MAX_RELAYOUTS, RELAYOUT_EXIT
 
-__all__ = ["MAX_RESTARTS_DEFAULT", "RELAYOUT_EXIT", "Budgets", "Death", "Decision", "after_launch",
+__all__ = ["MAX_RESTARTS_DEFAULT", "RELAYOUT_EXIT", "Allocation", "Budgets", "Death", "Decision", "after_launch",
            "backoff", "first_death", "requeue_left", "restart_left", "srun_deaths"]
 #: seconds to wait before restart k (1-based): 1, 2, 4, ... at most BACKOFF_MAX_S
 BACKOFF_MAX_S = 30.0
@@ -81,10 +85,21 @@ class Budgets:
 
 
 @dataclass(frozen=True)
+class Allocation:
+    """The job's nodes: how many the launch ran on, and what Slurm holds now. A job submitted
+    with ``--no-kill`` keeps its allocation when a node fails; Slurm drops the node from it."""
+    launched: int                          # nodes the ended launch ran on
+    now: int                               # nodes the allocation holds now
+    lost: tuple[str, ...] = ()             # the nodes it no longer holds
+    stages: dict[int, int] = field(default_factory=dict)   # plan.json's layouts: nodes -> stages
+
+
+@dataclass(frozen=True)
 class Decision:
     """``action``: "done" (exit ``exit_code``, nothing more), "relaunch" (start the ranks again
-    in this allocation after ``backoff_s``), "requeue" (give the allocation back; the job
-    queues again, ``exclude`` left out), "fail" (end the job, ``exit_code``)."""
+    in this allocation after ``backoff_s``), "shrink" (start them again on the ``nodes`` the
+    allocation has left), "requeue" (give the allocation back; the job queues again,
+    ``exclude`` left out), "fail" (end the job, ``exit_code``)."""
     action: str
     why: str
     exit_code: int = 0
@@ -93,6 +108,7 @@ class Decision:
     death: Death | None = None
     counts_as_restart: bool = False
     notes: list[str] = field(default_factory=list)
+    nodes: int | None = None
 
 
 def requeue_left(attempt: int, max_requeues: int) -> bool:
@@ -119,10 +135,11 @@ def first_death(deaths: list[Death]) -> Death | None:
 
 
 def after_launch(rc: int, ended_itself: bool, deaths: list[Death], seen: list[str],
-                 b: Budgets) -> Decision:
+                 b: Budgets, alloc: Allocation | None = None) -> Decision:
     """What follows a launch that exited ``rc`` (srun's code). ``ended_itself``: the launcher
     wrote this launch's end (its own decision); ``deaths``: what the ranks recorded and srun
-    saw; ``seen``: the signatures of this job's earlier failures."""
+    saw; ``seen``: the signatures of this job's earlier failures; ``alloc``: the job's nodes
+    (None: not known)."""
     if rc == 0:
         return Decision("done", "the ranks finished", 0)
     if rc == RELAYOUT_EXIT and ended_itself:
@@ -137,6 +154,8 @@ def after_launch(rc: int, ended_itself: bool, deaths: list[Death], seen: list[st
                                 f"launches is the model's or the data's, not the cluster's; fix it and "
                                 f"resubmit (the newest checkpoint is kept)", 1, death=death)
     kind = "fault" if death.is_fault else "error, once"
+    if alloc is not None and alloc.now < alloc.launched:
+        return _on_survivors(death, b, alloc, rc)
     if death.how == "hung" and death.node and death.signature in seen and b.in_slurm \
             and requeue_left(b.attempt, b.max_requeues):
         return Decision("requeue", f"{death.describe()}: a second hang on {death.node}; requeueing the job "
@@ -155,6 +174,29 @@ def after_launch(rc: int, ended_itself: bool, deaths: list[Death], seen: list[st
            (f" and max_requeues = {b.max_requeues} spent at attempt {b.attempt}" if b.in_slurm else "")
            + ": raise [job] max_restarts or max_requeues and resubmit to continue from the checkpoint")
     return Decision("fail", why, rc if rc else 1, death=death)
+
+
+def _on_survivors(death: Death, b: Budgets, alloc: Allocation, rc: int) -> Decision:
+    """Slurm took node(s) away from the allocation (a node failure, ``--no-kill``): go on with
+    the nodes left on plan.json's layout for them, else requeue without the lost node."""
+    lost = ", ".join(alloc.lost) or f"{alloc.launched - alloc.now} node(s)"
+    was, will = alloc.stages.get(alloc.launched), alloc.stages.get(alloc.now)
+    gone = Death("lost", death.rank if death.how == "lost" else None, alloc.lost[0] if alloc.lost else death.node,
+                 death.step, death.error)
+    if will is not None and alloc.now > 0 and restart_left(b.restarts, b.max_restarts):
+        n = b.restarts + 1
+        change = f", {was} -> {will} stage(s)" if was is not None and was != will else ""
+        return Decision("shrink", f"{lost} lost: restart {n} of {b.max_restarts} on the {alloc.now} node(s) "
+                                  f"left{change}", backoff_s=backoff(n), death=gone, counts_as_restart=True,
+                        nodes=alloc.now)
+    why = (f"no layout for the {alloc.now} node(s) left" if will is None or alloc.now == 0
+           else f"max_restarts = {b.max_restarts} spent in this attempt")
+    if b.in_slurm and requeue_left(b.attempt, b.max_requeues):
+        exclude = alloc.lost[0] if alloc.lost else None
+        return Decision("requeue", f"{lost} lost; {why}: requeueing the job" + (f" without {exclude}" if exclude else ""),
+                        0, exclude=exclude, death=gone)
+    return Decision("fail", f"{lost} lost; {why}, and max_requeues = {b.max_requeues} spent at attempt "
+                            f"{b.attempt}: resubmit to continue from the checkpoint", rc if rc else 1, death=gone)
 
 
 _SRUN_TASK = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<ranks>[\d,\-]+): (?P<what>.+?)\s*$")

@@ -61,6 +61,7 @@ class SbatchOptions(NamedTuple):
             "gres": f"gpu:{self.gpus_per_node}" if self.gpus_per_node else None,
             "open-mode": "append",  # a requeued attempt appends to the same log
             "requeue": True,        # preemption in REQUEUE mode and self-requeue need it
+            "no-kill": True,        # a failed node leaves the allocation; the ranks go on without it
         }
         lines = []
         for key in sorted(opts):

@@ -205,3 +205,37 @@ def test_max_restarts_is_checked_where_the_config_is_built(tmp_path):
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and msg in proc.stderr, proc.stderr
         assert "[job] max_restarts" in proc.stderr
         toml.write_text(toml.read_text().replace(f"max_restarts = {bad}\n", ""))
+
+
+def test_a_lost_node_goes_on_with_the_nodes_left_or_requeues_without_it():
+    from pipeswift_slurm.decide import Allocation
+    stages = {2: 2, 3: 3, 4: 4}
+    lost = Allocation(4, 3, ("node3",), stages)
+    d = after_launch(143, False, [GLOO, Death("lost", 2, "node3")], [], budgets(), lost)
+    assert (d.action, d.nodes, d.death.node, d.death.how, d.counts_as_restart) == ("shrink", 3, "node3", "lost", True)
+    assert d.why == "node3 lost: restart 1 of 3 on the 3 node(s) left, 4 -> 3 stage(s)"
+    assert d.backoff_s == decide.backoff(1)
+    # no layout for what is left, or no restart left: requeue without the node; nothing left: fail
+    for alloc, b in ((Allocation(4, 3, ("node3",), {4: 4}), budgets()), (lost, budgets(restarts=3))):
+        d = after_launch(143, False, [GLOO], [], b, alloc)
+        assert (d.action, d.exclude) == ("requeue", "node3"), d.why
+    d = after_launch(143, False, [GLOO], [], budgets(restarts=3, attempt=3), lost)
+    assert d.action == "fail" and "node3 lost" in d.why and "resubmit" in d.why
+    # the allocation as it was: the usual restart on every node
+    same = Allocation(4, 4, (), stages)
+    assert after_launch(143, False, [KILLED], [], budgets(), same).action == "relaunch"
+
+
+def test_the_helper_asks_slurm_which_nodes_are_left(tmp_path, monkeypatch):
+    from pipeswift_launch import afterlaunch
+    from pipeswift_slurm import events, slurm
+    plan = _plan(tmp_path, layouts={"2": {"stages": 2}, "3": {"stages": 3}, "4": {"stages": 4}})
+    env = {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node[1-4]"}
+    monkeypatch.setattr(slurm, "show_job", lambda job: {"NodeList": "node[1-2,4]", "NumNodes": "3"})
+    monkeypatch.setattr(afterlaunch.time, "sleep", lambda s: None)
+    folder = _launch(tmp_path, 0, [], "srun: error: Node failure on node3\nsrun: error: node3: task 2: Unknown\n")
+    d, last = afterlaunch.decide_after(plan, 143, folder, 0, 0, env)
+    assert afterlaunch.carry_out(plan, d, last, 0, env) == "shrink 3 node[1-2,4]"
+    (crash,) = [e for e in events.read(plan["run_dir"])[0] if e["event"] == "crash"]
+    assert (crash["how"], crash["node"], crash["action"]) == ("lost", "node3", "restart")
+    assert "on the 3 node(s) left, 4 -> 3 stage(s)" in crash["why"]

@@ -120,3 +120,70 @@ def test_with_no_restart_left_a_crash_requeues_the_job_without_the_dead_ranks_no
     a0, a1 = st["attempts"]
     assert a0["ended"] == "crashed" and a1["ended"] == "completed" and a1["start_step"] >= 10
     assert step_losses(run) == step_losses(reference(toml, tmp_path, nodes=4))
+
+
+def _parent(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def _bring_back(node: str) -> None:
+    """The node's slurmd started again and the node resumed, for the tests that follow."""
+    import subprocess
+    from conftest import CLUSTER_DIR
+    pidfile = CLUSTER_DIR / "run" / f"slurmd-{node}.pid"
+    try:
+        alive = pidfile.exists() and os.kill(int(pidfile.read_text()), 0) is None
+    except (OSError, ValueError):
+        alive = False
+    if not alive:
+        subprocess.run(["slurmd", "-f", os.environ["SLURM_CONF"], "-N", node], check=True, timeout=60)
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True, timeout=30)
+        state = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%t"], capture_output=True, text=True,
+                               timeout=30).stdout.strip()
+        if state in ("idle", "alloc", "mix"):
+            return
+        time.sleep(1)
+    raise AssertionError(f"{node} did not come back: {state}")
+
+
+@pytest.mark.every_version
+def test_a_lost_node_ends_nothing_the_ranks_go_on_with_fewer_stages(cluster, tmp_path):
+    """A node lost mid-run (its slurmd, its step daemon and its rank killed; marked DOWN at once,
+    as slurmctld does after SlurmdTimeout): the job, submitted with --no-kill, keeps its
+    allocation less that node, and the ranks restart on the nodes left with plan.json's layout
+    for them, from the last committed checkpoint: the same Slurm job COMPLETES (issue 23)."""
+    import subprocess
+    from conftest import CLUSTER_DIR
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "60", "checkpoint_interval": "5"})
+    run = tmp_path / "run"
+    job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
+    wait_steps(run, 12)
+    (first,) = [e for e in events(run) if e["event"] == "start"]
+    assert first["nodes"] == 4, first
+    pid, node = rank_process(run, first["world_size"] - 1)    # the last node: not the batch script's
+    stepd = _parent(pid)
+    slurmd = int((CLUSTER_DIR / "run" / f"slurmd-{node}.pid").read_text())
+    try:
+        for p in (slurmd, stepd, pid):
+            os.kill(p, signal.SIGKILL)
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=pswift test: node lost"],
+                       check=True, timeout=30)
+        state = wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+        _bring_back(node)
+    assert state == "COMPLETED", slurm_log(run)[-4000:]
+    assert slurm.show_job(job)["Restarts"] == "0"            # the same Slurm job: no requeue
+    evs = events(run)
+    crash = [e for e in evs if e["event"] == "crash"]
+    assert [(c["how"], c["node"], c["action"]) for c in crash] == [("lost", node, "restart")], crash
+    plan = json.loads((run / "plan.json").read_text())
+    fewer = plan["layouts"]["3"]["stages"]
+    starts = [e for e in evs if e["event"] == "start"]
+    assert [(s["attempt"], s["nodes"], s["stages"]) for s in starts] == [(0, 4, first["stages"]), (0, 3, fewer)]
+    assert starts[1]["resumed_from"] and crash[0]["step"] - starts[1]["step"] <= 5
+    text = pswift("status", job, check=True).stdout
+    assert f"{node} lost: restart 1 of 3 on the 3 node(s) left" in text, text
+    assert sorted(step_losses(run)) == list(range(1, 61))

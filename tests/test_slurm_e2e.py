@@ -50,7 +50,9 @@ def test_sbatch_trains_two_stages_on_two_nodes_and_pswift_run_matches(cluster, e
     proc = pswift("run", "--run-dir", str(local), str(example))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert losses(local) == losses(run)
-    # the planner learns from both runs: each actual JCT is checked against the band it predicted
+    # the planner learns from both runs (`pswift plan` writes nothing: the ingest brings the
+    # history up to date, as the next `pswift sbatch` would): each actual JCT against its band
+    pswift("history", "ingest", check=True)
     out = pswift("plan", str(example), "--no-live", check=True).stdout
     assert re.search(r"JCT band coverage: [0-2] of 2 actual JCT\(s\) inside the predicted p10-p90 band", out), out
 

@@ -1,6 +1,7 @@
 """``python -m pipeswift_launch.afterlaunch PLAN RC LAUNCH_DIR RESTARTS RELAYOUTS``: the batch
 script asks this after every launch of the ranks what follows, and gets one line back:
-``restart`` or ``relayout`` (launch again in this allocation) or ``exit N`` (end the script
+``restart`` or ``relayout`` (launch again in this allocation), ``shrink N NODELIST`` (launch
+again on the N nodes Slurm left the job after a node failure) or ``exit N`` (end the script
 with N). The rules are pipeswift_slurm.decide's; this module gathers their facts (the ranks'
 records, srun's report, the job's events), records the outcome (``crash`` and ``end`` events),
 waits the backoff and requeues the job when the decision says so. No torch."""
@@ -50,10 +51,43 @@ def decide_after(plan: dict[str, Any], rc: int, folder: Path, restarts: int, rel
     budgets = decide.Budgets(restarts=restarts, max_restarts=int(plan.get("max_restarts", decide.MAX_RESTARTS_DEFAULT)),
                              relayouts=relayouts, attempt=attempt, max_requeues=int(plan["max_requeues"]),
                              in_slurm=job_id is not None)
-    d = decide.after_launch(rc, ended_itself, deaths_of(records, report), _job_failures(evs, job_id), budgets)
+    deaths = deaths_of(records, report)
+    alloc = allocation(plan, env, any(x.how == "lost" for x in deaths)) if rc != 0 and not ended_itself else None
+    d = decide.after_launch(rc, ended_itself, deaths, _job_failures(evs, job_id), budgets, alloc)
     steps = [e["step"] for e in evs if e["event"] == "step" and e["attempt"] == attempt
              and e.get("job_id") == job_id]
     return d, (steps[-1] if steps else None)
+
+
+#: how long a launch that lost a node waits for Slurm to drop it from the allocation
+LOST_WAIT_S = 60.0
+
+
+def allocation(plan: dict[str, Any], env: dict[str, str], lost_seen: bool) -> decide.Allocation | None:
+    """The nodes the launch ran on (this script's environment) against those Slurm's allocation
+    holds now; when srun saw a node lost, Slurm is given LOST_WAIT_S to drop it. None when
+    Slurm cannot be asked."""
+    from pipeswift_slurm import slurm
+    from pipeswift_slurm.errors import PswiftError
+    from pipeswift_slurm.slurm_json import expand_hostlist
+    job = env.get("SLURM_JOB_ID")
+    try:
+        launched = expand_hostlist(env.get("SLURM_JOB_NODELIST") or "")
+    except PswiftError:
+        return None
+    if not job or not launched:
+        return None
+    stages = {int(n): int(lay["stages"]) for n, lay in plan.get("layouts", {}).items()}
+    deadline = time.monotonic() + (LOST_WAIT_S if lost_seen else 0.0)
+    while True:
+        try:
+            now = expand_hostlist(slurm.show_job(job).get("NodeList") or "")
+        except PswiftError:
+            return None
+        lost = tuple(n for n in launched if n not in now)
+        if lost or time.monotonic() >= deadline:
+            return decide.Allocation(len(launched), len(now), lost, stages)
+        time.sleep(2.0)
 
 
 def _record(plan: dict[str, Any], d: decide.Decision, last_step: int | None, restarts: int,
@@ -61,7 +95,7 @@ def _record(plan: dict[str, Any], d: decide.Decision, last_step: int | None, res
     run_dir, job_id = Path(plan["run_dir"]), env.get("SLURM_JOB_ID")
     attempt = int(env.get("SLURM_RESTART_COUNT") or 0)
     death = d.death or decide.Death("exit")
-    action = {"relaunch": "restart"}.get(d.action, d.action)
+    action = {"relaunch": "restart", "shrink": "restart"}.get(d.action, d.action)
     events_mod.append(run_dir, "crash", attempt, job_id, how=death.how, rank=death.rank, node=death.node,
                       step=death.step if death.step is not None else last_step, error=death.error,
                       action=action, restart=restarts + 1 if d.counts_as_restart else None, why=d.why)
@@ -75,6 +109,12 @@ def carry_out(plan: dict[str, Any], d: decide.Decision, last_step: int | None, r
     if d.death is not None or d.action in ("fail", "requeue"):
         _record(plan, d, last_step, restarts, env)
     job = env.get("SLURM_JOB_ID", "?")
+    if d.action == "shrink":
+        from pipeswift_slurm import slurm
+        nodelist = slurm.show_job(job).get("NodeList", "")
+        print(f"pswift: job {job}: {d.why}; launching again in {d.backoff_s:g} s", file=sys.stderr, flush=True)
+        time.sleep(d.backoff_s)
+        return f"shrink {d.nodes} {nodelist}"
     if d.action == "relaunch":
         if d.counts_as_restart:
             print(f"pswift: job {job}: {d.why}; launching again in {d.backoff_s:g} s", file=sys.stderr, flush=True)
