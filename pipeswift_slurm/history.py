@@ -156,10 +156,14 @@ class History(Queries):
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute("DELETE FROM jobs WHERE run_dir = ? AND cluster = ? AND COALESCE(job_id, '') = ? "
-                         "AND COALESCE(user, '') = ?", [run, got.job["cluster"], got.job["job_id"] or "",
-                                                         got.job["user"] or ""])
-            job_pk = _insert(conn, "jobs", [got.job])
+            # the same job: its path, job id and user, on its cluster (an unknown cluster, '', is
+            # any: a run dir ingested by hand is the job the plugin ingested with its cluster)
+            same = ("FROM jobs WHERE run_dir = ? AND COALESCE(job_id, '') = ? AND COALESCE(user, '') = ? "
+                    "AND (cluster = ? OR cluster = '' OR ? = '')")
+            key = [run, got.job["job_id"] or "", got.job["user"] or "", got.job["cluster"], got.job["cluster"]]
+            known = conn.execute(f"SELECT MAX(cluster) {same}", key).fetchone()[0]
+            conn.execute(f"DELETE {same}", key)
+            job_pk = _insert(conn, "jobs", [{**got.job, "cluster": got.job["cluster"] or known or ""}])
             _insert(conn, "attempts", [{**a, "job": job_pk} for a in got.attempts])
             _insert(conn, "layer_profiles", got.profiles, ("model_key", "micro_batch_size", "layer"))
             _insert(conn, "pipe_overheads", got.overheads, ("model_key", "micro_batch_size"))

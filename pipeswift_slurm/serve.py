@@ -195,9 +195,10 @@ def own_rows(db_path: Path, user: str, folder: Path) -> Path:
     from .history import History
     dest = folder / db_path.name
     History(dest).close()                       # the newest schema and its views, empty
-    conn = sqlite3.connect(f"file:{dest}", uri=True, isolation_level=None)
+    from urllib.parse import quote
+    conn = sqlite3.connect(f"file:{quote(str(dest))}", uri=True, isolation_level=None)
     try:
-        conn.execute("ATTACH DATABASE ? AS src", [f"file:{db_path}?mode=ro"])
+        conn.execute("ATTACH DATABASE ? AS src", [f"file:{quote(str(db_path))}?mode=ro"])
         conn.execute("BEGIN")
         for table, where in OWN_ROWS.items():
             have = {r[1] for r in conn.execute(f"PRAGMA src.table_info({table})")}

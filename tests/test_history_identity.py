@@ -70,6 +70,11 @@ def test_a_new_job_at_the_same_path_keeps_the_other_jobs_rows(tmp_path):
         assert h.conn.execute("SELECT COUNT(*), COUNT(DISTINCT job_id) FROM jobs").fetchone() == (2, 2)
         assert h.conn.execute("SELECT COUNT(*) FROM attempts").fetchone()[0] == 2
         assert set(h.pswift_runs()) == {(run, "5"), (run, "6")}
+        # the plugin's row (cluster c) and the same run ingested by hand (no cluster): one job
+        with open(tmp_path / "scratch" / "events.jsonl", "a") as fh:
+            fh.write("\n")
+        assert h.ingest_run_dir(run, Owner("mallory", 0, 0, "6"))
+        assert h.conn.execute("SELECT job_id, cluster FROM jobs ORDER BY job_id").fetchall() == [("5", "c"), ("6", "c")]
     finally:
         h.close()
 
@@ -101,7 +106,8 @@ def test_a_database_at_schema_10_keeps_its_jobs_and_their_attempts(tmp_path):
 
 def test_a_one_user_copy_keeps_that_users_jobs_and_what_hangs_off_them(tmp_path):
     from pipeswift_slurm.serve import own_rows
-    h = History(tmp_path / "h.db")
+    db = tmp_path / "odd?#%20dir" / "h.db"           # URI characters in the path are quoted
+    h = History(db)
     try:
         for name, user in (("mine-5", "alice"), ("theirs-6", "mallory")):
             run, owner = _run(tmp_path, name, user, 1.0, 1.5)
@@ -111,7 +117,7 @@ def test_a_one_user_copy_keeps_that_users_jobs_and_what_hangs_off_them(tmp_path)
     finally:
         h.close()
     (tmp_path / "copy").mkdir()
-    copy = History(own_rows(tmp_path / "h.db", "alice", tmp_path / "copy"))
+    copy = History(own_rows(db, "alice", tmp_path / "copy"))
     try:
         q = lambda sql: copy.conn.execute(sql).fetchall()    # noqa: E731
         assert q("SELECT job_id, user FROM slurm_jobs") == [("5", "alice")]
