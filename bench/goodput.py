@@ -2,18 +2,26 @@
 sbatch`, real DeepSpeed on CPU), pswift against a baseline, beside the same job without faults.
 
 The job: the tiny-gpt example on 2 nodes, ``--steps`` steps, a checkpoint every ``--interval``
-steps. The trace, at fixed fractions of the steps: rank 1's launcher SIGKILLed (a crash nobody
-announces), then another user's exclusive job on the `high` partition preempting it for 3 s,
-alternately (``--quick``: one crash). Three runs, one after the other:
+steps. The trace, at fixed fractions of the steps (the issue's: 2 rank crashes, 1 node loss, 2
+preemptions; ``--quick``: one crash):
+
+- crash: rank 1's launcher SIGKILLed (a crash nobody announces);
+- preempt: another user's exclusive job on the `high` partition takes the job's nodes for 3 s;
+- node: the job's last node lost (its slurmd, step daemon and rank killed, the node marked DOWN
+  as slurmctld does after SlurmdTimeout), repaired and back in the partition NODE_DOWN_S later.
+
+Three runs, one after the other:
 
 - fault-free: no fault (the reference time);
-- pswift: the trace; a crash restarts the ranks inside the allocation (`[job] max_restarts`);
-- baseline: the trace with `max_restarts = 0`: every crash ends the allocation and requeues the
-  job, as Slurm's own `--requeue` would (and without the minutes a person takes to notice a
-  FAILED job and resubmit it, so the baseline is the best case of resubmitting by hand).
+- pswift: the trace; a crash restarts the ranks inside the allocation (`[job] max_restarts`); a
+  lost node requeues the job without that node, since `nodes = 2` has no layout for the one
+  node left (a TOML with a node range goes on with the nodes left: tests/test_failures.py; on
+  this 2-core host the planner runs a [1, 2] job on 1 node, where there is no rank to crash);
+- baseline: the trace with `max_restarts = 0`: every crash or lost node ends the allocation and
+  requeues the job, as Slurm's own `--requeue` would (and without the minutes a person takes to
+  notice a FAILED job and resubmit it, so the baseline is the best case of resubmitting by hand).
 
 goodput = fault-free time / faulty time, each `pswift sbatch` to COMPLETED seen from outside.
-A lost node is not in the trace: pswift does not yet keep an allocation that lost a node.
 
     scripts/with-slurm 22.05 python bench/goodput.py [--steps 2000] [--interval 50] [--quick] [--out ...]
 """
@@ -29,6 +37,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -36,8 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACE = [(0.2, "crash"), (0.4, "preempt"), (0.6, "crash"), (0.8, "preempt")]
+TRACE = [(0.15, "crash"), (0.3, "preempt"), (0.45, "node"), (0.6, "crash"), (0.75, "preempt")]
 QUICK_TRACE = [(0.5, "crash")]
+NODE_DOWN_S = 20.0
 
 
 def make_config(d: Path, steps: int, interval: int, max_restarts: int) -> Path:
@@ -94,16 +104,54 @@ def wait_step(run: Path, step: int, since: float, deadline: float) -> None:
     raise SystemExit(f"step {step} not reached in {run}")
 
 
-def fault(kind: str, job: str, run: Path) -> None:
+def rank_node(pid: int) -> str:
+    env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return next(x.split(b"=", 1)[1].decode() for x in env if x.startswith(b"SLURMD_NODENAME="))
+
+
+def lose_node(run: Path) -> threading.Thread:
+    """The node of the job's last rank lost; a thread that repairs it NODE_DOWN_S later."""
+    world = max((e.get("world_size", 1) for e in events(run) if e.get("event") == "start"), default=1)
+    pid = rank_pid(run, world - 1)
+    if pid is None:
+        raise SystemExit(f"no rank {world - 1} in {run}")
+    node = rank_node(pid)
+    stepd = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    conf = Path(os.environ["SLURM_CONF"])
+    slurmd = int((conf.parent.parent / "run" / f"slurmd-{node}.pid").read_text())
+    for p in (slurmd, stepd, pid):
+        os.kill(p, signal.SIGKILL)
+    subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=goodput bench: node lost"],
+                   check=True, timeout=30)
+    repair = threading.Thread(target=bring_back, args=(node, NODE_DOWN_S), daemon=True)
+    repair.start()
+    return repair
+
+
+def bring_back(node: str, after_s: float) -> None:
+    time.sleep(after_s)
+    subprocess.run(["slurmd", "-f", os.environ["SLURM_CONF"], "-N", node], check=True, timeout=60)
+    for _ in range(90):
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True, timeout=30)
+        if subprocess.run(["sinfo", "-h", "-n", node, "-o", "%t"], capture_output=True, text=True,
+                          timeout=30).stdout.strip() in ("idle", "alloc", "mix"):
+            return
+        time.sleep(1)
+
+
+def fault(kind: str, job: str, run: Path) -> threading.Thread | None:
     if kind == "crash":
         pid = rank_pid(run, 1)
         if pid is None:
             raise SystemExit(f"no rank 1 to kill in {run}")
         os.kill(pid, signal.SIGKILL)
-        return
+        return None
+    if kind == "node":
+        return lose_node(run)
     nodes = squeue(job, "%N")
     subprocess.run(["sbatch", "--parsable", "-p", "high", "-w", nodes, "--exclusive", "--time=5",
                     "-o", "/dev/null", "--wrap", "sleep 3"], capture_output=True, text=True, check=True)
+    return None
 
 
 def one_run(tmp: Path, name: str, steps: int, interval: int, max_restarts: int, trace: list, pswift: str,
@@ -118,13 +166,19 @@ def one_run(tmp: Path, name: str, steps: int, interval: int, max_restarts: int, 
         raise SystemExit(f"{name}: pswift sbatch failed: {proc.stderr}")
     job = proc.stdout.strip()
     deadline, since = t0 + 1800, t0
-    for frac, kind in trace:
-        wait_step(run, int(frac * steps), since, deadline)
-        fault(kind, job, run)
-        since = time.time()
-    while time.time() < deadline and squeue(job, "%T") not in ("COMPLETED", "FAILED", "CANCELLED", ""):
-        time.sleep(0.25)
-    jct = time.time() - t0
+    repairs = []
+    try:
+        for frac, kind in trace:
+            wait_step(run, int(frac * steps), since, deadline)
+            repairs.append(fault(kind, job, run))
+            since = time.time()
+        while time.time() < deadline and squeue(job, "%T") not in ("COMPLETED", "FAILED", "CANCELLED", ""):
+            time.sleep(0.25)
+        jct = time.time() - t0
+    finally:
+        for r in repairs:
+            if r is not None:
+                r.join()        # the lost node is back before the next run or the next test
     got = squeue(job, "%T")
     if got != "COMPLETED":
         raise SystemExit(f"{name}: job {job} ended {got or 'GONE'}; see {run}")
@@ -160,7 +214,8 @@ def main() -> None:
                              "trace": trace, "runs": runs, "goodput": goodput}, quick=args.quick,
                   what=f"goodput (fault-free time / faulty time) of a {args.steps}-step 2-node job checkpointing "
                        f"every {args.interval} steps under a fault trace ({kinds}): pswift (restart in the "
-                       f"allocation) vs a baseline that requeues on every fault (`max_restarts = 0`)",
+                       f"allocation; a lost node requeues without it) vs a baseline that requeues on every "
+                       f"fault (`max_restarts = 0`)",
                   figures=f"pswift {goodput['pswift']:.2f} ({runs['pswift']['jct_s']:.0f} s), baseline "
                           f"{goodput['baseline']:.2f} ({runs['baseline']['jct_s']:.0f} s), fault-free {free:.0f} s")
 

@@ -188,6 +188,44 @@ def run_cmd(toml: Path, run_dir: Path | None, nodes: int | None, db: Path | None
 
 @cli.command()
 @click.argument("job")
+@click.option("-f", "--follow", is_flag=True, help="Go on printing what is appended, across requeues, until the job ends.")
+@click.option("-n", "--lines", type=click.IntRange(0, None), help="Only the last N lines (default: the whole log, its last 4 MiB).")
+@_errors
+def logs(job: str, follow: bool, lines: int | None) -> None:
+    """The log of JOB (an id or a run dir): RUN_DIR/slurm-JOBID.out, which every attempt of a
+    requeued job appends to.
+
+    Examples:
+
+        pswift logs 42 -f
+
+        pswift logs 42 -n 20
+    """
+    from . import rundir, slurm
+    from .logs import log_path, show
+    if job.isdigit():
+        job_id, run = job, rundir.lookup_job(job)
+        if run is None:
+            raise CLIError(f"job {job} is not in pswift's registry ({rundir.state_dir() / 'jobs'}); "
+                           f"pass its run directory instead", 1)
+    else:
+        run = Path(job)
+        f = run / "JOB_ID"
+        if not f.is_file():
+            raise CLIError(f"{job} is neither a job id nor the run directory of a submitted job (no JOB_ID)", 2)
+        job_id = f.read_text().strip()
+
+    def ended() -> bool:
+        info = slurm.job_info(job_id)
+        return info is None or info.terminal
+
+    path = log_path(run, job_id)
+    if not show(path, lambda text: click.echo(text, nl=False), lines, follow, ended):
+        raise CLIError(f"no log yet at {path}" + ("" if follow else "; -f waits for it"), 1)
+
+
+@cli.command()
+@click.argument("job")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_errors
 def status(job: str, as_json: bool) -> None:

@@ -78,6 +78,22 @@ def partition_problem(state: ClusterState, partition: str | None, min_nodes: int
     return None
 
 
+def exclusions(old: list[str], exclude: str, usable: set[str], needed: int) -> list[str]:
+    """A requeued job's ExcNodeList after leaving ``exclude`` out too: its earlier exclusions,
+    oldest dropped first, so that ``needed`` usable nodes remain (each crash adding a node, a
+    job left itself too few and waited forever); ``exclude`` itself only when that leaves
+    enough. The list may shrink, to nothing."""
+    keep = [x for x in old if x != exclude]
+    left = lambda xs: len(usable - set(xs))   # noqa: E731
+    while keep and left([*keep, exclude]) < needed:
+        keep.pop(0)
+    if left([*keep, exclude]) >= needed:
+        return [*keep, exclude]
+    while keep and left(keep) < needed:
+        keep.pop(0)
+    return keep
+
+
 def usable_nodes(state: ClusterState, partition: str | None, cpus_per_node: int) -> list[NodeState]:
     """Nodes of the partition that are up and big enough."""
     return [n for n in state.nodes

@@ -392,21 +392,20 @@ def requeue(job_id: str, exclude: str | None = None, nodes_needed: int = 1) -> b
     still has ``nodes_needed`` other usable nodes (returns whether it did). A running job's
     ExcNodeList cannot change, so it is set just after the requeue, while the job is pending;
     the requeue's SIGTERM to the job's processes (these commands included) is ignored."""
-    from .queue import usable_nodes
+    from .queue import exclusions, usable_nodes
 
+    old: list[str] = []
     new_exc = None
     if exclude:
         fields = show_job(job_id)
-        others = [n for n in usable_nodes(cluster_state(), fields.get("Partition") or None, 1)
-                  if n.name != exclude]
-        if len(others) >= nodes_needed:
-            old = [x for x in (fields.get("ExcNodeList") or "").split(",") if x and x != "(null)"]
-            new_exc = ",".join([*old, exclude])
+        usable = {n.name for n in usable_nodes(cluster_state(), fields.get("Partition") or None, 1)}
+        old = [x for x in (fields.get("ExcNodeList") or "").split(",") if x and x != "(null)"]
+        new_exc = exclusions(old, exclude, usable, nodes_needed)
     # the requeue SIGTERMs every process of the job, this command too: it must outlive that
     _run(["scontrol", "requeue", str(job_id)], survive_term=True)
-    if new_exc:
-        _run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={new_exc}"], survive_term=True)
-    return new_exc is not None
+    if new_exc is not None and new_exc != old:
+        _run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(new_exc)}"], survive_term=True)
+    return new_exc is not None and exclude in new_exc
 
 
 def set_node_range(job_id: str, node_range: str) -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -106,6 +107,29 @@ def preempted_once(toml: Path, run: Path, after_steps: int, preemptor: list[str]
     finally:
         subprocess.run(["scancel", high])
     return json.loads(pswift("status", job, "--json", check=True).stdout)
+
+
+def test_logs_follow_a_job_across_its_requeue_until_it_ends(cluster, tmp_path):
+    """`pswift logs JOB -f`, started while the job is queued, prints every attempt's lines of the
+    one log the attempts append to, and returns once Slurm says the job ended (issue 25)."""
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "40", "checkpoint_interval": "0"})
+    run = tmp_path / "run"
+    job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
+    follower = subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.cli", "logs", job, "-f"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_steps(run, 8)
+        subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", "--exclusive", "-o", "/dev/null",
+                        "--wrap", "sleep 3"], capture_output=True, text=True, check=True)
+        assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300) == "COMPLETED", slurm_log(run)
+        out, err = follower.communicate(timeout=60)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0, err
+    assert f"pswift: job {job} attempt 0 on" in out and f"pswift: job {job} attempt 1 on" in out, out[-3000:]
+    assert out.rstrip().endswith(slurm_log(run).rstrip().splitlines()[-1])    # all of it, to the last line
+    tail = pswift("logs", job, "-n", "1", check=True).stdout
+    assert tail.count("\n") == 1 and f"job {job} attempt 1 launcher exit 0" in tail
 
 
 @pytest.fixture(params=["partition", pytest.param("qos", marks=pytest.mark.every_version)])

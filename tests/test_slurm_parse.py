@@ -173,3 +173,18 @@ def test_a_partition_that_cannot_hold_the_job_is_named_with_the_fix():
     assert "has 3; ask for 3 or fewer" in partition_problem(state, "high", 4)
     why = partition_problem(state, "gpu", 1)
     assert "no such partition" in why and "(here: high, low)" in why
+
+
+def test_exclusions_never_leave_a_requeued_job_too_few_nodes():
+    from pipeswift_slurm.queue import exclusions
+    usable = {"node1", "node2", "node3", "node4"}
+    assert exclusions([], "node2", usable, 2) == ["node2"]
+    assert exclusions(["node2"], "node4", usable, 2) == ["node2", "node4"]
+    # a third would leave one node for a 2-node job: the oldest exclusion goes (the goodput
+    # bench's baseline waited forever with ExcNodeList=node2,node4,node3 before)
+    assert exclusions(["node2", "node4"], "node3", usable, 2) == ["node4", "node3"]
+    assert exclusions(["node2", "node4"], "node2", usable, 2) == ["node4", "node2"]
+    # not even the new one fits: none added, and the old ones cut back to what leaves enough
+    assert exclusions(["node1", "node2", "node3"], "node4", usable, 4) == []
+    assert exclusions(["node1"], "node4", {"node1", "node2", "node4"}, 2) == ["node4"]
+    assert exclusions(["node1"], "node4", {"node1", "node2", "node4"}, 3) == []
