@@ -92,6 +92,7 @@ class Allocation:
     now: int                               # nodes the allocation holds now
     lost: tuple[str, ...] = ()             # the nodes it no longer holds
     stages: dict[int, int] = field(default_factory=dict)   # plan.json's layouts: nodes -> stages
+    nodelist: str = ""                     # what it holds now, as Slurm writes it
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class Decision:
     counts_as_restart: bool = False
     notes: list[str] = field(default_factory=list)
     nodes: int | None = None
+    nodelist: str | None = None
 
 
 def requeue_left(attempt: int, max_requeues: int) -> bool:
@@ -188,7 +190,7 @@ def _on_survivors(death: Death, b: Budgets, alloc: Allocation, rc: int) -> Decis
         change = f", {was} -> {will} stage(s)" if was is not None and was != will else ""
         return Decision("shrink", f"{lost} lost: restart {n} of {b.max_restarts} on the {alloc.now} node(s) "
                                   f"left{change}", backoff_s=backoff(n), death=gone, counts_as_restart=True,
-                        nodes=alloc.now)
+                        nodes=alloc.now, nodelist=alloc.nodelist)
     why = (f"no layout for the {alloc.now} node(s) left" if will is None or alloc.now == 0
            else f"max_restarts = {b.max_restarts} spent in this attempt")
     if b.in_slurm and requeue_left(b.attempt, b.max_requeues):

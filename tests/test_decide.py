@@ -231,7 +231,8 @@ def test_the_helper_asks_slurm_which_nodes_are_left(tmp_path, monkeypatch):
     from pipeswift_slurm import events, slurm
     plan = _plan(tmp_path, layouts={"2": {"stages": 2}, "3": {"stages": 3}, "4": {"stages": 4}})
     env = {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node[1-4]"}
-    monkeypatch.setattr(slurm, "show_job", lambda job: {"NodeList": "node[1-2,4]", "NumNodes": "3"})
+    answer = {"JobState": "RUNNING", "NodeList": "node[1-2,4]", "NumNodes": "3"}
+    monkeypatch.setattr(slurm, "show_job", lambda job: answer)
     monkeypatch.setattr(afterlaunch.time, "sleep", lambda s: None)
     folder = _launch(tmp_path, 0, [], "srun: error: Node failure on node3\nsrun: error: node3: task 2: Unknown\n")
     d, last = afterlaunch.decide_after(plan, 143, folder, 0, 0, env)
@@ -239,3 +240,7 @@ def test_the_helper_asks_slurm_which_nodes_are_left(tmp_path, monkeypatch):
     (crash,) = [e for e in events.read(plan["run_dir"])[0] if e["event"] == "crash"]
     assert (crash["how"], crash["node"], crash["action"]) == ("lost", "node3", "restart")
     assert "on the 3 node(s) left, 4 -> 3 stage(s)" in crash["why"]
+    # a job Slurm has requeued or is ending has no node list to go on with: no shrink
+    for state, nodes in (("PENDING", "(null)"), ("COMPLETING", "node[1-2,4]")):
+        answer.update(JobState=state, NodeList=nodes)
+        assert afterlaunch.allocation(plan, env, lost_seen=False) is None

@@ -81,12 +81,15 @@ def allocation(plan: dict[str, Any], env: dict[str, str], lost_seen: bool) -> de
     deadline = time.monotonic() + (LOST_WAIT_S if lost_seen else 0.0)
     while True:
         try:
-            now = expand_hostlist(slurm.show_job(job).get("NodeList") or "")
+            fields = slurm.show_job(job)
+            if fields.get("JobState") != "RUNNING" or fields.get("NodeList") in (None, "", "(null)", "None"):
+                return None    # requeued or ending: not a node list to go on with
+            now = expand_hostlist(fields["NodeList"])
         except PswiftError:
             return None
         lost = tuple(n for n in launched if n not in now)
         if lost or time.monotonic() >= deadline:
-            return decide.Allocation(len(launched), len(now), lost, stages)
+            return decide.Allocation(len(launched), len(now), lost, stages, fields["NodeList"])
         time.sleep(2.0)
 
 
@@ -110,11 +113,9 @@ def carry_out(plan: dict[str, Any], d: decide.Decision, last_step: int | None, r
         _record(plan, d, last_step, restarts, env)
     job = env.get("SLURM_JOB_ID", "?")
     if d.action == "shrink":
-        from pipeswift_slurm import slurm
-        nodelist = slurm.show_job(job).get("NodeList", "")
         print(f"pswift: job {job}: {d.why}; launching again in {d.backoff_s:g} s", file=sys.stderr, flush=True)
         time.sleep(d.backoff_s)
-        return f"shrink {d.nodes} {nodelist}"
+        return f"shrink {d.nodes} {d.nodelist}"
     if d.action == "relaunch":
         if d.counts_as_restart:
             print(f"pswift: job {job}: {d.why}; launching again in {d.backoff_s:g} s", file=sys.stderr, flush=True)
