@@ -4,7 +4,6 @@ partition and, when nodes free up and more of them finish it sooner, requeues it
 from __future__ import annotations
 
 import subprocess
-import time
 
 import pytest
 
@@ -64,22 +63,23 @@ BIG = {"nodes": "[1, 2]", "steps": "500", "checkpoint_interval": "0", "data_para
        "global_batch_size": "128", "micro_batch_size": "16", "time": '"0:30:00"'}
 
 
-def submit_timed(toml, run, env) -> tuple[str, float]:
-    t0 = time.time()
+def submit_and_wait(toml, run, env) -> str:
     proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), env=env)
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip()
     assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=600) == "COMPLETED", \
         "".join(p.read_text() for p in run.glob("slurm-*.out"))
-    return job, time.time() - t0
+    return job
 
 
 @pytest.mark.slurm
 @pytest.mark.deepspeed
-def test_a_job_started_on_one_node_grows_when_the_holder_ends_and_beats_staying(cluster, tmp_path):
+def test_a_job_started_on_one_node_grows_when_the_holder_ends(cluster, tmp_path):
     """nodes = [1, 2]: three nodes are held (for 10 min as far as Slurm knows), so the planner
-    starts the job on the free one; the holder ends after 15 s, the job grows to two nodes and
-    completes sooner than the same job pinned to one node, with the same losses."""
+    starts the job on the free one; the holder ends after 15 s, the job grows to two nodes from
+    a checkpoint at the step it stopped and completes every step once. How much sooner than a
+    job pinned to one node is bench/dynamic.py's figure; that a checkpoint of fewer stages
+    resumes bit for bit in more is test_training_modes' (2x2-to-4x1)."""
     env = {"PSWIFT_HOST_CORES": "2", "PSWIFT_RANKS_PER_HOST": "4"}   # all virtual nodes share 2 cores
     toml = copy_example(tmp_path / "ex", BIG)
     toml.write_text(toml.read_text().replace("max_requeues = 3", "max_requeues = 3\ngrow_check_s = 5"))
@@ -88,22 +88,19 @@ def test_a_job_started_on_one_node_grows_when_the_holder_ends_and_beats_staying(
                             capture_output=True, text=True, check=True).stdout.strip()
     try:
         wait_state(holder, {"RUNNING"}, timeout=60)
-        job, grown_jct = submit_timed(toml, tmp_path / "grown", env)
+        job = submit_and_wait(toml, tmp_path / "grown", env)
     finally:
         subprocess.run(["scancel", holder])
-    attempts = eventfold.by_attempt(events_mod.read(tmp_path / "grown")[0])
+    evs = events_mod.read(tmp_path / "grown")[0]
+    attempts = eventfold.by_attempt(evs)
     (g,) = attempts[0]["grows"]
     assert attempts[0]["start"]["nodes"] == 1 and attempts[0]["ended"] == "grow"
     assert attempts[1]["start"]["nodes"] == g["nodes_to"] > 1 and attempts[1]["ended"] == "completed"
-    pinned_toml = copy_example(tmp_path / "pinned", {**BIG, "nodes": "1"})
-    _, pinned_jct = submit_timed(pinned_toml, tmp_path / "pinned-run", env)
-    assert grown_jct < pinned_jct, (grown_jct, pinned_jct)
-    losses = lambda run: {e["step"]: e["loss_hex"] for e in events_mod.read(run)[0] if e["event"] == "step"}  # noqa: E731
-    got, want = losses(tmp_path / "grown"), losses(tmp_path / "pinned-run")
-    assert len(want) == 500 and got == want
+    assert attempts[1]["start"]["step"] == g["step"] and attempts[1]["start"]["resumed_from"]
+    steps = [e["step"] for e in evs if e["event"] == "step"]
+    assert sorted(steps) == list(range(1, 501))   # none lost, none repeated across the grow
     status = pswift("status", job, check=True).stdout
     assert f"grew at step {g['step']} of attempt 0: 1 -> {g['nodes_to']} node(s)" in status
-    print(f"grown JCT {grown_jct:.1f} s vs pinned {pinned_jct:.1f} s ({pinned_jct / grown_jct:.2f}x)")
 
 
 def test_grow_check_s_is_bounded_and_reaches_plan_json(tmp_path):
