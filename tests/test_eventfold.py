@@ -183,3 +183,23 @@ def test_the_plugin_as_root_folds_a_log_at_the_cap_within_256_mb(tmp_path, publi
         row = conn.execute("SELECT j.user, j.job_id, a.step_count, a.end_step FROM jobs j "
                            "JOIN attempts a ON a.job = j.id").fetchone()
     assert row == (other_user.pw_name, "77", steps - 1, steps)
+
+
+def test_only_the_first_re_layouts_of_an_attempt_are_measured():
+    """Each measured re-layout reads the attempt's steps once: past MEASURED_RELAYOUTS (a hostile
+    log's 100) the outcome keeps the prediction and says measured None, so a file at the caps
+    is not read 100 times over."""
+    n = eventfold.MEASURED_RELAYOUTS + 2
+    lines = [start_line(0, 0.0)]
+    for k in range(n):
+        lines.append((json.dumps({"event": "relayout", "time": 10.0 * k + 1, "attempt": 0, "step": 10 * k,
+                                  "boundaries_from": [0, 3, 6], "boundaries_to": [0, 2, 6], "step_s": 1.0,
+                                  "predicted_step_s": 0.5, "gain_s": 9.0, "cost_s": 1.0}) + "\n").encode())
+        lines.append(start_line(0, 10.0 * k + 2, step=10 * k))
+        lines += [step_line(0, 10 * k + j, 10.0 * k + 2 + j * 0.1, 1.0, 0.5) for j in range(1, 10)]
+    (a,) = eventfold.read_attempts(b"".join(lines)).attempts()
+    out = eventfold.relayout_outcomes(a)
+    assert len(out) == n
+    assert all(o["measured_step_s"] == 0.5 for o in out[:-2])
+    assert [o["measured_step_s"] for o in out[-2:]] == [None, None]
+    assert [o["predicted_step_s"] for o in out[-2:]] == [0.5, 0.5]
