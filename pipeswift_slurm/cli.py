@@ -24,7 +24,7 @@ class _LazyGroup(click.Group):
     """Commands defined in other modules are imported when asked for (click's lazy loading):
     `pswift sbatch` does not pay for the admin commands."""
 
-    LAZY = {"history": "cli_admin:history", "doctor": "cli_admin:doctor"}
+    LAZY = {"history": "cli_admin:history", "doctor": "cli_admin:doctor", "admin": "cli_admin:admin"}
 
     def list_commands(self, ctx: Any) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.LAZY])
@@ -55,13 +55,15 @@ def cli() -> None:
               help="Run directory to create (default: ./pswift-runs/NAME-DATE-XXXX).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the batch script; submit nothing.")
 @click.option("--parsable", is_flag=True, help="Print only the job id.")
-@click.option("--wait", is_flag=True, help="Wait for the job to end, then print its loss; exit 1 unless it completed.")
-@click.option("--timeout", type=float, default=3600.0, show_default=True, help="Seconds to --wait at most.")
+@click.option("--wait", is_flag=True, help="Follow the job until it ends (state changes, requeues, restarts, step N/M "
+              "and ETA), then print its loss and log; exit 0 if it completed, 1 if it ended otherwise.")
+@click.option("--timeout", type=click.FloatRange(0, None), help="Stop --wait after this many seconds (the job "
+              "goes on) with exit code 124; default: no limit, as `sbatch --wait`.")
 @click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="PSWIFT_DB",
               help="History database (default $PSWIFT_HOME/history.db).")
 @_errors
 def sbatch(toml: Path, sbatch_args: tuple[str, ...], run_dir: Path | None, dry_run: bool,
-           parsable: bool, wait: bool, timeout: float, db: Path | None) -> None:
+           parsable: bool, wait: bool, timeout: float | None, db: Path | None) -> None:
     """Plan TOML and submit it with sbatch; prints the job id.
 
     Options after `--` go to sbatch unchanged. The run directory keeps a copy of the TOML,
@@ -121,30 +123,26 @@ def _learn(run: Path, db: Path | None) -> None:
         h.close()
 
 
-def _wait(job_id: str, run: Path, timeout: float, quiet: bool = False, db: Path | None = None) -> int:
-    from . import rundir, slurm
-    deadline = time.time() + timeout
-    seen_state = None
-    while True:
-        info = slurm.job_info(job_id)
-        state = info.state if info else "GONE"
-        if state != seen_state and not quiet:
-            click.echo(f"job {job_id}: {state}" + (f" ({info.reason})" if info and info.reason
-                                                   not in ("", "None") else ""))
-            seen_state = state
-        if info is None or info.terminal:
-            break
-        if time.time() > deadline:
-            raise CLIError(f"job {job_id} still {state} after {timeout:.0f} s; "
-                           f"`pswift status {job_id}` shows it later")
-        time.sleep(1.0)
+def _wait(job_id: str, run: Path, timeout: float | None, quiet: bool = False, db: Path | None = None) -> int:
+    from . import rundir
+    from .watch import TIMEOUT_EXIT, JobRef, state, wait
+    watched = wait(job_id, run, (lambda line: None) if quiet else click.echo, timeout)
+    if watched.timed_out:
+        _warn(f"job {job_id} still {watched.state} after {timeout:.0f} s; it goes on: "
+              f"`pswift status {job_id}`, `pswift logs {job_id} -f`")
+        return TIMEOUT_EXIT
+    final = watched.state
+    if final == "GONE":   # purged before a poll saw its end: ask slurmdbd and the history
+        final = state(JobRef(job_id, run, job_id), None, db).state
     _learn(run, db)
     s = rundir.summarize(run)
     if not quiet:
+        if final != watched.state:
+            click.echo(f"job {job_id}: {final}")
         if s["first_loss"] is not None:
             click.echo(f"loss {s['first_loss']:.4f} -> {s['last_loss']:.4f} after step {s['step']}")
         click.echo(f"log: {run / f'slurm-{job_id}.out'}")
-    return 0 if state == "COMPLETED" else 1
+    return 0 if final == "COMPLETED" else 1
 
 
 @cli.command("run")
@@ -201,19 +199,16 @@ def logs(job: str, follow: bool, lines: int | None) -> None:
 
         pswift logs 42 -n 20
     """
-    from . import rundir, slurm
+    from . import slurm
     from .logs import log_path, show
-    if job.isdigit():
-        job_id, run = job, rundir.lookup_job(job)
-        if run is None:
-            raise CLIError(f"job {job} is not in pswift's registry ({rundir.state_dir() / 'jobs'}); "
-                           f"pass its run directory instead", 1)
-    else:
-        run = Path(job)
-        f = run / "JOB_ID"
-        if not f.is_file():
-            raise CLIError(f"{job} is neither a job id nor the run directory of a submitted job (no JOB_ID)", 2)
-        job_id = f.read_text().strip()
+    from .watch import resolve
+    ref = resolve(job)
+    if ref.run is None:
+        raise CLIError(f"job {job} is not in pswift's registry; pass its run directory instead", 1)
+    if ref.job_id is None:
+        raise CLIError(f"{job} is a local run: its output went to the terminal that ran it, its "
+                       f"events are in {ref.run / 'events.jsonl'}", 2)
+    run, job_id = ref.run, ref.job_id
 
     def ended() -> bool:
         info = slurm.job_info(job_id)
@@ -227,9 +222,13 @@ def logs(job: str, follow: bool, lines: int | None) -> None:
 @cli.command()
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="PSWIFT_DB",
+              help="History database asked once Slurm has forgotten the job (default $PSWIFT_HOME/history.db).")
 @_errors
-def status(job: str, as_json: bool) -> None:
-    """State, step reached, last loss, attempts and run directory of JOB (an id or a run dir).
+def status(job: str, as_json: bool, db: Path | None) -> None:
+    """State, step N of M and ETA, last loss, attempts, log and run directory of JOB: a job id,
+    a run directory or a local run's key (local-NAME). Once Slurm has forgotten the job, its
+    state comes from sacct, else from the history.
 
     Examples:
 
@@ -237,40 +236,27 @@ def status(job: str, as_json: bool) -> None:
 
         pswift status 42 --json
     """
-    from . import rundir, slurm
     from .fmt import crash_line, growth_line, relayout_line
-    run: Path | None
-    job_id: str | None
-    if job.isdigit():
-        job_id, run = job, rundir.lookup_job(job)
-    else:
-        run = Path(job)
-        if not (run / "plan.json").is_file():
-            raise CLIError(f"{job} is neither a job id nor a run directory (no plan.json there)", 2)
-        f = run / "JOB_ID"
-        job_id = f.read_text().strip() if f.is_file() else None
-    info = slurm.job_info(job_id) if job_id else None
-    if info is None and run is None:
-        raise CLIError(f"job {job} is unknown to Slurm and to pswift's registry "
-                       f"({rundir.state_dir() / 'jobs'}); pass its run directory instead", 1)
-    summary = rundir.summarize(run) if run else {"run_dir": None, "step": None,
-                                                 "last_loss": None, "attempts": []}
-    out = {
-        "job_id": job_id,
-        "state": info.state if info else "UNKNOWN",
-        "reason": info.reason if info else None,
-        "restarts": info.restarts if info else None,
-        "nodes": info.nodes if info else None,
-        **summary,
-    }
+    from .watch import resolve, status_of
+    ref = resolve(job)
+    out = status_of(ref, db)
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
-    click.echo(f"job {job_id}: {out['state']}" + (f" ({out['reason']})" if out["reason"] not in
-                                                   (None, "", "None") else ""))
-    click.echo(f"run directory: {out['run_dir']}")
-    if out["step"] is not None:
-        click.echo(f"step {out['step']}, last loss {out['last_loss']:.6f}")
+    source = {"slurm": "", "sacct": " (from sacct: Slurm has forgotten the job)",
+              "history": " (from the history: Slurm has forgotten the job)",
+              "events": " (from its events)", "none": " (no record of its state)"}[out["source"]]
+    reason = f" ({out['reason']})" if out["reason"] else ""
+    who = f"job {ref.job_id}" if ref.job_id else f"local run {ref.key}"
+    click.echo(f"{who}: {out['state']}{reason}{source}")
+    click.echo(f"run directory: {out['run_dir'] or 'none known (not submitted by pswift from this account)'}")
+    if out["progress"]:
+        click.echo(f"{out['progress']}, last loss {out['last_loss']:.6f}")
+    if out["log"]:
+        click.echo(f"log: {out['log']}")
+    if out["cancelled"]:
+        c = out["cancelled"]
+        click.echo(f"cancelled by {c['user']} with `pswift cancel` at {_iso(c['time'])}")
     for a in out["attempts"]:
         click.echo(f"  attempt {a['attempt']}: {a['nodes']} node(s), {a['stages']} stage(s) "
                    f"{a['boundaries']}, steps {a['start_step']} -> {a['end_step']}, {a['ended']}"
@@ -281,6 +267,28 @@ def status(job: str, as_json: bool) -> None:
             click.echo(f"    {crash_line(c)}")
     for g in out.get("growths") or []:
         click.echo(f"  {growth_line(g)}")
+
+
+def _iso(t: float) -> str:
+    import datetime as dt
+    return dt.datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+
+
+@cli.command()
+@click.argument("job")
+@_errors
+def cancel(job: str) -> None:
+    """Cancel JOB (a job id or a run directory) with scancel; its run directory keeps who
+    cancelled it and when, and `pswift status` says so. A cancelled job is not requeued.
+
+    Example:
+
+        pswift cancel 42
+    """
+    from .watch import cancel as cancel_job, resolve
+    ref = resolve(job)
+    cancel_job(ref)
+    click.echo(f"cancelled job {ref.job_id}" + (f" (run directory {ref.run})" if ref.run else ""))
 
 
 @cli.command("plan")

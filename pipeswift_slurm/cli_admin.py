@@ -146,8 +146,9 @@ def _output(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("-P", "--parsable", is_flag=True, help="'|'-separated, raw numbers (piped output "
                                                             "is tab-separated without it)."),
         click.option("-n", "--noheader", is_flag=True, help="No header line."),
-        click.option("-o", "--format", "fields", help="Columns to print, by key, comma-separated "
-                                                      "(--format=help lists them)."),
+        click.option("-o", "--format", "fields", help="Columns to print, by key or sacct's field name "
+                                                      "(JobID, State, Elapsed, NNodes, ...), comma-separated "
+                                                      "(--format=help lists the keys)."),
     ]
 
     @functools.wraps(f)
@@ -164,14 +165,15 @@ def _output(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _renderer(columns: list, out: Any, default_fields: str | None = None) -> Any:
-    """A Renderer for ``out`` (a terminal without -o gets ``default_fields``), or None after
-    printing the column keys for ``-o help``."""
+    """A Renderer for ``out`` (without -o, the text forms get ``default_fields`` on a terminal
+    and in a pipe alike, as sacct; --json and --csv every column), or None after printing the
+    column keys for ``-o help``."""
     import sys
     from .tabular import Renderer
     if out.fields and out.fields.strip().lower() == "help":
         click.echo(" ".join(c.key for c in columns))
         return None
-    if out.fields is None and default_fields and out.resolved(sys.stdout) == "table":
+    if out.fields is None and default_fields and out.resolved(sys.stdout) in ("table", "tsv", "parsable"):
         out = out._replace(fields=default_fields)
     return Renderer(columns, out)
 
@@ -460,6 +462,44 @@ def _environment_checkup(db: Path | None, as_json: bool = False) -> None:
     bad = [f for f in findings if not f.ok]
     if bad:
         raise CLIError(f"{len(bad)} problem(s): {'; '.join(f'{f.what}: {f.fix}' for f in bad)}", 1)
+
+
+@click.group()
+def admin() -> None:
+    """Cluster set-up for admins: the Slurm-side plugins.
+
+    Example:
+
+        pswift admin install-plugins
+    """
+
+
+@admin.command("install-plugins")
+@click.option("--prefix", type=click.Path(file_okay=False, path_type=Path),
+              help="The folder of slurm.conf (default: $SLURM_CONF's folder, else /etc/slurm).")
+@click.option("--spool", type=click.Path(file_okay=False, path_type=Path), default=Path("/var/spool/pswift"),
+              show_default=True, help="Where the jobcomp plugin spools each record first.")
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=Path("/var/lib/pswift/history.db"),
+              show_default=True, help="The site's history database the plugin merges into.")
+@_errors
+def admin_install_plugins(prefix: Path | None, spool: Path, db: Path) -> None:
+    """Install job_submit.lua and the jobcomp plugin's wrapper from this installation into
+    PREFIX, and print the slurm.conf lines to add (slurm.conf itself is not edited).
+
+    The wrapper runs this Python on the plugin shipped in the package; both files are written
+    whole and renamed into place.
+
+    Example:
+
+        pswift admin install-plugins --prefix /etc/slurm
+    """
+    from .plugins_install import default_prefix, install
+    done = install(prefix or default_prefix(), spool, db)
+    for f in done.files:
+        click.echo(f"installed {f}")
+    click.echo("add to slurm.conf, then `scontrol reconfigure`:")
+    for line in done.conf_lines:
+        click.echo(f"  {line}")
 
 
 from . import cli_reports  # noqa: E402,F401  (registers the sreport-like commands on `history`)

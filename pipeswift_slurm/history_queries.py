@@ -161,6 +161,20 @@ class Queries:
         return next(self._named("SELECT * FROM job_rollup WHERE cluster = ? AND job_id = ?",
                                 [cluster, job_id]), None)
 
+    def last_known(self, job_id: str, run_dir: str | None) -> dict[str, Any] | None:
+        """What the history last knew of a job Slurm has forgotten: Slurm's own record of it
+        (jobcomp plugin or sacct; the one run from ``run_dir`` first, several clusters may
+        reuse an id), else pswift's: {"state", "restarts"}."""
+        for r in self._named(
+                "SELECT last_state AS state, attempts - 1 AS restarts FROM job_rollup WHERE job_id = ? "
+                "ORDER BY work_dir IS NOT ? , end DESC LIMIT 1", [job_id, run_dir]):
+            return dict(r)
+        for r in self._named(
+                "SELECT state, NULL AS restarts FROM jobs WHERE job_id = ? ORDER BY run_dir IS NOT ?, id DESC "
+                "LIMIT 1", [job_id, run_dir]):
+            return dict(r)
+        return None
+
     def pswift_runs(self) -> dict[tuple[str, str | None], sqlite3.Row]:
         """Every pswift run by its directory and job id (a shared scratch may hold several jobs
         at one path): run_dir, id, job_id, name, user, partition, state, submit_time,

@@ -18,6 +18,7 @@ from typing import Any
 from .errors import RunDirError
 
 EVENTS = "events.jsonl"  # written by the launcher, read through events.py
+CANCEL = "cancel.json"   # written by `pswift cancel`: who cancelled the job, and when
 
 
 def default_run_dir(job_name: str, base: Path | None = None) -> Path:
@@ -89,10 +90,11 @@ def summarize(run_dir: Path) -> dict[str, Any]:
 
     from . import userfiles
     try:   # a user's file, read by anyone (root too): no link followed, no FIFO waited on, bounded
-        blob = (userfiles.read_for_command(str(run_dir), ("events.jsonl",)).get(events.FILE, b"")
-                if os.path.lexists(run_dir) else b"")
+        files = (userfiles.read_for_command(str(run_dir), ("events.jsonl", "plan.json", CANCEL))
+                 if os.path.lexists(run_dir) else {})
     except userfiles.UnsafeFile as e:
         raise RunDirError(f"run directory not read: {e}") from None
+    blob = files.get(events.FILE, b"")
     attempts = eventfold.read_attempts(blob).attempts()
     out = []
     for a in attempts:
@@ -114,8 +116,40 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     return {
         "run_dir": str(run_dir),
         "step": logs[-1][-1]["step"] if logs else None,
+        "steps_total": _planned_steps(files.get("plan.json", b"")),
+        "cancelled": _cancel_record(files.get(CANCEL, b"")),
         "first_loss": logs[0][0]["loss"] if logs else None,
         "last_loss": logs[-1][-1]["loss"] if logs else None,
         "growths": eventfold.growth_outcomes(attempts),
         "attempts": out,
     }
+
+
+def _planned_steps(plan_json: bytes) -> int | None:
+    """The run's planned steps (plan.json's training.steps); None where it says none."""
+    try:
+        steps = json.loads(plan_json)["training"]["steps"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) and 0 < steps <= 10**13 else None
+
+
+def record_cancel(run_dir: Path, job_id: str, user: str, when: float) -> None:
+    """Keep who cancelled the job with `pswift cancel`, and when (status shows it); a run
+    directory that cannot be written loses only the note."""
+    tmp = run_dir / f".{CANCEL}.{os.urandom(3).hex()}"
+    try:
+        tmp.write_text(json.dumps({"job_id": job_id, "user": user, "time": when}) + "\n")
+        os.replace(tmp, run_dir / CANCEL)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _cancel_record(blob: bytes) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(blob)
+    except ValueError:
+        return None
+    ok = (isinstance(rec, dict) and isinstance(rec.get("user"), str) and len(rec["user"]) < 256
+          and isinstance(rec.get("time"), (int, float)) and 0 <= rec["time"] < 1e11)
+    return {"user": rec["user"], "time": float(rec["time"])} if ok else None

@@ -416,5 +416,16 @@ def set_node_range(job_id: str, node_range: str) -> None:
     _run(["scontrol", "update", f"JobId={job_id}", f"NumNodes={node_range}"], survive_term=True)
 
 
+def sacct_state(job_id: str) -> tuple[str, int] | None:
+    """(state of the newest attempt, requeues before it) as slurmdbd recorded them, for a job
+    the controller has forgotten (MinJobAge); None where there is no slurmdbd or no record."""
+    if shutil.which("sacct") is None:
+        return None
+    proc = _run(["sacct", "-j", str(job_id), "-X", "--duplicates", "-n", "-P", "-o", "State"],
+                timeout=QUERY_TIMEOUT, check=False)
+    states = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()] if proc.returncode == 0 else []
+    return (states[-1], len(states) - 1) if states else None
+
+
 def cancel(job_id: str) -> None:
     _run(["scancel", str(job_id)])

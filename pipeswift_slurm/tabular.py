@@ -5,7 +5,8 @@ once and never sit in memory), one unit per column, and the same row in every fo
 - piped: tab-separated values with raw numbers (seconds, hours, ratios) under the column keys;
 - ``-P/--parsable``: ``|``-separated, raw; ``--csv`` (a text a spreadsheet would run as a formula
   gets a leading apostrophe); ``--json`` (a list of objects, raw numbers, null for unknown);
-- ``-n/--noheader``; ``-o/--format`` picks and orders columns by key.
+- ``-n/--noheader``; ``-o/--format`` picks and orders columns by key or by sacct's field name
+  (JobID, State, Elapsed, NNodes, ...); times are ISO 8601 (local) in every form.
 Text from users (job names, paths) is printed inert: control characters become ``?``.
 
 The machine forms are rendered by SQLite itself (:meth:`Renderer.sql`: one expression per
@@ -43,11 +44,21 @@ def inert(text: str) -> str:
     return _CONTROL.sub("?", text)
 
 
+#: sacct's field names (``sacct -o``, any case) for the columns that hold the same figure
+SACCT_FIELDS = {"jobid": "job_id", "jobname": "name", "exitcode": "exit_code",
+                "derivedexitcode": "derived_exit_code", "nnodes": "nodes", "ncpus": "cpus",
+                "elapsed": "elapsed_s", "timelimit": "limit_s", "totalcpu": "cpu_time_s",
+                "maxrss": "max_rss_mb", "reqmem": "req_mem_mb", "planned": "queue_s",
+                "reserved": "queue_s"}
+
+
 def choose(columns: list[Col], fields: str | None) -> list[Col]:
-    """The columns named by ``-o/--format`` (keys, comma-separated, any case), in that order."""
+    """The columns named by ``-o/--format`` (keys or sacct's field names, comma-separated, any
+    case), in that order."""
     if not fields:
         return columns
     by_key = {c.key.lower(): c for c in columns}
+    by_key.update({name: by_key[key] for name, key in SACCT_FIELDS.items() if key in by_key})
     out = []
     for f in (p.strip().lower() for p in fields.split(",") if p.strip()):
         if f not in by_key:
@@ -55,6 +66,11 @@ def choose(columns: list[Col], fields: str | None) -> list[Col]:
                                  f"{','.join(c.key for c in columns)}")
         out.append(by_key[f])
     return out
+
+
+def _iso_sql(expr: str) -> str:
+    """An epoch-seconds expression as sacct prints a time: ISO 8601, local, to the second."""
+    return f"strftime('%Y-%m-%dT%H:%M:%S', {expr}, 'unixepoch', 'localtime')"
 
 
 def hms(seconds: float) -> str:
@@ -137,7 +153,8 @@ class Renderer:
         """One SQL expression rendering a row as this form's line, from ``exprs`` (SQL for every
         column, aligned with ``columns``); None for the terminal table (Python draws it). Numbers
         come out as sqlite3 prints them (reals with 15 significant digits), NULL as nothing."""
-        chosen = [(exprs[i], self.columns[i]) for i in self.pick]
+        chosen = [(_iso_sql(exprs[i]) if self.columns[i].kind == "time" else exprs[i], self.columns[i])
+                  for i in self.pick]
         if self.form == "table":
             return None
         if self.form == "json":

@@ -100,7 +100,10 @@ def acct_cluster() -> Iterator[str]:
            "PSWIFT_CLUSTER_CTLD_PORT": str(base + 20),
            "PSWIFT_CLUSTER_BASEPORT": str(int(os.environ.get("PSWIFT_CLUSTER_BASEPORT", "17100")) + 50),
            "PSWIFT_CLUSTER_ACCOUNTING": "1", "PSWIFT_CLUSTER_PREEMPT": "qos",
-           "PSWIFT_CLUSTER_MAX_BATCH_REQUEUE": "5"}   # Slurm's default (24.05+ only)
+           "PSWIFT_CLUSTER_MAX_BATCH_REQUEUE": "5",   # Slurm's default (24.05+ only)
+           # finished jobs leave the controller within ~90 s (MinJobAge + its 60 s purge pass):
+           # `pswift status` of a forgotten job is tested here, against slurmdbd
+           "PSWIFT_CLUSTER_MIN_JOB_AGE": "30"}
     proc = subprocess.run([str(CLUSTER), "start"], capture_output=True, text=True, timeout=600, env=env)
     if proc.returncode != 0:
         pytest.fail(f"accounting dev cluster did not start: {proc.stdout}\n{proc.stderr}")

@@ -254,6 +254,22 @@ def test_user_text_with_separators_quotes_and_escapes_stays_in_its_cell(tmp_path
     assert json.loads(run(path, "jobs", "--json"))[0]["name"] == nasty
 
 
+def test_sacct_habits_field_names_the_same_columns_piped_and_iso_times(db):
+    """`-o JobID,State` as sacct spells them (any case); piped output has the terminal's
+    columns; a time is ISO 8601 (local) in every form (issue 25)."""
+    from pipeswift_slurm.report import LISTING_DEFAULT
+    assert run(db, "jobs", "-o", "JobID,jobname,STATE,NNodes,Elapsed") == \
+        run(db, "jobs", "-o", "job_id,name,state,nodes,elapsed_s")
+    assert run(db, "jobs").splitlines()[0].split("\t") == LISTING_DEFAULT.split(",")
+    assert run(db, "jobs", "-P").splitlines()[0].split("|") == LISTING_DEFAULT.split(",")
+    assert len(json.loads(run(db, "jobs", "--json"))[0]) > len(LISTING_DEFAULT.split(","))  # every column
+    want = dt.datetime.fromtimestamp(T0 + 1.5 * H - 600).strftime("%Y-%m-%dT%H:%M:%S")
+    (two,) = [r for r in parsable(db, "jobs", "-o", "JobID,Submit") if r["job_id"] == "2"]
+    assert two["submit"] == want
+    assert [r["submit"] for r in json.loads(run(db, "jobs", "-j", "2", "--json"))] == [want]
+    assert run(db, "jobs", "-j", "2", "--csv", "-o", "submit").splitlines() == ["submit", want]
+
+
 def test_usage_days_are_local_days_on_both_sides_of_a_dst_change(tmp_path):
     """00:30 local on a summer day and 23:30 on a winter day (New York, UTC-4 then UTC-5): each
     counts on its own local date; either offset for the whole history would move one of them."""

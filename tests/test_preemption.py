@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import copy_example, pswift, wait_state
+from conftest import PSWIFT, copy_example, pswift, wait_state
 from pipeswift_slurm import slurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
@@ -82,8 +84,11 @@ def wait_steps(run: Path, n: int, timeout: float = 120) -> None:
 
 
 def reference(toml: Path, tmp_path: Path, nodes: int) -> Path:
+    """The uninterrupted run of ``toml`` on ``nodes`` local slots. The slow example's data sleep
+    is left out (it paces signals, not the numbers): a 100-step reference takes 18 s, not 42."""
     run = tmp_path / "reference"
-    proc = pswift("run", "--nodes", str(nodes), "--run-dir", str(run), str(toml))
+    proc = pswift("run", "--nodes", str(nodes), "--run-dir", str(run), str(toml),
+                  env={"PSWIFT_TEST_SLEEP": "0"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return run
 
@@ -93,43 +98,45 @@ def slurm_log(run: Path) -> str:
 
 
 def preempted_once(toml: Path, run: Path, after_steps: int, preemptor: list[str] | tuple[str, ...] = ("-p", "high"),
-                   timeout: float = 300) -> dict:
+                   timeout: float = 300, followed: list | None = None, waited: list | None = None) -> dict:
     """Submit ``toml``; once ``after_steps`` steps ran, a 2-node exclusive job with ``preemptor``'s
-    options preempts it; wait until it completed; its `pswift status --json`."""
-    proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
-    assert proc.returncode == 0, proc.stderr
-    job = proc.stdout.strip()
-    wait_steps(run, after_steps, timeout=timeout)
-    high = subprocess.run(["sbatch", "--parsable", *preemptor, "-N2", "--exclusive", "-o", "/dev/null",
-                           "--wrap", "sleep 300"], capture_output=True, text=True, check=True).stdout.strip()
+    options preempts it; wait until it completed; its `pswift status --json`. With a
+    ``followed`` list, `pswift logs JOB -f` runs from the submit on and its (exit, stdout,
+    stderr) is appended to the list; with a ``waited`` list, the job is submitted with
+    `pswift sbatch --wait` and that command's (exit, stdout, stderr) is appended."""
+    if waited is None:
+        proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
+        assert proc.returncode == 0, proc.stderr
+        job = proc.stdout.strip()
+    else:
+        submitter = subprocess.Popen([*PSWIFT, "sbatch", "--wait", "--run-dir", str(run), str(toml)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = submitter.stdout.readline() if submitter.stdout else ""
+        assert first.startswith("Submitted pswift job "), first + submitter.communicate(timeout=60)[1]
+        job = first.split()[3]
+    follower = None if followed is None else subprocess.Popen(
+        [sys.executable, "-m", "pipeswift_slurm.cli", "logs", job, "-f"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=timeout) == "COMPLETED", slurm_log(run)
+        wait_steps(run, after_steps, timeout=timeout)
+        high = subprocess.run(["sbatch", "--parsable", *preemptor, "-N2", "--exclusive", "-o", "/dev/null",
+                               "--wrap", "sleep 300"], capture_output=True, text=True, check=True).stdout.strip()
+        try:
+            assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=timeout) == "COMPLETED", slurm_log(run)
+        finally:
+            subprocess.run(["scancel", high])
+        if follower is not None and followed is not None:
+            out, err = follower.communicate(timeout=60)
+            followed.append((follower.returncode, out, err))
+        if waited is not None:
+            out, err = submitter.communicate(timeout=120)
+            waited.append((submitter.returncode, first + out, err))
     finally:
-        subprocess.run(["scancel", high])
+        if follower is not None:
+            follower.kill()
+        if waited is not None:
+            submitter.kill()
     return json.loads(pswift("status", job, "--json", check=True).stdout)
-
-
-def test_logs_follow_a_job_across_its_requeue_until_it_ends(cluster, tmp_path):
-    """`pswift logs JOB -f`, started while the job is queued, prints every attempt's lines of the
-    one log the attempts append to, and returns once Slurm says the job ended (issue 25)."""
-    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "40", "checkpoint_interval": "0"})
-    run = tmp_path / "run"
-    job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
-    follower = subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.cli", "logs", job, "-f"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_steps(run, 8)
-        subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", "--exclusive", "-o", "/dev/null",
-                        "--wrap", "sleep 3"], capture_output=True, text=True, check=True)
-        assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300) == "COMPLETED", slurm_log(run)
-        out, err = follower.communicate(timeout=60)
-    finally:
-        follower.kill()
-    assert follower.returncode == 0, err
-    assert f"pswift: job {job} attempt 0 on" in out and f"pswift: job {job} attempt 1 on" in out, out[-3000:]
-    assert out.rstrip().endswith(slurm_log(run).rstrip().splitlines()[-1])    # all of it, to the last line
-    tail = pswift("logs", job, "-n", "1", check=True).stdout
-    assert tail.count("\n") == 1 and f"job {job} attempt 1 launcher exit 0" in tail
 
 
 @pytest.fixture(params=["partition", pytest.param("qos", marks=pytest.mark.every_version)])
@@ -145,15 +152,54 @@ def preemption(request, monkeypatch) -> tuple[list[str], str]:
     return ["--qos=normal"], 'qos = "standby"\n'
 
 
+def status_once_forgotten(job: str, run: Path, tmp_path: Path) -> None:
+    """`pswift status` of a job the controller has purged (MinJobAge): from sacct, and with no
+    sacct to ask, from the history, with the run's step, loss and log all the same."""
+    deadline = time.time() + 150
+    while subprocess.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], capture_output=True,
+                         text=True).stdout.strip():
+        assert time.time() < deadline, f"job {job} still known to the controller"
+        time.sleep(2)
+    text = pswift("status", job, check=True).stdout
+    assert text.startswith(f"job {job}: COMPLETED (from sacct: Slurm has forgotten the job)\n"), text
+    assert "\nstep 4/4, last loss " in text and f"\nlog: {run / f'slurm-{job}.out'}\n" in text, text
+    db = tmp_path / "h.db"
+    pswift("history", "ingest", "--sacct", "--db", str(db), check=True)
+    no_sacct = tmp_path / "bin"
+    no_sacct.mkdir()
+    for tool in ("squeue", "scontrol", "sinfo"):
+        (no_sacct / tool).symlink_to(shutil.which(tool))
+    text = pswift("status", job, "--db", str(db), env={"PATH": str(no_sacct)}, check=True).stdout
+    assert text.startswith(f"job {job}: COMPLETED (from the history: Slurm has forgotten the job)\n"), text
+    assert "None" not in text
+
+
 def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path):
     preemptor, job_lines = preemption
+    early = None
+    if "qos" in job_lines:   # a short job first: by this test's end the controller forgot it
+        early_run = tmp_path / "early-run"
+        proc = pswift("sbatch", "--wait", "--run-dir", str(early_run),
+                      str(copy_example(tmp_path / "early", {"steps": "4", "checkpoint_interval": "0"})))
+        assert proc.returncode == 0 and "COMPLETED" in proc.stdout, (proc.stdout, proc.stderr)
+        early = proc.stdout.split()[3]
     toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "100", "checkpoint_interval": "0"})
     toml.write_text(toml.read_text().replace("[job]\n", "[job]\n" + job_lines, 1))
     run = tmp_path / "run"
-    st = preempted_once(toml, run, 8, preemptor)
+    followed: list = []
+    st = preempted_once(toml, run, 8, preemptor, followed=followed)
     a0, a1 = st["attempts"]
     assert (a0["nodes"], a0["stages"], a0["ended"]) == (4, 4, "preempted")
     assert (a1["nodes"], a1["stages"], a1["ended"]) == (2, 2, "completed")
+    # `pswift logs JOB -f`, started while the job was queued, printed every attempt's lines of the
+    # one log the attempts append to, and returned once Slurm said the job ended (issue 25)
+    ((rc, out, err),) = followed
+    job = st["job_id"]
+    assert rc == 0, err
+    assert f"pswift: job {job} attempt 0 on" in out and f"pswift: job {job} attempt 1 on" in out, out[-3000:]
+    assert out.rstrip().endswith(slurm_log(run).rstrip().splitlines()[-1])    # all of it, to the last line
+    tail = pswift("logs", job, "-n", "1", check=True).stdout
+    assert tail.count("\n") == 1 and f"job {job} attempt 1 launcher exit 0" in tail
     assert a1["resumed_from"].endswith(f"step_{a0['end_step']:08d}")
     assert a1["start_step"] == a0["end_step"]  # no step lost: stopped at a step boundary
     assert st["restarts"] == 1 and st["step"] == 100
@@ -162,6 +208,8 @@ def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path
     ref = reference(toml, tmp_path, nodes=4)
     assert step_losses(run) == step_losses(ref)
     assert_same_weights(final_weights(run / "checkpoints", 100), final_weights(ref / "checkpoints", 100))
+    if early is not None:
+        status_once_forgotten(early, tmp_path / "early-run", tmp_path)
 
 
 def test_a_bf16_zero1_job_with_recompute_is_preempted_and_resumes_on_2_of_4_nodes(cluster, tmp_path):
@@ -179,11 +227,23 @@ lr_warmup_steps = 5
 lr_decay = "cosine"
 """, 1))
     run = tmp_path / "run"
-    st = preempted_once(toml, run, 5)
+    waited: list = []
+    st = preempted_once(toml, run, 5, waited=waited)
     a0, a1 = st["attempts"]
     assert (a0["nodes"], a0["stages"], a0["ended"]) == (4, 2, "preempted")
     assert (a1["nodes"], a1["stages"], a1["ended"]) == (2, 2, "completed")
     assert a1["start_step"] == a0["end_step"]
+    # `pswift sbatch --wait` said the preemption, the requeue, the second attempt and progress
+    ((rc, out, err),) = waited
+    job = st["job_id"]
+    assert rc == 0, (out, err)
+    for line in (f"job {job}: RUNNING", f"job {job}: attempt 0 on 4 node(s), 2 stage(s)",
+                 f"job {job}: attempt 0 ended (preempted) at step {a0['end_step']}",
+                 f"job {job}: requeued (restart 1)",
+                 f"job {job}: attempt 1 on 2 node(s), 2 stage(s), from step {a0['end_step']}",
+                 f"job {job}: COMPLETED", f"log: {run / f'slurm-{job}.out'}"):
+        assert line in out.splitlines(), (line, out)
+    assert re.search(rf"job {job}: step \d+/40, ETA [\d.]+ (ms|s|min)\n", out), out
     starts = [e for e in events(run) if e["event"] == "start"]
     assert [(e["stages"], e["data_parallel"]) for e in starts] == [(2, 2), (2, 1)]
     ref = reference(toml, tmp_path, nodes=4)

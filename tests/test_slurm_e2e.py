@@ -209,3 +209,28 @@ def test_a_login_only_python_is_refused_before_queueing(cluster, tmp_path):
     assert proc.returncode == 2 and "cannot import" in proc.stderr and "torch" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert squeue_ids() == before and not (tmp_path / "run").exists()
+
+
+@pytest.mark.every_version
+def test_wait_times_out_with_its_own_code_and_cancel_is_recorded(cluster, tmp_path):
+    """A held job: `--wait --timeout 2` leaves it queued and exits 124 (not 1, which means the
+    job failed); `pswift cancel` cancels it, and status says who did, from the run directory."""
+    toml = copy_example(tmp_path / "ex")
+    run = tmp_path / "run"
+    proc = pswift("sbatch", "--wait", "--timeout", "2", "--run-dir", str(run), str(toml), "--", "--hold")
+    assert proc.returncode == 124, (proc.stdout, proc.stderr)
+    job = re.search(r"Submitted pswift job (\d+)", proc.stdout).group(1)
+    assert f"job {job}: PENDING (JobHeldUser)" in proc.stdout
+    assert proc.stderr.count("\n") == 1 and f"job {job} still PENDING after 2 s; it goes on" in proc.stderr
+    try:
+        assert subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                              text=True).stdout.strip() == "PENDING"
+        out = pswift("cancel", job, check=True).stdout
+        assert out == f"cancelled job {job} (run directory {run})\n"
+    finally:
+        subprocess.run(["scancel", job])
+    status = pswift("status", str(run), check=True).stdout
+    assert status.startswith(f"job {job}: CANCELLED") and "cancelled by root with `pswift cancel` at" in status
+    assert "None" not in status
+    st = json.loads(pswift("status", job, "--json", check=True).stdout)
+    assert st["cancelled"]["user"] == "root" and st["source"] == "slurm" and st["steps_total"] == 40

@@ -1,0 +1,89 @@
+"""The wheel an admin installs: built from the source, installed alone, it carries the Slurm-side
+plugins, `pswift admin install-plugins` puts them where slurmctld looks and the installed
+jobcomp wrapper merges a record; one version everywhere; the license declared once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from conftest import ROOT
+from test_admin import ENV
+
+from pipeswift_slurm import __version__
+
+SKIP = shutil.ignore_patterns(".git", ".venv", "__pycache__", "build", "*.egg-info", "test-artifacts",
+                              "pswift-runs", "results", ".hypothesis")
+
+
+def build_wheel(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=SKIP, symlinks=True)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                           "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "deprecat" not in proc.stderr.lower(), proc.stderr     # setuptools' license-table warning
+    (whl,) = (tmp_path / "dist").glob("pipeswift_slurm-*.whl")
+    return whl
+
+
+def test_the_wheel_installs_alone_with_its_plugins_one_version_and_the_license(tmp_path):
+    whl = build_wheel(tmp_path)
+    names = zipfile.ZipFile(whl).namelist()
+    assert {"pipeswift_plugins/job_submit.lua", "pipeswift_plugins/jobcomp_pswift.py"} <= set(names)
+    (meta_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    meta = zipfile.ZipFile(whl).read(meta_name).decode()
+    assert f"\nVersion: {__version__}\n" in meta and "\nLicense-Expression: Apache-2.0\n" in meta
+    assert "Classifier: Topic :: System :: Distributed Computing" in meta
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    # installed alone (its dependencies are this venv's), first on the path
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
+                           str(whl)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    probe = subprocess.run([sys.executable, "-c", "import json, importlib.metadata as m, pipeswift_slurm as p; "
+                            "print(json.dumps([p.__file__, m.version('pipeswift-slurm')]))"],
+                           capture_output=True, text=True, env=env, check=True, cwd=tmp_path)
+    where, version = json.loads(probe.stdout)
+    assert Path(where).is_relative_to(site) and version == __version__
+    pswift = [sys.executable, "-m", "pipeswift_slurm.cli"]
+    got = subprocess.run([*pswift, "--version"], capture_output=True, text=True, env=env, check=True,
+                         cwd=tmp_path).stdout
+    assert got.strip() == f"pswift, version {version}"
+    # the plugins, from the installed package, where an admin's slurm.conf points
+    etc, spool, db = tmp_path / "etc", tmp_path / "spool", tmp_path / "h.db"
+    etc.mkdir()
+    out = subprocess.run([*pswift, "admin", "install-plugins", "--prefix", str(etc), "--spool", str(spool),
+                          "--db", str(db)], capture_output=True, text=True, env=env, check=True,
+                         cwd=tmp_path).stdout
+    assert f"installed {etc / 'job_submit.lua'}" in out and f"  JobCompLoc={etc / 'pswift-jobcomp'}" in out
+    assert "  JobSubmitPlugins=lua" in out and "  JobCompType=jobcomp/script" in out
+    assert (etc / "job_submit.lua").read_text() == (ROOT / "plugins" / "job_submit.lua").read_text()
+    wrapper = etc / "pswift-jobcomp"
+    assert os.stat(wrapper).st_mode & 0o777 == 0o755
+    assert str(site / "pipeswift_plugins" / "jobcomp_pswift.py") in wrapper.read_text()
+    # slurmctld's call: the job's record in the environment, nothing on the command line
+    ran = subprocess.run([str(wrapper)], env={**env, **ENV}, capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    (row,) = sqlite3.connect(db).execute("SELECT job_id, state, user FROM slurm_jobs").fetchall()
+    assert row == ("777", "COMPLETED", "alice")
+
+
+def test_install_plugins_refuses_a_link_or_relative_paths_in_one_line(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    pswift = [sys.executable, "-m", "pipeswift_slurm.cli", "admin", "install-plugins"]
+    for args, says in (([ "--prefix", str(tmp_path / "link")], "is not a folder (a link is not followed)"),
+                       (["--prefix", str(tmp_path / "real"), "--db", "h.db"], "--db h.db: give an absolute path")):
+        proc = subprocess.run([*pswift, *args], capture_output=True, text=True)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert list((tmp_path / "real").iterdir()) == []
