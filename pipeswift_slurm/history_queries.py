@@ -207,11 +207,11 @@ class Queries:
 
     def rollups(self, by: str, sel: Selection) -> Iterator[tuple]:
         """One narrow tuple per selected job from the roll-up table: (the ``by`` column,
-        attempts, preempted, queue_s, run_s, jct_s)."""
+        attempts, preempted, queue_s, run_s, jct_s, wasted_s)."""
         if by not in ROLLUP_KEYS:
             raise ValueError(by)
         where, params = sel.where("r")
-        return self.conn.execute(f"SELECT r.{by}, attempts, preempted, queue_s, run_s, jct_s "
+        return self.conn.execute(f"SELECT r.{by}, attempts, preempted, queue_s, run_s, jct_s, wasted_s "
                                  f"FROM job_rollup r WHERE {where}", params)
 
     def queue_waits(self, sel: Selection) -> list[float]:

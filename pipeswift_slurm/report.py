@@ -60,6 +60,9 @@ class JobReport:
     account: str | None = None
     qos: str | None = None
     attempt_rows: list[dict[str, Any]] = field(default_factory=list)
+    #: a pswift job's whole-attempt waste as Slurm's records count it (the roll-up's, which the
+    #: SQL report sums for every job): replaced there by the checkpointed figure above
+    rollup_wasted_h: float = 0.0
 
 
 def job_reports(h: History, sel: Selection = Selection()) -> list[JobReport]:
@@ -137,6 +140,8 @@ def _report(h: History, jid: str, rows: list[Row], run: Row | None, cluster: str
     rep.training_s = run_time
     if run is not None:
         _add_pswift_attempts(h, rep, rows, run, run_time, submit)
+        rolled = h.rollup_of(cluster, jid) if rows else None
+        rep.rollup_wasted_h = (rolled["wasted_s"] or 0.0) / 3600 if rolled is not None else 0.0
     else:
         _add_plain_waste(h, rep, cluster)
     if rep.end is None and run is not None and rep.attempt_rows:
@@ -438,11 +443,13 @@ def aggregate_sql(h: History, by: str, sel: Selection = Selection()) -> list[dic
     # one narrow row per job from the roll-up table (plain tuples: a million in about a second);
     # per group: jobs, attempts, preempted, queue sum, run sum, waits, JCTs
     acc: dict[Any, list[Any]] = {}
-    for key, attempts, preempted, queue, run, jct in h.rollups(by, sel):
+    for key, attempts, preempted, queue, run, jct, wasted in h.rollups(by, sel):
         g = acc.get(key)
         if g is None:
-            g = acc[key] = [0, 0, 0, 0.0, 0.0, [], []]
+            g = acc[key] = [0, 0, 0, 0.0, 0.0, [], [], 0.0]
         g[0] += 1
+        if wasted is not None:   # what is on record, as the listing's column
+            g[7] += wasted / 3600
         g[1] += attempts
         g[2] += preempted or 0
         if queue is not None:
@@ -453,12 +460,12 @@ def aggregate_sql(h: History, by: str, sel: Selection = Selection()) -> list[dic
         if jct is not None:
             g[6].append(jct)
     out: dict[Any, dict[str, Any]] = {}
-    for k, (jobs, attempts, pre, queue, run, waits, jcts) in acc.items():
+    for k, (jobs, attempts, pre, queue, run, waits, jcts, wasted_h) in acc.items():
         w50, w95 = quantiles(waits, (0.5, 0.95), clean=True)
         j50, j95 = quantiles(jcts, (0.5, 0.95), clean=True)
         out[k] = {by: k, "jobs": jobs, "attempts": attempts, "preemption_rate": pre / max(1, attempts),
                   "queue_s": queue, "setup_s": 0.0, "training_s": run, "checkpoint_s": 0.0, "steps_lost": 0,
-                  "device_hours_wasted": 0.0, "step_time_var": None, "predicted_vs_actual_jct": None,
+                  "device_hours_wasted": wasted_h, "step_time_var": None, "predicted_vs_actual_jct": None,
                   "wait_p50_s": w50, "wait_p95_s": w95, "jct_p50_s": j50, "jct_p95_s": j95}
     _add_pswift_figures(h, out, by, sel)
     cols = [by, "jobs", "attempts", "wait_p50_s", "wait_p95_s", "jct_p50_s", "jct_p95_s", "preemption_rate",
@@ -486,7 +493,7 @@ def _add_pswift_figures(h: History, out: dict[Any, dict[str, Any]], by: str, sel
             g["setup_s"] += r.setup_s
             g["checkpoint_s"] += r.checkpoint_s
             g["steps_lost"] += r.steps_lost
-            g["device_hours_wasted"] += r.device_hours_wasted
+            g["device_hours_wasted"] += r.device_hours_wasted - r.rollup_wasted_h
         g["step_time_var"] = median(r.step_var for r in rs)
         pred = [(r.predicted_jct_s, r.jct_s) for r in rs if r.predicted_jct_s and r.jct_s]
         g["predicted_vs_actual_jct"] = median(p / a for p, a in pred)

@@ -287,6 +287,14 @@ def test_mixed_workload_in_reports_plot_and_doctor(cluster, tmp_path):
     png = tmp_path / "report.png"
     rep = pswift("history", "report", "--db", db, "--by", "partition", "-j", ids, "--plot", str(png), check=True)
     assert "low" in rep.stdout and png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
+    # one figure every way: the report's waste per partition is the listing's, summed (the
+    # preempted plain job's whole attempt on its CPUs, the checkpointed pswift job's lost steps)
+    groups = json.loads(pswift("history", "report", "--db", db, "--by", "partition", "-j", ids, "--json",
+                               check=True).stdout)
+    for g in groups:
+        want = sum(x["wasted_hours"] or 0.0 for x in rows.values() if x["partition"] == g["partition"])
+        assert g["device_hours_wasted"] == pytest.approx(want, rel=1e-9, abs=1e-12), (g, want)
+    assert sum(g["device_hours_wasted"] for g in groups) >= 2 * v["cpus"] / 3600
     only = pswift("history", "report", "--db", db, "--pswift-only", "-j", job, "--json", check=True).stdout
     assert [(g["partition"], g["jobs"]) for g in json.loads(only)] == [("low", 1)]
     doc = pswift("doctor", job, "--db", db, check=True).stdout

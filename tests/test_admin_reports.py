@@ -254,6 +254,18 @@ def test_user_text_with_separators_quotes_and_escapes_stays_in_its_cell(tmp_path
     assert json.loads(run(path, "jobs", "--json"))[0]["name"] == nasty
 
 
+def test_the_reports_waste_is_the_listings_summed(db):
+    """One figure every way (issue 25): a report's preemption waste per group is the sum of its
+    jobs' listing column (job 10: 1 h x 4 CPUs; job 11's is unknown, left out of both)."""
+    rows = json.loads(run(db, "jobs", "--json"))
+    for by in ("partition", "user", "account"):
+        for g in json.loads(run(db, "report", "--by", by, "--json")):
+            want = sum(r["wasted_hours"] or 0.0 for r in rows if r[by] == g[by])
+            assert g["device_hours_wasted"] == pytest.approx(want), (by, g)
+    (low,) = json.loads(run(db, "report", "--by", "partition", "--json"))
+    assert low["device_hours_wasted"] == pytest.approx(4.0)
+
+
 def test_sacct_habits_field_names_the_same_columns_piped_and_iso_times(db):
     """`-o JobID,State` as sacct spells them (any case); piped output has the terminal's
     columns; a time is ISO 8601 (local) in every form (issue 25)."""
