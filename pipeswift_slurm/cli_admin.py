@@ -290,9 +290,9 @@ def _show_text(r: Any, row: dict[str, Any]) -> None:
                + (f" (MaxRSS {row['max_rss_mb']:.0f} MB)" if row["max_rss_mb"] is not None else ""))
     if r.predicted_jct_s:
         click.echo(f"predicted JCT {_dur(r.predicted_jct_s)}")
-    wasted = "unknown" if r.device_hours_wasted is None else f"{r.device_hours_wasted:.3g}"
+    wasted = "unknown" if r.cpu_hours_wasted is None else f"{r.cpu_hours_wasted:.3g}"
     lost = f"{r.steps_lost} step(s) lost" if r.pswift else "no checkpoints: whole attempts lost"
-    click.echo(f"{r.attempts} attempt(s), {r.preemptions} preemption(s), {lost}, {wasted} device-hours wasted")
+    click.echo(f"{r.attempts} attempt(s), {r.preemptions} preemption(s), {lost}, {wasted} CPU-hours wasted")
     for a in r.attempt_rows:
         click.echo(f"  attempt {a['attempt']}: {a['nodes']} node(s), {a['stages']} stage(s) x "
                    f"{a['data_parallel']} dp, steps {a['start_step']} -> {a['end_step']}, {a['ended']}, "
@@ -307,7 +307,7 @@ def _dur(s: float | None) -> str:
 _REPORT_COLS = [("jobs", "Jobs", "int", 6), ("attempts", "Attempts", "int", 8), ("wait_p50_s", "WaitP50", "s", 10),
                 ("wait_p95_s", "WaitP95", "s", 10), ("jct_p50_s", "JCTP50", "s", 10), ("jct_p95_s", "JCTP95", "s", 10),
                 ("preemption_rate", "PreemptRate", "ratio", 11), ("steps_lost", "StepsLost", "int", 9),
-                ("device_hours_wasted", "Wasted", "h", 8), ("step_time_var", "StepVar", "float", 8),
+                ("cpu_hours_wasted", "Wasted", "h", 8), ("step_time_var", "StepVar", "float", 8),
                 ("queue_s", "Queue", "s", 13), ("setup_s", "Setup", "s", 13), ("training_s", "Training", "s", 13),
                 ("checkpoint_s", "Ckpt/cleanup", "s", 13), ("predicted_vs_actual_jct", "PredVsActual", "float", 12)]
 

@@ -7,8 +7,9 @@ Per job (one row per Slurm job id, all its attempts together):
   checkpoint = pswift attempts' checkpoint writes + the rest of each attempt (cleanup, exit)
   JCT        = last end - submit
 Plain (non-pswift) jobs have queue and run time only. Steps lost per preemption = last step
-reached - step resumed from; device-hours wasted = (lost steps x median step time + the next
-attempt's setup) x slots / 3600.
+reached - step resumed from; CPU-hours wasted = (lost steps x median step time + the next
+attempt's setup) x the stopped attempt's CPUs (Slurm's record of it) / 3600; a plain job's =
+each stopped attempt's elapsed time x its CPUs / 3600.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class JobReport:
     preemptions: int
     steps_lost: int
     #: None: not on record (a plain job's attempt without its end or size)
-    device_hours_wasted: float | None
+    cpu_hours_wasted: float | None
     step_mean_s: float | None = None
     step_var: float | None = None
     predicted_jct_s: float | None = None
@@ -134,7 +135,7 @@ def _report(h: History, jid: str, rows: list[Row], run: Row | None, cluster: str
                     nodes=last["node_count"] if last else None, slots=last["procs"] if last else None,
                     attempts=len(rows), submit=submit, end=max(ends) if ends else None,
                     queue_s=_queue_s(rows, submit), setup_s=0.0, training_s=0.0, checkpoint_s=0.0,
-                    jct_s=None, preemptions=0, steps_lost=0, device_hours_wasted=0.0,
+                    jct_s=None, preemptions=0, steps_lost=0, cpu_hours_wasted=0.0,
                     account=last["account"] if last else None, qos=last["qos"] if last else None)
     run_time = sum(r["end"] - r["start"] for r in rows if r["end"] is not None)
     rep.training_s = run_time
@@ -158,7 +159,7 @@ def _add_plain_waste(h: History, rep: JobReport, cluster: str) -> None:
     if row is None:
         return
     rep.preemptions = row["preempted"] or 0
-    rep.device_hours_wasted = None if row["wasted_s"] is None else row["wasted_s"] / 3600
+    rep.cpu_hours_wasted = None if row["wasted_s"] is None else row["wasted_s"] / 3600
 
 
 def _add_pswift_attempts(h: History, rep: JobReport, rows: list[Row], run: Row, run_time: float,
@@ -178,13 +179,17 @@ def _add_pswift_attempts(h: History, rep: JobReport, rows: list[Row], run: Row, 
     if means:
         rep.step_mean_s = statistics.fmean(m for m, _ in means)
         rep.step_var = statistics.fmean(v for _, v in means)
-    for a, b in zip(attempts, attempts[1:]):
+    # each attempt's CPUs as Slurm allocated them (its own record of that attempt), so that the
+    # waste is CPU-hours like a plain job's; unknown without Slurm's records of every attempt
+    cpus = [r["procs"] for r in rows] if len(rows) == len(attempts) else [None] * len(attempts)
+    for (a, b), n_cpus in zip(zip(attempts, attempts[1:]), cpus):
         if a["ended"] in ("preempted", "time_limit", "killed", "running"):
             rep.preemptions += a["ended"] != "time_limit"
             lost = max(0, (a["end_step"] or 0) - (b["start_step"] or 0))
-            slots = (a["stages"] or 1) * (a["data_parallel"] or 1)  # the attempt's world size
             rep.steps_lost += lost
-            rep.device_hours_wasted += (lost * med + (b["setup_s"] or 0.0)) * slots / 3600
+            if rep.cpu_hours_wasted is not None:
+                rep.cpu_hours_wasted = (None if n_cpus is None else
+                                        rep.cpu_hours_wasted + (lost * med + (b["setup_s"] or 0.0)) * n_cpus / 3600)
     if not rows:
         rep.state = attempts[-1]["ended"] if attempts else run["state"]
         if attempts and attempts[0]["start_time"] and submit:
@@ -215,7 +220,7 @@ def aggregate(reps: list[JobReport], by: str) -> list[dict[str, Any]]:
             "jct_p50_s": quantile(jcts, 0.5), "jct_p95_s": quantile(jcts, 0.95),
             "preemption_rate": sum(r.preemptions for r in rs) / max(1, sum(r.attempts for r in rs)),
             "steps_lost": sum(r.steps_lost for r in rs),
-            "device_hours_wasted": sum(r.device_hours_wasted or 0.0 for r in rs),  # what is on record
+            "cpu_hours_wasted": sum(r.cpu_hours_wasted or 0.0 for r in rs),  # what is on record
             "step_time_var": median(r.step_var for r in rs),
             "queue_s": sum(waits), "setup_s": sum(r.setup_s for r in rs),
             "training_s": sum(r.training_s for r in rs), "checkpoint_s": sum(r.checkpoint_s for r in rs),
@@ -256,7 +261,7 @@ def listing_row(plain: tuple | None, rep: JobReport) -> tuple:
                state=rep.state, pswift=True, attempts=rep.attempts, submit=rep.submit,
                queue_s=rep.queue_s, setup_s=rep.setup_s, training_s=rep.training_s,
                checkpoint_s=rep.checkpoint_s, jct_s=rep.jct_s, preemptions=rep.preemptions,
-               steps_lost=rep.steps_lost, wasted_hours=rep.device_hours_wasted,
+               steps_lost=rep.steps_lost, wasted_hours=rep.cpu_hours_wasted,
                step_mean_s=rep.step_mean_s, predicted_jct_s=rep.predicted_jct_s)
     if out["nodes"] is None:
         out["nodes"] = rep.nodes
@@ -383,14 +388,14 @@ def diagnose(rep: JobReport, plan: Plan | None = None, log_text: str = "") -> li
                    f"in the queue; allow a node range ([resources] nodes = [min, max]) so it starts on "
                    f"what is free, or use a less busy partition (`pswift plan` compares them)")
     if rep.preemptions and not rep.pswift:
-        waste = ("an unknown amount of work" if rep.device_hours_wasted is None
-                 else f"{rep.device_hours_wasted:.3g} CPU-hours")
+        waste = ("an unknown amount of work" if rep.cpu_hours_wasted is None
+                 else f"{_hours(rep.cpu_hours_wasted)} CPU-hours")
         out.append(f"preemption: preempted {rep.preemptions} time(s) with no checkpoints pswift knows of: "
                    f"each stop lost its whole attempt, {waste}; checkpoint and resume (pswift sbatch "
                    f"does both) or use a non-preemptible partition")
     elif rep.preemptions:
         out.append(f"preemption: preempted {rep.preemptions} time(s), {rep.steps_lost} step(s) lost, "
-                   f"{rep.device_hours_wasted:.3g} device-hours wasted; "
+                   f"{_hours(rep.cpu_hours_wasted)} CPU-hours wasted; "
                    + ("each stop checkpointed at a step boundary, so the waste is restarts: a "
                       "non-preemptible partition removes it" if rep.steps_lost == 0 else
                       "checkpoint more often ([training] checkpoint_interval) or make GraceTime cover "
@@ -465,11 +470,11 @@ def aggregate_sql(h: History, by: str, sel: Selection = Selection()) -> list[dic
         j50, j95 = quantiles(jcts, (0.5, 0.95), clean=True)
         out[k] = {by: k, "jobs": jobs, "attempts": attempts, "preemption_rate": pre / max(1, attempts),
                   "queue_s": queue, "setup_s": 0.0, "training_s": run, "checkpoint_s": 0.0, "steps_lost": 0,
-                  "device_hours_wasted": wasted_h, "step_time_var": None, "predicted_vs_actual_jct": None,
+                  "cpu_hours_wasted": wasted_h, "step_time_var": None, "predicted_vs_actual_jct": None,
                   "wait_p50_s": w50, "wait_p95_s": w95, "jct_p50_s": j50, "jct_p95_s": j95}
     _add_pswift_figures(h, out, by, sel)
     cols = [by, "jobs", "attempts", "wait_p50_s", "wait_p95_s", "jct_p50_s", "jct_p95_s", "preemption_rate",
-            "steps_lost", "device_hours_wasted", "step_time_var", "queue_s", "setup_s", "training_s",
+            "steps_lost", "cpu_hours_wasted", "step_time_var", "queue_s", "setup_s", "training_s",
             "checkpoint_s", "predicted_vs_actual_jct"]
     return [{c: g.get(c) for c in cols} for _, g in sorted(out.items(), key=lambda kv: str(kv[0]))]
 
@@ -493,7 +498,7 @@ def _add_pswift_figures(h: History, out: dict[Any, dict[str, Any]], by: str, sel
             g["setup_s"] += r.setup_s
             g["checkpoint_s"] += r.checkpoint_s
             g["steps_lost"] += r.steps_lost
-            g["device_hours_wasted"] += r.device_hours_wasted - r.rollup_wasted_h
+            g["cpu_hours_wasted"] += (r.cpu_hours_wasted or 0.0) - r.rollup_wasted_h   # what is on record
         g["step_time_var"] = median(r.step_var for r in rs)
         pred = [(r.predicted_jct_s, r.jct_s) for r in rs if r.predicted_jct_s and r.jct_s]
         g["predicted_vs_actual_jct"] = median(p / a for p, a in pred)
@@ -506,3 +511,7 @@ def wait_quantiles(h: History, sel: Selection, points: int = 200) -> list[float]
         return []
     step = max(1, len(xs) // points)
     return xs[::step] + [xs[-1]]
+
+
+def _hours(h: float | None) -> str:
+    return "unknown" if h is None else f"{h:.3g}"

@@ -133,7 +133,7 @@ def test_waste_of_preempted_plain_jobs_and_unknown_where_records_cannot_say(db):
     assert rows["11"]["preemptions"] == 1 and rows["11"]["wasted_hours"] is None
     assert rows["2"]["wasted_hours"] == 0
     show = run(db, "show", "11")
-    assert "unknown device-hours wasted" in show and "no checkpoints: whole attempts lost" in show
+    assert "unknown CPU-hours wasted" in show and "no checkpoints: whole attempts lost" in show
     doc = pswift("doctor", "10", "--db", str(db)).stdout
     assert "each stop lost its whole attempt, 4 CPU-hours" in doc and "checkpointed" not in doc
     assert "an unknown amount of work" in pswift("doctor", "11", "--db", str(db)).stdout
@@ -261,9 +261,9 @@ def test_the_reports_waste_is_the_listings_summed(db):
     for by in ("partition", "user", "account"):
         for g in json.loads(run(db, "report", "--by", by, "--json")):
             want = sum(r["wasted_hours"] or 0.0 for r in rows if r[by] == g[by])
-            assert g["device_hours_wasted"] == pytest.approx(want), (by, g)
+            assert g["cpu_hours_wasted"] == pytest.approx(want), (by, g)
     (low,) = json.loads(run(db, "report", "--by", "partition", "--json"))
-    assert low["device_hours_wasted"] == pytest.approx(4.0)
+    assert low["cpu_hours_wasted"] == pytest.approx(4.0)
 
 
 def test_sacct_habits_field_names_the_same_columns_piped_and_iso_times(db):

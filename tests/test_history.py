@@ -138,9 +138,35 @@ def test_a_preempted_plain_job_loses_its_whole_attempts_and_doctor_says_so(tmp_p
         {**rec, "JOBID": "8", "START": 300, "END": 400, "JOBSTATE": "COMPLETED"}], "test")
     by_id = {r.job_id: r for r in job_reports(h)}
     seven, eight = by_id["7"], by_id["8"]
-    assert (seven.pswift, seven.preemptions, seven.device_hours_wasted) == (False, 1, 1800 * 4 / 3600)
+    assert (seven.pswift, seven.preemptions, seven.cpu_hours_wasted) == (False, 1, 1800 * 4 / 3600)
     (finding,) = [f for f in diagnose(seven) if f.startswith("preemption:")]
     assert "no checkpoints pswift knows of: each stop lost its whole attempt, 2 CPU-hours" in finding
     assert "each stop checkpointed" not in finding
-    assert eight.preemptions == 1 and eight.device_hours_wasted is None
+    assert eight.preemptions == 1 and eight.cpu_hours_wasted is None
     assert "an unknown amount of work" in " ".join(diagnose(eight))
+
+
+def test_a_pswift_jobs_waste_is_cpu_hours_on_slurms_count_of_each_attempts_cpus(tmp_path):
+    """Lost steps x median step + the next attempt's setup, on the stopped attempt's CPUs as
+    Slurm recorded them: the same unit as a plain job's waste; unknown without those records."""
+    from pipeswift_slurm.report import job_reports
+    h = History(tmp_path / "h.db")
+    rec = {"CLUSTER": "c", "JOBID": "5", "JOBNAME": "p", "USERNAME": "u", "PARTITION": "low", "SUBMIT": 50,
+           "WORK_DIR": "/r"}
+    h.add_slurm_records([{**rec, "START": 100, "END": 200, "JOBSTATE": "PREEMPTED", "PROCS": "8", "NODECNT": "4"},
+                         {**rec, "START": 300, "END": 400, "JOBSTATE": "COMPLETED", "PROCS": "4", "NODECNT": "2"}],
+                        "test")
+    job = h.conn.execute("INSERT INTO jobs (cluster, run_dir, job_id, name, user, partition, state, submit_time) "
+                         "VALUES ('c', '/r', '5', 'p', 'u', 'low', 'COMPLETED', 50)").lastrowid
+    h.conn.executemany("INSERT INTO attempts (job, attempt, nodes, stages, data_parallel, start_step, end_step, "
+                       "ended, setup_s, step_p50) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, 0.5)",
+                       [(job, 0, 4, 4, 0, 40, "preempted", 5.0), (job, 1, 2, 2, 38, 100, "completed", 10.0)])
+    h.conn.commit()
+    (rep,) = job_reports(h)
+    assert rep.pswift and rep.preemptions == 1 and rep.steps_lost == 2
+    assert rep.cpu_hours_wasted == pytest.approx((2 * 0.5 + 10.0) * 8 / 3600)
+    h.conn.execute("DELETE FROM slurm_jobs WHERE start = 300")
+    h.conn.commit()
+    (rep,) = job_reports(h)
+    assert rep.cpu_hours_wasted is None and rep.steps_lost == 2
+    h.close()
