@@ -110,14 +110,16 @@ def dashboard(db_name: str) -> dict[str, Any]:
         "jobs": {"title": "Jobs in the history", "db": db_name, "library": "metric",
                  "query": "SELECT COUNT(*) AS jobs FROM job_rollup", "display": {"field": "jobs"}},
         "wasted": {"title": "CPU-hours lost to preemption (plain jobs)", "db": db_name, "library": "metric",
-                   "query": "SELECT ROUND(COALESCE(SUM(wasted_hours), 0), 1) AS hours FROM preemption_waste",
+                   "query": "SELECT ROUND(COALESCE(SUM(wasted_hours), 0), 1) AS hours FROM preemption_waste "
+                            "WHERE NOT pswift",
                    "display": {"field": "hours", "suffix": " h"}},
         "jct-phases": {"title": "JCT phases of the last 30 pswift jobs", "db": db_name, "library": "vega-lite",
                        "query": f"SELECT * FROM ({phases}) ORDER BY CAST(job_id AS INTEGER), phase",
                        "display": _bar("job_id", "job", "minutes", "time (minutes)", "phase")},
-        "waste": {"title": "Preemption waste by partition", "db": db_name, "library": "vega-lite",
+        "waste": {"title": "Preemption waste by partition (plain jobs)", "db": db_name, "library": "vega-lite",
                   "query": "SELECT COALESCE(partition, 'unknown') AS partition, SUM(COALESCE(wasted_hours, 0)) AS "
-                           "wasted_hours, SUM(preemptions) AS preemptions FROM preemption_waste GROUP BY 1 ORDER BY 1",
+                           "wasted_hours, SUM(preemptions) AS preemptions FROM preemption_waste WHERE NOT pswift "
+                           "GROUP BY 1 ORDER BY 1",
                   "display": _bar("partition", "partition", "wasted_hours", "wasted CPU-hours")},
         "waits": {"title": "Mean queue wait by QOS", "db": db_name, "library": "vega-lite",
                   "query": "SELECT COALESCE(qos, 'none') AS qos, AVG(queue_s) / 60.0 AS minutes, COUNT(*) AS jobs "
