@@ -23,8 +23,8 @@ _LISTING = ", ".join(f"{expr} AS {key}" for key, expr in LISTING_SQL.items() if 
 VIEWS: dict[str, str] = {
     # every job, one row, the listing's columns (plain jobs' figures; `pswift history jobs`
     # adds pswift jobs' setup/training/checkpoint split)
-    "job_listing": f"SELECT {_LISTING}, r.work_dir AS work_dir, "
-                   f"r.work_dir IN (SELECT run_dir FROM jobs) AS pswift FROM job_rollup r",
+    "job_listing": f"SELECT {_LISTING}, datetime(r.submit, 'unixepoch', 'localtime') AS submitted, "
+                   f"r.work_dir AS work_dir, COALESCE(r.work_dir IN (SELECT run_dir FROM jobs), 0) AS pswift FROM job_rollup r",
     # node-, CPU- and GPU-hours per day and user/account/partition/QOS (an attempt counts on
     # the day it started, local time)
     "usage_daily": f"SELECT date(s.start, 'unixepoch', 'localtime') AS day, s.user AS user, "
@@ -48,12 +48,15 @@ VIEWS: dict[str, str] = {
                 "COUNT(*) AS jobs, COUNT(DISTINCT r.user) AS users FROM job_rollup r GROUP BY 1, 2",
     # preempted jobs and what their preemptions cost (a plain job's whole attempts; a pswift
     # job's from its attempts: see `pswift history jobs`)
-    "preemption_waste": "SELECT r.job_id AS job_id, r.user AS user, r.partition AS partition, "
+    "preemption_waste": "SELECT r.job_id AS job_id, r.user AS user, r.account AS account, r.partition AS partition, "
+                        "date(r.submit, 'unixepoch', 'localtime') AS day, "
                         "r.preempted AS preemptions, r.wasted_s / 3600.0 AS wasted_hours, "
-                        "r.work_dir IN (SELECT run_dir FROM jobs) AS pswift FROM job_rollup r "
+                        "COALESCE(r.work_dir IN (SELECT run_dir FROM jobs), 0) AS pswift FROM job_rollup r "
                         "WHERE r.preempted > 0",
     # pswift jobs' JCT phases from their attempts (queue: first start - submit)
     "jct_phases": "SELECT COALESCE(j.job_id, 'local:' || j.id) AS job_id, j.name AS name, j.user AS user, j.partition AS partition, "
+                  "(SELECT MAX(r.account) FROM job_rollup r WHERE r.job_id = j.job_id) AS account, "
+                  "date(j.submit_time, 'unixepoch', 'localtime') AS day, "
                   "MAX(0, MIN(a.start_time) - j.submit_time) AS queue_s, SUM(a.setup_s) AS setup_s, "
                   "SUM(a.train_s) AS training_s, SUM(a.checkpoint_s) AS checkpoint_s, "
                   "COUNT(*) AS attempts, j.actual_jct_s AS jct_s, j.predicted_jct_s AS predicted_jct_s "

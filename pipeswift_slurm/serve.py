@@ -99,37 +99,64 @@ def _bar(x: str, x_title: str, y: str, y_title: str, color: str | None = None, *
     return {"mark": {"type": "bar", "tooltip": True}, "encoding": {**enc, **extra}}
 
 
+def _selected(day: str = "day", prefix: str = "") -> str:
+    """The dashboard's filters as optional clauses (datasette-dashboards keeps a ``[[ ]]`` block
+    only when its filter is set): the day (local, YYYY-MM-DD) a job was submitted, its
+    partition, user and account."""
+    return (f"[[ AND {day} >= :date_start ]] [[ AND {day} <= :date_end ]] "
+            f"[[ AND {prefix}partition = :partition ]] [[ AND {prefix}user = :user ]] "
+            f"[[ AND {prefix}account = :account ]]")
+
+
+def filters(db_name: str) -> dict[str, Any]:
+    """Every chart's filters: a submit-date range, partition, user, account (the choices are
+    what the history holds)."""
+    def choices(col: str) -> str:
+        return f"SELECT DISTINCT {col} FROM job_rollup WHERE {col} IS NOT NULL ORDER BY 1 LIMIT 1000"
+    return {"date_start": {"name": "Submitted from", "type": "date"},
+            "date_end": {"name": "Submitted up to", "type": "date"},
+            **{col: {"name": col.capitalize(), "type": "select", "db": db_name, "query": choices(col)}
+               for col in ("partition", "user", "account")}}
+
+
 def dashboard(db_name: str) -> dict[str, Any]:
-    """The datasette-dashboards definition: one dashboard of the admin figures."""
+    """The datasette-dashboards definition: one dashboard of the admin figures, each chart
+    narrowed by the filters."""
+    rollup = _selected("date(r.submit, 'unixepoch', 'localtime')", "r.")
     phases = " UNION ALL ".join(
-        f"SELECT job_id, '{label}' AS phase, {col} / 60.0 AS minutes FROM (SELECT * FROM jct_phases ORDER BY "
-        f"CAST(job_id AS INTEGER) DESC LIMIT 30)" for col, label in
+        f"SELECT job_id, '{label}' AS phase, {col} / 60.0 AS minutes FROM last" for col, label in
         (("queue_s", "1 queue"), ("setup_s", "2 setup"), ("training_s", "3 training"),
          ("checkpoint_s", "4 checkpoint/cleanup")))
+    # an empty selection draws one bar that says why, not a blank chart
+    none = ("SELECT 'none' AS job_id, 'no pswift job in this selection (pswift jobs come from "
+            "`pswift history ingest`)' AS phase, 0 AS minutes WHERE NOT EXISTS (SELECT 1 FROM last)")
     charts = {
         "jobs": {"title": "Jobs in the history", "db": db_name, "library": "metric",
-                 "query": "SELECT COUNT(*) AS jobs FROM job_rollup", "display": {"field": "jobs"}},
+                 "query": f"SELECT COUNT(*) AS jobs FROM job_rollup r WHERE 1 = 1 {rollup}",
+                 "display": {"field": "jobs"}},
         "wasted": {"title": "CPU-hours lost to preemption (plain jobs)", "db": db_name, "library": "metric",
                    "query": "SELECT ROUND(COALESCE(SUM(wasted_hours), 0), 1) AS hours FROM preemption_waste "
-                            "WHERE NOT pswift",
+                            f"WHERE NOT pswift {_selected()}",
                    "display": {"field": "hours", "suffix": " h"}},
         "jct-phases": {"title": "JCT phases of the last 30 pswift jobs", "db": db_name, "library": "vega-lite",
-                       "query": f"SELECT * FROM ({phases}) ORDER BY CAST(job_id AS INTEGER), phase",
+                       "query": f"WITH last AS (SELECT * FROM jct_phases WHERE 1 = 1 {_selected()} ORDER BY "
+                                f"CAST(job_id AS INTEGER) DESC LIMIT 30) SELECT * FROM ({phases} UNION ALL "
+                                f"{none}) ORDER BY CAST(job_id AS INTEGER), phase",
                        "display": _bar("job_id", "job", "minutes", "time (minutes)", "phase")},
         "waste": {"title": "Preemption waste by partition (plain jobs)", "db": db_name, "library": "vega-lite",
                   "query": "SELECT COALESCE(partition, 'unknown') AS partition, SUM(COALESCE(wasted_hours, 0)) AS "
                            "wasted_hours, SUM(preemptions) AS preemptions FROM preemption_waste WHERE NOT pswift "
-                           "GROUP BY 1 ORDER BY 1",
+                           f"{_selected()} GROUP BY 1 ORDER BY 1",
                   "display": _bar("partition", "partition", "wasted_hours", "wasted CPU-hours")},
         "waits": {"title": "Mean queue wait by QOS", "db": db_name, "library": "vega-lite",
                   "query": "SELECT COALESCE(qos, 'none') AS qos, AVG(queue_s) / 60.0 AS minutes, COUNT(*) AS jobs "
-                           "FROM job_waits GROUP BY 1 ORDER BY 1",
+                           f"FROM job_waits WHERE 1 = 1 {_selected()} GROUP BY 1 ORDER BY 1",
                   "display": _bar("qos", "QOS", "minutes", "mean wait (minutes)")},
         "usage": {"title": "Node-hours per day by partition (last 60 days on record)", "db": db_name,
                   "library": "vega-lite",
                   "query": "SELECT day, COALESCE(partition, 'unknown') AS partition, SUM(node_hours) AS node_hours "
                            "FROM usage_daily WHERE day >= (SELECT date(MAX(day), '-60 days') FROM usage_daily) "
-                           "GROUP BY 1, 2 ORDER BY 1",
+                           f"{_selected()} GROUP BY 1, 2 ORDER BY 1",
                   "display": {"mark": {"type": "line", "point": True, "tooltip": True},
                               "encoding": {"x": {"field": "day", "type": "temporal", "timeUnit": "yearmonthdate",
                                                  "title": "day"},
@@ -137,7 +164,8 @@ def dashboard(db_name: str) -> dict[str, Any]:
                                                  "title": "busy node-hours"},
                                            "color": {"field": "partition", "type": "nominal"}}}},
         "failures": {"title": "Jobs by final state", "db": db_name, "library": "vega-lite",
-                     "query": "SELECT state, SUM(jobs) AS jobs FROM failures GROUP BY state ORDER BY jobs DESC",
+                     "query": "SELECT COALESCE(r.last_state, 'unknown') AS state, COUNT(*) AS jobs FROM job_rollup r "
+                              f"WHERE 1 = 1 {rollup} GROUP BY 1 ORDER BY jobs DESC",
                      "display": _bar("state", "final state", "jobs", "jobs")},
     }
     return {DASHBOARD: {"title": "pswift: where cluster time goes",
@@ -145,7 +173,7 @@ def dashboard(db_name: str) -> dict[str, Any]:
                                        "failures, from the pswift history.",
                         "layout": [["jobs", "wasted"], ["jct-phases", "jct-phases"], ["waste", "waits"],
                                    ["usage", "usage"], ["failures", "failures"]],
-                        "charts": charts}}
+                        "filters": filters(db_name), "charts": charts}}
 
 
 #: the longest a query may run (Datasette's sql_time_limit_ms): the views and canned queries

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -199,6 +200,43 @@ def test_metadata_views_and_canned_queries(served):
     assert len(waste) == 10 and all(r["wasted_hours"] > 0 for r in waste)
 
 
+def filtered_jobs(base: str, query: str) -> list[str]:
+    """The jobs metric as the browser draws it for the dashboard at ``?query``."""
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        try:
+            context = browser.new_context()
+            context.add_cookies([{"name": c.name, "value": c.value, "url": base} for c in JAR])
+            page = context.new_page()
+            page.goto(f"{base}/-/dashboards/pswift?{query}", wait_until="networkidle")
+            page.wait_for_function("document.querySelector('#chart-jobs') && "
+                                   "/\\d/.test(document.querySelector('#chart-jobs').innerText)", timeout=30_000)
+            return page.inner_text("#chart-jobs").split()
+        finally:
+            browser.close()
+
+
+def test_every_chart_query_runs_with_and_without_each_filter(served):
+    """What the dashboard sends for each chart, with no filter and with all of them: it runs, and
+    a filter never widens a chart; with no pswift job selected the JCT chart says so."""
+    from datasette_dashboards import replace_opts_in_query
+    from pipeswift_slurm.serve import dashboard, filters
+    _, db, _, _ = served
+    d = dashboard("history")["pswift"]
+    assert set(d["filters"]) == set(filters("history")) == {"date_start", "date_end", "partition", "user", "account"}
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    every = {"date_start": "2000-01-01", "date_end": "2999-12-31", "partition": "low", "user": "u1", "account": "a1"}
+    for slug, chart in d["charts"].items():
+        plain = conn.execute(replace_opts_in_query(chart["query"], {})).fetchall()
+        narrowed = conn.execute(replace_opts_in_query(chart["query"], every), every).fetchall()
+        assert plain and len(narrowed) <= len(plain), slug
+    phases = d["charts"]["jct-phases"]["query"]
+    nobody = {"user": "nobody"}
+    (row,) = conn.execute(replace_opts_in_query(phases, nobody), nobody).fetchall()
+    assert row[0] == "none" and "no pswift job in this selection" in row[1]
+
+
 def test_the_dashboard_renders_in_a_real_browser_without_console_errors(served):
     if CHROMIUM is None:
         if os.environ.get("PSWIFT_REQUIRE_BROWSER"):
@@ -231,4 +269,8 @@ def test_the_dashboard_renders_in_a_real_browser_without_console_errors(served):
     assert not errors, errors
     assert all(w > 100 and h > 50 for w, h in sizes.values()), sizes
     assert jobs.split() == ["30"]       # the Slurm jobs on record (the local run has no Slurm record)
+    # a filter narrows every chart: u1's 10 jobs; none submitted after tomorrow
+    assert filtered_jobs(base, "user=u1") == ["10"]
+    tomorrow = time.strftime("%Y-%m-%d", time.localtime(time.time() + 86400))
+    assert filtered_jobs(base, f"date_start={tomorrow}") == ["0"]
     assert (ARTIFACTS / "dashboard.png").stat().st_size > 20_000
