@@ -213,9 +213,10 @@ def failures(h: History, sel: Selection) -> Report:
     return Report(rows, cols, ("label", ("jobs",), "jobs", "jobs by final state and exit code", None))
 
 
-def draw(rep: Report, path: Any) -> None:
+def draw(rep: Report, path: Any, selection: str = "all jobs") -> None:
     """One PNG of a report: bars per x value (stacked by the report's series key, the 8 largest
-    and the rest as "other"), labelled axes with units."""
+    and the rest as "other"), labelled axes with units, a value not on record drawn as
+    "unknown" (never as 0), a 100 % line on shares, and the selection in the title."""
     from .fmt import pyplot, save
     plt = pyplot()
     x_key, y_keys, y_label, title, stack = rep.plot
@@ -247,15 +248,22 @@ def draw(rep: Report, path: Any) -> None:
     else:
         width = 0.8 / len(y_keys)
         for i, k in enumerate(y_keys):
-            vals = [(r[k] or 0.0) * scale for r in rep.rows]
-            ax.bar([j + i * width - 0.4 + width / 2 for j in range(len(xs))], vals, width, label=kinds[k].header)
+            at = [j + i * width - 0.4 + width / 2 for j in range(len(xs))]
+            known = [(x, r[k] * scale) for x, r in zip(at, rep.rows) if r[k] is not None]
+            ax.bar([x for x, _ in known], [v for _, v in known], width, label=kinds[k].header)
+            for x, r in zip(at, rep.rows):
+                if r[k] is None:
+                    ax.text(x, 0, "unknown", rotation=90, ha="center", va="bottom", fontsize=7, color="0.4")
         if len(y_keys) > 1:
             ax.legend(fontsize=8)
+    if kind == "ratio":
+        ax.axhline(100, color="0.3", linestyle="--", linewidth=1)
+        ax.text(ax.get_xlim()[1], 100, " 100 %", va="center", ha="left", fontsize=8, color="0.3")
     ax.set_xticks(range(len(xs)))
     ax.set_xticklabels(xs, fontsize=7, rotation=0 if len(xs) < 10 else 90)
     ax.set_xlabel(kinds[x_key].header if x_key in kinds else "state, exit code")
     ax.set_ylabel(y_label + unit)
-    ax.set_title(title, loc="left")
+    ax.set_title(f"{title} ({selection})", loc="left")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     save(fig, path)

@@ -348,7 +348,7 @@ def history_report(db: Path | None, sel: Any, by: str, out: Any, plot: Path | No
     _nothing_selected(groups)
     _print(groups, [Col(by, by.capitalize(), "text", 10)] + [Col(*c) for c in _REPORT_COLS], out)
     if plot is not None:
-        draw([], groups, by, plot, waits)
+        draw([], groups, by, plot, waits, sel.describe())
         _warn(f"plot written to {plot}")
 
 

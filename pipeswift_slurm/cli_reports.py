@@ -18,8 +18,10 @@ _plot_option = click.option("--plot", type=click.Path(dir_okay=False, path_type=
 _by = click.Choice(["user", "account", "partition", "qos"])
 
 
-def _finish(db: Path | None, make: Callable[[Any], Any], out: Any, plot: Path | None) -> None:
-    """Make the report over the history (``make(history)``), print it, draw it if asked."""
+def _finish(db: Path | None, make: Callable[[Any], Any], out: Any, plot: Path | None,
+            sel: Any = None) -> None:
+    """Make the report over the history (``make(history)``), print it, draw it if asked (its
+    title names the selection ``sel``)."""
     h = _open(db)
     try:
         rep = make(h)
@@ -29,7 +31,7 @@ def _finish(db: Path | None, make: Callable[[Any], Any], out: Any, plot: Path | 
     _print(rep.rows, rep.columns, out)
     if plot is not None:
         from .admin_reports import draw
-        draw(rep, plot)
+        draw(rep, plot, sel.describe() if sel is not None else "all jobs")
         _warn(f"plot written to {plot}")
 
 
@@ -53,7 +55,7 @@ def history_usage(db: Path | None, sel: Any, by: str, per: str | None, top: int 
         pswift history usage --by user --top 10
     """
     from .admin_reports import usage
-    _finish(db, lambda h: usage(h, by, sel, per, top), out, plot)
+    _finish(db, lambda h: usage(h, by, sel, per, top), out, plot, sel)
 
 
 @history.command("utilisation")
@@ -80,7 +82,7 @@ def history_utilisation(db: Path | None, sel: Any, per: str, capacity: int | Non
         if capacity is None:
             _warn(f"warning: Slurm does not say how many nodes {sel.partitions[0]} has; pass --nodes N "
                   f"for the utilisation column")
-    _finish(db, lambda h: utilisation(h, sel, per, capacity), out, plot)
+    _finish(db, lambda h: utilisation(h, sel, per, capacity), out, plot, sel)
 
 
 @history.command("efficiency")
@@ -101,7 +103,7 @@ def history_efficiency(db: Path | None, sel: Any, by: str, out: Any, plot: Path 
         pswift history efficiency --by account --plot eff.png
     """
     from .admin_reports import efficiency
-    _finish(db, lambda h: efficiency(h, by, sel), out, plot)
+    _finish(db, lambda h: efficiency(h, by, sel), out, plot, sel)
 
 
 @history.command("waits")
@@ -119,7 +121,7 @@ def history_waits(db: Path | None, sel: Any, by: str, out: Any, plot: Path | Non
         pswift history waits --by size -r low --plot waits.png
     """
     from .admin_reports import waits
-    _finish(db, lambda h: waits(h, by, sel), out, plot)
+    _finish(db, lambda h: waits(h, by, sel), out, plot, sel)
 
 
 @history.command("failures")
@@ -135,7 +137,7 @@ def history_failures(db: Path | None, sel: Any, out: Any, plot: Path | None) -> 
         pswift history failures -S now-7days -s F,TO,OOM,NF
     """
     from .admin_reports import failures
-    _finish(db, lambda h: failures(h, sel), out, plot)
+    _finish(db, lambda h: failures(h, sel), out, plot, sel)
 
 
 @history.command("serve")

@@ -340,8 +340,9 @@ def _runs_without_records(h: History, runs: dict[tuple[str, str | None], Row], s
 
 
 def plot(reps: list[JobReport], groups: list[dict[str, Any]] | None, by: str | None, path: Any,
-         waits_s: list[float] | None = None) -> None:
-    """Stacked JCT breakdown (per job, or per group) and the queue-wait CDF, one PNG."""
+         waits_s: list[float] | None = None, selection: str = "all jobs") -> None:
+    """Stacked JCT breakdown (per job, or per group) and the queue-wait CDF, one PNG; the
+    titles name the ``selection``."""
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [2, 1]})
     parts = (("queue_s", "queue", "#8172B3"), ("setup_s", "setup", "#CCB974"),
@@ -349,12 +350,12 @@ def plot(reps: list[JobReport], groups: list[dict[str, Any]] | None, by: str | N
     if groups is not None:
         labels = [str(g[by]) for g in groups]
         vals = {k: [g[k] / 3600 for g in groups] for k, _, _ in parts}
-        ax1.set_title(f"JCT breakdown per {by} (sum over jobs)", loc="left")
+        ax1.set_title(f"JCT breakdown per {by} (sum over jobs; {selection})", loc="left")
     else:
         shown = reps[-40:]
         labels = [f"{r.job_id}\n{(r.name or '')[:10]}" for r in shown]
         vals = {k: [getattr(r, k) / 3600 for r in shown] for k, _, _ in parts}
-        ax1.set_title("JCT breakdown per job", loc="left")
+        ax1.set_title(f"JCT breakdown per job ({selection})", loc="left")
     top = max((sum(vals[k][i] for k, _, _ in parts) for i in range(len(labels))), default=0.0)
     unit, scale = ("seconds", 3600.0) if top < 120 / 3600 else ("minutes", 60.0) if top < 2 else ("hours", 1.0)
     vals = {k: [v * scale for v in vs] for k, vs in vals.items()}

@@ -64,6 +64,21 @@ class Selection(NamedTuple):
             conds.append(f"{t}.work_dir IN (SELECT run_dir FROM jobs)")
         return " AND ".join(conds), params
 
+    def describe(self) -> str:
+        """The selection in words, for a plot's title: "partition low, user bob, submitted
+        2026-11-01 to 2026-12-01"; "all jobs" when it selects everything."""
+        parts = [f"{word} {','.join(vals)}" for word, vals in (
+            ("partition", self.partitions), ("user", self.users), ("account", self.accounts),
+            ("QOS", self.qos), ("state", self.states), ("job", self.job_ids)) if vals]
+        day = lambda t: _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M")  # noqa: E731
+        if self.start is not None or self.end is not None:
+            parts.append("submitted " + (f"from {day(self.start)}" if self.start is not None else "")
+                         + (" " if self.start is not None and self.end is not None else "")
+                         + (f"before {day(self.end)}" if self.end is not None else ""))
+        if self.pswift_only:
+            parts.append("pswift jobs only")
+        return ", ".join(parts) or "all jobs"
+
     @property
     def narrows(self) -> bool:
         """True when it names users, jobs or a time window (pswift runs with no Slurm record

@@ -333,3 +333,27 @@ def test_the_wait_cdf_plots_the_selected_jobs_only(db):
         assert wait_quantiles(h, Selection()) == [600.0, 600.0, 600.0, 4200.0, 5400.0, 5400.0]
     finally:
         h.close()
+
+
+def test_plots_draw_unknown_as_unknown_a_100_percent_line_and_name_the_selection(db, monkeypatch):
+    """Issue 25: the efficiency plot drew a figure Slurm never recorded as 0 %; shares had no
+    100 % line; no title said which jobs it shows."""
+    from pipeswift_slurm import admin_reports, fmt
+    from pipeswift_slurm.selection import build
+    figs = []
+    monkeypatch.setattr(fmt, "save", lambda fig, path: figs.append(fig))
+    h = History(db)
+    sel = build("alice", None, "low", None, None, None, None, None, False)
+    rep = admin_reports.efficiency(h, "job", sel)
+    h.close()
+    unknown = sum(r["cpu_eff"] is None for r in rep.rows)
+    assert 0 < unknown < len(rep.rows)          # job 2 has sacct's CPU time, the others none
+    admin_reports.draw(rep, "unused.png", sel.describe())
+    (ax,) = figs[0].axes
+    assert ax.get_title(loc="left").endswith("(partition low, user alice)")
+    missing = sum(r[k] is None for r in rep.rows for k in ("time_eff", "cpu_eff", "mem_eff"))
+    assert sum(t.get_text() == "unknown" for t in ax.texts) == missing >= unknown
+    cpu_bars = [c for c in ax.containers if c.get_label() == "CPUEff"]
+    assert len(cpu_bars) == 1 and len(cpu_bars[0]) == len(rep.rows) - unknown   # no 0 bar for unknown
+    assert any(list(line.get_ydata()) == [100, 100] for line in ax.lines)
+    assert build(None, None, None, None, None, None, None, None, False).describe() == "all jobs"
