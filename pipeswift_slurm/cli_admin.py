@@ -57,6 +57,7 @@ def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file:
         pswift history ingest --spool /var/spool/pswift --jobcomp-file /var/log/slurm/jobcomp.txt
     """
     from . import eventfold
+    from .fmt import progress
     from .history import History, IngestRefused, parse_jobcomp_filetxt
 
     h = History(db)
@@ -66,16 +67,18 @@ def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file:
                 if not (d / "plan.json").is_file():
                     raise CLIError(f"{d} is not a run directory (no plan.json)", 2)
             n = 0
-            for d in run_dirs:
-                try:
-                    n += h.ingest_run_dir(d)
-                except IngestRefused as e:
-                    _warn(f"warning: {d}: {e}")
+            with progress("run directories", len(run_dirs)) as advance:
+                for d in run_dirs:
+                    try:
+                        n += h.ingest_run_dir(d)
+                    except IngestRefused as e:
+                        _warn(f"warning: {d}: {e}")
+                    advance(1)
         else:
-            n = 0 if no_registered else h.ingest_registered()
+            n = 0 if no_registered else h.ingest_registered(progress=progress)
         msgs = [f"{n} changed run director{'y' if n == 1 else 'ies'}"]
         if spool is not None:
-            merged, problems = h.ingest_spool(spool)
+            merged, problems = h.ingest_spool(spool, progress=progress)
             msgs.append(f"{merged} spooled record(s)")
             for p in problems:
                 _warn(f"warning: spool file {p}")
@@ -370,12 +373,13 @@ def history_export(db: Path | None, sel: Any, fmt: str) -> None:
 
         pswift history export -S now-30days --format json > jobs.json
     """
+    from .fmt import interactive, progress
     from .report import LISTING, write_listing
     from .tabular import Output, Renderer
     h = _open(db)
     try:
-        with _quiet_on_closed_pipe():
-            write_listing(h, sel, Renderer(LISTING, Output(fmt)))
+        with _quiet_on_closed_pipe(), progress("jobs exported") as advance:
+            write_listing(h, sel, Renderer(LISTING, Output(fmt)), tick=advance if interactive() else None)
     finally:
         h.close()
 

@@ -1,8 +1,11 @@
-"""Human-readable durations, and matplotlib set-up shared by the commands that draw."""
+"""Human-readable durations, matplotlib set-up shared by the commands that draw, and the
+progress bar of long admin commands."""
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import sys
+from typing import Any, Callable, Iterator
 
 from .errors import PswiftError
 
@@ -69,3 +72,33 @@ def relayout_line(r: dict[str, Any]) -> str:
             f"{sec(r['measured_gain_s'])} (predicted {sec(r['predicted_gain_s'])}) for a cost of "
             f"{sec(r['measured_cost_s'])} (predicted {sec(r['predicted_cost_s'])})")
 
+
+
+#: what a long loop reports to: advance(n) after n more items
+Advance = Callable[[int], None]
+
+
+def interactive() -> bool:
+    """Whether someone watches stderr (a terminal): the rule for drawing progress at all."""
+    return sys.stderr.isatty()
+
+
+@contextlib.contextmanager
+def no_progress(what: str, total: int | None = None) -> Iterator[Advance]:
+    yield lambda n=1: None
+
+
+@contextlib.contextmanager
+def progress(what: str, total: int | None = None) -> Iterator[Advance]:
+    """A progress bar on stderr (rich's) while a long admin command works, only when stderr is
+    a terminal: piped, redirected or under cron, nothing is written. Yields ``advance(n)``."""
+    if not interactive():
+        yield lambda n=1: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True,
+                  redirect_stdout=False, redirect_stderr=False) as bar:   # the data stays on stdout
+        task = bar.add_task(what, total=total)
+        yield lambda n=1: bar.advance(task, n)

@@ -21,6 +21,7 @@ from typing import Any
 from . import events as events_mod
 from . import eventfold, history_views, userfiles
 from .errors import PswiftError
+from .fmt import no_progress
 from .history_queries import Queries
 from .history_schema import COLS as _COLS, MIGRATIONS, ROLLUP as _ROLLUP, UPSERT as _UPSERT
 from .rundir import state_dir
@@ -175,19 +176,21 @@ class History(Queries):
             conn.execute("ROLLBACK")
             raise
 
-    def ingest_registered(self, measured_only: bool = False) -> int:
+    def ingest_registered(self, measured_only: bool = False, progress: Any = no_progress) -> int:
         """Ingest every run directory in the per-user job registry; returns how many changed
-        (a directory refused as unsafe is skipped; with ``measured_only``, one without events)."""
+        (a directory refused as unsafe is skipped; with ``measured_only``, one without events).
+        ``progress(what, total)``: a context giving ``advance(n)`` (fmt.progress draws a bar)."""
         n = 0
         jobs = state_dir() / "jobs"
-        if not jobs.is_dir():
-            return 0
-        for f in jobs.glob("*.json"):
-            try:
-                run = json.loads(f.read_text())["run_dir"]
-                n += self.ingest_run_dir(str(run), measured_only=measured_only)
-            except (OSError, ValueError, KeyError, TypeError, IngestRefused):
-                continue
+        entries = sorted(jobs.glob("*.json")) if jobs.is_dir() else []
+        with progress("run directories", len(entries)) as advance:
+            for f in entries:
+                try:
+                    run = json.loads(f.read_text())["run_dir"]
+                    n += self.ingest_run_dir(str(run), measured_only=measured_only)
+                except (OSError, ValueError, KeyError, TypeError, IngestRefused):
+                    pass
+                advance(1)
         return n
 
     def add_slurm_records(self, records: list[dict[str, Any]], source: str) -> int:
@@ -256,16 +259,23 @@ class History(Queries):
         Path(path).unlink(missing_ok=True)
         return problem
 
-    def ingest_spool(self, spool_dir: Path | str, timeout: float = 30.0) -> tuple[int, list[str]]:
+    def ingest_spool(self, spool_dir: Path | str, timeout: float = 30.0,
+                     progress: Any = no_progress) -> tuple[int, list[str]]:
         """Merge every spooled record; returns (merged, problems). A spool file that cannot be
         read is moved to ``bad/`` beside them with a ``.why`` file, never lost; the rest merge.
         A spool folder that is a link, another user's or writable by others raises IngestRefused."""
         d = Path(spool_dir)
-        merged, problems = 0, []
         unsafe = _unsafe_spool(d)
         if unsafe:
             raise IngestRefused(unsafe)
-        for f in sorted(d.glob("*.json")) if d.is_dir() else []:
+        files = sorted(d.glob("*.json")) if d.is_dir() else []
+        with progress("spooled records", len(files)) as advance:
+            return self._merge_spool(d, files, timeout, advance)
+
+    def _merge_spool(self, d: Path, files: list[Path], timeout: float, advance: Any) -> tuple[int, list[str]]:
+        merged, problems = 0, []
+        for f in files:
+            advance(1)
             try:
                 problem = self.ingest_spool_file(f, timeout)
                 merged += 1

@@ -271,7 +271,20 @@ def listing_row(plain: tuple | None, rep: JobReport) -> tuple:
 _KEYS = [c.key for c in LISTING]
 
 
-def write_listing(h: History, sel: Selection, out: Renderer, limit: int | None = None) -> int:
+def _ticking(rows: Any, tick: Any, every: int = 4096) -> Iterator[Any]:
+    """``rows``, calling ``tick(n)`` after each ``every`` of them (a progress bar's advance)."""
+    n = 0
+    for row in rows:
+        yield row
+        n += 1
+        if n == every:
+            tick(n)
+            n = 0
+    tick(n)
+
+
+def write_listing(h: History, sel: Selection, out: Renderer, limit: int | None = None,
+                  tick: Any = None) -> int:
     """Print the listing of the selected jobs through ``out``, in numeric job-id order: plain
     jobs straight from the roll-up table, rendered by SQLite in the query that reads them (a
     million rows at sqlite3's pace); pswift jobs with their JCT split, steps and waste from the
@@ -280,6 +293,8 @@ def write_listing(h: History, sel: Selection, out: Renderer, limit: int | None =
     render = out.sql([LISTING_SQL[k] for k in _KEYS])
     out.start()
     rows = h.listing_rows(sel, _KEYS, render, limit)
+    if tick is not None:
+        rows = _ticking(rows, tick)
     if render is None:
         for row in rows:
             out.row(_job_values(h, runs, row[:-2], row[-2], row[-1]))

@@ -357,3 +357,44 @@ def test_plots_draw_unknown_as_unknown_a_100_percent_line_and_name_the_selection
     assert len(cpu_bars) == 1 and len(cpu_bars[0]) == len(rep.rows) - unknown   # no 0 bar for unknown
     assert any(list(line.get_ydata()) == [100, 100] for line in ax.lines)
     assert build(None, None, None, None, None, None, None, None, False).describe() == "all jobs"
+
+
+def _stderr_on_a_terminal(args: list[str], **kw) -> tuple[int, str, str]:
+    """Run the CLI with stderr on a pseudo-terminal (as a person at a shell) and stdout piped:
+    (exit code, stdout, what the terminal got)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.cli", *args], stdout=subprocess.PIPE,
+                            stderr=slave, text=True, **kw)
+    os.close(slave)
+    out = proc.stdout.read()
+    proc.wait(timeout=120)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    return proc.returncode, out, seen.decode(errors="replace")
+
+
+def test_long_commands_show_progress_on_a_terminal_and_nothing_when_piped(db, tmp_path):
+    """Issue 25: rich's bar on stderr while export and ingest work, when a person watches; a
+    pipe or a log file gets nothing but the data."""
+    rc, out, tty = _stderr_on_a_terminal(["history", "export", "--db", str(db)])
+    assert rc == 0 and out.count("\n") == 6 and "jobs exported" in tty, tty      # a header, 5 jobs
+    assert "j12" not in tty                                                       # the data: stdout only
+    piped = pswift("history", "export", "--db", str(db))
+    assert piped.returncode == 0 and piped.stdout == out and piped.stderr == ""
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    rc, out, tty = _stderr_on_a_terminal(["history", "ingest", "--no-registered", "--spool", str(spool),
+                                          "--db", str(tmp_path / "new.db")])
+    assert rc == 0 and "spooled records" in tty, tty
