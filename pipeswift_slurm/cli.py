@@ -415,6 +415,9 @@ def _stage_times_from_toml(toml: Path, nodes: int | None) -> tuple[list[float], 
 @click.argument("toml", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--fwd", help="Forward seconds per micro-batch, one per stage: 1,1.5,1")
 @click.option("--bwd", help="Backward seconds per micro-batch, one per stage: 2,3,2")
+@click.option("--wgrad", help="Weight-gradient seconds per micro-batch, one per stage; then --bwd is the "
+              "input gradient alone (other schedules run both as one backward). Default: zb-h1 "
+              "takes half of --bwd.")
 @click.option("-m", "--micro-batches", type=int, help="Micro-batches per step (default: the plan's).")
 @click.option("--schedule", default="1f1b", show_default=True,
               help="Comma list of gpipe, 1f1b, interleaved, zb-h1.")
@@ -425,9 +428,9 @@ def _stage_times_from_toml(toml: Path, nodes: int | None) -> tuple[list[float], 
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Write a timeline PNG.")
 @click.option("--width", type=int, default=96, show_default=True, help="Terminal timeline width.")
 @_errors
-def simulate(toml: Path | None, fwd: str | None, bwd: str | None, micro_batches: int | None,
-             schedule: str, chunks: int, p2p: float, nodes: int | None, as_json: bool,
-             plot: Path | None, width: int) -> None:
+def simulate(toml: Path | None, fwd: str | None, bwd: str | None, wgrad: str | None,
+             micro_batches: int | None, schedule: str, chunks: int, p2p: float, nodes: int | None,
+             as_json: bool, plot: Path | None, width: int) -> None:
     """Simulate pipeline schedules on stage times; print step time, bubble and a timeline.
 
     Stage times come from TOML's [model] layer_costs cut at the plan's boundaries, or from
@@ -436,6 +439,8 @@ def simulate(toml: Path | None, fwd: str | None, bwd: str | None, micro_batches:
     Examples:
 
         pswift simulate --fwd 1,1.5,1 --bwd 2,3,2 -m 8 --schedule gpipe,1f1b,zb-h1
+
+        pswift simulate --fwd 1,1,1,1 --bwd 1,1,1,1 --wgrad 1,1,1,1 -m 8 --schedule 1f1b,zb-h1
 
         pswift simulate examples/tiny-gpt/train.toml --schedule gpipe,1f1b,interleaved --plot t.png
     """
@@ -457,9 +462,15 @@ def simulate(toml: Path | None, fwd: str | None, bwd: str | None, micro_batches:
         raise CLIError("give a train.toml, or --fwd and --bwd (one value per stage)", 2)
     if micro_batches is None:
         raise CLIError("--micro-batches is required with --fwd/--bwd", 2)
+    w = _floats("--wgrad", wgrad)
+    if w is not None:
+        if len(w) != len(b):
+            raise CLIError(f"--wgrad has {len(w)} value(s) for {len(b)} stage(s): give one per stage", 2)
+        b = [x + y for x, y in zip(b, w)]   # the whole backward; zb-h1 splits it again
     names = [x.strip() for x in schedule.split(",") if x.strip()]
     try:
-        results = [run_sim(f, b, micro_batches, n, p2p=p2p, chunks=chunks) for n in names]
+        results = [run_sim(f, b, micro_batches, n, p2p=p2p, chunks=chunks, wgrad=w if n == "zb-h1" else None)
+                   for n in names]
     except SimulationError as e:
         raise CLIError(str(e), 2) from None
     if plot is not None:

@@ -147,7 +147,8 @@ def simulate(fwd: Sequence[float], bwd: Sequence[float], micro_batches: int,
 
     ``fwd``/``bwd``: per-stage (per-device) times for one micro-batch; ``interleaved`` splits
     each device's time evenly over its ``chunks`` model chunks.
-    ``wgrad``: zero-bubble only, the part of ``bwd`` that is weight gradient (default: half).
+    ``wgrad``: zero-bubble only, the part of ``bwd`` that is weight gradient (default: half;
+    the CLI's ``--wgrad`` adds it to ``--bwd``, which is then the input gradient alone).
     """
     m, v, devices, vf, vb, vw = _virtual_stages(fwd, bwd, micro_batches, schedule, p2p, chunks, wgrad)
     if schedule == "gpipe":
@@ -237,10 +238,13 @@ def _run_orders(orders: list[list[tuple[str, int, int]]], schedule: str, devices
 
 
 class _ZeroBubble:
-    """Zero-bubble H1: 1F1B order for F and B (input gradient); each W (weight gradient) is
-    deferred and run whenever the next F/B would wait, or when holding one more micro-batch's
-    activations would exceed the 1F1B peak (devices - d). Time-ordered: the device that is free
-    earliest decides next, so "would wait" is known."""
+    """Zero-bubble H1 (Qi et al., ICLR 2024): 1F1B order for F and B (input gradient); each W
+    (weight gradient) is deferred and run whenever the next F/B would wait, or when holding one
+    more micro-batch's activations (freed by its W) would exceed the 1F1B peak, the first
+    stage's ``devices`` micro-batches, which H1 allows every stage. Time-ordered: the device that
+    is free earliest decides next, so "would wait" is known. With F = B = W it gives the paper's
+    m(F+B+W) + (p-1)(F+B-W) for m >= p (tested); with other times, at least device 0's wait
+    for its first B, m(F+B+W) + (p-1)B, and never more than 1F1B."""
 
     def __init__(self, orders: list[list[tuple[str, int, int]]], vf: list[float], vb: list[float],
                  vw: list[float], devices: int, p2p: float, keep_ops: bool) -> None:
@@ -254,7 +258,7 @@ class _ZeroBubble:
         self.peak = [0] * devices
         self.busy = [0.0] * devices
         self.ops: list[Op] = []
-        self.limit = [devices - d for d in range(devices)]
+        self.limit = [devices] * devices   # H1: the 1F1B peak (stage 0's), on every stage
 
     def run(self, d: int, kind: str, k: int, start: float) -> None:
         end = start + self.dur[kind][d]

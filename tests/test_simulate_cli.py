@@ -56,3 +56,13 @@ def test_toml_without_costs_says_what_to_add(tmp_path):
     toml.write_text("\n".join(x for x in toml.read_text().splitlines() if not x.startswith("layer_costs")))
     proc = pswift("simulate", str(toml))
     assert proc.returncode == 2 and "add [model] layer_costs" in proc.stderr
+
+
+def test_wgrad_is_given_apart_and_zb_h1_is_the_papers_27():
+    """Qi et al. (ICLR 2024), 4 stages x 8 micro-batches, F = B = W = 1: 1F1B 33, ZB-H1 27."""
+    proc = pswift("simulate", "--fwd", "1,1,1,1", "--bwd", "1,1,1,1", "--wgrad", "1,1,1,1", "-m", "8",
+                  "--schedule", "1f1b,zb-h1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert [(d["schedule"], d["step_time"]) for d in json.loads(proc.stdout)] == [("1f1b", 33.0), ("zb-h1", 27.0)]
+    bad = pswift("simulate", "--fwd", "1,1", "--bwd", "1,1", "--wgrad", "1", "-m", "4", "--schedule", "zb-h1")
+    assert bad.returncode == 2 and "--wgrad has 1 value(s) for 2 stage(s)" in bad.stderr
