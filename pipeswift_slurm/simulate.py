@@ -17,6 +17,8 @@ stage ``c * devices + d`` runs on device ``d``.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -128,11 +130,18 @@ def _ready(kind: str, s: int, k: int, device: int, devices: int, stages: int, fr
 def closed_form_1f1b(fwd: Sequence[float], bwd: Sequence[float], micro_batches: int,
                      p2p: float = 0.0) -> SimResult:
     """1F1B without simulating it, for pipelines too large to simulate while planning: the first
-    micro-batch crosses every stage and back, the others follow at the slowest stage's pace.
-    Exact for uniform stages (the tests check it against :func:`simulate`), an estimate otherwise."""
+    micro-batch crosses every stage and back, the others follow at the pace of the slower of
+    the slowest stage and 1F1B's loop (stage 0 starts micro-batch k + P only after k came back:
+    P micro-batches per full round trip, transfers included): each of the m - 1 others costs
+    max(slowest stage, (sum of stages + 2 (P - 1) p2p) / P), the loop's excess counted in whole
+    transfer pairs as the schedule waits them. Exact for uniform stages, transfers included
+    (property-tested against :func:`simulate`); an estimate otherwise."""
     P, m = len(fwd), micro_batches
     per = [f + b for f, b in zip(fwd, bwd)]
-    step = sum(per) + 2 * (P - 1) * p2p + (m - 1) * max(per)
+    slowest = max(per)
+    loop = (sum(per) + 2 * (P - 1) * p2p) / P
+    pairs = math.floor((m - 1) * max(0.0, loop - slowest) / (2 * p2p) + 1e-9) if p2p > 0 else 0
+    step = sum(per) + 2 * (P - 1) * p2p + (m - 1) * slowest + 2 * p2p * pairs
     busy = [m * x for x in per]
     return SimResult(schedule="1f1b", devices=P, micro_batches=m, chunks=1, step_time=step,
                      busy=busy, idle=[step - b for b in busy],
