@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from . import __version__
-from .cli_common import CLIError, _errors, _warn
+from .cli_common import CLIError, _db_option, _errors, _warn
 from .errors import PswiftError
 
 
@@ -59,8 +59,7 @@ def cli() -> None:
               "and ETA), then print its loss and log; exit 0 if it completed, 1 if it ended otherwise.")
 @click.option("--timeout", type=click.FloatRange(0, None), help="Stop --wait after this many seconds (the job "
               "goes on) with exit code 124; default: no limit, as `sbatch --wait`.")
-@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="PSWIFT_DB",
-              help="History database (default $PSWIFT_HOME/history.db).")
+@_db_option
 @_errors
 def sbatch(toml: Path, sbatch_args: tuple[str, ...], run_dir: Path | None, dry_run: bool,
            parsable: bool, wait: bool, timeout: float | None, db: Path | None) -> None:
@@ -150,8 +149,7 @@ def _wait(job_id: str, run: Path, timeout: float | None, quiet: bool = False, db
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Run directory to create (default: ./pswift-runs/NAME-DATE-XXXX).")
 @click.option("--nodes", type=int, help="Node count to emulate (default: the TOML's minimum).")
-@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="PSWIFT_DB",
-              help="History database (default $PSWIFT_HOME/history.db).")
+@_db_option
 @_errors
 def run_cmd(toml: Path, run_dir: Path | None, nodes: int | None, db: Path | None) -> None:
     """Run TOML's job here, one local process per slot, without Slurm.
@@ -222,8 +220,7 @@ def logs(job: str, follow: bool, lines: int | None) -> None:
 @cli.command()
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="PSWIFT_DB",
-              help="History database asked once Slurm has forgotten the job (default $PSWIFT_HOME/history.db).")
+@_db_option
 @_errors
 def status(job: str, as_json: bool, db: Path | None) -> None:
     """State, step N of M and ETA, last loss, attempts, log and run directory of JOB: a job id,
@@ -294,8 +291,7 @@ def cancel(job: str) -> None:
 @cli.command("plan")
 @click.argument("toml", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="{chosen, candidates} as JSON.")
-@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="PSWIFT_DB",
-              help="History database (default $PSWIFT_HOME/history.db).")
+@_db_option
 @click.option("--no-live", is_flag=True, help="Do not ask Slurm for the live cluster state.")
 @click.option("--test-only", is_flag=True,
               help="Ask `sbatch --test-only` for each node count's start (uses a job id each).")

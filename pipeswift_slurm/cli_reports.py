@@ -10,8 +10,7 @@ from typing import Any, Callable
 
 import click
 
-from .cli_admin import _nothing_selected, _open, _output, _print, _select, history
-from .cli_common import _errors, _warn
+from .cli_common import _db_option, _errors, _nothing_selected, _open, _output, _print, _select, _warn, history
 
 _plot_option = click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
                             help="Also write the report as a PNG (labelled axes, units).")
@@ -141,8 +140,7 @@ def history_failures(db: Path | None, sel: Any, out: Any, plot: Path | None) -> 
 
 
 @history.command("serve")
-@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="PSWIFT_DB",
-              help="History database (default $PSWIFT_HOME/history.db).")
+@_db_option
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0 exposes the history to the network).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8001, show_default=True)

@@ -1,0 +1,67 @@
+"""The house's shape (issue 26): no import circle among the package's modules, lazy imports
+inside functions included (a circle there is one refactoring away from an import-time failure)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+PACKAGES = {"pipeswift_slurm": ROOT / "pipeswift_slurm", "pipeswift_launch": ROOT / "launch" / "pipeswift_launch"}
+
+
+def imports_of(path: Path, package: str, modules: set[str]) -> set[str]:
+    """The modules of ``package`` that ``path`` imports, anywhere in it."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 1:
+                names = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
+            elif node.level == 0 and node.module and node.module.split(".")[0] == package:
+                rest = node.module.split(".")[1:]
+                names = rest[:1] if rest else [a.name for a in node.names]
+            else:
+                continue
+            out.update(n for n in names if n in modules)
+        elif isinstance(node, ast.Import):
+            out.update(a.name.split(".")[1] for a in node.names
+                       if a.name.startswith(package + ".") and a.name.split(".")[1] in modules)
+    return out
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph``, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                return stack[stack.index(d):] + [d]
+            if d not in state and (found := visit(d)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_no_module_imports_itself_back(package):
+    files = {p.stem: p for p in PACKAGES[package].glob("*.py")}
+    graph = {m: imports_of(p, package, set(files)) - {m} for m, p in files.items()}
+    assert cycle(graph) is None, " -> ".join(cycle(graph) or [])
+
+
+def test_the_cycle_finder_finds_one():
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set()}) is None
