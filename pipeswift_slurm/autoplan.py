@@ -114,21 +114,22 @@ def make_plan(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn,
                 errors = h.recent_errors(user=runrows.current_user())
             except (PswiftError, OSError, ValueError) as e:
                 warn(f"warning: could not ingest finished runs ({e}); using the history as it is")
-        profile = load_profile(cfg, h)
-        if profile is None:
-            warn("warning: no per-layer costs (no [model] layer_costs and no profile in the "
-                 "history): using one stage per task slot; run the job once to profile it")
-            return None, errors
         cluster = None
         if live:
             try:
                 cluster = slurm.cluster_state()
             except PswiftError as e:
                 warn(f"warning: no live cluster state ({e}); queue waits from history")
+        # a job that can never run is refused whether or not there is anything to plan with
         why = None if cluster is None else partition_problem(cluster, cfg.job.partition,
                                                              min(cfg.resources.node_counts))
         if why:
             raise ConfigError(why)
+        profile = load_profile(cfg, h)
+        if profile is None:
+            warn("warning: no per-layer costs (no [model] layer_costs and no profile in the "
+                 "history): using one stage per task slot; run the job once to profile it")
+            return None, errors
         starts = None
         if test_only and cluster is not None:
             r = cfg.resources

@@ -34,6 +34,8 @@ _TIME_RE = re.compile(
 #: [job] max_restarts: its default and its largest value (pipeswift_slurm.decide uses them)
 MAX_RESTARTS_DEFAULT = 3
 MAX_RESTARTS_LIMIT = 100
+#: [job] max_requeues: its default (requeues after preemption, time limit or node loss)
+MAX_REQUEUES_DEFAULT = 3
 
 
 class JobSection(NamedTuple):
@@ -43,7 +45,7 @@ class JobSection(NamedTuple):
     account: str | None = None
     qos: str | None = None
     sbatch_options: tuple[str, ...] = ()
-    max_requeues: int = 3
+    max_requeues: int = MAX_REQUEUES_DEFAULT
     #: restarts of the ranks inside one allocation after a crash (pipeswift_slurm.decide)
     max_restarts: int = MAX_RESTARTS_DEFAULT
     python: str | None = None
@@ -336,7 +338,7 @@ def _job(t: dict[str, Any]) -> JobSection:
         account=_str("job", "account", t["account"]) if "account" in t else None,
         qos=_str("job", "qos", t["qos"]) if "qos" in t else None,
         sbatch_options=tuple(opts),
-        max_requeues=_int("job", "max_requeues", t.get("max_requeues", 3), lo=0),
+        max_requeues=_int("job", "max_requeues", t.get("max_requeues", MAX_REQUEUES_DEFAULT), lo=0),
         max_restarts=_int("job", "max_restarts", t.get("max_restarts", MAX_RESTARTS_DEFAULT), lo=0,
                           hi=MAX_RESTARTS_LIMIT),
         python=_str("job", "python", t["python"]) if "python" in t else None,

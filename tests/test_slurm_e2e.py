@@ -147,6 +147,18 @@ def test_a_job_that_can_never_run_is_refused_before_queueing(cluster, tmp_path, 
     assert squeue_ids() == before and not (tmp_path / "run").exists()
 
 
+def test_a_job_with_nothing_to_plan_with_is_refused_too(cluster, tmp_path):
+    """No [model] layer_costs and no profile in the history (the planner steps aside): a
+    partition Slurm does not have is still refused before anything is queued."""
+    toml = copy_example(tmp_path / "ex", {"job.partition": '"nosuchpartition"'})
+    toml.write_text("\n".join(line for line in toml.read_text().splitlines()
+                               if not line.startswith("layer_costs")) + "\n")
+    before = squeue_ids()
+    proc = pswift("sbatch", "--run-dir", str(tmp_path / "run"), str(toml), env={"PSWIFT_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 2 and "Slurm has no such partition" in proc.stderr, proc.stderr
+    assert squeue_ids() == before and not (tmp_path / "run").exists()
+
+
 def test_status_of_unknown_job_is_clear(cluster):
     proc = pswift("status", "999999")
     assert proc.returncode == 1 and "unknown to Slurm" in proc.stderr
