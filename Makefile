@@ -80,7 +80,7 @@ pyslurm: slurm-new setup
 	fi
 
 # every benchmark, full size, each writing bench/results/NAME.json (CI runs them in quick mode
-# through tests/test_bench_quick.py), then the README's table from those files
+# through tests/test_bench_quick.py), then docs/benchmarks.md's table from those files
 bench: setup tools
 	for b in simulator partition history_scale plan_worst_case job_submit ingest_cap checkpoint step_time_model; do \
 	  $(PY) bench/$$b.py || exit 1; done

@@ -1,6 +1,6 @@
 """What every benchmark writes: its figures as JSON, with the command that produced them and
-the README row made from them (bench/readme.py puts the rows into README.md; a test checks the
-README matches bench/results/)."""
+the table row made from them (bench/readme.py puts the rows into docs/benchmarks.md; a test checks the
+table matches bench/results/)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def command_line() -> str:
 
 
 def save(out: str | Path, result: dict[str, Any], *, quick: bool, what: str, figures: str) -> None:
-    """Write ``result`` to ``out`` with the command, the host and the README row."""
+    """Write ``result`` to ``out`` with the command, the host and the table row."""
     result = {**result, "command": command_line(), "quick": quick,
               "host": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores",
               "date": _dt.datetime.now(_dt.timezone.utc).date().isoformat(),

@@ -1,7 +1,7 @@
-"""The README's benchmark table, made from bench/results/*.json (never typed by hand).
+"""The benchmark table of docs/benchmarks.md, made from bench/results/*.json (never typed by hand).
 
-    python bench/readme.py           # rewrite the table in README.md
-    python bench/readme.py --check   # exit 1 when README.md differs from bench/results/
+    python bench/readme.py           # rewrite the table in docs/benchmarks.md
+    python bench/readme.py --check   # exit 1 when docs/benchmarks.md differs from bench/results/
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-#: every benchmark, in the README's order (tests check this list against bench/*.py)
+#: every benchmark, in the table's order (tests check this list against bench/*.py)
 ORDER = ["checkpoint", "submit_latency", "step_time_model", "history_scale", "plan_worst_case",
          "slurm_backends", "simulator", "partition", "dynamic", "job_submit", "ingest_cap", "goodput"]
 BEGIN = "<!-- bench-figures: written by `python bench/readme.py` from bench/results/*.json -->"
@@ -45,25 +45,25 @@ def table(results: dict[str, dict]) -> str:
 def with_table(readme: str, new: str) -> str:
     start, end = readme.find(BEGIN), readme.find(END)
     if start < 0 or end < start:
-        raise SystemExit(f"README.md has no benchmark table markers ({BEGIN} ... {END})")
+        raise SystemExit(f"docs/benchmarks.md has no benchmark table markers ({BEGIN} ... {END})")
     return readme[:start] + new + readme[end + len(END):]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 when README.md is out of date")
+    ap.add_argument("--check", action="store_true", help="exit 1 when docs/benchmarks.md is out of date")
     args = ap.parse_args()
-    path = ROOT / "README.md"
+    path = ROOT / "docs" / "benchmarks.md"
     old = path.read_text(encoding="utf-8")
     new = with_table(old, table(load()))
     if args.check:
         if new != old:
-            print("README.md's benchmark table differs from bench/results/: run python bench/readme.py",
+            print("docs/benchmarks.md's benchmark table differs from bench/results/: run python bench/readme.py",
                   file=sys.stderr)
             sys.exit(1)
         return
     path.write_text(new, encoding="utf-8")
-    print("README.md: benchmark table rewritten from bench/results/")
+    print("docs/benchmarks.md: benchmark table rewritten from bench/results/")
 
 
 if __name__ == "__main__":

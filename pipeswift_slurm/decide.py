@@ -2,7 +2,7 @@
 torch, no Slurm call, no file (the batch script's helper, pipeswift_launch.afterlaunch, gathers
 the facts and carries the decision out).
 
-The rule, as the README states it:
+The rule, as docs/design.md states it:
 
 - a launch that ended by itself (done, re-laid out, or its own decision: a refusal, a spent
   budget, a requeue it asked for) is followed as it asked;

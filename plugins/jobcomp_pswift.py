@@ -16,7 +16,7 @@ pipeswift_slurm on this Python) leaves the Slurm record (merged or spooled for
 `pswift history ingest --spool DIR`) and logs one line to stderr. If even step 1 fails (full
 disk), it logs and exits 0 all the same.
 
-Install (see README "Admin: Slurm plugins"): a wrapper that runs this file with --spool and
+Install (see docs/admin.md, or `pswift admin install-plugins`): a wrapper that runs this file with --spool and
 --db, named by JobCompType=jobcomp/script + JobCompLoc=<wrapper> in slurm.conf.
 """
 

@@ -1,4 +1,4 @@
-"""The README's benchmark figures come from bench/results/*.json, each naming its command."""
+"""The benchmark figures of docs/benchmarks.md come from bench/results/*.json, each naming its command."""
 
 from __future__ import annotations
 
@@ -21,6 +21,6 @@ def test_every_benchmark_has_a_full_result_with_its_command():
 
 
 def test_the_readme_table_is_the_one_made_from_the_results():
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     assert readme.with_table(text, readme.table(readme.load())) == text, \
-        "README.md's benchmark table is stale: run python bench/readme.py"
+        "docs/benchmarks.md's benchmark table is stale: run python bench/readme.py"
