@@ -22,8 +22,9 @@ from .errors import PswiftError
 #: `--wait`'s exit code when --timeout passes first (as timeout(1)): the job goes on
 TIMEOUT_EXIT = 124
 #: Slurm is asked about the job after 1 s, then each time twice as late, at most every 30 s;
-#: the job's events (a local file) are read every few seconds in between
-POLL_FIRST_S, POLL_MAX_S, EVENTS_EVERY_S = 1.0, 30.0, 2.0
+#: the job's events (a local file) are read every few seconds in between, and never for more
+#: than 1/EVENTS_SHARE of the time (a long job's file takes a while to fold)
+POLL_FIRST_S, POLL_MAX_S, EVENTS_EVERY_S, EVENTS_SHARE = 1.0, 30.0, 2.0, 20.0
 #: a progress line at most this often
 PROGRESS_EVERY_S = 10.0
 
@@ -199,6 +200,7 @@ def wait(job_id: str, run: Path, say: Callable[[str], None], timeout: float | No
     interval, next_query = POLL_FIRST_S, start
     last_state, restarts, seen = "", 0, (0, 0, 0)   # (attempts, crashes, ended attempts) said
     next_progress, last_step = start, None
+    next_read, s = start + EVENTS_EVERY_S, summarize(run)
     while True:
         now = clock()
         if now >= next_query:
@@ -215,7 +217,10 @@ def wait(job_id: str, run: Path, say: Callable[[str], None], timeout: float | No
                 return Watched(st, False)
             next_query = now + interval
             interval = min(POLL_MAX_S, interval * 2)
-        s = summarize(run)
+        if now >= next_read:
+            t0 = time.perf_counter()
+            s = summarize(run)
+            next_read = now + max(EVENTS_EVERY_S, EVENTS_SHARE * (time.perf_counter() - t0))
         for a in s["attempts"][seen[0]:]:
             say(f"job {job_id}: attempt {a['attempt']} on {a['nodes']} node(s), {a['stages']} stage(s)"
                 + (f", from step {a['start_step']}" if a["start_step"] else ""))

@@ -157,3 +157,21 @@ def test_the_history_knows_a_forgotten_jobs_last_state(tmp_path):
     assert h.last_known("12", "/r") == {"state": "COMPLETED", "restarts": 1}
     assert h.last_known("13", None) is None
     h.close()
+
+
+def test_a_slow_events_file_is_read_less_often():
+    """Folding a long job's events.jsonl takes a while: --wait spends at most 1/EVENTS_SHARE of
+    its time on it (here 0.15 s a read: one every 3 s, not every 2)."""
+    import time as real
+    job = FakeJob([(0, "RUNNING", 0, summary([attempt(0)], step=1))])
+    reads: list[float] = []
+
+    def slow(run: Path) -> dict:
+        reads.append(job.t)
+        real.sleep(0.15)
+        return job.summarize(run)
+
+    watch.wait("7", Path("/r"), lambda s: None, timeout=30, clock=job.clock, sleep=job.sleep, query=job.query,
+               summarize=slow)
+    gaps = [b - a for a, b in zip(reads, reads[1:])]
+    assert gaps and min(gaps) >= watch.EVENTS_SHARE * 0.15 - 1e-9, gaps
