@@ -113,7 +113,7 @@ def _output(f: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _renderer(columns: list, out: Any, default_fields: str | None = None) -> Any:
+def _renderer(columns: list[Any], out: Any, default_fields: str | None = None) -> Any:
     """A Renderer for ``out`` (without -o, the text forms get ``default_fields`` on a terminal
     and in a pipe alike, as sacct; --json and --csv every column), or None after printing the
     column keys for ``-o help``."""
@@ -127,7 +127,7 @@ def _renderer(columns: list, out: Any, default_fields: str | None = None) -> Any
     return Renderer(columns, out)
 
 
-def _print(rows: Any, columns: list, out: Any, default_fields: str | None = None) -> None:
+def _print(rows: Any, columns: list[Any], out: Any, default_fields: str | None = None) -> None:
     """Print Python rows (tuples, or dicts by column key) as ``out`` says."""
     from .tabular import from_dicts
     if rows and isinstance(rows, list) and isinstance(rows[0], dict):

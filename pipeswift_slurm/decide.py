@@ -133,7 +133,8 @@ def first_death(deaths: list[Death]) -> Death | None:
     broken collective is its consequence), else a rank killed or lost, else anything."""
     bugs = [d for d in deaths if not d.is_fault]
     killed = [d for d in deaths if d.how != "exception" and not d.how.startswith("exit")]
-    return (bugs or killed or deaths or [None])[0]
+    chosen = bugs or killed or deaths
+    return chosen[0] if chosen else None
 
 
 def after_launch(rc: int, ended_itself: bool, deaths: list[Death], seen: list[str],

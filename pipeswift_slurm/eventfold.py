@@ -172,7 +172,8 @@ class Fold:
             return
         rest = ([] if len(found) == block.count(b"\n") else
                 [line for line in block.split(b"\n") if line.strip() and not line.startswith(_PREFIX)])
-        self._fast_steps(found, rest) or self._slow(block)
+        if not self._fast_steps(found, rest):
+            self._slow(block)
 
     def _fast_steps(self, found: list[tuple[bytes, ...]], rest: list[bytes]) -> bool:
         """Add the pattern's steps as columns and the block's other lines (``rest``) through the

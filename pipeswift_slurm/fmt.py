@@ -83,9 +83,13 @@ def interactive() -> bool:
     return sys.stderr.isatty()
 
 
+def _nothing(n: int = 1) -> None:
+    return None
+
+
 @contextlib.contextmanager
 def no_progress(what: str, total: int | None = None) -> Iterator[Advance]:
-    yield lambda n=1: None
+    yield _nothing
 
 
 @contextlib.contextmanager
@@ -93,7 +97,7 @@ def progress(what: str, total: int | None = None) -> Iterator[Advance]:
     """A progress bar on stderr (rich's) while a long admin command works, only when stderr is
     a terminal: piped, redirected or under cron, nothing is written. Yields ``advance(n)``."""
     if not interactive():
-        yield lambda n=1: None
+        yield _nothing
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -101,4 +105,7 @@ def progress(what: str, total: int | None = None) -> Iterator[Advance]:
                   console=Console(stderr=True), transient=True,
                   redirect_stdout=False, redirect_stderr=False) as bar:   # the data stays on stdout
         task = bar.add_task(what, total=total)
-        yield lambda n=1: bar.advance(task, n)
+
+        def advance(n: int = 1) -> None:
+            bar.advance(task, n)
+        yield advance

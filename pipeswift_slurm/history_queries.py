@@ -146,7 +146,7 @@ class Queries:
             + where + " ORDER BY s.cluster, s.job_id, s.start", params)
 
     def listing_rows(self, sel: Selection, keys: list[str], render: str | None = None,
-                     limit: int | None = None) -> Iterator[tuple]:
+                     limit: int | None = None) -> Iterator[tuple[Any, ...]]:
         """The selected jobs in numeric job-id order (streamed from the job_num index), each as
         the values of the listing's ``keys`` (LISTING_SQL), or as one line ``render`` (SQL over
         those expressions) makes of them; then the job id and its work directory."""
@@ -205,7 +205,7 @@ class Queries:
             "FROM relayouts r JOIN jobs j ON j.id = r.job WHERE j.run_dir = ? "
             "ORDER BY r.attempt, r.step", [run_dir])]
 
-    def rollups(self, by: str, sel: Selection) -> Iterator[tuple]:
+    def rollups(self, by: str, sel: Selection) -> Iterator[tuple[Any, ...]]:
         """One narrow tuple per selected job from the roll-up table: (the ``by`` column,
         attempts, preempted, queue_s, run_s, jct_s, wasted_s)."""
         if by not in ROLLUP_KEYS:

@@ -108,7 +108,8 @@ def _balanced_boundaries(costs: Sequence[float], stages: int, memory: Sequence[f
     return _split_to(best, costs, stages)
 
 
-def _ok(costs, limit, memory, cap, stages) -> bool:
+def _ok(costs: Sequence[float], limit: float, memory: Sequence[float] | None, cap: float | None,
+        stages: int) -> bool:
     return len(_greedy(costs, limit, memory, cap)) - 1 <= stages
 
 

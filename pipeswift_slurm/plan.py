@@ -286,7 +286,7 @@ def runnable(plan: Plan, where: str = "plan.json") -> Plan:
     return plan
 
 
-def read_plan(path: Path) -> Plan:
+def read_plan(path: Path | str) -> Plan:
     try:
         blob = Path(path).read_bytes()
     except FileNotFoundError:

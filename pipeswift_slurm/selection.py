@@ -47,7 +47,8 @@ class Selection(NamedTuple):
 
     def where(self, t: str = "r", state_col: str = "last_state") -> tuple[str, list[Any]]:
         """SQL conditions on table alias ``t`` (roll-up column names) and their parameters."""
-        conds, params = ["1=1"], []
+        conds: list[str] = ["1=1"]
+        params: list[Any] = []
         for col, vals in (("user", self.users), ("account", self.accounts),
                           ("partition", self.partitions), ("qos", self.qos),
                           (state_col, self.states), ("job_id", self.job_ids)):
@@ -70,7 +71,8 @@ class Selection(NamedTuple):
         parts = [f"{word} {','.join(vals)}" for word, vals in (
             ("partition", self.partitions), ("user", self.users), ("account", self.accounts),
             ("QOS", self.qos), ("state", self.states), ("job", self.job_ids)) if vals]
-        day = lambda t: _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M")  # noqa: E731
+        def day(t: float) -> str:
+            return _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M")
         if self.start is not None or self.end is not None:
             parts.append("submitted " + (f"from {day(self.start)}" if self.start is not None else "")
                          + (" " if self.start is not None and self.end is not None else "")
@@ -152,7 +154,7 @@ def _offset(text: str, now: float, seconds: int) -> float:
 
 def _parsed(text: str, make: Any) -> float:
     try:
-        return make().timestamp()
+        return float(make().timestamp())
     except ValueError:
         raise SelectionError(f"time {text!r}: use one of sacct's forms: 2026-11-01, 2026-11-01T08:00, "
                              f"11/01, 08:00, today, now-7days (or an age: 7d, 12h)") from None

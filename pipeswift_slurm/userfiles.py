@@ -38,7 +38,8 @@ class RunFiles(NamedTuple):
 
 
 def _read_capped(fd: int, limit: int, name: str, sink: Callable[[bytes], None] | None = None) -> bytes:
-    chunks, total = [], 0
+    chunks: list[bytes] = []
+    total = 0
     while True:
         chunk = os.read(fd, min(1 << 20, limit + 1 - total))
         if not chunk:
