@@ -152,24 +152,38 @@ def preemption(request, monkeypatch) -> tuple[list[str], str]:
     return ["--qos=normal"], 'qos = "standby"\n'
 
 
-def status_once_forgotten(job: str, run: Path, tmp_path: Path) -> None:
+def all_idle(timeout: float = 60) -> None:
+    """Until every node of the cluster SLURM_CONF names is idle (a job's end leaves its nodes
+    completing for a moment)."""
+    deadline = time.time() + timeout
+    while True:
+        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True).stdout.split()
+        if states and all(st == "idle" for st in states):
+            return
+        assert time.time() < deadline, f"nodes not idle after {timeout} s: {states}"
+        time.sleep(0.5)
+
+
+def status_once_forgotten(job: str, run: Path, tmp_path: Path, home: Path) -> None:
     """`pswift status` of a job the controller has purged (MinJobAge): from sacct, and with no
-    sacct to ask, from the history, with the run's step, loss and log all the same."""
+    sacct to ask, from the history, with the run's step, loss and log all the same (``home``:
+    the PSWIFT_HOME that submitted it)."""
     deadline = time.time() + 150
     while subprocess.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], capture_output=True,
                          text=True).stdout.strip():
         assert time.time() < deadline, f"job {job} still known to the controller"
         time.sleep(2)
-    text = pswift("status", job, check=True).stdout
+    text = pswift("status", job, env={"PSWIFT_HOME": str(home)}, check=True).stdout
     assert text.startswith(f"job {job}: COMPLETED (from sacct: Slurm has forgotten the job)\n"), text
     assert "\nstep 4/4, last loss " in text and f"\nlog: {run / f'slurm-{job}.out'}\n" in text, text
     db = tmp_path / "h.db"
-    pswift("history", "ingest", "--sacct", "--db", str(db), check=True)
+    pswift("history", "ingest", "--sacct", "--db", str(db), env={"PSWIFT_HOME": str(home)}, check=True)
     no_sacct = tmp_path / "bin"
     no_sacct.mkdir()
     for tool in ("squeue", "scontrol", "sinfo"):
         (no_sacct / tool).symlink_to(shutil.which(tool))
-    text = pswift("status", job, "--db", str(db), env={"PATH": str(no_sacct)}, check=True).stdout
+    text = pswift("status", job, "--db", str(db), env={"PATH": str(no_sacct), "PSWIFT_HOME": str(home)},
+                  check=True).stdout
     assert text.startswith(f"job {job}: COMPLETED (from the history: Slurm has forgotten the job)\n"), text
     assert "None" not in text
 
@@ -180,9 +194,11 @@ def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path
     if "qos" in job_lines:   # a short job first: by this test's end the controller forgot it
         early_run = tmp_path / "early-run"
         proc = pswift("sbatch", "--wait", "--run-dir", str(early_run),
-                      str(copy_example(tmp_path / "early", {"steps": "4", "checkpoint_interval": "0"})))
+                      str(copy_example(tmp_path / "early", {"steps": "4", "checkpoint_interval": "0"})),
+                      env={"PSWIFT_HOME": str(tmp_path / "early-home")})   # its own history
         assert proc.returncode == 0 and "COMPLETED" in proc.stdout, (proc.stdout, proc.stderr)
         early = proc.stdout.split()[3]
+        all_idle()   # its nodes back, or the job below would be planned on the 2 others
     toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "100", "checkpoint_interval": "0"})
     toml.write_text(toml.read_text().replace("[job]\n", "[job]\n" + job_lines, 1))
     run = tmp_path / "run"
@@ -209,7 +225,7 @@ def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path
     assert step_losses(run) == step_losses(ref)
     assert_same_weights(final_weights(run / "checkpoints", 100), final_weights(ref / "checkpoints", 100))
     if early is not None:
-        status_once_forgotten(early, tmp_path / "early-run", tmp_path)
+        status_once_forgotten(early, tmp_path / "early-run", tmp_path, tmp_path / "early-home")
 
 
 def test_a_bf16_zero1_job_with_recompute_is_preempted_and_resumes_on_2_of_4_nodes(cluster, tmp_path):

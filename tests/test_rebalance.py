@@ -145,9 +145,11 @@ def test_the_history_keeps_the_final_layouts_steps_and_the_relayout(tmp_path):
 
 # ------------------------------------------------------ the whole loop: real Slurm, real DeepSpeed
 
+# 200 steps: the re-layout must save 2x its cost over the steps left (a CI host at 120 steps
+# measured 14.6 s saved against a 7.3 s cost and rightly kept the cut)
 WRONG = {"layer_costs": "[0.0001, 0.001, 0.001, 0.001, 0.001, 0.1]",    # cuts [0, 5, 6] on 2 stages
          "kwargs": "{ vocab = 96, hidden = 128, heads = 4, blocks = 4, seq_len = 32, slow_block = 0, slow_factor = 3 }",
-         "steps": "120", "global_batch_size": "64", "checkpoint_interval": "0"}
+         "steps": "200", "global_batch_size": "64", "checkpoint_interval": "0"}
 
 
 def job_events(run: Path) -> list[dict]:
@@ -189,7 +191,7 @@ def test_a_job_cut_from_wrong_costs_rebalances_once_in_place_and_matches_a_stati
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not any(e["event"] == "relayout" for e in job_events(ref))   # an explicit cut stays
     got, want = losses(run), losses(ref)
-    assert len(got) == 120 and got == want, [s for s in want if got.get(s) != want[s]][:5]
+    assert len(got) == 200 and got == want, [s for s in want if got.get(s) != want[s]][:5]
     # ... and about its speed, measured on the same host in the same test (a ratio, not a time)
     static_s = median(e["step_time"] for e in job_events(ref) if e["event"] == "step" and e["step"] > 2)
     assert after <= 1.3 * static_s, (after, static_s)
