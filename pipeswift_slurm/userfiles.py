@@ -222,7 +222,8 @@ def _write_frame(fd: int, kind: bytes, payload: bytes) -> None:
 
 #: what an admin command reads of a run directory (`pswift status`, `pswift doctor`): names or
 #: shell patterns, each with the most read of it (a log: its last that many bytes)
-ADMIN_READS = {"plan.json": 4 << 20, "events.jsonl": 256 << 20, "slurm-*.out": 4 << 20, "cancel.json": 4096}
+ADMIN_READS = {"plan.json": 4 << 20, "events.jsonl": 256 << 20, "slurm-*.out": 4 << 20, "cancel.json": 4096,
+               "JOB_ID": 64}
 
 
 def read_for_command(path: str, names: tuple[str, ...], timeout: float = 30.0) -> dict[str, bytes]:

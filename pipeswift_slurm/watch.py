@@ -65,9 +65,20 @@ def resolve(arg: str) -> JobRef:
     if not (run / "plan.json").is_file():
         raise NotAJob(f"{arg} is neither a job id, a local run's key (local-NAME) nor a run directory "
                       f"(no plan.json there)")
-    f = run / "JOB_ID"
-    job_id = f.read_text().strip() if f.is_file() else None
-    return JobRef(job_id or None, run, job_id or f"local-{run.name}")
+    job_id = _job_id_of(run)
+    return JobRef(job_id, run, job_id or f"local-{run.name}")
+
+
+def _job_id_of(run: Path) -> str | None:
+    """The Slurm job id a run directory was submitted as (its JOB_ID file), read as any user
+    file is (no link followed, no FIFO waited on, bounded); None for a local run."""
+    from . import userfiles
+    try:
+        blob = userfiles.read_for_command(str(run), ("JOB_ID",)).get("JOB_ID", b"")
+    except userfiles.UnsafeFile as e:
+        raise NotAJob(f"run directory not read: {e}") from None
+    text = blob.decode("ascii", "replace").strip()
+    return text if text.isdigit() else None
 
 
 class Seen(NamedTuple):
@@ -109,7 +120,7 @@ def _from_events(summary: dict[str, Any]) -> Seen | None:
 
 def state(ref: JobRef, summary: dict[str, Any] | None, db: Path | None = None) -> Seen:
     """The job's state from the first that knows it: Slurm's queue, slurmdbd, the history, the
-    run's own events; ``Seen("UNKNOWN", "none")`` when none does."""
+    run's own events (a local run has only those); ``Seen("UNKNOWN", "none")`` when none does."""
     from . import slurm
     if ref.job_id:
         info = slurm.job_info(ref.job_id)
@@ -122,11 +133,8 @@ def state(ref: JobRef, summary: dict[str, Any] | None, db: Path | None = None) -
         seen = _from_history(ref, db)
         if seen is not None:
             return seen
-    elif summary is not None:
-        seen = _from_events(summary)
-        if seen is not None:
-            return seen
-    return Seen("UNKNOWN", "none")
+    seen = _from_events(summary) if summary is not None else None
+    return seen if seen is not None else Seen("UNKNOWN", "none")
 
 
 class Progress(NamedTuple):

@@ -175,3 +175,18 @@ def test_a_slow_events_file_is_read_less_often():
                summarize=slow)
     gaps = [b - a for a, b in zip(reads, reads[1:])]
     assert gaps and min(gaps) >= watch.EVENTS_SHARE * 0.15 - 1e-9, gaps
+
+
+def test_a_run_dirs_job_id_is_read_as_a_user_file(tmp_path):
+    """JOB_ID a FIFO (a hostile run directory, an admin asking): one clear error at once, no
+    hang; a JOB_ID that is not a number is no job id."""
+    import os
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.json").write_text("{}")
+    os.mkfifo(run / "JOB_ID")
+    with pytest.raises(watch.NotAJob, match="JOB_ID is not a regular file"):
+        watch.resolve(str(run))
+    (run / "JOB_ID").unlink()
+    (run / "JOB_ID").write_text("12; rm -rf /\n")
+    assert watch.resolve(str(run)) == watch.JobRef(None, run, "local-run")
