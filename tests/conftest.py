@@ -121,6 +121,12 @@ def squeue_ids() -> set[str]:
     return set(out.stdout.split())
 
 
+def new_jobs_since(before: set[str]) -> set[str]:
+    """Jobs in squeue now that were not in ``before`` (one taken with squeue_ids()). Jobs of
+    earlier tests may leave the list in between (MinJobAge), so compare the new ones only."""
+    return squeue_ids() - before
+
+
 def wait_state(job_id: str, states: set[str], timeout: float = 180) -> str:
     deadline = time.time() + timeout
     state = ""
