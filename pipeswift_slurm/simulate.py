@@ -140,7 +140,10 @@ def closed_form_1f1b(fwd: Sequence[float], bwd: Sequence[float], micro_batches: 
     per = [f + b for f, b in zip(fwd, bwd)]
     slowest = max(per)
     loop = (sum(per) + 2 * (P - 1) * p2p) / P
-    pairs = math.floor((m - 1) * max(0.0, loop - slowest) / (2 * p2p) + 1e-9) if p2p > 0 else 0
+    excess = loop - slowest     # rounding noise below 1e-12 of a stage is no wait (a 5e-324 s
+    pairs = 0                   # transfer made it 1e-16 / 1e-323 = inf pairs: hypothesis found it)
+    if p2p > 0 and excess > 1e-12 * slowest:
+        pairs = min((m - 1) * P, math.floor((m - 1) * excess / (2 * p2p) + 1e-9))
     step = sum(per) + 2 * (P - 1) * p2p + (m - 1) * slowest + 2 * p2p * pairs
     busy = [m * x for x in per]
     return SimResult(schedule="1f1b", devices=P, micro_batches=m, chunks=1, step_time=step,
