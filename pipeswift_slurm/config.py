@@ -23,36 +23,34 @@ else:  # pragma: no cover
 
 from .errors import ConfigError
 from .numbers import finite
-
-SECTIONS = ("job", "resources", "model", "training", "pipeline")
+from .settings import LIMITS, SECTIONS, Setting, keys, required, setting
 _ENTRY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _TIME_RE = re.compile(
     r"^(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$"
 )
 
 
-#: [job] max_restarts: its default and its largest value (pipeswift_slurm.decide uses them)
-MAX_RESTARTS_DEFAULT = 3
-MAX_RESTARTS_LIMIT = 100
-#: [job] max_requeues: its default (requeues after preemption, time limit or node loss)
-MAX_REQUEUES_DEFAULT = 3
+#: [job] max_restarts / max_requeues: their defaults and bounds (pipeswift_slurm.decide uses them)
+MAX_RESTARTS_DEFAULT: int = setting("job", "max_restarts").default
+MAX_RESTARTS_LIMIT = int(setting("job", "max_restarts").hi or 0)
+MAX_REQUEUES_DEFAULT: int = setting("job", "max_requeues").default
 
 
+# The sections: one field per setting of pipeswift_slurm.settings (which holds each one's
+# default, bounds and meaning), a few derived (nodes_min/nodes_max from nodes, micro_batch_sizes
+# from micro_batch_size). No defaults here: the parser fills every field from the table.
 class JobSection(NamedTuple):
     name: str
-    partition: str | None = None
-    time: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    sbatch_options: tuple[str, ...] = ()
-    max_requeues: int = MAX_REQUEUES_DEFAULT
-    #: restarts of the ranks inside one allocation after a crash (pipeswift_slurm.decide)
-    max_restarts: int = MAX_RESTARTS_DEFAULT
-    python: str | None = None
-    #: what the planner minimises: the expected JCT, or its median or 90th percentile (risk)
-    objective: str = "mean"
-    #: a job below the top of its node range checks this often whether growing pays (0: never)
-    grow_check_s: int = 60
+    partition: str | None
+    time: str | None
+    account: str | None
+    qos: str | None
+    sbatch_options: tuple[str, ...]
+    max_requeues: int
+    max_restarts: int
+    python: str | None
+    objective: str
+    grow_check_s: int
 
     @property
     def time_seconds(self) -> int | None:
@@ -60,12 +58,12 @@ class JobSection(NamedTuple):
 
 
 class ResourcesSection(NamedTuple):
-    nodes_min: int = 1
-    nodes_max: int = 1
-    tasks_per_node: int = 1
-    gpus_per_node: int = 0
-    cpus_per_task: int = 1
-    device: str = "cpu"
+    nodes_min: int
+    nodes_max: int
+    tasks_per_node: int
+    gpus_per_node: int
+    cpus_per_task: int
+    device: str
 
     @property
     def node_counts(self) -> range:
@@ -81,11 +79,11 @@ class ResourcesSection(NamedTuple):
 
 class ModelSection(NamedTuple):
     entry: str
-    kwargs: dict[str, Any] = {}    # never mutated: the parser gives each config its own
-    loss: str | None = None
-    num_layers: int | None = None
-    layer_costs: tuple[float, ...] | None = None
-    layer_memory: tuple[int, ...] | None = None
+    kwargs: dict[str, Any]          # never mutated: the parser gives each config its own
+    loss: str | None
+    num_layers: int | None
+    layer_costs: tuple[float, ...] | None
+    layer_memory: tuple[int, ...] | None
 
 
 class TrainingSection(NamedTuple):
@@ -97,33 +95,25 @@ class TrainingSection(NamedTuple):
     #: "module:function", or {"tokens": path, "dtype", "seq_len"}, or {"dataset": "module:fn",
     #: "kwargs"} (see pipeswift_launch/data.py)
     data: str | dict[str, Any]
-    seed: int = 1
-    optimizer: dict[str, Any] = {}
-    ds_config: dict[str, Any] = {}
-    gradient_clipping: float = 0.0
-    #: "fp32", "bf16" or "fp16" (fp16: dynamic loss scaling; needs a GPU)
-    precision: str = "fp32"
-    #: 0, or 1: optimizer state and fp32 master weights sharded over the data-parallel ranks
-    zero_stage: int = 0
-    #: recompute activations every this many layers in the backward pass (0: keep them)
-    activation_checkpoint_interval: int = 0
-    #: learning rate: linear warm-up over this many steps, then "constant" or "cosine" decay to
-    #: lr x lr_min_ratio at the last step
-    lr_warmup_steps: int = 0
-    lr_decay: str = "constant"
-    lr_min_ratio: float = 0.0
-    checkpoint_dir: Path | None = None
-    #: steps between periodic checkpoints; 0: only on a signal and at the end; "auto": every
-    #: Young/Daly interval of training (pipeswift_slurm.interval)
-    checkpoint_interval: int | str = "auto"
-    keep_checkpoints: int = 2
-    #: a rank making no progress for max(hang_timeout_min_s, hang_timeout_factor x p95 step
-    #: time) ends the attempt and requeues it (the hung rank's node excluded where possible)
-    hang_timeout_factor: float = 10.0
-    hang_timeout_min_s: float = 300.0
+    seed: int
+    optimizer: dict[str, Any]
+    ds_config: dict[str, Any]
+    gradient_clipping: float
+    precision: str
+    zero_stage: int
+    activation_checkpoint_interval: int
+    lr_warmup_steps: int
+    lr_decay: str
+    lr_min_ratio: float
+    checkpoint_dir: Path | None
+    #: steps, or "auto" (pipeswift_slurm.interval)
+    checkpoint_interval: int | str
+    keep_checkpoints: int
+    hang_timeout_factor: float
+    hang_timeout_min_s: float
     #: the micro-batch sizes the planner may choose from (a list, or every power of two dividing
     #: the global batch with "auto"); () = micro_batch_size only
-    micro_batch_sizes: tuple[int, ...] = ()
+    micro_batch_sizes: tuple[int, ...]
 
     @property
     def micro_batch_options(self) -> tuple[int, ...]:
@@ -131,13 +121,11 @@ class TrainingSection(NamedTuple):
 
 
 class PipelineSection(NamedTuple):
-    stages: int | str = "auto"
-    micro_batches: int | str = "auto"
-    partition: str | tuple[int, ...] = "auto"
-    data_parallel: int | None = None
-    #: re-cut the stages in place from measured layer times when that pays (explicit
-    #: boundaries are never re-cut)
-    rebalance: bool = True
+    stages: int | str
+    micro_batches: int | str
+    partition: str | tuple[int, ...]
+    data_parallel: int | None
+    rebalance: bool
 
 
 class TrainConfig(NamedTuple):
@@ -174,12 +162,6 @@ def _where(section: str, key: str) -> str:
 def _type_name(v: Any) -> str:
     return {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
             dict: "table"}.get(type(v), type(v).__name__)
-
-
-#: the largest sizes pswift plans for (each a clear error above it): enough for any cluster job,
-#: small enough that enumerating and simulating every candidate stays well under a second
-LIMITS = {"nodes": 4096, "node_range": 16, "tasks_per_node": 16, "micro_batches": 4096,
-          "layers": 512, "int": 2**31 - 1, "depth": 16}
 
 
 def _int(section: str, key: str, v: Any, lo: int = 1, hi: int = LIMITS["int"]) -> int:
@@ -295,12 +277,50 @@ def _check_keys(section: str, table: dict[str, Any], valid: tuple[str, ...],
             raise ConfigError(f"missing required key {_where(section, key)}")
 
 
+def _checked(s: Setting, v: Any) -> Any:
+    """A value of a setting of a generic kind, checked against the table's kind and bounds."""
+    if s.kind == "int":
+        return _int(s.section, s.key, v, lo=1 if s.lo is None else int(s.lo),
+                    hi=LIMITS["int"] if s.hi is None else int(s.hi))
+    if s.kind == "int|auto":
+        return _int_or_auto(s.section, s.key, v, lo=1 if s.lo is None else int(s.lo))
+    if s.kind == "float":
+        f = _float(s.section, s.key, v, lo=s.lo or 0.0)
+        if s.hi is not None and f > s.hi:
+            raise ConfigError(f"{_where(s.section, s.key)} = {v} must be <= {s.hi:g} ({s.doc})")
+        return f
+    if s.kind == "str":
+        return _str(s.section, s.key, v)
+    if s.kind == "bool":
+        if not isinstance(v, bool):
+            raise ConfigError(f"{_where(s.section, s.key)} = {_short(v)} must be true or false")
+        return v
+    if s.kind == "choice":
+        return _choice(s.section, s.key, v, s.choices)
+    raise AssertionError(f"{s.name} has its own checker")
+
+
+def _generic(section: str, t: dict[str, Any]) -> dict[str, Any]:
+    """``[section]``'s settings of a generic kind: each value checked, or its default."""
+    out = {}
+    for key in keys(section):
+        s = setting(section, key)
+        if s.kind != "special":
+            out[key] = _checked(s, t[key]) if key in t else s.default
+    return out
+
+
+def _default(section: str, key: str) -> Any:
+    return setting(section, key).default
+
+
 #: [job] objective: expected JCT, or a quantile of its distribution (pipeswift_slurm.risk)
-OBJECTIVES = ("mean", "p50", "p90")
+OBJECTIVES: tuple[str, ...] = setting("job", "objective").choices
 
 
 def _grow_check(v: Any) -> int:
-    s = _int("job", "grow_check_s", v, lo=0, hi=86400)
+    limits = setting("job", "grow_check_s")
+    s = _int("job", "grow_check_s", v, lo=int(limits.lo or 0), hi=int(limits.hi or 0))
     if 0 < s < 5:
         raise ConfigError(f"[job] grow_check_s = {s}: check at most every 5 s (each check asks "
                           f"Slurm), or 0 never to grow")
@@ -308,9 +328,7 @@ def _grow_check(v: Any) -> int:
 
 
 def _job(t: dict[str, Any]) -> JobSection:
-    valid = ("name", "partition", "time", "account", "qos", "sbatch_options", "max_requeues", "python",
-             "objective", "grow_check_s", "max_restarts")
-    _check_keys("job", t, valid, ("name",))
+    _check_keys("job", t, keys("job"), required("job"))
     time = t.get("time")
     if time is not None:
         if isinstance(time, int) and not isinstance(time, bool):
@@ -322,7 +340,7 @@ def _job(t: dict[str, Any]) -> JobSection:
         except ValueError:
             raise ConfigError(f"[job] time = {time!r} is not a Slurm time limit: use minutes, "
                               f"'H:MM:SS' or 'D-HH:MM:SS' (e.g. '0:30:00')") from None
-    opts = t.get("sbatch_options", [])
+    opts = t.get("sbatch_options", list(_default("job", "sbatch_options")))
     if not isinstance(opts, list):
         raise ConfigError(f"[job] sbatch_options must be an array of strings like '--qos=high', "
                           f"got {_type_name(opts)} {opts!r}")
@@ -331,26 +349,14 @@ def _job(t: dict[str, Any]) -> JobSection:
         if not o.startswith("-"):
             raise ConfigError(f"[job] sbatch_options entry {o!r} must be an sbatch option "
                               f"starting with '-' (e.g. '--qos=high')")
-    return JobSection(
-        name=_str("job", "name", t["name"]),
-        partition=_str("job", "partition", t["partition"]) if "partition" in t else None,
-        time=time,
-        account=_str("job", "account", t["account"]) if "account" in t else None,
-        qos=_str("job", "qos", t["qos"]) if "qos" in t else None,
-        sbatch_options=tuple(opts),
-        max_requeues=_int("job", "max_requeues", t.get("max_requeues", MAX_REQUEUES_DEFAULT), lo=0),
-        max_restarts=_int("job", "max_restarts", t.get("max_restarts", MAX_RESTARTS_DEFAULT), lo=0,
-                          hi=MAX_RESTARTS_LIMIT),
-        python=_str("job", "python", t["python"]) if "python" in t else None,
-        objective=_choice("job", "objective", t.get("objective", "mean"), OBJECTIVES),
-        grow_check_s=_grow_check(t.get("grow_check_s", 60)),
-    )
+    return JobSection(**_generic("job", t), time=time, sbatch_options=tuple(opts),
+                      grow_check_s=_grow_check(t.get("grow_check_s", _default("job", "grow_check_s"))))
 
 
 def _resources(t: dict[str, Any]) -> ResourcesSection:
-    valid = ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "device")
-    _check_keys("resources", t, valid)
-    nodes = t.get("nodes", 1)
+    _check_keys("resources", t, keys("resources"), required("resources"))
+    fields = _generic("resources", t)
+    nodes = t.get("nodes", _default("resources", "nodes"))
     if isinstance(nodes, list):
         if len(nodes) != 2:
             raise ConfigError(f"[resources] nodes = {nodes!r} must be an integer or a [min, max] pair")
@@ -363,25 +369,20 @@ def _resources(t: dict[str, Any]) -> ResourcesSection:
                               f"pswift plans at most {LIMITS['node_range']}: narrow the range")
     else:
         lo = hi = _int("resources", "nodes", nodes, hi=LIMITS["nodes"])
-    device = _str("resources", "device", t.get("device", "cpu"))
-    if device not in ("cpu", "cuda"):
-        raise ConfigError(f"[resources] device = {device!r} must be 'cpu' or 'cuda'")
-    gpus = _int("resources", "gpus_per_node", t.get("gpus_per_node", 0), lo=0)
-    tasks = _int("resources", "tasks_per_node", t.get("tasks_per_node", gpus or 1), hi=LIMITS["tasks_per_node"])
+    device, gpus = fields["device"], fields["gpus_per_node"]
+    tasks = fields["tasks_per_node"] = fields["tasks_per_node"] or gpus or 1
     if device == "cuda" and gpus == 0:
         raise ConfigError("[resources] device = 'cuda' needs gpus_per_node >= 1 "
                           "(set gpus_per_node = tasks_per_node, one GPU per task)")
     if device == "cuda" and tasks > gpus:
         raise ConfigError(f"[resources] tasks_per_node = {tasks} > gpus_per_node = {gpus}: one task "
                           f"drives one GPU; set tasks_per_node = {gpus}")
-    return ResourcesSection(nodes_min=lo, nodes_max=hi, tasks_per_node=tasks, gpus_per_node=gpus,
-                            cpus_per_task=_int("resources", "cpus_per_task", t.get("cpus_per_task", 1)),
-                            device=device)
+    return ResourcesSection(nodes_min=lo, nodes_max=hi, **fields)
 
 
 def _model(t: dict[str, Any], base_dir: Path) -> ModelSection:
-    valid = ("entry", "kwargs", "loss", "num_layers", "layer_costs", "layer_memory")
-    _check_keys("model", t, valid, ("entry",))
+    _check_keys("model", t, keys("model"), required("model"))
+    fields = _generic("model", t)
     costs = mem = None
     for key in ("layer_costs", "layer_memory"):
         if isinstance(t.get(key), list) and len(t[key]) > LIMITS["layers"]:
@@ -397,7 +398,7 @@ def _model(t: dict[str, Any], base_dir: Path) -> ModelSection:
         if not isinstance(v, list) or not v:
             raise ConfigError(f"[model] layer_memory must be a non-empty array of bytes per layer, got {_short(v)}")
         mem = tuple(_int("model", "layer_memory", x, lo=0, hi=2**62) for x in v)
-    num_layers = _int("model", "num_layers", t["num_layers"], hi=LIMITS["layers"]) if "num_layers" in t else None
+    num_layers = fields["num_layers"]
     lengths = {k: n for k, n in (("num_layers", num_layers), ("layer_costs", costs and len(costs)),
                                  ("layer_memory", mem and len(mem))) if n}
     if len(set(lengths.values())) > 1:
@@ -406,14 +407,14 @@ def _model(t: dict[str, Any], base_dir: Path) -> ModelSection:
                           "; give one value per layer")
     return ModelSection(
         entry=_entry("model", "entry", t["entry"], base_dir),
-        kwargs=_table("model", "kwargs", t.get("kwargs", {})),
+        kwargs=_table("model", "kwargs", t.get("kwargs", dict(_default("model", "kwargs")))),
         loss=_entry("model", "loss", t["loss"], base_dir) if "loss" in t else None,
         num_layers=num_layers, layer_costs=costs, layer_memory=mem,
     )
 
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-LR_DECAYS = ("constant", "cosine")
+PRECISIONS: tuple[str, ...] = setting("training", "precision").choices
+LR_DECAYS: tuple[str, ...] = setting("training", "lr_decay").choices
 #: DeepSpeed settings pswift sets itself from train.toml: (where to say it instead)
 DS_CONFIG_OWNED = {
     "bf16": '[training] precision = "bf16"', "fp16": '[training] precision = "fp16"',
@@ -488,8 +489,9 @@ def _data(v: Any, base_dir: Path) -> str | dict[str, Any]:
 
 def _choice(section: str, key: str, v: Any, choices: tuple[Any, ...]) -> Any:
     if not any(type(v) is type(c) and v == c for c in choices):
-        raise ConfigError(f"{_where(section, key)} = {_short(v)} must be one of "
-                          f"{', '.join(repr(c) if isinstance(c, str) else str(c) for c in choices)}")
+        shown = [repr(c) if isinstance(c, str) else str(c) for c in choices]
+        what = " or ".join(shown) if len(shown) == 2 else "one of " + ", ".join(shown)
+        raise ConfigError(f"{_where(section, key)} = {_short(v)} must be {what}")
     return v
 
 
@@ -511,13 +513,9 @@ def _micro_batch_sizes(v: Any, gbs: int) -> tuple[int, ...]:
 
 
 def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
-    valid = ("steps", "global_batch_size", "micro_batch_size", "data", "seed", "optimizer",
-             "ds_config", "gradient_clipping", "precision", "zero_stage",
-             "activation_checkpoint_interval", "lr_warmup_steps", "lr_decay", "lr_min_ratio",
-             "checkpoint_dir", "checkpoint_interval", "keep_checkpoints", "hang_timeout_factor",
-             "hang_timeout_min_s")
-    _check_keys("training", t, valid, ("steps", "global_batch_size", "micro_batch_size", "data"))
-    opt = _table("training", "optimizer", t.get("optimizer", {}))
+    _check_keys("training", t, keys("training"), required("training"))
+    fields = _generic("training", t)
+    opt = _table("training", "optimizer", t.get("optimizer", dict(_default("training", "optimizer"))))
     if opt:
         _check_keys("training.optimizer", opt, ("type", "params"))
         _str("training.optimizer", "type", opt.get("type", "AdamW"))
@@ -526,38 +524,17 @@ def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
     ckpt_dir = None
     if "checkpoint_dir" in t:
         ckpt_dir = (base_dir / _str("training", "checkpoint_dir", t["checkpoint_dir"])).resolve()
-    gbs = _int("training", "global_batch_size", t["global_batch_size"])
+    gbs = fields["global_batch_size"]
     options = _micro_batch_sizes(t["micro_batch_size"], gbs)
     mbs = options[0] if options else _int("training", "micro_batch_size", t["micro_batch_size"])
     if gbs % mbs:
         raise ConfigError(f"[training] global_batch_size = {gbs} is not a multiple of "
                           f"micro_batch_size = {mbs}: pick a global batch in "
                           f"{{{gbs // mbs * mbs or mbs}, {(gbs // mbs + 1) * mbs}}}")
-    if _float("training", "lr_min_ratio", t.get("lr_min_ratio", 0.0)) > 1:
-        raise ConfigError(f"[training] lr_min_ratio = {t['lr_min_ratio']} must be <= 1 (the final "
-                          f"learning rate as a fraction of the peak)")
     return TrainingSection(
-        steps=_int("training", "steps", t["steps"]),
-        global_batch_size=gbs, micro_batch_size=mbs,
-        data=_data(t["data"], base_dir),
-        seed=_int("training", "seed", t.get("seed", 1), lo=0),
-        optimizer=opt,
-        ds_config=_ds_config(t.get("ds_config", {})),
-        gradient_clipping=_float("training", "gradient_clipping", t.get("gradient_clipping", 0.0)),
-        precision=_choice("training", "precision", t.get("precision", "fp32"), PRECISIONS),
-        zero_stage=_choice("training", "zero_stage", t.get("zero_stage", 0), (0, 1)),
-        activation_checkpoint_interval=_int("training", "activation_checkpoint_interval",
-                                            t.get("activation_checkpoint_interval", 0), lo=0),
-        lr_warmup_steps=_int("training", "lr_warmup_steps", t.get("lr_warmup_steps", 0), lo=0),
-        lr_decay=_choice("training", "lr_decay", t.get("lr_decay", "constant"), LR_DECAYS),
-        lr_min_ratio=_float("training", "lr_min_ratio", t.get("lr_min_ratio", 0.0)),
-        checkpoint_dir=ckpt_dir,
-        checkpoint_interval=_int_or_auto("training", "checkpoint_interval", t.get("checkpoint_interval", "auto"), lo=0),
-        keep_checkpoints=_int("training", "keep_checkpoints", t.get("keep_checkpoints", 2), lo=2),
-        hang_timeout_factor=_float("training", "hang_timeout_factor", t.get("hang_timeout_factor", 10.0), lo=2.0),
-        hang_timeout_min_s=_float("training", "hang_timeout_min_s", t.get("hang_timeout_min_s", 300.0), lo=1.0),
-        micro_batch_sizes=options,
-    )
+        **fields, micro_batch_size=mbs, data=_data(t["data"], base_dir), optimizer=opt,
+        ds_config=_ds_config(t.get("ds_config", dict(_default("training", "ds_config")))),
+        checkpoint_dir=ckpt_dir, micro_batch_sizes=options)
 
 
 def _int_or_auto(section: str, key: str, v: Any, lo: int = 1) -> int | str:
@@ -570,12 +547,9 @@ def _int_or_auto(section: str, key: str, v: Any, lo: int = 1) -> int | str:
 
 
 def _pipeline(t: dict[str, Any]) -> PipelineSection:
-    valid = ("stages", "micro_batches", "partition", "data_parallel", "rebalance")
-    _check_keys("pipeline", t, valid)
-    rebalance = t.get("rebalance", True)
-    if not isinstance(rebalance, bool):
-        raise ConfigError(f"[pipeline] rebalance = {_short(rebalance)} must be true or false")
-    part = t.get("partition", "auto")
+    _check_keys("pipeline", t, keys("pipeline"), required("pipeline"))
+    fields = _generic("pipeline", t)
+    part = t.get("partition", _default("pipeline", "partition"))
     if isinstance(part, list):
         b = [_int("pipeline", "partition", x, lo=0) for x in part]
         if len(b) < 2 or b[0] != 0 or any(x >= y for x, y in zip(b, b[1:])):
@@ -588,20 +562,13 @@ def _pipeline(t: dict[str, Any]) -> PipelineSection:
         if part not in ("auto", "uniform", "parameters"):
             raise ConfigError(f"[pipeline] partition = {part!r} must be \"auto\", \"uniform\", "
                               f"\"parameters\" or an array of boundaries like [0, 3, 6]")
-    stages = _int_or_auto("pipeline", "stages", t.get("stages", "auto"))
+    stages = fields.pop("stages")
     if isinstance(part, tuple) and stages != "auto" and stages != len(part) - 1:
         raise ConfigError(f"[pipeline] partition {list(part)} gives {len(part) - 1} stages but "
                           f"stages = {stages}: make them agree")
     if isinstance(part, tuple) and stages == "auto":
         stages = len(part) - 1
-    dp = t.get("data_parallel")
-    return PipelineSection(
-        stages=stages,
-        micro_batches=_int_or_auto("pipeline", "micro_batches", t.get("micro_batches", "auto")),
-        partition=part,
-        data_parallel=None if dp is None else _int("pipeline", "data_parallel", dp),
-        rebalance=rebalance,
-    )
+    return PipelineSection(**fields, stages=stages, partition=part)
 
 
 # ----------------------------------------------------------------------------- entry points

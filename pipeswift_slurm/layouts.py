@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from .config import LIMITS, TrainConfig
+from .config import TrainConfig
+from .settings import LIMITS
 from .errors import ConfigError
 from .partition import PartitionError, balanced_boundaries, uniform_boundaries
 

@@ -110,10 +110,14 @@ class Plan(TypedDict):
     checkpoint_auto: dict[str, Any] | None
 
 
-#: what a job cannot run without: a plan.json lacking one is refused when read, in one line
-_NEEDED = {"run_dir": str, "python": str, "device": str, "model": dict, "training": dict, "layouts": dict}
-_NEEDED_TRAINING = {"steps": int, "global_batch_size": int, "micro_batch_size": int, "seed": int,
-                    "checkpoint_dir": str}
+#: what a job cannot run without besides the travelling settings (pipeswift_slurm.settings):
+#: a plan.json lacking one is refused when read, in one line
+_NONE = type(None)
+_NEEDED: dict[str, tuple[type, ...]] = {
+    "run_dir": (str,), "python": (str,), "model": (dict,), "training": (dict,), "layouts": (dict,),
+    "infeasible": (dict,), "candidates": (list,), "partition": (str, _NONE), "nodes_request": (str,),
+    "revision": (int,), "relayouts": (list,), "checkpoint_auto": (dict, _NONE),
+    "device_memory": (int, float, _NONE), "host_cores": (int, _NONE), "ranks_per_host": (int, _NONE)}
 #: Slurm checks time limits periodically: --signal may arrive up to about a minute off
 SIGNAL_SLACK_S = 60
 
@@ -273,17 +277,29 @@ def parse_plan(blob: bytes, where: str = "plan.json") -> Plan:
     return plan  # type: ignore[return-value]  # JSON: the version says which contract
 
 
+_JSON_NAMES = {int: "an integer", float: "a number", str: "a string", dict: "an object", list: "an array",
+               bool: "true or false", _NONE: "null"}
+
+
 def runnable(plan: Plan, where: str = "plan.json") -> Plan:
-    """``plan`` when it has what a job needs to train (the launcher's check, one line each)."""
-    for section, needed in ((plan, _NEEDED), (plan.get("training"), _NEEDED_TRAINING)):
-        for key, kind in needed.items():
-            value = section.get(key) if isinstance(section, dict) else None
-            if not isinstance(value, kind) or isinstance(value, bool):
-                name = key if section is plan else f"training.{key}"
-                what = {int: "an integer", str: "a string", dict: "an object"}[kind]
-                raise ConfigError(f"{where}: {name} is missing or not {what}; re-plan "
-                                  f"with `pswift sbatch` rather than editing plan.json")
+    """``plan`` when it has every key a job reads, each of its type: the launcher's one check,
+    after which it reads plan data without defaults (one line when something is wrong)."""
+    from .settings import travelling
+    needed = [(plan, key, kinds) for key, kinds in _NEEDED.items()]
+    needed += [(plan, s.key, s.plan_types()) for s in travelling("top")]
+    training = plan.get("training")
+    needed += [(training, s.key, s.plan_types()) for s in travelling("training")]
+    for section, key, kinds in needed:
+        value = section.get(key, _MISSING) if isinstance(section, dict) else _MISSING
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            name = key if section is plan else f"training.{key}"
+            what = " or ".join(_JSON_NAMES[k] for k in kinds if not (k is int and float in kinds))
+            raise ConfigError(f"{where}: {name} is missing or not {what}; re-plan "
+                              f"with `pswift sbatch` rather than editing plan.json")
     return plan
+
+
+_MISSING = object()
 
 
 def read_plan(path: Path | str) -> Plan:

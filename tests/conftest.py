@@ -3,6 +3,8 @@ started here if it is not running; tests marked `deepspeed` train for real on CP
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import re
 import shutil
@@ -137,3 +139,18 @@ def wait_state(job_id: str, states: set[str], timeout: float = 180) -> str:
             return state
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} still {state!r} after {timeout} s, wanted {states}")
+
+
+@functools.lru_cache(maxsize=1)
+def _example_plan() -> str:
+    from pipeswift_slurm.config import load_config
+    from pipeswift_slurm.plan import build_plan
+    return json.dumps(build_plan(load_config(EXAMPLE / "train.toml"), Path("/nonexistent/run")))
+
+
+def plan_with(training: dict | None = None, **top) -> dict:
+    """A whole plan.json (the example's, as `pswift sbatch` writes it) with ``top`` keys replaced
+    and ``training`` merged: what unit tests of the launcher's decisions start from, since the
+    launcher reads plan data without defaults (plan.runnable checks it has every key)."""
+    base = json.loads(_example_plan())
+    return {**base, **top, "training": {**base["training"], **(training or {})}}

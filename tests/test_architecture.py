@@ -65,3 +65,13 @@ def test_no_module_imports_itself_back(package):
 def test_the_cycle_finder_finds_one():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_launcher_reads_plan_data_without_defaults():
+    """plan.runnable checks every key the job reads when it starts; after it the launcher
+    indexes plan data (a default there would be a second, silent home of a setting's default)."""
+    import re
+    pattern = re.compile(r"""(plan|\bt|\["training"\]|\["model"\]|\bmodel|\bspec)\.get\(""")
+    found = [f"{p.name}:{i}: {line.strip()}" for p in sorted((ROOT / "launch" / "pipeswift_launch").glob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, found

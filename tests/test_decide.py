@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from conftest import plan_with
 from pipeswift_slurm import decide
 from pipeswift_slurm.config import MAX_RESTARTS_DEFAULT
 from pipeswift_slurm.decide import Budgets, Death, after_launch
@@ -125,8 +126,8 @@ def test_srun_reports_are_read_in_order_and_its_own_terminations_left_out():
 def _plan(tmp_path, **over) -> dict:
     run = tmp_path / "run"
     run.mkdir(exist_ok=True)
-    return {"run_dir": str(run), "max_requeues": 3, "max_restarts": MAX_RESTARTS_DEFAULT,
-            "layouts": {"2": {}}, **over}
+    return plan_with(**{"run_dir": str(run), "max_requeues": 3, "max_restarts": MAX_RESTARTS_DEFAULT,
+                        "layouts": {"2": {}}, **over})
 
 
 def _launch(tmp_path, n: int, records: list[dict], srun: str = "") -> object:

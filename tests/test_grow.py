@@ -7,18 +7,18 @@ import subprocess
 
 import pytest
 
-from conftest import copy_example, pswift, wait_state
+from conftest import copy_example, pswift, plan_with, wait_state
 from pipeswift_slurm import eventfold
 from pipeswift_slurm import events as events_mod
 from pipeswift_slurm.queue import ClusterState, NodeState, PendingJob, RunningJob
 from pipeswift_launch import grow
 
-PLAN = {"layouts": {"1": {"nodes": 1, "stages": 1, "data_parallel": 1, "micro_batch_size": 8},
-                    "2": {"nodes": 2, "stages": 2, "data_parallel": 1, "micro_batch_size": 8},
-                    "4": {"nodes": 4, "stages": 4, "data_parallel": 1, "micro_batch_size": 8}},
-        "candidates": [{"nodes": n, "stages": n, "data_parallel": 1, "micro_batch_size": 8,
-                        "rejected": None, "estimate": {"step_s": s}}
-                       for n, s in ((1, 0.40), (2, 0.22), (4, 0.15))]}
+PLAN = plan_with(layouts={"1": {"nodes": 1, "stages": 1, "data_parallel": 1, "micro_batch_size": 8},
+                          "2": {"nodes": 2, "stages": 2, "data_parallel": 1, "micro_batch_size": 8},
+                          "4": {"nodes": 4, "stages": 4, "data_parallel": 1, "micro_batch_size": 8}},
+                 candidates=[{"nodes": n, "stages": n, "data_parallel": 1, "micro_batch_size": 8,
+                              "rejected": None, "estimate": {"step_s": s}}
+                             for n, s in ((1, 0.40), (2, 0.22), (4, 0.15))])
 
 
 def test_the_planners_step_times_per_node_count_come_from_plan_json():
@@ -124,7 +124,9 @@ def test_the_measured_profile_predicts_each_node_counts_step_and_overrides_the_p
     from pipeswift_slurm.costmodel import Profile
     lay = lambda n: {"nodes": n, "stages": n, "data_parallel": 1, "micro_batches": 8,  # noqa: E731
                      "micro_batch_size": 8, "tasks_per_node": 1}
-    plan = {"device": "cpu", "layouts": {"1": lay(1), "2": lay(2)}, "training": {}}
+    plan = plan_with(device="cpu", device_memory=None, host_cores=None, ranks_per_host=None, cpus_per_task=1,
+                     layouts={"1": lay(1), "2": lay(2)}, training={"precision": "fp32", "zero_stage": 0,
+                                                                  "activation_checkpoint_interval": 0})
     prof = Profile((0.01, 0.03, 0.01, 0.03), (1000,) * 4, (100,) * 4, 8, "measured")
     steps = relayout.step_times(plan, prof)
     assert steps[2] < 0.6 * steps[1]

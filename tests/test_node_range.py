@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import copy_example, wait_state
+from conftest import copy_example, plan_with, wait_state
 from pipeswift_slurm import eventfold
 from pipeswift_slurm import events as events_mod
 from pipeswift_slurm import slurm, submit
@@ -39,7 +39,7 @@ def cluster_of(idle: list[str], mine: list[str], pending: list[tuple[str, int]])
                         pending=[PendingJob(str(k), part, n, 600.0) for k, (part, n) in enumerate(pending)])
 
 
-PLAN = {"partition": "low", "layouts": {"1": {}, "2": {}, "4": {}}}
+PLAN = plan_with(partition="low", layouts={"1": {}, "2": {}, "4": {}}, candidates=[])
 
 
 @pytest.mark.parametrize("idle, mine, pending, want", [

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import copy_example, pswift, wait_state
+from conftest import copy_example, pswift, plan_with, wait_state
 from pipeswift_slurm import eventfold
 from pipeswift_slurm import events as events_mod
 from pipeswift_slurm import runrows
@@ -29,9 +29,10 @@ from pipeswift_launch import relayout
 
 
 def plan_for(steps: int, device_memory: float | None = None) -> dict:
-    return {"device": "cpu", "device_memory": device_memory,
-            "training": {"steps": steps, "precision": "fp32", "zero_stage": 0},
-            "layouts": {"2": {"stages": 2, "data_parallel": 1}, "3": {"stages": 3, "data_parallel": 1}}}
+    return plan_with(device="cpu", device_memory=device_memory, host_cores=None, ranks_per_host=None,
+                     cpus_per_task=1, training={"steps": steps, "precision": "fp32", "zero_stage": 0,
+                                                "activation_checkpoint_interval": 0},
+                     layouts={"2": {"stages": 2, "data_parallel": 1}, "3": {"stages": 3, "data_parallel": 1}})
 
 
 LAYOUT = {"nodes": 2, "tasks_per_node": 1, "world_size": 2, "stages": 2, "data_parallel": 1,

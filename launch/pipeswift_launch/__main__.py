@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = runnable(read_plan(argv[0]), argv[0])
         denv = derive(os.environ)
-        os.environ.setdefault("OMP_NUM_THREADS", str(plan.get("cpus_per_task") or 1))
+        os.environ.setdefault("OMP_NUM_THREADS", str(plan["cpus_per_task"]))
         from .train import run
         rc = run(plan, denv, started)
     except (PswiftError, LaunchEnvError, CheckpointError, DeepSpeedVersionError) as e:

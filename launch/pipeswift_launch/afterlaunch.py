@@ -48,7 +48,7 @@ def decide_after(plan: dict[str, Any], rc: int, folder: Path, restarts: int, rel
     ended_itself = any("rc" in r for r in records) and not any(r.get("error") for r in records)
     job_id, attempt = env.get("SLURM_JOB_ID"), int(env.get("SLURM_RESTART_COUNT") or 0)
     evs = events_mod.read(plan["run_dir"])[0] if rc not in (0, decide.RELAYOUT_EXIT) else []
-    budgets = decide.Budgets(restarts=restarts, max_restarts=int(plan.get("max_restarts", decide.MAX_RESTARTS_DEFAULT)),
+    budgets = decide.Budgets(restarts=restarts, max_restarts=int(plan["max_restarts"]),
                              relayouts=relayouts, attempt=attempt, max_requeues=int(plan["max_requeues"]),
                              in_slurm=job_id is not None)
     deaths = deaths_of(records, report)
@@ -77,7 +77,7 @@ def allocation(plan: dict[str, Any], env: dict[str, str], lost_seen: bool) -> de
         return None
     if not job or not launched:
         return None
-    stages = {int(n): int(lay["stages"]) for n, lay in plan.get("layouts", {}).items()}
+    stages = {int(n): int(lay["stages"]) for n, lay in plan["layouts"].items()}
     deadline = time.monotonic() + (LOST_WAIT_S if lost_seen else 0.0)
     while True:
         try:
@@ -144,8 +144,8 @@ def main(argv: list[str]) -> int:
         print("usage: python -m pipeswift_launch.afterlaunch PLAN RC LAUNCH_DIR RESTARTS RELAYOUTS",
               file=sys.stderr)
         return 2
-    from pipeswift_slurm.plan import read_plan
-    plan = read_plan(argv[0])
+    from pipeswift_slurm.plan import read_plan, runnable
+    plan = runnable(read_plan(argv[0]), argv[0])
     rc, folder, restarts, relayouts = int(argv[1]), Path(argv[2]), int(argv[3]), int(argv[4])
     env = dict(os.environ)
     d, last_step = decide_after(plan, rc, folder, restarts, relayouts, env)

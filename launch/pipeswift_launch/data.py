@@ -78,6 +78,6 @@ def source(plan: Plan) -> Callable[..., Batch]:
     if isinstance(spec, str):
         return resolve(spec, model_dir)
     if "tokens" in spec:
-        return TokenFile(spec["tokens"], spec.get("dtype", "uint16"), spec["seq_len"])
-    dataset = resolve(spec["dataset"], model_dir)(**(spec.get("kwargs") or {}))
+        return TokenFile(spec["tokens"], spec["dtype"], spec["seq_len"])
+    dataset = resolve(spec["dataset"], model_dir)(**spec["kwargs"])
     return MapDataset(dataset, plan["training"]["global_batch_size"])

@@ -56,8 +56,8 @@ class Growth:
 def predicted_steps(plan: Plan) -> dict[int, float]:
     """Seconds a step per node count, as the planner estimated plan.json's layouts."""
     out: dict[int, float] = {}
-    for n, lay in plan.get("layouts", {}).items():
-        for c in plan.get("candidates") or []:
+    for n, lay in plan["layouts"].items():
+        for c in plan["candidates"]:
             e = c.get("estimate") or {}
             same = all(c.get(k) == lay.get(k) for k in ("nodes", "stages", "data_parallel", "micro_batch_size"))
             if same and c.get("rejected") is None and e.get("step_s"):
@@ -93,7 +93,7 @@ def requeue_target(plan: Plan, state: ClusterState, cpus_per_node: int, mine: se
     can have when it restarts (idle nodes and its own, less what pending jobs sharing them ask
     for); the smallest layout when even that is more. Slurm gives a pending job the minimum of
     its node range, so the requeued job asks for exactly this count."""
-    idle, own, demand = _pool(state, plan.get("partition"), cpus_per_node, mine)
+    idle, own, demand = _pool(state, plan["partition"], cpus_per_node, mine)
     available = max(0, idle + own - demand)
     counts = sorted(int(n) for n in plan["layouts"])
     fits = [n for n in counts if n <= available]

@@ -39,22 +39,22 @@ def lm_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
 
 def build_pipe(plan: Plan, layout: LayoutSpec) -> ExplicitPipe:
     model = plan["model"]
-    layers = list(resolve(model["entry"], model["dir"])(**model.get("kwargs", {})))
-    n_expected = model.get("num_layers")
+    layers = list(resolve(model["entry"], model["dir"])(**model["kwargs"]))
+    n_expected = model["num_layers"]
     if n_expected is not None and len(layers) != n_expected:
         raise RuntimeError(f"{model['entry']} returned {len(layers)} layers but train.toml says "
                            f"{n_expected}; fix [model] num_layers/layer_costs")
     if layout["stages"] > len(layers):
         raise RuntimeError(f"{layout['stages']} stages > {len(layers)} layers: use fewer stages")
-    loss_fn = resolve(model["loss"], model["dir"]) if model.get("loss") else lm_cross_entropy
+    loss_fn = resolve(model["loss"], model["dir"]) if model["loss"] else lm_cross_entropy
     seed_ok = all(isinstance(x, LayerSpec) for x in layers)
     return ExplicitPipe(
-        layers, parts=layout.get("boundaries"), num_stages=layout["stages"], loss_fn=loss_fn,
+        layers, parts=layout["boundaries"], num_stages=layout["stages"], loss_fn=loss_fn,
         partition_method=layout["partition"] if layout["partition"] in ("uniform", "parameters")
         else "parameters",
         # same initial weights whatever the split (needs LayerSpecs): resumes are layout-portable
         seed_layers=seed_ok, base_seed=int(plan["training"]["seed"]),
-        activation_checkpoint_interval=int(plan["training"].get("activation_checkpoint_interval", 0)),
+        activation_checkpoint_interval=int(plan["training"]["activation_checkpoint_interval"]),
         # non-reentrant: a stage whose input needs no gradient (token ids) still gets its
         # parameters' gradients; dropout masks are replayed exactly in the recomputation
         activation_checkpoint_func=functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False),

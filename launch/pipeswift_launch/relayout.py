@@ -78,16 +78,16 @@ def measured_profile(plan: Plan, layout: LayoutSpec, profiled: dict[str, Any],
                    tuple(params) if all(p is not None for p in params) else None,
                    tuple(acts) if all(a is not None for a in acts) else None,
                    int(layout["micro_batch_size"]), "measured", **over,
-                   precision=t.get("precision", "fp32"), zero_stage=int(t.get("zero_stage", 0)),
-                   recompute_interval=int(t.get("activation_checkpoint_interval", 0)),
+                   precision=t["precision"], zero_stage=int(t["zero_stage"]),
+                   recompute_interval=int(t["activation_checkpoint_interval"]),
                    saved_bytes=tuple(saved) if all(x is not None for x in saved) else None)
 
 
 def hardware(plan: Plan) -> Hardware:
     device = plan["device"]
-    return Hardware(device=device, device_memory=plan.get("device_memory") or DEFAULT_DEVICE_MEMORY[device],
-                    host_cores=plan.get("host_cores"), ranks_per_host=plan.get("ranks_per_host"),
-                    threads_per_rank=int(plan.get("cpus_per_task") or 1))
+    return Hardware(device=device, device_memory=plan["device_memory"] or DEFAULT_DEVICE_MEMORY[device],
+                    host_cores=plan["host_cores"], ranks_per_host=plan["ranks_per_host"],
+                    threads_per_rank=int(plan["cpus_per_task"]))
 
 
 def step_times(plan: Plan, profile: Profile) -> dict[int, float]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from pipeswift_slurm import events as events_schema
+from pipeswift_slurm.decide import requeue_left
 from pipeswift_slurm.plan import RELAYOUT_EXIT
 
 from . import checkpoint as ckpt
@@ -47,7 +48,7 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def _precision(t: dict[str, Any]) -> dict[str, Any]:
     """DeepSpeed's precision settings for [training] precision and zero_stage."""
-    precision, zero = t.get("precision", "fp32"), int(t.get("zero_stage", 0))
+    precision, zero = t["precision"], int(t["zero_stage"])
     if precision == "bf16":
         # ZeRO-1 + bf16: DeepSpeed's BF16 optimizer accumulates gradients in fp32 (bf16
         # accumulation over many micro-batches loses precision)
@@ -59,12 +60,12 @@ def _precision(t: dict[str, Any]) -> dict[str, Any]:
 
 def _scheduler(t: dict[str, Any], lr: float) -> dict[str, Any]:
     """Linear warm-up, then constant or cosine decay to lr x lr_min_ratio at the last step."""
-    warmup, decay = int(t.get("lr_warmup_steps", 0)), t.get("lr_decay", "constant")
+    warmup, decay = int(t["lr_warmup_steps"]), t["lr_decay"]
     if decay == "cosine":
         return {"scheduler": {"type": "WarmupCosineLR", "params": {
             "total_num_steps": int(t["steps"]), "warmup_num_steps": max(1, warmup),
             "warmup_min_ratio": 0.0 if warmup else 1.0, "warmup_type": "linear",
-            "cos_min_ratio": float(t.get("lr_min_ratio", 0.0))}}}
+            "cos_min_ratio": float(t["lr_min_ratio"])}}}
     if warmup:
         return {"scheduler": {"type": "WarmupLR", "params": {
             "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup,
@@ -77,22 +78,22 @@ def ds_config(plan: Plan, layout: LayoutSpec) -> dict[str, Any]:
     refuses ds_config keys pswift sets or cannot checkpoint)."""
     t = plan["training"]
     opt = {"type": "AdamW", "params": {"lr": 1e-3}}
-    opt = _deep_merge(opt, t.get("optimizer") or {})
+    opt = _deep_merge(opt, t["optimizer"])
     opt["params"].setdefault("torch_adam", True)  # FusedAdam would JIT-compile for a minute on CPU
     cfg = {
         "train_batch_size": t["global_batch_size"],
         "train_micro_batch_size_per_gpu": layout["micro_batch_size"],
         "gradient_accumulation_steps": layout["micro_batches"],
         "optimizer": opt,
-        "zero_optimization": {"stage": int(t.get("zero_stage", 0))},
+        "zero_optimization": {"stage": int(t["zero_stage"])},
         "steps_per_print": 10 ** 9,
         "wall_clock_breakdown": False,
         **_precision(t),
         **_scheduler(t, float(opt["params"]["lr"])),
     }
-    if t.get("gradient_clipping"):
+    if t["gradient_clipping"]:
         cfg["gradient_clipping"] = t["gradient_clipping"]
-    return _deep_merge(cfg, t.get("ds_config") or {})
+    return _deep_merge(cfg, t["ds_config"])
 
 
 @dataclass
@@ -149,9 +150,9 @@ def _refusal(plan: Plan, denv: DistEnv, layout: LayoutSpec | None) -> tuple[str,
     if layout is None or layout["world_size"] != denv.world_size:
         msg = (f"the job got {denv.nodes} node(s) / {denv.world_size} tasks but plan.json has layouts "
                f"for {sorted(plan['layouts'], key=int)} nodes"
-               + (f" ({plan['infeasible'][str(denv.nodes)]})" if str(denv.nodes) in plan.get("infeasible", {}) else ""))
+               + (f" ({plan['infeasible'][str(denv.nodes)]})" if str(denv.nodes) in plan["infeasible"] else ""))
         return "failed", msg, 2
-    if denv.attempt > int(plan.get("max_requeues", 3)):
+    if not requeue_left(denv.attempt - 1, plan["max_requeues"]):
         return ("requeue_budget", f"attempt {denv.attempt} exceeds max_requeues = {plan['max_requeues']}: "
                 f"not training again; raise [job] max_requeues and resubmit to continue from the last "
                 f"checkpoint", 3)
@@ -169,7 +170,7 @@ def _setup(att: Attempt) -> None:
     if plan["device"] != "cuda":
         ds_compat.skip_shm_build()
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    torch.set_num_threads(int(plan.get("cpus_per_task") or 1))
+    torch.set_num_threads(int(plan["cpus_per_task"]))
     if plan["device"] == "cuda":
         torch.cuda.set_device(denv.local_rank % max(1, torch.cuda.device_count()))
     deepspeed.init_distributed(dist_backend="nccl" if plan["device"] == "cuda" else "gloo")
@@ -178,7 +179,7 @@ def _setup(att: Attempt) -> None:
     rng.reseed(seed, 0, 0)  # every rank builds the same weights, whatever the model's code draws
     model = build_pipe(plan, layout)
     rng.reseed(seed, 0, denv.rank)
-    if plan["training"].get("gradient_clipping") and layout["stages"] > 1:
+    if plan["training"]["gradient_clipping"] and layout["stages"] > 1:
         ds_compat.mark_model_parallel(model.parameters())
     att.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                config=ds_config(plan, layout))
@@ -230,7 +231,7 @@ def _committed(att: Attempt, path: Path, step: int, reason: str, stall_s: float,
                phases: dict[str, float], background: bool) -> None:
     """After a commit: prune, the event, the line; ``stall_s``: what training waited for it."""
     if att.rank == 0:
-        ckpt.prune(att.ckpt_dir, int(att.plan["training"].get("keep_checkpoints") or 2))
+        ckpt.prune(att.ckpt_dir, int(att.plan["training"]["keep_checkpoints"]))
     att.ckpt_s = stall_s
     att.events.emit("checkpoint", step=step, path=str(path), seconds=round(stall_s, 3), reason=reason,
                     background=background, **{k: round(v, 4) for k, v in phases.items()})
@@ -269,10 +270,10 @@ def _train(att: Attempt) -> int:
     """Steps until the last one or a stop request every rank agrees on; returns the stop code."""
     plan, t, engine = att.plan, att.plan["training"], att.engine
     data_fn = data.source(plan)
-    data_kwargs = dict(plan["model"].get("kwargs") or {})
+    data_kwargs = dict(plan["model"]["kwargs"])
     m, mbs = att.layout["micro_batches"], att.layout["micro_batch_size"]
     dp_rank = engine.grid.data_parallel_id
-    steps, interval = int(t["steps"]), int(t.get("checkpoint_interval") or 0)
+    steps, interval = int(t["steps"]), int(t["checkpoint_interval"])
     # [stop code, re-profile: step times drifted, rank 0: a periodic checkpoint is due by time,
     #  a rank's background checkpoint is still being written]
     flag = torch.zeros(4, device=engine.device)
@@ -280,9 +281,9 @@ def _train(att: Attempt) -> int:
     stop_code = STOP_NONE
     run_dir = Path(plan["run_dir"])
     dog = Watchdog(run_dir, att.rank, os.environ.get("SLURMD_NODENAME", "local"),
-                   float(t.get("hang_timeout_factor", 10.0)), float(t.get("hang_timeout_min_s", 300.0)),
+                   float(t["hang_timeout_factor"]), float(t["hang_timeout_min_s"]),
                    lambda info: end_attempt(run_dir, plan, att.denv, info),
-                   launch=f"{att.denv.attempt}.{os.environ.get('SLURM_STEP_ID', 'local')}.{plan.get('revision', 0)}")
+                   launch=f"{att.denv.attempt}.{os.environ.get('SLURM_STEP_ID', 'local')}.{plan['revision']}")
     dog.start()
     profiler, timer = _profilers(att), InstructionTimer(engine, sync=plan["device"] == "cuda")
     first = att.step  # the profiling window counts from this attempt's first step
@@ -331,7 +332,7 @@ def _train(att: Attempt) -> int:
 def _checkpoint_every_s(att: Attempt) -> float:
     """checkpoint_interval = "auto": Young/Daly's seconds between periodic checkpoints on this
     node count, from the checkpoint cost measured in this launch (else the planner's estimate)."""
-    rec = att.plan.get("checkpoint_auto")
+    rec = att.plan["checkpoint_auto"]
     if not rec:
         return float("inf")
     from pipeswift_slurm import interval
@@ -341,7 +342,7 @@ def _checkpoint_every_s(att: Attempt) -> float:
 
 def _profilers(att: Attempt) -> LayerProfiler:
     return LayerProfiler(att.engine.module, sync=att.plan["device"] == "cuda",
-                         saved=not int(att.plan["training"].get("activation_checkpoint_interval", 0)))
+                         saved=not int(att.plan["training"]["activation_checkpoint_interval"]))
 
 
 def _step_end(att: Attempt, flag: Any, dog: Watchdog, interval: int, relayout: Any, watcher: Any,
@@ -394,8 +395,8 @@ def _finish(att: Attempt, stop_code: int) -> int:
 def model_id(plan: Plan) -> str:
     """What a checkpoint records of the model that wrote it: entry point, arguments, layers."""
     import hashlib
-    m = plan.get("model", {})
-    blob = json.dumps([m.get("entry"), m.get("kwargs"), m.get("num_layers")], sort_keys=True, default=str)
+    m = plan["model"]
+    blob = json.dumps([m["entry"], m["kwargs"], m["num_layers"]], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -478,9 +479,9 @@ def _relayout_proposal(att: Attempt, profiled: dict[str, Any], step_times: list[
     """Rank 0's re-layout proposal, the same on every rank (None: the TOML's explicit cut is
     the user's and stays)."""
     from . import relayout
-    if att.layout["partition"] == "explicit" or att.layout["stages"] == 1 or att.plan.get("rebalance") is False:
+    if att.layout["partition"] == "explicit" or att.layout["stages"] == 1 or not att.plan["rebalance"]:
         return None
-    done = sum(1 for r in att.plan.get("relayouts") or []
+    done = sum(1 for r in att.plan["relayouts"]
                if r.get("job_id") == att.denv.job_id and r.get("attempt") == att.denv.attempt)
     got: list[Any] = [None]
     if att.rank == 0:
@@ -497,13 +498,13 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
     measured (the cost model over each count's measured cut), else from the planner's."""
     from . import grow, relayout, signals
     plan, denv = att.plan, att.denv
-    interval = float(plan.get("grow_check_s") or 0)
+    interval = float(plan["grow_check_s"])
     counts = [int(n) for n in plan["layouts"]]
     if (att.rank != 0 or not interval or denv.job_id is None or denv.nodes >= max(counts)
-            or denv.attempt >= int(plan.get("max_requeues", 3)) - 1):
+            or not requeue_left(denv.attempt + 1, plan["max_requeues"])):   # keep one to spare
         return None
     from pipeswift_slurm import slurm
-    cpus = int(att.layout["tasks_per_node"]) * int(plan.get("cpus_per_task") or 1)
+    cpus = int(att.layout["tasks_per_node"]) * int(plan["cpus_per_task"])
     profile = relayout.measured_profile(plan, att.layout, profiled, att.boundaries)
     predicted = relayout.step_times(plan, profile) if profile is not None else None
     if predicted is not None:   # this count as it runs now, not as a re-cut would
@@ -514,7 +515,7 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
     def check() -> Any:
         state = slurm.cluster_state()
         own = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
-        free = grow.free_nodes(state, plan.get("partition"), cpus, own)
+        free = grow.free_nodes(state, plan["partition"], cpus, own)
         return grow.decide(plan, denv.nodes, free, step_times[-20:], int(plan["training"]["steps"]) - att.step,
                            att.setup_s + att.load_s, att.ckpt_s or 0.0, predicted)
 
@@ -572,8 +573,8 @@ def _ending(plan: Plan, denv: DistEnv, step: int, steps: int,
             reason = "preempted"
     if reason == "cancelled":
         return reason, None, 0
-    budget = int(plan.get("max_requeues", 3))
-    if denv.attempt >= budget:
+    budget = int(plan["max_requeues"])
+    if not requeue_left(denv.attempt, budget):
         _log(denv.rank, f"{reason} at step {step}, but this was attempt {denv.attempt} and "
                         f"max_requeues = {budget} is spent: not requeueing; raise [job] "
                         f"max_requeues and resubmit to continue from the checkpoint")
@@ -594,7 +595,7 @@ def _next_nodes(att: Attempt, reason: str) -> tuple[int | None, str]:
     """How many nodes the requeued attempt asks for (None: as this one did), and why: a growth's
     target, else what the cluster will have when it restarts (grow.requeue_target)."""
     plan, denv = att.plan, att.denv
-    if len(plan["layouts"]) < 2 or "-" not in str(plan.get("nodes_request")):
+    if len(plan["layouts"]) < 2 or "-" not in str(plan["nodes_request"]):
         return None, ""   # one layout, or a fixed request (it fixes the task count too)
     if reason == "grow" and att.grow_to:
         return att.grow_to, "growing"
@@ -606,7 +607,7 @@ def _next_nodes(att: Attempt, reason: str) -> tuple[int | None, str]:
     except Exception as e:   # cannot ask: the next attempt asks for what this one did
         return None, f"cannot read the cluster ({e})"
     mine = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
-    cpus = int(att.layout["tasks_per_node"]) * int(plan.get("cpus_per_task") or 1)
+    cpus = int(att.layout["tasks_per_node"]) * int(plan["cpus_per_task"])
     nodes, why = grow.requeue_target(plan, state, cpus, mine)
     asked = int(str(plan["nodes_request"]).split("-")[0])
     # an updated pending job starts on its range's minimum, a submitted one on as many as are

@@ -138,8 +138,9 @@ def end_attempt(run_dir: Path, plan: Plan, denv: Any, info: dict[str, Any]) -> N
         launchrec.hung(denv.rank, info["suspect_rank"] if info["certain"] else None,
                        info["suspect_node"] if info["certain"] else None, max(info["step"], 0), msg)
         os._exit(HUNG_EXIT)
-    budget = int(plan.get("max_requeues", 3))
-    requeue = denv.job_id is not None and denv.attempt < budget
+    from pipeswift_slurm.decide import requeue_left
+    budget = int(plan["max_requeues"])
+    requeue = denv.job_id is not None and requeue_left(denv.attempt, budget)
     from pipeswift_slurm import events
     events.append(run_dir, "end", denv.attempt, denv.job_id, reason="hung", step=max(info["step"], 0),
                   requeue=requeue, error=msg)
