@@ -206,9 +206,12 @@ torch.utils.checkpoint.checkpoint = lambda *a, **kw: (calls.append(1), real(*a, 
 ds_compat.skip_shm_build()
 deepspeed.init_distributed(dist_backend="gloo")
 interval = int(sys.argv[1])
-plan = {"model": {"dir": sys.argv[2], "entry": "model:build_layers", "kwargs": {"blocks": 2}},
+plan = {"model": {"dir": sys.argv[2], "entry": "model:build_layers", "kwargs": {"blocks": 2}, "loss": None,
+                  "num_layers": None},
         "training": {"seed": 1, "activation_checkpoint_interval": interval, "global_batch_size": 4,
-                     "steps": 1}}
+                     "steps": 1, "precision": "fp32", "zero_stage": 0, "lr_warmup_steps": 0,
+                     "lr_decay": "constant", "lr_min_ratio": 0.0, "optimizer": {}, "gradient_clipping": 0.0,
+                     "ds_config": {}}}
 layout = {"stages": 1, "boundaries": [0, 4], "partition": "uniform", "micro_batch_size": 2,
           "micro_batches": 2}
 model = pipe.build_pipe(plan, layout)
