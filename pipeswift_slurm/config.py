@@ -23,7 +23,7 @@ else:  # pragma: no cover
 
 from .errors import ConfigError
 from .numbers import finite
-from .settings import LIMITS, SECTIONS, Setting, keys, required, setting
+from .settings import LIMITS, SECTIONS, Setting, default, keys, required, setting
 _ENTRY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _TIME_RE = re.compile(
     r"^(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$"
@@ -310,10 +310,6 @@ def _generic(section: str, t: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _default(section: str, key: str) -> Any:
-    return setting(section, key).default
-
-
 #: [job] objective: expected JCT, or a quantile of its distribution (pipeswift_slurm.risk)
 OBJECTIVES: tuple[str, ...] = setting("job", "objective").choices
 
@@ -340,7 +336,7 @@ def _job(t: dict[str, Any]) -> JobSection:
         except ValueError:
             raise ConfigError(f"[job] time = {time!r} is not a Slurm time limit: use minutes, "
                               f"'H:MM:SS' or 'D-HH:MM:SS' (e.g. '0:30:00')") from None
-    opts = t.get("sbatch_options", list(_default("job", "sbatch_options")))
+    opts = t.get("sbatch_options", list(default("job", "sbatch_options")))
     if not isinstance(opts, list):
         raise ConfigError(f"[job] sbatch_options must be an array of strings like '--qos=high', "
                           f"got {_type_name(opts)} {opts!r}")
@@ -350,13 +346,13 @@ def _job(t: dict[str, Any]) -> JobSection:
             raise ConfigError(f"[job] sbatch_options entry {o!r} must be an sbatch option "
                               f"starting with '-' (e.g. '--qos=high')")
     return JobSection(**_generic("job", t), time=time, sbatch_options=tuple(opts),
-                      grow_check_s=_grow_check(t.get("grow_check_s", _default("job", "grow_check_s"))))
+                      grow_check_s=_grow_check(t.get("grow_check_s", default("job", "grow_check_s"))))
 
 
 def _resources(t: dict[str, Any]) -> ResourcesSection:
     _check_keys("resources", t, keys("resources"), required("resources"))
     fields = _generic("resources", t)
-    nodes = t.get("nodes", _default("resources", "nodes"))
+    nodes = t.get("nodes", default("resources", "nodes"))
     if isinstance(nodes, list):
         if len(nodes) != 2:
             raise ConfigError(f"[resources] nodes = {nodes!r} must be an integer or a [min, max] pair")
@@ -407,7 +403,7 @@ def _model(t: dict[str, Any], base_dir: Path) -> ModelSection:
                           "; give one value per layer")
     return ModelSection(
         entry=_entry("model", "entry", t["entry"], base_dir),
-        kwargs=_table("model", "kwargs", t.get("kwargs", dict(_default("model", "kwargs")))),
+        kwargs=_table("model", "kwargs", t.get("kwargs", dict(default("model", "kwargs")))),
         loss=_entry("model", "loss", t["loss"], base_dir) if "loss" in t else None,
         num_layers=num_layers, layer_costs=costs, layer_memory=mem,
     )
@@ -515,7 +511,7 @@ def _micro_batch_sizes(v: Any, gbs: int) -> tuple[int, ...]:
 def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
     _check_keys("training", t, keys("training"), required("training"))
     fields = _generic("training", t)
-    opt = _table("training", "optimizer", t.get("optimizer", dict(_default("training", "optimizer"))))
+    opt = _table("training", "optimizer", t.get("optimizer", dict(default("training", "optimizer"))))
     if opt:
         _check_keys("training.optimizer", opt, ("type", "params"))
         _str("training.optimizer", "type", opt.get("type", "AdamW"))
@@ -533,7 +529,7 @@ def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
                           f"{{{gbs // mbs * mbs or mbs}, {(gbs // mbs + 1) * mbs}}}")
     return TrainingSection(
         **fields, micro_batch_size=mbs, data=_data(t["data"], base_dir), optimizer=opt,
-        ds_config=_ds_config(t.get("ds_config", dict(_default("training", "ds_config")))),
+        ds_config=_ds_config(t.get("ds_config", dict(default("training", "ds_config")))),
         checkpoint_dir=ckpt_dir, micro_batch_sizes=options)
 
 
@@ -549,7 +545,7 @@ def _int_or_auto(section: str, key: str, v: Any, lo: int = 1) -> int | str:
 def _pipeline(t: dict[str, Any]) -> PipelineSection:
     _check_keys("pipeline", t, keys("pipeline"), required("pipeline"))
     fields = _generic("pipeline", t)
-    part = t.get("partition", _default("pipeline", "partition"))
+    part = t.get("partition", default("pipeline", "partition"))
     if isinstance(part, list):
         b = [_int("pipeline", "partition", x, lo=0) for x in part]
         if len(b) < 2 or b[0] != 0 or any(x >= y for x, y in zip(b, b[1:])):
