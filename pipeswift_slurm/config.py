@@ -233,8 +233,8 @@ def _table(section: str, key: str, v: Any) -> dict[str, Any]:
     return v
 
 
-def _entry(section: str, key: str, v: Any, base_dir: Path) -> str:
-    v = _str(section, key, v)
+def _entry(section: str, key: str, raw: Any, base_dir: Path) -> str:
+    v = _str(section, key, raw)
     if not _ENTRY_RE.match(v):
         raise ConfigError(f"{_where(section, key)} = {v!r} must look like 'module:function' "
                           f"(e.g. 'model:build_layers')")
@@ -253,10 +253,11 @@ def slurm_time_seconds(text: str) -> int:
     m = _TIME_RE.match(text.strip())
     if not m:
         raise ValueError(text)
-    d, a, b, c = (int(x) if x is not None else None for x in m.group("d", "a", "b", "c"))
+    d, b, c = (int(x) if x is not None else None for x in m.group("d", "b", "c"))
+    a = int(m.group("a"))          # the one number every form has
     if d is not None:  # D-H[:M[:S]]
         return ((d * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
-    if c is not None:  # H:M:S
+    if c is not None and b is not None:  # H:M:S
         return (a * 60 + b) * 60 + c
     if b is not None:  # M:S
         return a * 60 + b

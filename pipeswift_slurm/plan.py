@@ -13,10 +13,10 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from . import __version__
-from .config import TrainConfig
+from .config import TrainConfig, TrainingSection
 from .errors import ConfigError
 from .layouts import Layout, rule_layouts
 
@@ -137,7 +137,9 @@ def _chosen(cfg: TrainConfig, planned: "PlanResult") -> dict[str, Any]:
     """plan.json's layouts, rejections, prediction and node request from the planner's result."""
     best = planned.best_per_nodes()
     ch = planned.chosen
-    e = ch.estimate
+    if ch is None:
+        raise ValueError("no layout was chosen: nothing to write in plan.json")
+    e = ch.est
     return {
         "layouts": {str(n): c.layout._asdict() for n, c in sorted(best.items())},
         "infeasible": {str(c.nodes): c.rejected for c in planned.candidates
@@ -173,19 +175,18 @@ def _sections(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
         "model": {"dir": str(cfg.base_dir), "entry": m.entry, "kwargs": m.kwargs, "loss": m.loss,
                   "num_layers": cfg.layer_count,
                   "layer_costs": list(m.layer_costs) if m.layer_costs else None},
-        "training": {
-            "steps": t.steps, "global_batch_size": t.global_batch_size,
-            "micro_batch_size": t.micro_batch_size, "data": t.data, "seed": t.seed,
-            "optimizer": t.optimizer, "ds_config": t.ds_config,
-            "gradient_clipping": t.gradient_clipping, "precision": t.precision,
-            "zero_stage": t.zero_stage, "activation_checkpoint_interval": t.activation_checkpoint_interval,
-            "lr_warmup_steps": t.lr_warmup_steps, "lr_decay": t.lr_decay, "lr_min_ratio": t.lr_min_ratio,
-            "checkpoint_dir": str(t.checkpoint_dir or run_dir / "checkpoints"),
-            "checkpoint_interval": t.checkpoint_interval if isinstance(t.checkpoint_interval, int) else 0,
-            "keep_checkpoints": t.keep_checkpoints,
-            "hang_timeout_factor": t.hang_timeout_factor, "hang_timeout_min_s": t.hang_timeout_min_s,
-        },
+        "training": _training_section(t, run_dir),
     }
+
+
+def _training_section(t: TrainingSection, run_dir: Path) -> dict[str, Any]:
+    """plan.json's training section: the travelling settings (pipeswift_slurm.settings), with the
+    checkpoint folder made absolute and "auto"'s interval left to checkpoint_auto."""
+    from .settings import travelling
+    section = {s.key: getattr(t, s.key) for s in travelling("training")}
+    section["checkpoint_dir"] = str(t.checkpoint_dir or run_dir / "checkpoints")
+    section["checkpoint_interval"] = t.checkpoint_interval if isinstance(t.checkpoint_interval, int) else 0
+    return section
 
 
 def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
@@ -204,7 +205,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         chosen = _chosen(cfg, planned)
     j = cfg.job
     run_dir = Path(run_dir).resolve()
-    return {
+    doc: dict[str, Any] = {
         "version": PLAN_VERSION,
         "pswift_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -228,6 +229,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         "relayouts": [],
         "checkpoint_auto": _checkpoint_auto(cfg, planned),
     }
+    return cast(Plan, doc)   # its keys: tests/test_settings.py and runnable()
 
 
 def _checkpoint_auto(cfg: TrainConfig, planned: "PlanResult | None") -> dict[str, Any] | None:
@@ -238,7 +240,7 @@ def _checkpoint_auto(cfg: TrainConfig, planned: "PlanResult | None") -> dict[str
     from .costmodel import checkpoint_seconds
     if planned is None or planned.chosen is None:
         return {**interval.Interruptions().record(), "cost_s": checkpoint_seconds(None)}
-    every = {str(n): (None if math.isinf(c.estimate.checkpoint_every_s) else round(c.estimate.checkpoint_every_s, 3))
+    every = {str(n): (None if math.isinf(c.est.checkpoint_every_s) else round(c.est.checkpoint_every_s, 3))
              for n, c in sorted(planned.best_per_nodes().items())}
     return {**planned.interruptions.record(), "cost_s": planned.checkpoint_cost_s, "every_s": every}
 
@@ -285,7 +287,7 @@ def runnable(plan: Plan, where: str = "plan.json") -> Plan:
     """``plan`` when it has every key a job reads, each of its type: the launcher's one check,
     after which it reads plan data without defaults (one line when something is wrong)."""
     from .settings import travelling
-    needed = [(plan, key, kinds) for key, kinds in _NEEDED.items()]
+    needed: list[tuple[Any, str, tuple[type, ...]]] = [(plan, key, kinds) for key, kinds in _NEEDED.items()]
     needed += [(plan, s.key, s.plan_types()) for s in travelling("top")]
     training = plan.get("training")
     needed += [(training, s.key, s.plan_types()) for s in travelling("training")]

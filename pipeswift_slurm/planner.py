@@ -59,6 +59,13 @@ class Candidate:
     #: rejected only because the cluster as it is now would never start it (it may later)
     never_starts: bool = False
 
+    @property
+    def est(self) -> Estimate:
+        """The estimate of a candidate the planner kept (a rejected one has none)."""
+        if self.estimate is None:
+            raise ValueError(f"{self.layout.nodes} node(s): rejected ({self.rejected}), no estimate")
+        return self.estimate
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name == "layout":
             raise AttributeError(name)
@@ -215,7 +222,7 @@ def _calibrate(cands: list[Candidate], profile: Profile, hw: Hardware, history: 
                                               c.data_parallel, c.tasks_per_node, tuned_hw).step_s
             c.estimate.step_source = "calibrated"
     for c, got in measured:
-        c.estimate.step_s, c.estimate.step_source = got, "measured"
+        c.est.step_s, c.est.step_source = got, "measured"
     return calibration
 
 
@@ -236,7 +243,7 @@ def _wait(cfg: TrainConfig, c: Candidate, cluster: ClusterState | None, history:
 
 def _band(cfg: TrainConfig, c: Candidate, history: PastRuns, live: bool, step_key: Any) -> None:
     """The candidate's JCT percentiles from its estimate and what the history knows."""
-    t, e = cfg.training, c.estimate
+    t, e = cfg.training, c.est
     terms = risk.JctTerms(
         queue_s=e.queue_s, setup_s=e.setup_s, steps=t.steps, step_s=e.step_s,
         checkpoint_s=e.checkpoint_s, step_source=e.step_source,
@@ -251,7 +258,7 @@ def _band(cfg: TrainConfig, c: Candidate, history: PastRuns, live: bool, step_ke
 
 def score(c: Candidate, objective: str) -> float:
     """What the planner minimises for a feasible candidate ([job] objective)."""
-    e = c.estimate
+    e = c.est
     got = {"mean": e.jct_s, "p50": e.jct_p50_s, "p90": e.jct_p90_s}[objective]
     return e.jct_s if got is None else got
 
@@ -263,8 +270,8 @@ BANDED = 32
 
 def _rank(cfg: TrainConfig, ok: list[Candidate], history: PastRuns, live: bool, step_key: Any) -> list[Candidate]:
     """Feasible candidates in the objective's order; the best by mean get their JCT bands."""
-    ok = sorted(ok, key=lambda c: (c.estimate.jct_s, -c.nodes))
-    firsts = {}
+    ok = sorted(ok, key=lambda c: (c.est.jct_s, -c.nodes))
+    firsts: dict[int, Candidate] = {}
     for c in ok:
         firsts.setdefault(c.nodes, c)
     top = {id(c) for c in ok[:BANDED]}
@@ -281,7 +288,7 @@ def _rank(cfg: TrainConfig, ok: list[Candidate], history: PastRuns, live: bool, 
 def _complete(cfg: TrainConfig, c: Candidate, w: WaitEstimate, setup: float, ckpt_s: float,
               history: PastRuns) -> None:
     """Fill the candidate's JCT terms around its step time."""
-    t, e = cfg.training, c.estimate
+    t, e = cfg.training, c.est
     e.queue_s, e.queue_why = w.seconds, w.why
     e.setup_s = setup
     e.train_s = t.steps * e.step_s
@@ -323,7 +330,7 @@ def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState
 
 def checkpoint_line(res: PlanResult, c: Candidate) -> str:
     """How often the chosen layout checkpoints, why, and what interruptions are expected to cost."""
-    e, inter = c.estimate, res.interruptions
+    e, inter = c.est, res.interruptions
     every = "only on a signal and at the end" if math.isinf(e.checkpoint_every_s) else \
         f"every {duration(e.checkpoint_every_s)} of training (~{max(1, round(e.checkpoint_every_s / e.step_s))} steps)"
     mtbf = inter.mtbf_s(c.nodes)
@@ -337,7 +344,7 @@ def explain(res: PlanResult) -> str:
     c = res.chosen
     if c is None:
         return "no feasible candidate: " + "; ".join(sorted({x.rejected or "" for x in res.candidates}))
-    e = c.estimate
+    e = c.est
     lines = [f"chosen: {c.nodes} node(s), {c.stages} stage(s) x {c.data_parallel} dp, m={c.micro_batches} "
              f"x {c.micro_batch_size}, "
              f"boundaries {c.boundaries}: JCT {duration(e.jct_s)} = queue {duration(e.queue_s)} + setup {duration(e.setup_s)} "
@@ -350,7 +357,8 @@ def explain(res: PlanResult) -> str:
     for n, o in sorted(best.items()):
         if n == c.nodes:
             continue
-        d = o.estimate.jct_s - e.jct_s
-        lines.append(f"vs {n} node(s): JCT {duration(o.estimate.jct_s)} ({'+' if d >= 0 else ''}{duration(d)}): "
-                     f"queue {duration(o.estimate.queue_s)} ({o.estimate.queue_why}), train {duration(o.estimate.train_s)}")
+        oe = o.est
+        d = oe.jct_s - e.jct_s
+        lines.append(f"vs {n} node(s): JCT {duration(oe.jct_s)} ({'+' if d >= 0 else ''}{duration(d)}): "
+                     f"queue {duration(oe.queue_s)} ({oe.queue_why}), train {duration(oe.train_s)}")
     return "\n".join(lines)

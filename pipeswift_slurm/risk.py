@@ -24,7 +24,7 @@ import math
 import random
 from typing import NamedTuple, Sequence
 
-from .stats import quantile
+from .stats import quantiles
 
 SAMPLES = 2000
 #: relative sd of the step time when the history has too few past predictions to measure it:
@@ -97,7 +97,9 @@ def jct_samples(t: JctTerms, n: int = SAMPLES, seed: int = 0) -> list[float]:
 
 def jct_band(t: JctTerms, seed: int = 0) -> Band:
     xs = jct_samples(t, seed=seed)
-    return Band(*(float(quantile(xs, q)) for q in (0.1, 0.5, 0.9)))
+    p10, p50, p90 = quantiles(xs, (0.1, 0.5, 0.9), clean=True)   # xs is never empty: t.n >= 1
+    assert p10 is not None and p50 is not None and p90 is not None
+    return Band(p10, p50, p90)
 
 
 def band_coverage(rows: Sequence[tuple[float | None, float | None, float | None]]) -> tuple[int, int]:

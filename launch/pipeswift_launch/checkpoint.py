@@ -312,7 +312,8 @@ class Pending:
         self.path, self.step, self.meta = ckpt_dir / tag_for(step), step, meta
         self.path.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        blob = _stage_blob(engine)   # a collective over the stage's data-parallel ranks: all call it
+        # a collective over the stage's data-parallel ranks: all call it; one of them writes
+        blob: dict[str, Any] | None = _stage_blob(engine)
         blob = _snapshot(blob) if engine.grid.data_parallel_id == 0 else None
         self.generators = rng.capture()
         self.stall_s = time.perf_counter() - t0
