@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from . import history as hist_mod
 from . import interval
@@ -21,7 +21,7 @@ from .errors import ConfigError, PswiftError
 from .risk import step_rel_sd
 from .planner import Candidate, PastRuns, PlanResult, plan
 from .queue import ClusterState, partition_problem
-from .stats import median
+from .stats import median, median_of
 
 Warn = Callable[[str], None]
 
@@ -47,9 +47,13 @@ def _layer_costs(cfg: TrainConfig, h: hist_mod.History | None) -> Profile | None
         if got is not None and (n is None or len(got[1]) == n):
             mbs, secs, params, acts, saved = got
             over = h.pipe_overheads(_model_key(cfg), mbs) or {}
+            known = [x for x in saved if x is not None]
             return Profile(tuple(secs), tuple(params) if any(params) else None,
-                           tuple(acts) if any(acts) else None, mbs, "history", **over,
-                           saved_bytes=tuple(saved) if all(x is not None for x in saved) else None)
+                           tuple(acts) if any(acts) else None, mbs, "history",
+                           overhead_s=over.get("overhead_s", 0.0),
+                           last_stage_overhead_s=over.get("last_stage_overhead_s", 0.0),
+                           send_s=over.get("send_s", 0.0), step_overhead_s=over.get("step_overhead_s"),
+                           saved_bytes=tuple(known) if len(known) == len(saved) else None)
     if cfg.model.layer_costs is not None:
         return Profile(cfg.model.layer_costs, cfg.model.layer_memory, None,
                        cfg.training.micro_batch_size, "toml")
@@ -81,7 +85,7 @@ def past_runs(cfg: TrainConfig, h: hist_mod.History | None) -> PastRuns:
     return PastRuns(step_times={k: v["mean"] for k, v in measured.items()},
                     step_vars={k: v["var"] for k, v in measured.items()},
                     setup_s=median(setups) if setups else None, setup_samples=setups,
-                    waits={n: median(w) for n, w in samples.items()}, wait_samples=samples,
+                    waits={n: median_of(w) for n, w in samples.items() if w}, wait_samples=samples,
                     interruptions=interval.smoothed(*h.failures(cfg.job.partition, user=runrows.current_user()),
                                                     h.preemptions_per_hour(cfg.job.partition)),
                     step_rel_sd=step_rel_sd(errors))
@@ -100,12 +104,12 @@ def step_key_for(cfg: TrainConfig) -> Callable[[Candidate], str]:
 
 
 def make_plan(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn,
-              test_only: bool = False, learn: bool = True) -> tuple[PlanResult | None, list[dict]]:
+              test_only: bool = False, learn: bool = True) -> tuple[PlanResult | None, list[dict[str, Any]]]:
     """The planner's result (None without any per-layer costs) and the model's recent errors.
     ``learn``: first ingest the runs that ended since (a submission); a read-only command (plan,
     a dry run) writes nothing and makes no database."""
     h = hist_mod.safe_open(db, warn, create=learn)
-    errors: list[dict] = []
+    errors: list[dict[str, Any]] = []
     try:
         if h is not None:
             try:
@@ -130,7 +134,7 @@ def make_plan(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn,
             warn("warning: no per-layer costs (no [model] layer_costs and no profile in the "
                  "history): using one stage per task slot; run the job once to profile it")
             return None, errors
-        starts = None
+        starts: dict[int, float | None] | None = None
         if test_only and cluster is not None:
             r = cfg.resources
             starts = {}

@@ -80,12 +80,12 @@ def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file:
             msgs.append(f"{len(recs)} jobcomp line(s) ({h.add_slurm_records(recs, 'filetxt')} new)")
         if use_sacct:
             cluster = slurm.cluster_name()
-            recs = slurm.sacct_jobs(since=h.sacct_since(cluster))
-            if recs is None:
+            sacct_recs = slurm.sacct_jobs(since=h.sacct_since(cluster))
+            if sacct_recs is None:
                 _warn("warning: `sacct --json` gave nothing (no slurmdbd here?); use --jobcomp-file")
             else:
-                new = h.add_sacct(cluster, recs)
-                msgs.append(f"{len(recs)} sacct record(s) of cluster {cluster} ({new} new)")
+                new = h.add_sacct(cluster, sacct_recs)
+                msgs.append(f"{len(sacct_recs)} sacct record(s) of cluster {cluster} ({new} new)")
         total = h.db["slurm_jobs"].count, h.db["jobs"].count
     finally:
         h.close()

@@ -17,7 +17,7 @@ from .errors import PswiftError
 class CLIError(click.ClickException):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code = exit_code  # type: ignore[misc]  # click declares a class default only
 
 
 def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:

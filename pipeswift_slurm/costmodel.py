@@ -23,7 +23,7 @@ from typing import NamedTuple, Sequence
 
 from .partition import balanced_boundaries
 from .simulate import closed_form_1f1b, simulate, simulate_shared_1f1b, stage_times
-from .stats import median
+from .stats import median_of
 
 #: bytes per parameter byte held by training: weights + gradients + Adam's two moments (fp32)
 TRAIN_STATE_FACTOR = 4
@@ -192,7 +192,7 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
                  else TRAIN_STATE_FACTOR * max(params) / hw.optimizer_bandwidth)
     makespan = sim.step_time
     ranks = hw.ranks_per_host or tasks_per_node
-    if exact and oversubscribed(P, data_parallel, tasks_per_node, hw) and data_parallel == 1:
+    if exact and hw.host_cores and oversubscribed(P, data_parallel, tasks_per_node, hw) and data_parallel == 1:
         # more busy ranks than cores on a host: the stages sharing it slow each other down
         # while they overlap (processor sharing over the same 1F1B graph), and the host loses
         # some of its time to switching between them (measured: roughly a constant share)
@@ -247,8 +247,9 @@ def calibrate(profile: Profile, measured: list[Measured], hw: Hardware) -> Calib
     first = ratios(profile, plain)
     if not first:
         return Calibration()
-    scale = median(first)
-    scale *= median(ratios(profile.scaled(scale), plain))  # transfer latency does not scale
+    scale = median_of(first)
+    again = ratios(profile.scaled(scale), plain)
+    scale *= median_of(again) if again else 1.0  # transfer latency does not scale
     effs = []
     if plain is not over:
         # step = shared makespan / efficiency + per-step work: two estimates separate the parts
@@ -259,7 +260,7 @@ def calibrate(profile: Profile, measured: list[Measured], hw: Hardware) -> Calib
             shared = estimate_step(tuned, bounds, m, mbs, dp, tpn, half).step_s - whole
             if shared > 0 and seconds > whole - shared:
                 effs.append(shared / (seconds - (whole - shared)))
-    eff = min(2.0, max(0.2, median(sorted(effs)))) if effs else 1.0
+    eff = min(2.0, max(0.2, median_of(sorted(effs)))) if effs else 1.0
     return Calibration(scale, eff, len(measured), len(over))
 
 

@@ -16,7 +16,7 @@ import re
 import sqlite3
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from . import events as events_mod
 from . import eventfold, history_views, userfiles
@@ -210,9 +210,9 @@ class History(Queries):
             conn.execute("DELETE FROM temp.touched")
             conn.execute("DELETE FROM temp.incoming")
             conn.executemany("INSERT OR IGNORE INTO temp.incoming VALUES (?, ?, ?)", keys)
-            known = conn.execute("SELECT COUNT(*) FROM temp.incoming i JOIN slurm_jobs s ON "
-                                 "s.cluster = i.cluster AND s.job_id = i.job_id AND "
-                                 "s.start = i.start").fetchone()[0]
+            known: int = conn.execute("SELECT COUNT(*) FROM temp.incoming i JOIN slurm_jobs s ON "
+                                      "s.cluster = i.cluster AND s.job_id = i.job_id AND "
+                                      "s.start = i.start").fetchone()[0]
             conn.executemany(_UPSERT, [tuple(r[c] for c in _COLS) for r in rows])
             conn.executemany("INSERT OR IGNORE INTO temp.touched VALUES (?, ?)",
                              {(r["cluster"], r["job_id"]) for r in rows})
@@ -483,7 +483,10 @@ def _db_error(path: Path, e: sqlite3.Error) -> HistoryError:
     return HistoryError(f"history database {path}: {e}")
 
 
-def _guarded(cls: type) -> type:
+_C = TypeVar("_C", bound=type)
+
+
+def _guarded(cls: _C) -> _C:
     """Every public method of History raises HistoryError (one line), never sqlite3's errors."""
     import functools
 
@@ -501,7 +504,7 @@ def _guarded(cls: type) -> type:
     return cls
 
 
-History = _guarded(History)
+History = _guarded(History)  # type: ignore[misc]  # the same class, its methods wrapped in place
 
 
 def _create_private(path: Path) -> None:

@@ -42,7 +42,7 @@ def _launch_once(plan: Plan, plan_path: str, nodes: int, grace_s: float, relayou
     layout = plan["layouts"][str(nodes)]
     world = int(layout["world_size"])
     port = str(_free_port())
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
     for r in range(world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world),
                    LOCAL_RANK=str(r % layout["tasks_per_node"]), MASTER_ADDR="127.0.0.1",
@@ -73,7 +73,7 @@ def _launch_once(plan: Plan, plan_path: str, nodes: int, grace_s: float, relayou
             signal.signal(s, h)
 
 
-def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+def _stop(procs: list[subprocess.Popen[bytes]], grace_s: float) -> None:
     for p in procs:
         if p.poll() is None:
             p.terminate()

@@ -30,8 +30,9 @@ RELAYOUT_EXIT = 75
 MAX_RELAYOUTS = 2
 
 
-#: one node count's layout: :class:`~pipeswift_slurm.layouts.Layout` as JSON (its fields, one home)
-LayoutSpec = TypedDict("LayoutSpec", dict(Layout.__annotations__))  # type: ignore[misc]
+#: one node count's layout: :class:`~pipeswift_slurm.layouts.Layout` as JSON, its keys Layout's
+#: fields (one home: a TypedDict here would repeat them)
+LayoutSpec = dict[str, Any]
 
 
 class ModelSpec(TypedDict):
@@ -81,6 +82,8 @@ class Plan(TypedDict):
     device: str
     cpus_per_task: int
     max_requeues: int
+    #: when `pswift sbatch` handed the job to Slurm (epoch s; None: planned, not submitted)
+    submitted_at: float | None
     #: restarts of the ranks inside one allocation after a crash, per attempt
     max_restarts: int
     #: seconds between rank 0's checks whether growing to more nodes pays (0: never)
@@ -226,6 +229,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         **_sections(cfg, run_dir),
         **chosen,
         "revision": 0,
+        "submitted_at": None,
         "relayouts": [],
         "checkpoint_auto": _checkpoint_auto(cfg, planned),
     }
@@ -260,7 +264,7 @@ def relaid_out(plan: Plan, cuts: dict[str, list[int]], record: dict[str, Any]) -
     attempts, on any node count, start from the measured cut."""
     layouts = {n: ({**lay, "boundaries": list(cuts[n]), "partition": "measured"} if n in cuts else lay)
                for n, lay in plan["layouts"].items()}
-    return {**plan, "layouts": layouts, "revision": int(plan.get("revision") or 0) + 1,  # type: ignore[typeddict-item]
+    return {**plan, "layouts": layouts, "revision": int(plan.get("revision") or 0) + 1,
             "relayouts": [*(plan.get("relayouts") or []), record]}
 
 

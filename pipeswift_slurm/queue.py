@@ -84,7 +84,8 @@ def exclusions(old: list[str], exclude: str, usable: set[str], needed: int) -> l
     job left itself too few and waited forever); ``exclude`` itself only when that leaves
     enough. The list may shrink, to nothing."""
     keep = [x for x in old if x != exclude]
-    left = lambda xs: len(usable - set(xs))   # noqa: E731
+    def left(xs: list[str]) -> int:
+        return len(usable - set(xs))
     while keep and left([*keep, exclude]) < needed:
         keep.pop(0)
     if left([*keep, exclude]) >= needed:
@@ -112,9 +113,9 @@ def estimate_wait(state: ClusterState, nodes: int, cpus_per_node: int,
     for j in state.running:
         for n in j.nodes:
             busy_until[n] = max(busy_until.get(n, state.now), j.end_time)
-    free_at = {}
-    for n in usable:
-        free_at[n.name] = state.now if n.idle_cpus >= cpus_per_node else busy_until.get(n.name, math.inf)
+    free_at: dict[str, float] = {}
+    for node in usable:
+        free_at[node.name] = state.now if node.idle_cpus >= cpus_per_node else busy_until.get(node.name, math.inf)
     free_now = sum(1 for t in free_at.values() if t <= state.now)
     ahead = 0
     for p in state.pending:
@@ -122,7 +123,7 @@ def estimate_wait(state: ClusterState, nodes: int, cpus_per_node: int,
             continue
         if p.node_count > len(free_at):
             continue
-        order = sorted(free_at, key=free_at.get)[: p.node_count]
+        order = sorted(free_at, key=free_at.__getitem__)[: p.node_count]
         start = max(free_at[n] for n in order)
         if math.isinf(start):
             continue

@@ -108,7 +108,7 @@ def _ints(v: Any) -> str | None:
         isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**31 for x in v) else None
 
 
-def parse_plan(blob: bytes | None) -> dict[str, Any] | None:
+def parse_plan(blob: bytes | None) -> "Plan | None":
     """The run's plan through plan.py's reader, or None when it has none that reads."""
     from .plan import parse_plan as read
     if blob is None:
@@ -126,8 +126,9 @@ def rows(run: str, files: RunFiles, owner: Owner, fold: eventfold.Fold | None = 
     if plan is None:
         return None
     job_id = owner.job_id
-    if job_id is None and files.data.get("JOB_ID"):
-        text = files.data["JOB_ID"].decode("ascii", "replace").strip()
+    job_id_file = files.data.get("JOB_ID")
+    if job_id is None and job_id_file:
+        text = job_id_file.decode("ascii", "replace").strip()
         job_id = text if _JOB_ID.match(text) else None
     if fold is None:
         fold = eventfold.read_attempts(files.data.get("events.jsonl") or b"")
@@ -181,7 +182,8 @@ def _start(a: dict[str, Any], ev: dict[str, Any], mkey: str) -> None:
         a["start_time"] = ev["time"] - ev["setup_s"]
 
 
-def _profile(ev: dict[str, Any], mkey: str, profiles: list, overheads: list) -> None:
+def _profile(ev: dict[str, Any], mkey: str, profiles: list[dict[str, Any]],
+             overheads: list[dict[str, Any]]) -> None:
     t = ev["time"]
     for layer, sec in ev["seconds"].items():
         profiles.append({"model_key": mkey, "micro_batch_size": ev["micro_batch_size"],
@@ -201,7 +203,8 @@ def _profile(ev: dict[str, Any], mkey: str, profiles: list, overheads: list) -> 
                              "stages": len(bounds) - 1, "micro_batches": int(m), **o, "updated": t}]
 
 
-def _attempt_row(a: dict[str, Any], mkey: str, profiles: list, overheads: list) -> dict[str, Any]:
+def _attempt_row(a: dict[str, Any], mkey: str, profiles: list[dict[str, Any]],
+                 overheads: list[dict[str, Any]]) -> dict[str, Any]:
     """One attempt's row (eventfold.by_attempt's grouping) with its step-time statistics. After an
     in-job re-layout the row holds the last layout and that layout's steps only (the planner
     learns each configuration's own step time); setup and load add up over the launches."""

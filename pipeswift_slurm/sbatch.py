@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 from . import __version__
 from .config import TrainConfig
@@ -154,7 +154,7 @@ SBATCH_SHORT = {"A": "account", "a": "array", "b": "begin", "D": "chdir", "M": "
                 "p": "partition", "q": "qos", "t": "time"}
 
 
-def sbatch_options(args: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
+def sbatch_options(args: Sequence[str]) -> list[tuple[str, str]]:
     """(long name, as given) of each option in ``args`` as sbatch's getopt_long reads them: an
     exact name or a unique prefix (``--part=high`` is --partition), a value in the next argument
     consumed by an option that takes one (``--comment --nodes=3`` is a comment), short options
@@ -205,7 +205,7 @@ BREAKS = {
 }
 
 
-def planned_option(args: tuple[str, ...] | list[str]) -> str | None:
+def planned_option(args: Sequence[str]) -> str | None:
     """Why the sbatch arguments given after `--` cannot go with the plan, or None; the
     arguments are read as sbatch reads them (:func:`sbatch_options`)."""
     for name, given in sbatch_options(args):

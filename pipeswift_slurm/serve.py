@@ -9,7 +9,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .errors import PswiftError
 
@@ -264,7 +264,7 @@ def _datasette_args(db_path: Path, meta: str, host: str, port: int, everyone: bo
             "--setting", "facet_time_limit_ms", "1000", *([] if everyone else ["--root"])]
 
 
-def _become_datasette(db_path: Path, host: str, port: int, everyone: bool) -> None:
+def _become_datasette(db_path: Path, host: str, port: int, everyone: bool) -> NoReturn:
     """Become Datasette on the database (read-only) with the metadata: exec, so a signal to this
     process reaches the server itself and nothing is left behind (the metadata is an unlinked
     temporary file, open on an inherited descriptor). Unless ``everyone``, Datasette prints a

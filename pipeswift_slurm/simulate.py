@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
@@ -51,7 +51,7 @@ class SimResult:
     peak_in_flight: list[int]
     ops: list[Op] = field(repr=False, default_factory=list)
 
-    def to_dict(self, with_ops: bool = False) -> dict:
+    def to_dict(self, with_ops: bool = False) -> dict[str, Any]:
         d = {"schedule": self.schedule, "stages": self.devices, "micro_batches": self.micro_batches,
              "chunks": self.chunks, "step_time": self.step_time, "bubble_ratio": self.bubble_ratio,
              "per_stage": [{"stage": s, "busy": self.busy[s], "idle": self.idle[s],
@@ -352,7 +352,7 @@ def simulate_shared_1f1b(fwd: Sequence[float], bwd: Sequence[float], micro_batch
     dur = {"F": list(fwd), "B": list(bwd)}
     done: dict[tuple[str, int, int], float] = {}
     ptr = [0] * P
-    remaining = [None] * P  # work left of the running op, None = not started
+    remaining: dict[int, float] = {}  # work left of each device's running op (absent: none running)
     now = 0.0
     free_at = [0.0] * P
 
@@ -363,19 +363,19 @@ def simulate_shared_1f1b(fwd: Sequence[float], bwd: Sequence[float], micro_batch
     left = sum(len(o) for o in orders)
     while left:
         for d in range(P):
-            if remaining[d] is None and ptr[d] < len(orders[d]):
+            if d not in remaining and ptr[d] < len(orders[d]):
                 t = ready_time(d)
                 if t is not None and t <= now + 1e-15:
                     kind, s, _ = orders[d][ptr[d]]
                     remaining[d] = dur[kind][s]
-        active = [d for d in range(P) if remaining[d] is not None]
+        active = [d for d in range(P) if d in remaining]
         busy: dict[int, int] = {}
         for d in active:
             busy[host_of[d]] = busy.get(host_of[d], 0) + 1
         rate = {d: min(1.0, cores / (busy[host_of[d]] * threads_per_rank)) for d in active}
         nxt = [now + remaining[d] / rate[d] for d in active if rate[d] > 0]
         for d in range(P):
-            if remaining[d] is None and ptr[d] < len(orders[d]):
+            if d not in remaining and ptr[d] < len(orders[d]):
                 t = ready_time(d)
                 if t is not None and t > now:
                     nxt.append(t)
@@ -389,7 +389,7 @@ def simulate_shared_1f1b(fwd: Sequence[float], bwd: Sequence[float], micro_batch
             if remaining[d] <= 1e-12:
                 done[orders[d][ptr[d]]] = now
                 free_at[d] = now
-                remaining[d] = None
+                del remaining[d]
                 ptr[d] += 1
                 left -= 1
     return now

@@ -17,7 +17,7 @@ import re
 import shlex
 import shutil
 import subprocess
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Sequence, cast
 
 if TYPE_CHECKING:
     from .queue import ClusterState
@@ -36,7 +36,7 @@ def _one_line(text: str, limit: int = 400) -> str:
 
 
 def _run(cmd: Sequence[str], timeout: float = 60.0, check: bool = True,
-         survive_term: bool = False, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+         survive_term: bool = False, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run a Slurm command; on failure raise SlurmError with command, exit code, stdout, stderr.
     ``survive_term``: the command ignores SIGTERM (a job's own requeue sends it to every process
     of the job, the commands that follow the requeue included)."""
@@ -93,7 +93,17 @@ def slurm_version() -> tuple[int, int, int]:
         if m is None:
             raise SlurmError(f"cannot read a version from `scontrol --version`: {_one_line(out)!r}")
         _cache["version"] = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
-    return _cache["version"]
+    return cast("tuple[int, int, int]", _cache["version"])
+
+
+class Backend(Protocol):
+    """What a query backend answers (CliBackend, slurm_pyslurm.PyslurmBackend)."""
+    name: str
+
+    def nodes(self) -> list[NodeState]: ...
+    def jobs(self, job_id: str | None = None) -> list[JobInfo]: ...
+    def active_jobs(self) -> list[JobInfo]: ...
+    def preempt_time_set(self, job_id: str) -> bool: ...
 
 
 class CliBackend:
@@ -130,7 +140,7 @@ class CliBackend:
         return show_job(job_id).get("PreemptTime", "None") not in ("None", "Unknown", "")
 
 
-def backend() -> Any:
+def backend() -> Backend:
     """The query backend for this process (chosen once): see the module's docstring."""
     if "backend" not in _cache:
         from . import slurm_pyslurm
@@ -138,7 +148,7 @@ def backend() -> Any:
         want = os.environ.get("PSWIFT_SLURM_BACKEND", "auto").strip().lower() or "auto"
         if want not in ("auto", "cli", "pyslurm"):
             raise SlurmError(f"PSWIFT_SLURM_BACKEND={want!r}: use cli, pyslurm or leave it unset")
-        chosen: Any = CliBackend()
+        chosen: Backend = CliBackend()
         if want != "cli":
             problem = slurm_pyslurm.unusable(slurm_version())
             if problem is None:
@@ -148,7 +158,7 @@ def backend() -> Any:
                 import sys
                 print(f"pswift: warning: {problem[0]}; using Slurm's commands instead", file=sys.stderr)
         _cache["backend"] = chosen
-    return _cache["backend"]
+    return cast(Backend, _cache["backend"])
 
 
 # ----------------------------------------------------------------------------- queries
@@ -158,7 +168,7 @@ def config() -> dict[str, str]:
         out = _run(["scontrol", "show", "config"], timeout=QUERY_TIMEOUT).stdout
         _cache["config"] = {k.strip(): v.strip() for k, sep, v in
                             (line.partition("=") for line in out.splitlines()) if sep}
-    return _cache["config"]
+    return cast("dict[str, str]", _cache["config"])
 
 
 def cluster_name() -> str:

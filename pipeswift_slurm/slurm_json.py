@@ -253,7 +253,7 @@ def sacct_records(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for j in doc.get("jobs") or []:
         if not isinstance(j, dict):
             continue
-        t = j.get("time") if isinstance(j.get("time"), dict) else {}
+        t: dict[str, Any] = j["time"] if isinstance(j.get("time"), dict) else {}
         out.append({"JOBID": j.get("job_id"), "JOBNAME": j.get("name"), "USERNAME": j.get("user"),
                     "PARTITION": j.get("partition"), "CLUSTER": j.get("cluster"),
                     "ACCOUNT": j.get("account"), "QOS": j.get("qos"),
@@ -283,14 +283,14 @@ def _seconds(v: Any) -> float | None:
     """sacct's ``{"seconds": S, "microseconds": U}`` as seconds (U may exceed a million)."""
     if not isinstance(v, dict) or not isinstance(v.get("seconds"), (int, float)):
         return None
-    return v["seconds"] + (v.get("microseconds") or 0) / 1e6
+    return float(v["seconds"] + (v.get("microseconds") or 0) / 1e6)
 
 
 def _usage(job: dict[str, Any], t: dict[str, Any]) -> dict[str, Any]:
     """Allocated CPUs, GPUs and memory (MB), requested memory, CPU time used (user + system,
     every step) and MaxRSS (the largest step's, MB) of one sacct job; None where sacct has none
     (MaxRSS needs a jobacct_gather plugin)."""
-    tres = job.get("tres") if isinstance(job.get("tres"), dict) else {}
+    tres: dict[str, Any] = job["tres"] if isinstance(job.get("tres"), dict) else {}
     alloc, req = _tres(tres.get("allocated")), _tres(tres.get("requested"))
     steps = [s for s in job.get("steps") or [] if isinstance(s, dict)]
     # the job's own total is 0 in 22.05 (its steps hold it); from 23.02 it is their sum

@@ -35,3 +35,11 @@ def quantiles(xs: Iterable[float | None], qs: Iterable[float], clean: bool = Fal
 
 def median(xs: Iterable[float | None]) -> float | None:
     return quantile(xs, 0.5)
+
+
+def median_of(xs: Iterable[float]) -> float:
+    """The median of values known to be there (ValueError when there are none)."""
+    m = median(xs)
+    if m is None:
+        raise ValueError("the median of no values")
+    return m

@@ -18,7 +18,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 from . import rundir, slurm
 from .config import TrainConfig, load_config
 from .errors import ConfigError, PswiftError, RunDirError, UsageError
-from .plan import build_plan, rule_layouts, write_plan
+from .layouts import rule_layouts
+from .plan import Plan, build_plan, write_plan
 from .sbatch import options_for, planned_option, render
 
 Warn = Callable[[str], None]
@@ -28,7 +29,7 @@ class Prepared(NamedTuple):
     """What a submission would send: the plan (plan.json's content) and the batch script."""
     config: TrainConfig
     run_dir: Path
-    plan: dict[str, Any]
+    plan: Plan
     script: str
     #: passed to sbatch unchanged (none of them contradicts the plan)
     sbatch_args: tuple[str, ...] = ()
@@ -54,7 +55,7 @@ class Submission(NamedTuple):
         return self.prepared.run_dir
 
 
-def _planned(cfg: TrainConfig, db: Path | None, live: bool, warn: Warn, learn: bool) -> Any:
+def _planned(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn, learn: bool) -> Any:
     """The JCT planner's result, unless the TOML fixes the split method (uniform/parameters)."""
     if cfg.pipeline.partition in ("uniform", "parameters"):
         return None
