@@ -315,7 +315,7 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
 
     from .autoplan import make_plan
     from .config import load_config
-    from .plan import rule_layouts
+    from .layouts import rule_layouts
     from .planner import explain
 
     cfg = load_config(toml)
@@ -326,7 +326,7 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
                        f"per micro-batch) or run the job once so its profile is in the history", 2)
     if res.chosen is not None and not no_live:
         from .submit import grace_warning
-        why = grace_warning(cfg.job.partition, res.chosen.estimate.step_s, res.checkpoint_cost_s)
+        why = grace_warning(cfg.job.partition, res.chosen.est.step_s, res.checkpoint_cost_s)
         if why:
             _warn(why)
     if as_json:
@@ -339,7 +339,8 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
     con = Console(highlight=False, markup=False, soft_wrap=True, width=max(140, shutil.get_terminal_size().columns))
     table = Table("nodes", "PxDP", "mbs", "m", "boundaries", "queue", "setup", "step", "train", "ckpt",
                   "interrupt", "JCT", "p10-p90", "")
-    f = lambda s: f"{s:.0f}" if s >= 10 else f"{s:.3g}"  # noqa: E731
+    def f(s: float) -> str:
+        return f"{s:.0f}" if s >= 10 else f"{s:.3g}"
     for i, c in enumerate(res.candidates):
         e = c.estimate
         if e is None:
@@ -349,7 +350,7 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
         table.add_row(str(c.nodes), f"{c.stages}x{c.data_parallel}", str(c.micro_batch_size),
                       str(c.micro_batches), str(c.boundaries), f(e.queue_s), f(e.setup_s), f"{e.step_s:.4g}", f(e.train_s),
                       f(e.checkpoint_s), f(e.interruption_s), f(e.jct_s),
-                      f"{f(e.jct_p10_s)}-{f(e.jct_p90_s)}" if e.jct_p90_s is not None else "",
+                      f"{f(e.jct_p10_s)}-{f(e.jct_p90_s)}" if e.jct_p10_s is not None and e.jct_p90_s is not None else "",
                       "chosen" if c is res.chosen else f"#{i + 1}")
     con.print(f"profile: {res.profile_source}; seconds" + "".join(f"; {n}" for n in res.notes), markup=False)
     con.print(table)
@@ -522,7 +523,7 @@ def partition(costs: str, stages: int, memory: str | None, memory_cap: float | N
     except PartitionError as e:
         raise CLIError(str(e), 2) from None
     sums = stage_sums(c, b)
-    out = {"boundaries": b, "stage_costs": sums, "bottleneck": max(sums),
+    out: dict[str, Any] = {"boundaries": b, "stage_costs": sums, "bottleneck": max(sums),
            "balance": (sum(sums) / len(sums)) / max(sums) if max(sums) > 0 else 1.0}
     if mem is not None:
         out["stage_memory"] = stage_sums(mem, b)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from sqlite3 import Row
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .fmt import duration, pyplot, save
 from .history import History
@@ -25,7 +25,7 @@ from .history_queries import ROLLUP_KEYS
 from .selection import Selection
 from .history_queries import LISTING_SQL
 from .tabular import Col, Renderer
-from .stats import median, quantile, quantiles
+from .stats import median, median_of, quantile, quantiles
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -116,7 +116,7 @@ def _queue_s(rows: list[Row], submit: float | None) -> float:
     """Time in the queue: before the first attempt and between attempts."""
     if not rows or submit is None:
         return 0.0
-    queue = max(0.0, rows[0]["start"] - submit)
+    queue: float = max(0.0, rows[0]["start"] - submit)
     for prev, nxt in zip(rows, rows[1:]):
         if prev["end"] is not None:
             queue += max(0.0, nxt["start"] - prev["end"])
@@ -128,10 +128,11 @@ def _report(h: History, jid: str, rows: list[Row], run: Row | None, cluster: str
     ends = [r["end"] for r in rows if r["end"] is not None]
     submit = rows[0]["submit"] if rows else (run["submit_time"] if run else None)
     last = rows[-1] if rows else None
-    rep = JobReport(job_id=jid, name=last["name"] if last else run["name"],
-                    user=last["user"] if last else run["user"],
-                    partition=last["partition"] if last else run["partition"],
-                    state=last["state"] if last else run["state"], pswift=run is not None,
+    src = last if last is not None else run      # who names the job: Slurm's record, else the run
+    if src is None:
+        raise ValueError(f"job {jid}: neither a Slurm record nor a pswift run")
+    rep = JobReport(job_id=jid, name=src["name"], user=src["user"], partition=src["partition"],
+                    state=src["state"], pswift=run is not None,
                     nodes=last["node_count"] if last else None, slots=last["procs"] if last else None,
                     attempts=len(rows), submit=submit, end=max(ends) if ends else None,
                     queue_s=_queue_s(rows, submit), setup_s=0.0, training_s=0.0, checkpoint_s=0.0,
@@ -174,7 +175,7 @@ def _add_pswift_attempts(h: History, rep: JobReport, rows: list[Row], run: Row, 
     rep.checkpoint_s = max(0.0, run_time - rep.setup_s - rep.training_s) if rows else \
         sum(a["checkpoint_s"] or 0.0 for a in attempts)
     steps = [a["step_p50"] for a in attempts if a["step_p50"]]
-    med = median(steps) if steps else 0.0
+    med = median_of(steps) if steps else 0.0
     means = [(a["step_mean"], a["step_var"]) for a in attempts if a["step_mean"] is not None]
     if means:
         rep.step_mean_s = statistics.fmean(m for m, _ in means)
@@ -199,7 +200,7 @@ def _add_pswift_attempts(h: History, rep: JobReport, rows: list[Row], run: Row, 
     rep.config = attempts[-1]["config_key"] if attempts else None
 
 
-GROUPS = {"partition": lambda r: r.partition, "user": lambda r: r.user, "nodes": lambda r: r.nodes,
+GROUPS: dict[str, Callable[[JobReport], Any]] = {"partition": lambda r: r.partition, "user": lambda r: r.user, "nodes": lambda r: r.nodes,
           "account": lambda r: r.account, "qos": lambda r: r.qos,
           "config": lambda r: r.config or ("(no attempt)" if r.pswift else "(not pswift)")}
 
@@ -253,7 +254,7 @@ LISTING_DEFAULT = "job_id,name,user,account,partition,state,exit_code,nodes,atte
                   "training_s,checkpoint_s,jct_s,preemptions,wasted_hours"
 
 
-def listing_row(plain: tuple | None, rep: JobReport) -> tuple:
+def listing_row(plain: tuple[Any, ...] | None, rep: JobReport) -> tuple[Any, ...]:
     """A pswift job's listing row: its Slurm figures (``plain``, the SQL row, when Slurm has a
     record of it) with the JCT split, waste and steps from its full report."""
     out = dict(zip(_KEYS, plain)) if plain is not None else dict.fromkeys(_KEYS)
@@ -307,7 +308,7 @@ def write_listing(h: History, sel: Selection, out: Renderer, limit: int | None =
     return out.finish()
 
 
-def job_rows(h: History, sel: Selection = Selection(), limit: int | None = None) -> Iterator[tuple]:
+def job_rows(h: History, sel: Selection = Selection(), limit: int | None = None) -> Iterator[tuple[Any, ...]]:
     """The listing of the selected jobs as Python tuples in LISTING's order (write_listing's rows)."""
     runs = h.pswift_runs()
     n = 0
@@ -317,13 +318,13 @@ def job_rows(h: History, sel: Selection = Selection(), limit: int | None = None)
     yield from _runs_without_records(h, runs, sel, limit and limit - n)
 
 
-def _values(h: History, job_id: str, work_dir: str | None) -> tuple:
+def _values(h: History, job_id: str, work_dir: str | None) -> tuple[Any, ...]:
     """One job's listing values, from its roll-up row."""
     return next(v[:-2] for v in h.listing_rows(Selection(job_ids=(job_id,)), _KEYS) if v[-1] == work_dir)
 
 
-def _job_values(h: History, runs: dict[tuple[str, str | None], Row], plain: tuple, job_id: str,
-                work: str | None) -> tuple:
+def _job_values(h: History, runs: dict[tuple[str, str | None], Row], plain: tuple[Any, ...], job_id: str,
+                work: str | None) -> tuple[Any, ...]:
     """A job's listing values: a pswift run's from its report, over Slurm's figures."""
     run = run_of(runs, work, job_id)
     if run is None:
@@ -335,7 +336,7 @@ def _job_values(h: History, runs: dict[tuple[str, str | None], Row], plain: tupl
 
 
 def _runs_without_records(h: History, runs: dict[tuple[str, str | None], Row], sel: Selection,
-                          limit: int | None) -> Iterator[tuple]:
+                          limit: int | None) -> Iterator[tuple[Any, ...]]:
     """Selected pswift runs that no Slurm record names (their work directory and job id)."""
     if limit is not None and limit <= 0:
         return
@@ -362,7 +363,7 @@ def plot(reps: list[JobReport], groups: list[dict[str, Any]] | None, by: str | N
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [2, 1]})
     parts = (("queue_s", "queue", "#8172B3"), ("setup_s", "setup", "#CCB974"),
              ("training_s", "training", "#4C72B0"), ("checkpoint_s", "checkpoint/cleanup", "#DD8452"))
-    if groups is not None:
+    if groups is not None and by is not None:
         labels = [str(g[by]) for g in groups]
         vals = {k: [g[k] / 3600 for g in groups] for k, _, _ in parts}
         ax1.set_title(f"JCT breakdown per {by} (sum over jobs; {selection})", loc="left")
@@ -435,8 +436,9 @@ def diagnose(rep: JobReport, plan: Plan | None = None, log_text: str = "") -> li
             out.append(f"variance: attempt {a['attempt']} step time p95 {duration(a['step_p95'])} vs p50 "
                        f"{duration(a['step_p50'])}: stragglers or noisy neighbours; variance hurts JCT more than "
                        f"a higher mean (exclusive nodes, fewer ranks per node)")
-        if plan and plan.get("prediction") and a["step_p50"]:
-            pred = plan["prediction"]["step_s"]
+        prediction = plan.get("prediction") if plan else None
+        if prediction and a["step_p50"]:
+            pred = prediction["step_s"]
             if a["step_p50"] > 1.3 * pred and bubble < 0.25:
                 out.append(f"slow steps: attempt {a['attempt']} ran {a['step_p50'] / pred:.1f}x the predicted "
                            f"{duration(pred)} per step with a small bubble ({bubble:.0%} at P={P}, m={m}): "

@@ -14,7 +14,10 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeswift_slurm.plan import Plan
 
 from pipeswift_slurm import decide
 from pipeswift_slurm import events as events_mod
@@ -41,7 +44,7 @@ def _job_failures(evs: list[dict[str, Any]], job_id: str | None) -> list[str]:
             and (e.get("how") == "exception" and e.get("error") or e.get("how") == "hung" and e.get("node"))]
 
 
-def decide_after(plan: dict[str, Any], rc: int, folder: Path, restarts: int, relayouts: int,
+def decide_after(plan: Plan, rc: int, folder: Path, restarts: int, relayouts: int,
                  env: dict[str, str]) -> tuple[decide.Decision, int | None]:
     """The decision and the last step this attempt reached (from the events)."""
     records, report = launchrec.read(folder)
@@ -63,7 +66,7 @@ def decide_after(plan: dict[str, Any], rc: int, folder: Path, restarts: int, rel
 LOST_WAIT_S = 60.0
 
 
-def allocation(plan: dict[str, Any], env: dict[str, str], lost_seen: bool) -> decide.Allocation | None:
+def allocation(plan: Plan, env: dict[str, str], lost_seen: bool) -> decide.Allocation | None:
     """The nodes the launch ran on (this script's environment) against those Slurm's allocation
     holds now; when srun saw a node lost, Slurm is given LOST_WAIT_S to drop it. None when
     Slurm cannot be asked."""
@@ -93,7 +96,7 @@ def allocation(plan: dict[str, Any], env: dict[str, str], lost_seen: bool) -> de
         time.sleep(2.0)
 
 
-def _record(plan: dict[str, Any], d: decide.Decision, last_step: int | None, restarts: int,
+def _record(plan: Plan, d: decide.Decision, last_step: int | None, restarts: int,
             env: dict[str, str]) -> None:
     run_dir, job_id = Path(plan["run_dir"]), env.get("SLURM_JOB_ID")
     attempt = int(env.get("SLURM_RESTART_COUNT") or 0)
@@ -106,7 +109,7 @@ def _record(plan: dict[str, Any], d: decide.Decision, last_step: int | None, res
                       step=last_step, requeue=d.action == "requeue", error=d.why)
 
 
-def carry_out(plan: dict[str, Any], d: decide.Decision, last_step: int | None, restarts: int,
+def carry_out(plan: Plan, d: decide.Decision, last_step: int | None, restarts: int,
               env: dict[str, str]) -> str:
     """Record the outcome, wait or requeue; the line for the batch script."""
     if d.death is not None or d.action in ("fail", "requeue"):

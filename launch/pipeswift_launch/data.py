@@ -37,7 +37,7 @@ class TokenFile:
     """Random windows of a memory-mapped token file."""
 
     def __init__(self, path: str, dtype: str, seq_len: int) -> None:
-        self.tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+        self.tokens: Any = np.memmap(path, dtype=np.dtype(dtype), mode="r")
         self.seq_len = int(seq_len)
         if len(self.tokens) < self.seq_len + 2:
             raise RuntimeError(f"{path} holds {len(self.tokens)} tokens, fewer than seq_len + 2 = "
@@ -69,7 +69,8 @@ class MapDataset:
     def __call__(self, step: int, index: int, micro_batch_size: int, seed: int, **_: Any) -> Batch:
         from torch.utils.data import default_collate
         first = step * self.global_batch_size + index * micro_batch_size
-        return default_collate([self._item(seed, g) for g in range(first, first + micro_batch_size)])
+        batch: Batch = default_collate([self._item(seed, g) for g in range(first, first + micro_batch_size)])
+        return batch
 
 
 def source(plan: Plan) -> Callable[..., Batch]:

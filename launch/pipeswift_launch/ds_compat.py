@@ -61,7 +61,7 @@ def check_version(version: str | None = None) -> str:
 
 def skip_shm_build() -> None:
     """CPU only: init_distributed() would JIT-compile the shm op that training never uses."""
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    setattr(importlib.import_module("deepspeed.comm.torch"), "build_shm_op", lambda: None)
 
 
 def instruction_table(engine: Any) -> dict[Any, Callable[..., Any]]:
@@ -110,7 +110,8 @@ def master_groups(engine: Any) -> list[tuple[list[Any], Any]] | None:
 
 def master_state(engine: Any) -> dict[Any, Any]:
     """The wrapped torch optimizer's state, keyed by flat fp32 partition."""
-    return engine.optimizer.optimizer.state
+    state: dict[Any, Any] = engine.optimizer.optimizer.state
+    return state
 
 
 def create_master_state(engine: Any, elementwise: list[str], scalars: dict[str, Any]) -> None:
@@ -184,6 +185,7 @@ def set_loss_scale_state(engine: Any, state: dict[str, Any]) -> None:
 class ExplicitPipe(PipelineModule):
     """PipelineModule whose stage s owns layers ``parts[s]:parts[s+1]`` (``parts=None``:
     DeepSpeed's own partition method)."""
+    parts: list[int]   # DeepSpeed's attribute: the stage boundaries
 
     def __init__(self, layers: list[Any], parts: list[int] | None = None, **kw: Any) -> None:
         object.__setattr__(self, "_explicit_parts", None if parts is None else [int(p) for p in parts])
@@ -191,7 +193,7 @@ class ExplicitPipe(PipelineModule):
 
     # called from PipelineModule.__init__ before the layers are built
     def _partition_layers(self, method: str = "uniform") -> None:
-        parts = self._explicit_parts
+        parts: list[int] | None = self._explicit_parts
         if parts is None:
             super()._partition_layers(method)
             # 'parameters' returns numpy ints; with seed_layers=True DeepSpeed then calls

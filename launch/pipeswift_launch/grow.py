@@ -23,7 +23,7 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from pipeswift_slurm.stats import median
+from pipeswift_slurm.stats import median_of
 
 from .relayout import COST_MARGIN, MIN_GAIN
 
@@ -115,7 +115,7 @@ def decide(plan: Plan, nodes: int, free: int, step_times: Sequence[float], remai
     if nodes not in predicted or not step_times:
         keep.why = "no planner estimate for this node count"
         return keep
-    now = median(step_times)
+    now = median_of(step_times)
     cost = ckpt_s + restart_s + REQUEUE_S
     best = keep
     for n, est in sorted(predicted.items()):

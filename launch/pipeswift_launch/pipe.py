@@ -29,7 +29,8 @@ def resolve(entry: str, search_dir: str) -> Callable[..., Any]:
         raise RuntimeError(f"cannot load {entry!r} from {search_dir}: {e}") from None
     if not callable(obj):
         raise RuntimeError(f"{entry!r} is not callable")
-    return obj
+    fn: Callable[..., Any] = obj
+    return fn
 
 
 def lm_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

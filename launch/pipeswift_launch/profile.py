@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -47,7 +47,7 @@ class LayerProfiler:
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    def _pre(self, idx: int):
+    def _pre(self, idx: int) -> Callable[[Any, Any], None]:
         def hook(mod: Any, inputs: Any) -> None:
             if self.active:
                 if self.saved:
@@ -74,7 +74,7 @@ class LayerProfiler:
 
         return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
 
-    def _post(self, idx: int):
+    def _post(self, idx: int) -> Callable[[Any, Any, Any], None]:
         def hook(mod: Any, inputs: Any, output: Any) -> None:
             if not self.active:
                 return
@@ -84,7 +84,7 @@ class LayerProfiler:
                 mod._pswift_saved = None
                 self.saved_bytes.setdefault(idx, 0)
             out = output[0] if isinstance(output, (tuple, list)) else output
-            inp = inputs[0] if isinstance(inputs, (tuple, list)) and inputs else None
+            inp: Any = inputs[0] if isinstance(inputs, (tuple, list)) and inputs else None
             if torch.is_tensor(out):
                 self.act_bytes[idx] = out.numel() * out.element_size()
             if torch.is_tensor(out) and out.requires_grad and torch.is_tensor(inp) and inp.requires_grad:
@@ -103,7 +103,8 @@ class LayerProfiler:
 
     def result(self) -> dict[str, Any]:
         """{seconds: {layer: fwd+bwd}, param_bytes, activation_bytes, samples} for this stage."""
-        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        def med(xs: list[float]) -> float:
+            return sorted(xs)[len(xs) // 2]
         seconds = {}
         for idx, f in self.fwd.items():
             fwd = med(f)

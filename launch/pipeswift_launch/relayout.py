@@ -28,7 +28,7 @@ from pipeswift_slurm.costmodel import (DEFAULT_DEVICE_MEMORY, Hardware, Profile,
                                        estimate_step, overheads_from_instructions, stage_cut)
 from pipeswift_slurm.partition import PartitionError
 from pipeswift_slurm.plan import MAX_RELAYOUTS
-from pipeswift_slurm.stats import median
+from pipeswift_slurm.stats import median, median_of
 
 if TYPE_CHECKING:
     from pipeswift_slurm.plan import LayoutSpec, Plan
@@ -69,6 +69,7 @@ def measured_profile(plan: Plan, layout: LayoutSpec, profiled: dict[str, Any],
     params = [profiled.get("param_bytes", {}).get(str(i)) for i in range(n)]
     acts = [profiled.get("activation_bytes", {}).get(str(i)) for i in range(n)]
     saved = [(profiled.get("saved_bytes") or {}).get(str(i)) for i in range(n)]
+    known = [int(x) for x in saved if x is not None]
     over: dict[str, float] = {}
     if profiled.get("instructions"):
         over = overheads_from_instructions(profiled["instructions"], secs, boundaries,
@@ -80,7 +81,7 @@ def measured_profile(plan: Plan, layout: LayoutSpec, profiled: dict[str, Any],
                    int(layout["micro_batch_size"]), "measured", **over,
                    precision=t["precision"], zero_stage=int(t["zero_stage"]),
                    recompute_interval=int(t["activation_checkpoint_interval"]),
-                   saved_bytes=tuple(saved) if all(x is not None for x in saved) else None)
+                   saved_bytes=tuple(known) if len(known) == len(saved) else None)
 
 
 def hardware(plan: Plan) -> Hardware:
@@ -121,7 +122,7 @@ def propose(plan: Plan, layout: LayoutSpec, boundaries: list[int], profiled: dic
         return keep
     args = (layout["micro_batches"], layout["micro_batch_size"], dp, layout["tasks_per_node"], hw)
     old_s, new_s = estimate_step(profile, boundaries, *args).step_s, estimate_step(profile, new, *args).step_s
-    p = Proposal(False, "", new, step_s=median(step_times),
+    p = Proposal(False, "", new, step_s=median_of(step_times),
                  remaining=max(0, int(plan["training"]["steps"]) - step))
     p.predicted_step_s = p.step_s * new_s / old_s if old_s > 0 else p.step_s
     p.gain_s = (p.step_s - p.predicted_step_s) * p.remaining

@@ -25,7 +25,7 @@ from .signals import STOP_GROW, STOP_NONE, STOP_TIME, requested
 from .watchdog import Watchdog, end_attempt
 
 if TYPE_CHECKING:
-    from pipeswift_slurm.plan import LayoutSpec, Plan
+    from pipeswift_slurm.plan import LayoutSpec, Plan, TrainingSpec
 
 
 #: the attempt stops to come back with a new cut in the same allocation (not a signal's code)
@@ -46,7 +46,7 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _precision(t: dict[str, Any]) -> dict[str, Any]:
+def _precision(t: TrainingSpec) -> dict[str, Any]:
     """DeepSpeed's precision settings for [training] precision and zero_stage."""
     precision, zero = t["precision"], int(t["zero_stage"])
     if precision == "bf16":
@@ -58,7 +58,7 @@ def _precision(t: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def _scheduler(t: dict[str, Any], lr: float) -> dict[str, Any]:
+def _scheduler(t: TrainingSpec, lr: float) -> dict[str, Any]:
     """Linear warm-up, then constant or cosine decay to lr x lr_min_ratio at the last step."""
     warmup, decay = int(t["lr_warmup_steps"]), t["lr_decay"]
     if decay == "cosine":
@@ -77,8 +77,7 @@ def ds_config(plan: Plan, layout: LayoutSpec) -> dict[str, Any]:
     """DeepSpeed's configuration: every setting from plan.json's training section (train.toml
     refuses ds_config keys pswift sets or cannot checkpoint)."""
     t = plan["training"]
-    opt = {"type": "AdamW", "params": {"lr": 1e-3}}
-    opt = _deep_merge(opt, t["optimizer"])
+    opt: dict[str, Any] = _deep_merge({"type": "AdamW", "params": {"lr": 1e-3}}, t["optimizer"])
     opt["params"].setdefault("torch_adam", True)  # FusedAdam would JIT-compile for a minute on CPU
     cfg = {
         "train_batch_size": t["global_batch_size"],
@@ -134,6 +133,7 @@ def run(plan: Plan, denv: DistEnv, started: float | None = None) -> int:
         events.emit("end", reason=reason, error=msg)
         events.close()
         return rc
+    assert layout is not None   # _refusal refuses a node count the plan has no layout for
     att = Attempt(plan, denv, layout, events)
     t0 = started or time.time()
     _setup(att)
@@ -382,6 +382,7 @@ def _finish(att: Attempt, stop_code: int) -> int:
         decision = [_ending(att.plan, denv, att.step, steps, stop_code) if att.rank == 0 else None]
     att.dist.broadcast_object_list(decision, src=0)
     reason, requeue_by, rc = decision[0]
+    rc = int(rc)
     att.events.emit("end", reason=reason, step=att.step, requeue=requeue_by is not None)
     att.events.close()
     _log(att.rank, f"attempt {denv.attempt} ended: {reason} at step {att.step}")
@@ -416,7 +417,7 @@ def _resume(att: Attempt) -> str | None:
         errors: list[Any] = [None] * denv.world_size
         att.dist.all_gather_object(errors, err)  # fail together, or peers die in a collective
         problem = next((e for e in errors if e), None)
-        if problem is None:
+        if problem is None and man is not None:
             _log(denv.rank, f"resumed from {path.name} (written by {man['stages']} stage(s) "
                             f"{man['boundaries']}) into {att.layout['stages']} stage(s) {att.boundaries}")
             _continue_generators(att, generators, int(man["step"]))
@@ -507,8 +508,9 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
     cpus = int(att.layout["tasks_per_node"]) * int(plan["cpus_per_task"])
     profile = relayout.measured_profile(plan, att.layout, profiled, att.boundaries)
     predicted = relayout.step_times(plan, profile) if profile is not None else None
-    if predicted is not None:   # this count as it runs now, not as a re-cut would
-        predicted[denv.nodes] = relayout.estimate_step(
+    if predicted is not None and profile is not None:   # this count as it runs now, not as a re-cut would
+        from pipeswift_slurm.costmodel import estimate_step
+        predicted[denv.nodes] = estimate_step(
             profile, att.boundaries, att.layout["micro_batches"], att.layout["micro_batch_size"],
             int(att.layout["data_parallel"]), att.layout["tasks_per_node"], relayout.hardware(plan)).step_s
 
@@ -620,17 +622,19 @@ def _requeue_or_not(att: Attempt, reason: str, requeue_by: str | None) -> None:
     node count that can start soonest), and keep Slurm from requeueing a preempted job whose
     requeue budget is spent."""
     from pipeswift_slurm import slurm  # the one module that talks to Slurm
-    denv = att.denv
+    denv, job_id = att.denv, att.denv.job_id
+    if job_id is None:   # pswift run: no Slurm job to requeue
+        return
     if requeue_by == "pswift":
         nodes, why = _next_nodes(att, reason)
         _log(denv.rank, f"requeueing job {denv.job_id}" + (f" for {nodes} node(s) ({why})" if nodes else ""))
-        slurm.requeue(denv.job_id)
+        slurm.requeue(job_id)
         if nodes:
             try:
-                slurm.set_node_range(denv.job_id, f"{nodes}-{nodes}")
+                slurm.set_node_range(job_id, f"{nodes}-{nodes}")
             except Exception as e:   # the next attempt then asks for what this one had
                 _log(denv.rank, f"could not set the node request to {nodes}: {e}")
     elif requeue_by == "slurm":
         _log(denv.rank, f"Slurm requeues preempted job {denv.job_id} itself")
     elif reason == "preempted" and _slurm_requeues_preempted():
-        slurm.forbid_requeue(denv.job_id)
+        slurm.forbid_requeue(job_id)

@@ -110,7 +110,7 @@ class Watchdog(threading.Thread):
             pool = stale or beats
             suspect = min(pool, key=lambda b: (b.get("time", 0) if stale else b.get("step", 0),
                                                b.get("rank", 0)), default={})
-            live = sorted(b.get("rank") for b in beats if b not in stale and b is not suspect)
+            live = sorted(int(b.get("rank", 0)) for b in beats if b not in stale and b is not suspect)
             if live and live[0] != self.rank:
                 continue   # another live rank acts
             self.on_hang({"suspect_rank": suspect.get("rank"), "suspect_node": suspect.get("node"),
