@@ -7,7 +7,8 @@ NEW_SLURM ?= 25.11
 NEW_PREFIX ?= /opt/slurm-$(NEW_SLURM)
 SLURM_TARBALL ?= $(firstword $(wildcard ../shared/slurm-$(NEW_SLURM)/slurm-$(NEW_SLURM).*.tar.gz))
 PYSLURM ?= pyslurm==25.11.2
-export SLURM_CONF ?= $(or $(PSWIFT_CLUSTER_DIR),/tmp/pswift-dev-cluster)/etc/slurm.conf
+include scripts/dev-cluster.env
+export SLURM_CONF ?= $(or $(PSWIFT_CLUSTER_DIR),$(PSWIFT_DEV_DIR))/etc/slurm.conf
 
 ARTIFACTS ?= test-artifacts
 # pytest's options in every phase: the slowest 25 tests printed, results kept for the summary
@@ -96,6 +97,6 @@ bench: setup tools
 # every dev cluster of both versions, the tests' accounting clusters (*-acct) too
 stop:
 	-scripts/with-slurm 22.05 $(CLUSTER) stop
-	-PSWIFT_CLUSTER_DIR=/tmp/pswift-dev-cluster-acct scripts/with-slurm 22.05 $(CLUSTER) stop
+	-PSWIFT_CLUSTER_DIR=$(PSWIFT_DEV_DIR)$(PSWIFT_DEV_ACCT_SUFFIX) scripts/with-slurm 22.05 $(CLUSTER) stop
 	-[ ! -x $(NEW_PREFIX)/sbin/slurmctld ] || scripts/with-slurm $(NEW_SLURM) $(CLUSTER) stop
-	-[ ! -x $(NEW_PREFIX)/sbin/slurmctld ] || PSWIFT_CLUSTER_DIR=/tmp/pswift-dev-cluster-$(NEW_SLURM)-acct scripts/with-slurm $(NEW_SLURM) $(CLUSTER) stop
+	-[ ! -x $(NEW_PREFIX)/sbin/slurmctld ] || PSWIFT_CLUSTER_DIR=$(PSWIFT_DEV_DIR)-$(NEW_SLURM)$(PSWIFT_DEV_ACCT_SUFFIX) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) stop

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLUSTER_DB, CLUSTER_SPOOL, ROOT, pswift, wait_state
+from helpers import CLUSTER_DB, CLUSTER_SPOOL, ROOT, pswift, wait_state
 from pipeswift_slurm.history import History
 
 PLUGIN = ROOT / "plugins" / "jobcomp_pswift.py"

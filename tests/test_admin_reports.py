@@ -10,7 +10,7 @@ import sqlite3
 
 import pytest
 
-from conftest import pswift
+from helpers import pswift
 from pipeswift_slurm.history import History, limit_seconds
 from pipeswift_slurm.selection import SelectionError, parse_time, states
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 PACKAGES = {"pipeswift_slurm": ROOT / "pipeswift_slurm", "pipeswift_launch": ROOT / "launch" / "pipeswift_launch"}
 
@@ -74,4 +74,30 @@ def test_the_launcher_reads_plan_data_without_defaults():
     pattern = re.compile(r"""(plan|\bt|\["training"\]|\["model"\]|\bmodel|\bspec)\.get\(""")
     found = [f"{p.name}:{i}: {line.strip()}" for p in sorted((ROOT / "launch" / "pipeswift_launch").glob("*.py"))
              for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, found
+
+
+TESTS = ROOT / "tests"
+
+
+def test_tests_read_events_through_the_schema():
+    """A run's events.jsonl is read in tests through helpers.run_events (pipeswift_slurm.events),
+    never parsed line by line again in a test file (a copy that would accept what the schema refuses)."""
+    import re
+    copy = re.compile(r"""events\.jsonl["']?\)?\.read_(text|bytes)\(\)\.splitlines""")
+    found = [f"{p.name}:{i}" for p in sorted(TESTS.glob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if copy.search(line)]
+    assert not found, found
+
+
+def test_the_dev_cluster_defaults_have_one_home():
+    """Folders and ports of the dev clusters are written in scripts/dev-cluster.env only; the
+    scripts, the Makefile and the tests read them from there."""
+    defaults = dict(line.split("=", 1) for line in (ROOT / "scripts" / "dev-cluster.env").read_text().splitlines()
+                    if line and not line.startswith("#"))
+    values = {v for k, v in defaults.items() if k.endswith(("_PORT", "_BASEPORT", "_DIR"))}
+    assert len(values) >= 5 and defaults["PSWIFT_DEV_DIR"].startswith("/"), defaults
+    readers = [*(ROOT / "scripts").iterdir(), ROOT / "Makefile", *TESTS.glob("*.py"), *(ROOT / ".ci").iterdir()]
+    found = [f"{p.name}: {v}" for p in readers if p.name != "dev-cluster.env" and p.is_file()
+             for v in values if v in p.read_text()]
     assert not found, found

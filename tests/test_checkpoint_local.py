@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PSWIFT, copy_example, pswift
+from helpers import PSWIFT, copy_example, pswift, run_events
 
 pytestmark = [pytest.mark.deepspeed]
 
 
 def events(run: Path) -> list[dict]:
-    f = run / "events.jsonl"
-    return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+    return run_events(run)
 
 
 def with_ckpt(toml: Path, ckpt: Path) -> Path:

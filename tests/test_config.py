@@ -10,7 +10,7 @@ import pytest
 import tomli_w
 from click.testing import CliRunner
 
-from conftest import EXAMPLE, copy_example
+from helpers import EXAMPLE, copy_example
 from pipeswift_slurm.cli import cli
 from pipeswift_slurm.config import load_config, slurm_time_seconds
 

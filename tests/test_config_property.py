@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import EXAMPLE, copy_example
+from helpers import EXAMPLE, copy_example
 from pipeswift_slurm.cli import cli
 
 if sys.version_info >= (3, 11):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import plan_with
+from helpers import plan_with
 from pipeswift_slurm import decide
 from pipeswift_slurm.config import MAX_RESTARTS_DEFAULT
 from pipeswift_slurm.decide import Budgets, Death, after_launch

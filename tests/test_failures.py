@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import pswift, wait_state
+from helpers import pswift, wait_state
 from pipeswift_slurm import slurm
 from test_preemption import (events, rank_process, reference, slow_example, slurm_log, step_losses,
                              wait_steps)

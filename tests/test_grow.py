@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from conftest import copy_example, pswift, plan_with, wait_state
+from helpers import copy_example, pswift, plan_with, wait_state
 from pipeswift_slurm import eventfold
 from pipeswift_slurm import events as events_mod
 from pipeswift_slurm.queue import ClusterState, NodeState, PendingJob, RunningJob

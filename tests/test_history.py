@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from conftest import copy_example, pswift
+from helpers import copy_example, pswift
 from pipeswift_slurm.history import History
 
 pytestmark = [pytest.mark.deepspeed]

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import copy_example, pswift
+from helpers import copy_example, pswift, run_events
 from pipeswift_slurm import interval
 from pipeswift_slurm.history import History
 
@@ -142,7 +142,7 @@ def test_the_launcher_checkpoints_by_time_when_interruptions_are_frequent(tmp_pa
     assert proc.returncode == 0, proc.stderr[-2000:]
     plan = json.loads((run / "plan.json").read_text())
     assert plan["checkpoint_auto"]["failures_per_node_hour"] > 100    # smoothed: 20,000 / (2 + 100)
-    evs = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    evs = run_events(run)
     periodic = [e for e in evs if e["event"] == "checkpoint" and e["reason"] == "periodic"]
     start = next(e["time"] for e in evs if e["event"] == "start")
     end = next(e["time"] for e in evs if e["event"] == "end")

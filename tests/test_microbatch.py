@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import copy_example, pswift
+from helpers import copy_example, pswift, run_events
 from pipeswift_slurm import layouts
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.costmodel import Hardware, Profile, stage_activations
@@ -96,7 +96,7 @@ def test_auto_micro_batches_run_and_the_profile_measures_saved_tensors(tmp_path)
     run = tmp_path / "run"
     proc = pswift("run", "--run-dir", str(run), str(toml))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    evs = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    evs = run_events(run)
     start = next(e for e in evs if e["event"] == "start")
     assert start["micro_batch_size"] * start["micro_batches"] == 32
     prof = next(e for e in evs if e["event"] == "layer_profile")

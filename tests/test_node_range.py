@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import copy_example, plan_with, wait_state
+from helpers import copy_example, plan_with, wait_state
 from pipeswift_slurm import eventfold
 from pipeswift_slurm import events as events_mod
 from pipeswift_slurm import slurm, submit

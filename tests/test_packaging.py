@@ -13,7 +13,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from conftest import ROOT
+from helpers import ROOT
 from test_admin import ENV
 
 from pipeswift_slurm import __version__

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import ROOT, copy_example
+from helpers import ROOT, copy_example
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.plan import PLAN_VERSION, build_plan, read_plan, write_plan

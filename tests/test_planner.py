@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import copy_example, pswift
+from helpers import copy_example, pswift
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.costmodel import Hardware, Profile, calibrate, estimate_step, overheads_from_instructions
 from pipeswift_slurm.planner import PastRuns, explain, plan

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PSWIFT, copy_example, pswift, wait_state
+from helpers import PSWIFT, copy_example, pswift, wait_state, run_events
 from pipeswift_slurm import slurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
@@ -44,16 +44,7 @@ def slow_example(dst: Path, replace: dict[str, str]) -> Path:
 
 
 def events(run: Path) -> list[dict]:
-    f = run / "events.jsonl"
-    if not f.exists():
-        return []
-    out = []
-    for line in f.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
+    return run_events(run, torn_ok=True)   # read while the job writes
 
 
 def step_losses(run: Path) -> dict[int, str]:

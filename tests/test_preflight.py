@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, copy_example
+from helpers import ROOT, copy_example
 from pipeswift_slurm import preflight, submit
 from pipeswift_slurm.errors import ConfigError
 

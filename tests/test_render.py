@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import copy_example
+from helpers import copy_example
 from pipeswift_slurm import __version__
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.errors import ConfigError

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from conftest import copy_example, pswift
+from helpers import copy_example, pswift
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.costmodel import Hardware, Profile
 from pipeswift_slurm.errors import ConfigError

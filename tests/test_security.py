@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLUSTER_DB, CLUSTER_SPOOL, pswift, wait_state
+from helpers import CLUSTER_DB, CLUSTER_SPOOL, pswift, wait_state
 from pipeswift_slurm import userfiles
 from pipeswift_slurm.history import History, IngestRefused
 from pipeswift_slurm.runrows import Owner, model_key

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, copy_example, pswift
+from helpers import ROOT, copy_example, pswift
 from pipeswift_slurm.history import History
 
 pytestmark = [pytest.mark.deepspeed]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import EXAMPLE, copy_example, pswift
+from helpers import EXAMPLE, copy_example, pswift
 
 
 def test_json_from_explicit_stage_times():

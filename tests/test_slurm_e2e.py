@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from conftest import copy_example, pswift, new_jobs_since, squeue_ids
+from helpers import copy_example, pswift, new_jobs_since, squeue_ids, run_events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_version]
 
 
 def events(run_dir):
-    return [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    return run_events(run_dir)
 
 
 def losses(run_dir):

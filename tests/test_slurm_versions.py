@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pswift, wait_state
+from helpers import pswift, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_version]
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import new_jobs_since, squeue_ids
+from helpers import new_jobs_since, squeue_ids
 from pipeswift_slurm import submit
 from pipeswift_slurm.errors import ConfigError, SlurmError, UsageError
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PSWIFT, copy_example
+from helpers import PSWIFT, copy_example, run_events
 
 pytestmark = [pytest.mark.deepspeed]
 
@@ -40,8 +40,7 @@ def build_layers(vocab, hidden, heads, blocks, seq_len, dropout=0.0):
 
 
 def events(run: Path) -> list[dict]:
-    f = run / "events.jsonl"
-    return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+    return run_events(run)
 
 
 def losses(run: Path) -> dict[int, float]:

@@ -11,7 +11,7 @@ try:   # Python 3.11+
 except ModuleNotFoundError:   # pragma: no cover - 3.10
     import tomli as tomllib
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def test_mypy_is_clean():
