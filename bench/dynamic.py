@@ -46,7 +46,7 @@ SCENARIOS = {  # name: (holder's nodes, seconds it holds them or None: throughou
 def make_config(d: Path, steps: int, rebalance: str, grow_check_s: int) -> Path:
     shutil.copytree(ROOT / "examples" / "tiny-gpt", d, ignore=shutil.ignore_patterns("__pycache__"))
     t = (d / "train.toml").read_text()
-    subs = {"nodes": "[1, 4]", "steps": str(steps), "checkpoint_interval": "0", "data_parallel": "1",
+    subs = {"nodes": "[1, 4]", "jct_slack": "0", "steps": str(steps), "checkpoint_interval": "0", "data_parallel": "1",
             "time": '"0:30:00"',
             "kwargs": "{ vocab = 96, hidden = 256, heads = 4, blocks = 4, seq_len = 32, slow_block = 0, slow_factor = 3 }",
             "layer_costs": "[0.0001, 0.001, 0.001, 0.001, 0.001, 0.1]"}

@@ -338,20 +338,20 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
         return
     con = Console(highlight=False, markup=False, soft_wrap=True, width=max(140, shutil.get_terminal_size().columns))
     table = Table("nodes", "PxDP", "mbs", "m", "boundaries", "queue", "setup", "step", "train", "ckpt",
-                  "interrupt", "JCT", "p10-p90", "")
+                  "interrupt", "JCT", "p10-p90", "node-h", "")
     def f(s: float) -> str:
         return f"{s:.0f}" if s >= 10 else f"{s:.3g}"
     for i, c in enumerate(res.candidates):
         e = c.estimate
         if e is None:
             table.add_row(str(c.nodes), f"{c.stages}x{c.data_parallel}", str(c.micro_batch_size),
-                          str(c.micro_batches), "", "", "", "", "", "", "", "", "", f"rejected: {c.rejected}")
+                          str(c.micro_batches), "", "", "", "", "", "", "", "", "", "", f"rejected: {c.rejected}")
             continue
         table.add_row(str(c.nodes), f"{c.stages}x{c.data_parallel}", str(c.micro_batch_size),
                       str(c.micro_batches), str(c.boundaries), f(e.queue_s), f(e.setup_s), f"{e.step_s:.4g}", f(e.train_s),
                       f(e.checkpoint_s), f(e.interruption_s), f(e.jct_s),
                       f"{f(e.jct_p10_s)}-{f(e.jct_p90_s)}" if e.jct_p10_s is not None and e.jct_p90_s is not None else "",
-                      "chosen" if c is res.chosen else f"#{i + 1}")
+                      f"{e.node_hours:.3g}", "chosen" if c is res.chosen else f"#{i + 1}")
     con.print(f"profile: {res.profile_source}; seconds" + "".join(f"; {n}" for n in res.notes), markup=False)
     con.print(table)
     con.print(explain(res), markup=False)

@@ -50,6 +50,8 @@ class JobSection(NamedTuple):
     max_restarts: int
     python: str | None
     objective: str
+    #: the fraction of the best JCT the planner gives up for the fewest node-hours (planner.choose)
+    jct_slack: float
     grow_check_s: int
 
     @property

@@ -88,6 +88,8 @@ class Plan(TypedDict):
     max_restarts: int
     #: seconds between rank 0's checks whether growing to more nodes pays (0: never)
     grow_check_s: int
+    #: [job] jct_slack: growing must beat it too, or it would undo the planner's cheaper choice
+    jct_slack: float
     #: whether the job may re-cut its stages in place from measured layer times
     rebalance: bool
     time_limit_s: int | None
@@ -151,6 +153,7 @@ def _chosen(cfg: TrainConfig, planned: "PlanResult") -> dict[str, Any]:
         "prediction": {"nodes": ch.nodes, "step_s": e.step_s, "jct_s": e.jct_s, "queue_s": e.queue_s,
                        "train_s": e.train_s, "step_source": e.step_source,
                        "jct_p10_s": e.jct_p10_s, "jct_p50_s": e.jct_p50_s, "jct_p90_s": e.jct_p90_s,
+                       "node_hours": e.node_hours, "choice": planned.choice,
                        "objective": cfg.job.objective, "profile_source": planned.profile_source,
                        "checkpoint_cost_s": planned.checkpoint_cost_s},
         "nodes_request": nodes_request(cfg, ch.nodes, e.queue_s > 0),
@@ -223,6 +226,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         "max_requeues": j.max_requeues,
         "max_restarts": j.max_restarts,
         "grow_check_s": j.grow_check_s,
+        "jct_slack": j.jct_slack,
         "rebalance": cfg.pipeline.rebalance,
         "time_limit_s": j.time_seconds,
         "signal_lead_s": signal_lead_s(cfg),

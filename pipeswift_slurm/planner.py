@@ -46,6 +46,8 @@ class Estimate:
     jct_p10_s: float | None = None
     jct_p50_s: float | None = None
     jct_p90_s: float | None = None
+    #: nodes x the hours they are held (setup, training, checkpoints, interruptions; not the queue)
+    node_hours: float = 0.0
 
 
 @dataclass
@@ -106,6 +108,8 @@ class PlanResult:
     #: what the checkpoint interval was chosen from (pipeswift_slurm.interval)
     interruptions: interval.Interruptions = field(default_factory=interval.Interruptions)
     checkpoint_cost_s: float = 0.0
+    #: why the chosen layout won (choose): the best objective, or the fewest node-hours near it
+    choice: str = ""
 
     def fits_nowhere(self) -> bool:
         """No layout passes the rules and the cost model (memory): not one that only the queue,
@@ -123,7 +127,7 @@ class PlanResult:
         return {"chosen": self.chosen.to_dict() if self.chosen else None,
                 "candidates": [c.to_dict() for c in self.candidates],
                 "profile_source": self.profile_source, "calibration": self.calibration._asdict(),
-                "notes": self.notes}
+                "notes": self.notes, "choice": self.choice}
 
 
 def _layout(cfg: TrainConfig, profile: Profile, hw: Hardware, nodes: int, P: int,
@@ -263,6 +267,31 @@ def score(c: Candidate, objective: str) -> float:
     return e.jct_s if got is None else got
 
 
+_OBJECTIVE_NAMES = {"mean": "expected JCT", "p50": "median JCT", "p90": "90th-percentile JCT"}
+
+
+def choose(ranked: list[Candidate], objective: str, slack: float) -> tuple[list[Candidate], str]:
+    """The cost-aware choice over candidates in the objective's order: among those whose score
+    is within ``slack`` (a fraction) of the best one's, the fewest node-hours (ties: the better
+    score). The list with the chosen first, and why it won."""
+    if not ranked:
+        return ranked, ""
+    best, what = ranked[0], _OBJECTIVE_NAMES[objective]
+    limit = score(best, objective) * (1 + slack)
+    near = [c for c in ranked if (objective == "mean" or getattr(c.est, f"jct_{objective}_s") is not None)
+            and score(c, objective) <= limit]
+    pick = min(near, key=lambda c: (c.est.node_hours, score(c, objective)))
+    if pick is best or pick.est.node_hours >= best.est.node_hours:
+        return ranked, (f"the best {what}" + (f"; no layout within {slack:.0%} of it holds fewer node-hours"
+                                                 if slack > 0 else " ([job] jct_slack = 0)"))
+    over = score(pick, objective) / score(best, objective) - 1 if score(best, objective) > 0 else 0.0
+    why = (f"the fewest node-hours within [job] jct_slack = {slack:g} of the best {what}: "
+           f"{pick.nodes} node(s), {pick.est.node_hours:.3g} node-h, {what} {duration(score(pick, objective))} "
+           f"(+{over:.1%}) vs {best.nodes} node(s), {best.est.node_hours:.3g} node-h, "
+           f"{duration(score(best, objective))}")
+    return [pick, *(c for c in ranked if c is not pick)], why
+
+
 #: candidates (best by mean JCT, plus each node count's best) that get a JCT band: sampling
 #: every one of a worst-case config's hundreds would cost seconds at submit time
 BANDED = 32
@@ -299,6 +328,7 @@ def _complete(cfg: TrainConfig, c: Candidate, w: WaitEstimate, setup: float, ckp
     e.checkpoint_s = x.checkpoints * ckpt_s
     e.interruption_s = x.loss_s
     e.jct_s = e.queue_s + e.setup_s + e.train_s + e.checkpoint_s + e.interruption_s
+    e.node_hours = c.nodes * (e.jct_s - e.queue_s) / 3600
 
 
 def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState | None,
@@ -321,8 +351,9 @@ def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState
             continue
         _complete(cfg, c, w, setup, ckpt_s, history)
     ok = _rank(cfg, [c for c in cands if c.rejected is None], history, cluster is not None, step_key)
+    ok, why = choose(ok, cfg.job.objective, cfg.job.jct_slack)
     bad = [c for c in cands if c.rejected is not None]
-    return PlanResult(chosen=ok[0] if ok else None, candidates=ok + bad,
+    return PlanResult(chosen=ok[0] if ok else None, candidates=ok + bad, choice=why,
                       profile_source=profile.source, calibration=calibration, notes=notes, hardware=hw,
                       objective=cfg.job.objective, interruptions=history.interruptions,
                       checkpoint_cost_s=ckpt_s)
@@ -349,9 +380,11 @@ def explain(res: PlanResult) -> str:
              f"x {c.micro_batch_size}, "
              f"boundaries {c.boundaries}: JCT {duration(e.jct_s)} = queue {duration(e.queue_s)} + setup {duration(e.setup_s)} "
              f"+ train {duration(e.train_s)} ({e.step_s:.4g} s/step, {e.step_source}) + checkpoints "
-             f"{duration(e.checkpoint_s)} + interruptions {duration(e.interruption_s)}"
+             f"{duration(e.checkpoint_s)} + interruptions {duration(e.interruption_s)}; {e.node_hours:.3g} node-h"
              + (f"; p10-p90 {duration(e.jct_p10_s)}-{duration(e.jct_p90_s)}, ranked by "
                 f"{'the mean' if res.objective == 'mean' else res.objective}" if e.jct_p90_s is not None else "")]
+    if res.choice:
+        lines.append(f"why: {res.choice}")
     lines.append(checkpoint_line(res, c))
     best = res.best_per_nodes()
     for n, o in sorted(best.items()):
@@ -360,5 +393,6 @@ def explain(res: PlanResult) -> str:
         oe = o.est
         d = oe.jct_s - e.jct_s
         lines.append(f"vs {n} node(s): JCT {duration(oe.jct_s)} ({'+' if d >= 0 else ''}{duration(d)}): "
-                     f"queue {duration(oe.queue_s)} ({oe.queue_why}), train {duration(oe.train_s)}")
+                     f"queue {duration(oe.queue_s)} ({oe.queue_why}), train {duration(oe.train_s)}, "
+                     f"{oe.node_hours:.3g} node-h")
     return "\n".join(lines)

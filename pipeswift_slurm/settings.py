@@ -86,6 +86,9 @@ SETTINGS: tuple[Setting, ...] = (
       "deepspeed", shown_default="the one running `pswift`"),
     S("job", "objective", "choice", "mean", "what the planner minimises: the expected JCT, or its "
       "median or 90th percentile (\"Risk\" in docs/design.md)", choices=("mean", "p50", "p90")),
+    S("job", "jct_slack", "float", 0.05, "how much longer than the best layout's JCT (a fraction) "
+      "the planner accepts to hold fewer node-hours; 0 takes the fastest whatever it costs",
+      lo=0.0, hi=1.0, plan="top"),
     S("job", "grow_check_s", "special", 60, "how often a job below the top of its node range "
       "checks whether growing pays (≥ 5 s); 0 never grows", lo=0, hi=86400, plan="top", json=(int,)),
     # [resources]

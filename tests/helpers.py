@@ -33,11 +33,14 @@ def pswift(*args: str, env: dict | None = None, timeout: float = 600, cwd: str |
 
 
 def copy_example(dst: Path, replace: dict[str, str] | None = None) -> Path:
-    """Copy the tiny-gpt example to ``dst``; rewrite ``key = ...`` lines (``section.key`` if ambiguous)."""
+    """Copy the tiny-gpt example to ``dst``; rewrite ``key = ...`` lines (``section.key`` if ambiguous).
+    The copy takes the fastest layout (``jct_slack = 0``) unless ``replace`` says otherwise: the
+    tests of node ranges, growth and preemption are about those, not about the cost-aware choice,
+    which tests/test_planner.py and tests/test_cost_choice.py test."""
     shutil.copytree(EXAMPLE, dst, ignore=shutil.ignore_patterns("__pycache__"))
     toml = dst / "train.toml"
     text = toml.read_text()
-    for key, value in (replace or {}).items():
+    for key, value in {"jct_slack": "0", **(replace or {})}.items():
         section, _, name = key.rpartition(".")
         start = text.index(f"[{section}]") if section else 0
         end = text.find("\n[", start + 1) if section else len(text)

@@ -298,7 +298,7 @@ def test_usage_days_are_local_days_on_both_sides_of_a_dst_change(tmp_path):
 
 
 def test_a_reader_that_stops_early_ends_the_listing_quietly(tmp_path):
-    from conftest import PSWIFT
+    from helpers import PSWIFT
     path = tmp_path / "h.db"
     h = History(path)
     h.add_slurm_records([rec(str(i), T0 + i, T0 + i + 60) for i in range(20000)], "t")

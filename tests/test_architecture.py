@@ -101,3 +101,11 @@ def test_the_dev_cluster_defaults_have_one_home():
     found = [f"{p.name}: {v}" for p in readers if p.name != "dev-cluster.env" and p.is_file()
              for v in values if v in p.read_text()]
     assert not found, found
+
+
+def test_tests_import_shared_code_from_helpers_not_conftest():
+    """conftest.py holds fixtures and hooks only; what tests import lives in helpers.py."""
+    found = [f"{p.name}:{i}" for p in sorted(TESTS.glob("*.py")) if p.name != "conftest.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if line.strip().startswith(("from conftest import", "import conftest"))]
+    assert not found, found

@@ -25,7 +25,7 @@ def test_command_help_ends_with_an_example(name):
 
 @pytest.mark.parametrize("name", COMMANDS)
 def test_readme_mentions_every_command(name):
-    from conftest import ROOT
+    from helpers import ROOT
     assert f"pswift {name}" in (ROOT / "README.md").read_text()
 
 
@@ -35,7 +35,7 @@ def _history_commands() -> list[str]:
 
 @pytest.mark.parametrize("name", _history_commands())
 def test_history_command_help_ends_with_an_example_and_the_readme_has_it(name):
-    from conftest import ROOT
+    from helpers import ROOT
     result = CliRunner().invoke(cli, ["history", name, "--help"])
     assert result.exit_code == 0, result.output
     doc = cli.get_command(None, "history").get_command(None, name).help or ""

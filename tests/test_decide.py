@@ -196,7 +196,7 @@ def test_the_helper_follows_a_launch_that_ended_itself_and_removes_its_folder(tm
 
 
 def test_max_restarts_is_checked_where_the_config_is_built(tmp_path):
-    from conftest import copy_example, pswift
+    from helpers import copy_example, pswift
     from pipeswift_slurm.config import load_config
     toml = copy_example(tmp_path / "ex")
     assert load_config(toml).job.max_restarts == MAX_RESTARTS_DEFAULT

@@ -90,7 +90,7 @@ def test_a_step_and_checkpoint_longer_than_gracetime_is_said_at_plan_time(cluste
     """The dev cluster's preemptible partition gives 20 s of GraceTime; a model whose step takes
     about a minute cannot checkpoint within it: `pswift plan` says so with the numbers, and
     `pswift doctor` lists each preemptible partition's GraceTime."""
-    from conftest import copy_example
+    from helpers import copy_example
     slow = copy_example(tmp_path / "slow", {"layer_costs": "[0.5, 5.0, 5.0, 5.0, 5.0, 0.5]"})
     proc = pswift("plan", str(slow))
     assert proc.returncode == 0, proc.stderr
@@ -129,7 +129,7 @@ def _parent(pid: int) -> int:
 def _bring_back(node: str) -> None:
     """The node's slurmd started again and the node resumed, for the tests that follow."""
     import subprocess
-    from conftest import CLUSTER_DIR
+    from helpers import CLUSTER_DIR
     pidfile = CLUSTER_DIR / "run" / f"slurmd-{node}.pid"
     try:
         alive = pidfile.exists() and os.kill(int(pidfile.read_text()), 0) is None
@@ -155,7 +155,7 @@ def test_a_lost_node_ends_nothing_the_ranks_go_on_with_fewer_stages(cluster, tmp
     allocation less that node, and the ranks restart on the nodes left with plan.json's layout
     for them, from the last committed checkpoint: the same Slurm job COMPLETES (issue 23)."""
     import subprocess
-    from conftest import CLUSTER_DIR
+    from helpers import CLUSTER_DIR
     toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "60", "checkpoint_interval": "5"})
     run = tmp_path / "run"
     job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()

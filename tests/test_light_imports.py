@@ -26,7 +26,7 @@ def test_cli_and_library_never_import_torch_or_deepspeed():
 
 
 def test_dry_run_never_imports_torch(tmp_path):
-    from conftest import EXAMPLE
+    from helpers import EXAMPLE
     code = ("import sys; from pipeswift_slurm.cli import cli\n"
             "try:\n cli.main(['sbatch', '--dry-run', sys.argv[1]], standalone_mode=False)\n"
             "except SystemExit: pass\n"
@@ -39,7 +39,7 @@ def test_dry_run_never_imports_torch(tmp_path):
 
 
 def test_planning_simulating_and_reporting_never_import_torch(tmp_path):
-    from conftest import EXAMPLE
+    from helpers import EXAMPLE
     code = ("import sys; from pipeswift_slurm.cli import cli\n"
             "for args in (['plan', '--no-live', sys.argv[1]], ['simulate', sys.argv[1], '--json'],\n"
             "             ['partition', '--costs', '1,2,3', '-P', '2'], ['history', 'ingest', '--db', sys.argv[2]],\n"

@@ -74,7 +74,7 @@ def test_uniform():
 def test_partition_cli():
     import json
 
-    from conftest import pswift
+    from helpers import pswift
     d = json.loads(pswift("partition", "--costs", "5,1,1,1,1,1,1,1,1,6", "--stages", "4", "--json").stdout)
     assert d["bottleneck"] == 6.0 and d["boundaries"][0] == 0 and d["boundaries"][-1] == 10
     text = pswift("partition", "--costs", "1,1,1,1", "--memory", "3,1,1,3", "--memory-cap", "4", "-P", "2").stdout

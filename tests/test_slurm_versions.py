@@ -186,7 +186,7 @@ def test_submit_warns_when_slurm_would_hold_the_job_before_max_requeues(acct_clu
     """From 24.05 Slurm requeues preempted jobs itself and holds a job after MaxBatchRequeue - 1
     such requeues (seen in the preemption storm test before the dev cluster raised it): a
     max_requeues past that is said at submission. Before 24.05 there is no such limit."""
-    from conftest import copy_example
+    from helpers import copy_example
     from pipeswift_slurm import slurm
     monkeypatch.setenv("SLURM_CONF", acct_cluster)
     toml = copy_example(tmp_path / "ex", {"max_requeues": "6"})

@@ -226,7 +226,7 @@ print("checkpointed calls", len(calls))
 @pytest.mark.parametrize("interval,calls", [(0, 0), (1, 8), (2, 4)])
 def test_activation_checkpoint_interval_recomputes_that_many_layers_at_a_time(tmp_path, interval, calls):
     import sys
-    from conftest import EXAMPLE
+    from helpers import EXAMPLE
     proc = subprocess.run([sys.executable, "-c", ACTIVATION_COUNT, str(interval), str(EXAMPLE)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -128,8 +128,10 @@ def decide(plan: Plan, nodes: int, free: int, step_times: Sequence[float], remai
     if best.nodes_to == 0:
         keep.why = f"{free} node(s) free: no larger layout fits"
         return keep
-    if best.predicted_step_s > (1 - MIN_GAIN) * best.step_s:
-        best.why = f"{best.nodes_to} node(s) would be under {MIN_GAIN:.0%} faster a step"
+    # the planner gave up to [job] jct_slack of JCT for fewer node-hours: growing must beat it too
+    need = max(MIN_GAIN, plan["jct_slack"])
+    if best.predicted_step_s > (1 - need) * best.step_s:
+        best.why = f"{best.nodes_to} node(s) would be under {need:.0%} faster a step"
     elif best.gain_s < COST_MARGIN * best.cost_s:
         best.why = (f"{best.nodes_to} node(s) save {best.gain_s:.1f} s over {remaining} step(s), under "
                     f"{COST_MARGIN:g}x the requeue's {best.cost_s:.1f} s")
