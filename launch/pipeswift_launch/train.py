@@ -15,8 +15,8 @@ from pipeswift_slurm import events as events_schema
 from pipeswift_slurm.decide import requeue_left
 from pipeswift_slurm.plan import RELAYOUT_EXIT
 
-from . import checkpoint as ckpt
 from . import data
+from .checkpointer import Checkpointer
 from .dist_env import DistEnv
 from .pipe import build_pipe
 from . import relayout as relayout_mod
@@ -105,14 +105,10 @@ class Attempt:
     engine: Any = None
     dist: Any = None
     boundaries: list[int] = field(default_factory=list)
-    ckpt_dir: Path = Path(".")
-    model_id: str = ""
+    checkpoints: Checkpointer = field(init=False)   # built by _setup, with the engine
     step: int = 0
     setup_s: float = 0.0
     load_s: float = 0.0
-    ckpt_s: float | None = None      # the last checkpoint's seconds in this run of the launcher
-    saved_at: float = 0.0            # when the last checkpoint (or training) started, time.time()
-    pending: Any = None              # a periodic checkpoint being written (checkpoint.Pending)
     grow_to: int = 0                 # rank 0: the node count a growth asks for
 
     @property
@@ -183,17 +179,12 @@ def _setup(att: Attempt) -> None:
         ds_compat.mark_model_parallel(model.parameters())
     att.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                config=ds_config(plan, layout))
-    att.dist, att.model_id = dist, model_id(plan)
+    att.dist = dist
     att.boundaries = [int(b) for b in att.engine.module.parts]
-    att.ckpt_dir = Path(plan["training"]["checkpoint_dir"])
-    if att.rank == 0:
-        att.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        removed, aside = ckpt.remove_uncommitted(att.ckpt_dir)
-        if removed:
-            _log(att.rank, f"removed half-written checkpoint(s) {', '.join(removed)}")
-            att.events.emit("checkpoint_discarded", names=removed)
-        if aside:
-            _log(att.rank, f"moved aside checkpoint(s) with an unusable manifest: {'; '.join(aside)}")
+    att.checkpoints = Checkpointer(att.engine, dist, Path(plan["training"]["checkpoint_dir"]), att.rank,
+                                   denv.world_size, att.events, int(plan["training"]["keep_checkpoints"]),
+                                   model_id(plan))
+    att.checkpoints.clean_folder()
     dist.barrier()
 
 
@@ -213,57 +204,15 @@ def _emit_start(att: Attempt, setup_s: float, load_s: float, resumed_from: str |
 def _meta(att: Attempt, reason: str) -> dict[str, Any]:
     layout, denv = att.layout, att.denv
     return {"samples": int(att.engine.global_samples), "boundaries": att.boundaries,
-            "model_id": att.model_id, "stages": layout["stages"],
+            "model_id": att.checkpoints.model_id, "stages": layout["stages"],
             "data_parallel": layout["data_parallel"], "micro_batches": layout["micro_batches"],
             "world_size": denv.world_size, "data_position": att.step, "reason": reason,
             "job_id": denv.job_id, "attempt": denv.attempt}
 
 
-def _gather(att: Attempt) -> Any:
-    def gather(obj: Any) -> list[Any]:
-        out: list[Any] = [None] * att.denv.world_size
-        att.dist.all_gather_object(out, obj)
-        return out
-    return gather
-
-
-def _committed(att: Attempt, path: Path, step: int, reason: str, stall_s: float,
-               phases: dict[str, float], background: bool) -> None:
-    """After a commit: prune, the event, the line; ``stall_s``: what training waited for it."""
-    if att.rank == 0:
-        ckpt.prune(att.ckpt_dir, int(att.plan["training"]["keep_checkpoints"]))
-    att.ckpt_s = stall_s
-    att.events.emit("checkpoint", step=step, path=str(path), seconds=round(stall_s, 3), reason=reason,
-                    background=background, **{k: round(v, 4) for k, v in phases.items()})
-    _log(att.rank, f"checkpoint {path.name} committed ({reason}) in {stall_s:.2f} s"
-                   + (" of training time, written in the background" if background else ""))
-
-
 def _save(att: Attempt, reason: str) -> None:
-    """A stage-consistent checkpoint of ``att.step`` by every rank, committed before it returns
-    (after any checkpoint still being written), pruned, and its event."""
-    _finish_pending(att)
-    ts = time.time()
-    path, phases = ckpt.save(att.engine, att.ckpt_dir, att.step, _meta(att, reason), _gather(att),
-                             att.dist.barrier, att.rank)
-    _committed(att, path, att.step, reason, time.time() - ts, phases, False)
-    att.saved_at = time.time()
-
-
-def _save_in_background(att: Attempt) -> None:
-    """A periodic checkpoint: the state copied at this step, written by a thread, committed at a
-    later step's end once every rank's file is on disk (:func:`_finish_pending`)."""
-    _finish_pending(att)
-    att.pending = ckpt.Pending(att.engine, att.ckpt_dir, att.step, _meta(att, "periodic"))
-    att.saved_at = time.time()
-
-
-def _finish_pending(att: Attempt) -> None:
-    """Every rank at the same point: commit the checkpoint being written (waiting for it)."""
-    p, att.pending = att.pending, None
-    if p is not None:
-        phases = p.commit(_gather(att), att.dist.barrier, att.rank)
-        _committed(att, p.path, p.step, "periodic", p.stall_s, phases, True)
+    """A checkpoint of this step by every rank, committed before it returns."""
+    att.checkpoints.save(att.step, _meta(att, reason))
 
 
 def _train(att: Attempt) -> int:
@@ -277,7 +226,7 @@ def _train(att: Attempt) -> int:
     # [stop code, re-profile: step times drifted, rank 0: a periodic checkpoint is due by time,
     #  a rank's background checkpoint is still being written]
     flag = torch.zeros(4, device=engine.device)
-    att.saved_at = time.time()
+    att.checkpoints.saved_at = time.time()
     stop_code = STOP_NONE
     run_dir = Path(plan["run_dir"])
     dog = Watchdog(run_dir, att.rank, os.environ.get("SLURMD_NODENAME", "local"),
@@ -316,7 +265,7 @@ def _train(att: Attempt) -> int:
                 drift.settle(att.step, window)
                 watcher = watcher or _watch_for_growth(att, step_times, profiled)
         flag[1] = float(att.rank == 0 and not profiler.handles and drift.drifted(att.step, step_times))
-        flag[2] = float(att.rank == 0 and time.time() - att.saved_at >= _checkpoint_every_s(att))
+        flag[2] = float(att.rank == 0 and time.time() - att.checkpoints.saved_at >= _checkpoint_every_s(att))
         stop_code = _step_end(att, flag, dog, interval, relayout, watcher, profiled)
         if stop_code:
             break
@@ -336,7 +285,8 @@ def _checkpoint_every_s(att: Attempt) -> float:
     if not rec:
         return float("inf")
     from pipeswift_slurm import interval
-    cost = att.ckpt_s if att.ckpt_s is not None else float(rec.get("cost_s") or 0.0)
+    last = att.checkpoints.last_s
+    cost = last if last is not None else float(rec.get("cost_s") or 0.0)
     return interval.every_s(cost, interval.from_record(rec).mtbf_s(att.denv.nodes))
 
 
@@ -351,11 +301,11 @@ def _step_end(att: Attempt, flag: Any, dog: Watchdog, interval: int, relayout: A
     0's growth watcher), save what the step calls for, or re-lay out; the stop code (0: go on)."""
     steps = int(att.plan["training"]["steps"])
     flag[0] = float(requested())
-    flag[3] = float(att.pending is not None and not att.pending.done())
+    flag[3] = float(att.checkpoints.writing())
     att.dist.all_reduce(flag, op=att.dist.ReduceOp.MAX)
     stop_code = int(flag[0].item())
-    if att.pending is not None and not flag[3].item():   # every rank's file is on disk: commit
-        _finish_pending(att)
+    if att.checkpoints.pending is not None and not flag[3].item():   # every rank's file is on disk: commit
+        att.checkpoints.finish_pending()
     periodic = (interval and att.step % interval == 0) or flag[2].item()
     if stop_code or att.step >= steps:
         with dog.paused():
@@ -364,7 +314,7 @@ def _step_end(att: Attempt, flag: Any, dog: Watchdog, interval: int, relayout: A
             _commit_growth(att, watcher)
     elif periodic:
         with dog.paused():
-            _save_in_background(att)
+            att.checkpoints.save_in_background(att.step, _meta(att, "periodic"))
     elif relayout is not None and relayout.go and profiled is not None:
         with dog.paused():
             _save(att, "relayout")
@@ -402,33 +352,14 @@ def model_id(plan: Plan) -> str:
 
 
 def _resume(att: Attempt) -> str | None:
-    """Load the newest committed checkpoint that every rank can load; on a corrupt file or
-    another model's checkpoint, fall back to the previous one (all ranks together, one line
-    each time). Returns the path loaded, None when there is none; raises when none loads."""
-    denv, first_error = att.denv, None
-    for path in reversed(ckpt.committed(att.ckpt_dir)):
-        man, err, generators = None, None, None
-        try:
-            man = ckpt.load(att.engine, path, att.model_id, att.boundaries[-1])
-            generators = ckpt.saved_generators(path, man, denv.rank, ckpt.layout_key(
-                {**att.layout, "boundaries": att.boundaries, "world_size": denv.world_size}))
-        except ckpt.CheckpointError as e:
-            err = str(e)
-        errors: list[Any] = [None] * denv.world_size
-        att.dist.all_gather_object(errors, err)  # fail together, or peers die in a collective
-        problem = next((e for e in errors if e), None)
-        if problem is None and man is not None:
-            _log(denv.rank, f"resumed from {path.name} (written by {man['stages']} stage(s) "
-                            f"{man['boundaries']}) into {att.layout['stages']} stage(s) {att.boundaries}")
-            _continue_generators(att, generators, int(man["step"]))
-            return str(path)
-        first_error = first_error or problem
-        _log(denv.rank, f"cannot resume from {path.name}: {problem}; trying the previous committed checkpoint")
-    if first_error is None:
-        return None
-    if denv.rank == 0:
-        raise ckpt.CheckpointError(f"no committed checkpoint in {att.ckpt_dir} can be loaded: {first_error}")
-    raise SystemExit(2)
+    """The newest committed checkpoint every rank can load (Checkpointer.resume), the random
+    generators continued from it; the path loaded, None when there is none."""
+    def loaded(path: Path, man: dict[str, Any], generators: dict[str, Any] | None) -> None:
+        _log(att.rank, f"resumed from {path.name} (written by {man['stages']} stage(s) "
+                       f"{man['boundaries']}) into {att.layout['stages']} stage(s) {att.boundaries}")
+        _continue_generators(att, generators, int(man["step"]))
+    layout = {**att.layout, "boundaries": att.boundaries, "world_size": att.denv.world_size}
+    return att.checkpoints.resume(att.boundaries[-1], layout, loaded)
 
 
 def _continue_generators(att: Attempt, saved: dict[str, Any] | None, step: int) -> None:
@@ -487,7 +418,7 @@ def _relayout_proposal(att: Attempt, profiled: dict[str, Any], step_times: list[
     got: list[Any] = [None]
     if att.rank == 0:
         got[0] = relayout.propose(att.plan, att.layout, att.boundaries, profiled, step_times, att.step,
-                                  att.setup_s + att.load_s, att.ckpt_s, done)
+                                  att.setup_s + att.load_s, att.checkpoints.last_s, done)
         _log(att.rank, f"re-layout {'to ' + str(got[0].boundaries) if got[0].go else 'not needed'}: {got[0].why}")
     att.dist.broadcast_object_list(got, src=0)
     return got[0]
@@ -519,7 +450,7 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
         own = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
         free = grow.free_nodes(state, plan["partition"], cpus, own)
         return grow.decide(plan, denv.nodes, free, step_times[-20:], int(plan["training"]["steps"]) - att.step,
-                           att.setup_s + att.load_s, att.ckpt_s or 0.0, predicted)
+                           att.setup_s + att.load_s, att.checkpoints.last_s or 0.0, predicted)
 
     w = grow.Watcher(interval, check, signals.request_grow, lambda msg: _log(0, msg))
     w.start()
