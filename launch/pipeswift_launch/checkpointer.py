@@ -11,14 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import checkpoint as ckpt
+from .dist_env import log0 as _log
 
 if TYPE_CHECKING:
     from pipeswift_slurm.events import Writer
-
-
-def _log(rank: int, msg: str) -> None:
-    if rank == 0:
-        print(f"pswift: {msg}", flush=True)
 
 
 class Checkpointer:

@@ -16,6 +16,12 @@ from typing import Mapping
 PORT_BASE, PORT_SPAN = 20000, 12000
 
 
+def log0(rank: int, msg: str) -> None:
+    """A line of the job's log, said once: by rank 0."""
+    if rank == 0:
+        print(f"pswift: {msg}", flush=True)
+
+
 class LaunchEnvError(RuntimeError):
     pass
 

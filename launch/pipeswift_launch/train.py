@@ -17,7 +17,7 @@ from pipeswift_slurm.plan import RELAYOUT_EXIT
 
 from . import data
 from .checkpointer import Checkpointer
-from .dist_env import DistEnv
+from .dist_env import DistEnv, log0 as _log
 from .pipe import build_pipe
 from . import relayout as relayout_mod
 from .profile import PROFILE_STEPS, InstructionTimer, LayerProfiler
@@ -32,11 +32,6 @@ if TYPE_CHECKING:
 STOP_RELAYOUT = 99
 #: the step this rank is running (None before training): a crash's record says where it was
 progress: dict[str, int | None] = {"step": None}
-
-
-def _log(rank: int, msg: str) -> None:
-    if rank == 0:
-        print(f"pswift: {msg}", flush=True)
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
