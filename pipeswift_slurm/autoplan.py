@@ -16,7 +16,7 @@ from . import interval
 from . import runrows
 from . import slurm
 from .config import TrainConfig
-from .costmodel import DEFAULT_DEVICE_MEMORY, Hardware, Profile
+from .costmodel import DEFAULT_DEVICE_MEMORY, Hardware, Profile, every_known
 from .errors import ConfigError, PswiftError
 from .risk import step_rel_sd
 from .planner import Candidate, PastRuns, PlanResult, plan
@@ -47,13 +47,12 @@ def _layer_costs(cfg: TrainConfig, h: hist_mod.History | None) -> Profile | None
         if got is not None and (n is None or len(got[1]) == n):
             mbs, secs, params, acts, saved = got
             over = h.pipe_overheads(_model_key(cfg), mbs) or {}
-            known = [x for x in saved if x is not None]
             return Profile(tuple(secs), tuple(params) if any(params) else None,
                            tuple(acts) if any(acts) else None, mbs, "history",
                            overhead_s=over.get("overhead_s", 0.0),
                            last_stage_overhead_s=over.get("last_stage_overhead_s", 0.0),
                            send_s=over.get("send_s", 0.0), step_overhead_s=over.get("step_overhead_s"),
-                           saved_bytes=tuple(known) if len(known) == len(saved) else None)
+                           saved_bytes=every_known(saved))
     if cfg.model.layer_costs is not None:
         return Profile(cfg.model.layer_costs, cfg.model.layer_memory, None,
                        cfg.training.micro_batch_size, "toml")

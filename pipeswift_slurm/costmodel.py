@@ -60,6 +60,12 @@ class Hardware(NamedTuple):
     shared_efficiency: float = 1.0
 
 
+def every_known(values: Sequence[int | None]) -> tuple[int, ...] | None:
+    """Per-layer byte counts as a Profile holds them: all of them, or None when any is unknown."""
+    known = tuple(int(v) for v in values if v is not None)
+    return known if len(known) == len(values) else None
+
+
 class Profile(NamedTuple):
     """Per-layer forward+backward seconds per micro-batch of ``micro_batch_size`` on one device.
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 from . import __version__
 from .config import TrainConfig, TrainingSection
 from .errors import ConfigError
-from .layouts import Layout, rule_layouts
+from .layouts import rule_layouts
 
 if TYPE_CHECKING:
     from .planner import PlanResult

@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from pipeswift_slurm.costmodel import (DEFAULT_DEVICE_MEMORY, Hardware, Profile, checkpoint_seconds,
-                                       estimate_step, overheads_from_instructions, stage_cut)
+                                       estimate_step, every_known, overheads_from_instructions,
+                                       stage_cut)
 from pipeswift_slurm.partition import PartitionError
 from pipeswift_slurm.plan import MAX_RELAYOUTS
 from pipeswift_slurm.stats import median, median_of
@@ -69,19 +70,17 @@ def measured_profile(plan: Plan, layout: LayoutSpec, profiled: dict[str, Any],
     params = [profiled.get("param_bytes", {}).get(str(i)) for i in range(n)]
     acts = [profiled.get("activation_bytes", {}).get(str(i)) for i in range(n)]
     saved = [(profiled.get("saved_bytes") or {}).get(str(i)) for i in range(n)]
-    known = [int(x) for x in saved if x is not None]
     over: dict[str, float] = {}
     if profiled.get("instructions"):
         over = overheads_from_instructions(profiled["instructions"], secs, boundaries,
                                            int(layout["micro_batches"]))
     t = plan["training"]
     return Profile(tuple(float(secs[str(i)]) for i in range(n)),
-                   tuple(params) if all(p is not None for p in params) else None,
-                   tuple(acts) if all(a is not None for a in acts) else None,
+                   every_known(params), every_known(acts),
                    int(layout["micro_batch_size"]), "measured", **over,
                    precision=t["precision"], zero_stage=int(t["zero_stage"]),
                    recompute_interval=int(t["activation_checkpoint_interval"]),
-                   saved_bytes=tuple(known) if len(known) == len(saved) else None)
+                   saved_bytes=every_known(saved))
 
 
 def hardware(plan: Plan) -> Hardware:
