@@ -55,11 +55,16 @@ test:
 # (no daemon is started: a test that asks for a cluster fails here); a few minutes
 test-fast: setup
 	@command -v lua5.3 >/dev/null || $(MAKE) --no-print-directory tools
-	PSWIFT_TEST_TIER=fast SLURM_CONF=/nonexistent/slurm.conf $(PY) -m pytest -q -p no:cacheprovider --durations=10 -m "not slurm and not deepspeed"
+	PSWIFT_TEST_TIER=fast SLURM_CONF=/nonexistent/slurm.conf $(PY) -m pytest -q -p no:cacheprovider --durations=10 -n 2 -m "not slurm and not deepspeed"
 
+# every test: the fast tier first, on both cores (pytest-xdist: its tests share no daemon, port
+# or file), then the Slurm and DeepSpeed tests one at a time (they share the cluster's nodes)
 test-22.05: setup tools
 	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm 22.05 $(CLUSTER) start
-	PSWIFT_REQUIRE_BROWSER=1 scripts/with-slurm 22.05 $(PY) -m pytest $(PYTEST_CI)
+	rc=0; PSWIFT_TEST_TIER=fast PSWIFT_REQUIRE_BROWSER=1 SLURM_CONF=/nonexistent/slurm.conf \
+	  $(PY) -m pytest $(PYTEST_CI:$@.xml=$@-fast.xml) -n 2 -m "not slurm and not deepspeed" || rc=$$?; \
+	  PSWIFT_REQUIRE_BROWSER=1 scripts/with-slurm 22.05 $(PY) -m pytest $(PYTEST_CI) -m "slurm or deepspeed" || rc=$$?; \
+	  exit $$rc
 
 test-new: setup slurm-new pyslurm
 	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) start

@@ -193,18 +193,22 @@ def warm_up(hidden: int, mode: str) -> dict:
         return merged_state(work / "ckpt" / f"step_{got['step']:08d}")
 
 
-def one_round(state: dict, hidden: int, baseline_first: bool, mode: str) -> dict:
+def one_round(state: dict | None, hidden: int, baseline_first: bool, mode: str) -> dict:
+    """One round; with no warm-up ``state`` (quick), the baseline saves this round's own
+    checkpoint, after pswift's save."""
     with tempfile.TemporaryDirectory(prefix="pswift-bench-") as tmp:
         work = Path(tmp)
-        base = torch_baseline(state, work / "baseline.pt") if baseline_first else {}
+        base = torch_baseline(state, work / "baseline.pt") if baseline_first and state is not None else {}
         ckpt = work / "ckpt"
         got = signal_and_commit(make_config(work / "cfg", ckpt, steps=1000, hidden=hidden, mode=mode),
                                 work / "save", ckpt, MODES[mode][2])
+        if state is None:
+            state = merged_state(ckpt / f"step_{got['step']:08d}")
         loads = resume_loads(work, ckpt, got.pop("step"), hidden, mode)
         stall = background_stall(work, hidden, mode)
-        if not baseline_first:
+        if not base:
             base = torch_baseline(state, work / "baseline.pt")
-        return {**got, **loads, **stall, **base, "baseline_first": baseline_first}
+        return {**got, **loads, **stall, **base, "baseline_first": bool(baseline_first and base)}
 
 
 RATIOS = {  # name: (pswift figure, baseline figures summed); and one per resume of the mode
@@ -247,9 +251,10 @@ def readme_figures(s: dict, rounds: int) -> str:
             f"{span_b('background_stall_vs_sync_save')})")
 
 
-def measure(mode: str, hidden: int, repeats: int) -> tuple[dict, list[dict]]:
-    """(summary, rounds) of one training mode, each round alternating who goes first."""
-    state = warm_up(hidden, mode)
+def measure(mode: str, hidden: int, repeats: int, quick: bool = False) -> tuple[dict, list[dict]]:
+    """(summary, rounds) of one training mode, each round alternating who goes first (quick: one
+    round, no warm-up run: the baseline saves the round's own checkpoint)."""
+    state = None if quick else warm_up(hidden, mode)
     rounds = []
     for i in range(repeats):
         rounds.append(one_round(state, hidden, baseline_first=i % 2 == 1, mode=mode))
@@ -265,12 +270,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "checkpoint.json"))
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="a 2 MB model, one round (CI: the bench still runs)")
+    ap.add_argument("--quick", action="store_true", help="a 2 MB model, one round, no warm-up (CI: the bench still runs)")
     args = ap.parse_args()
     repeats = 1 if args.quick else args.repeats
     hidden = 128 if args.quick else 1024
-    s, rounds = measure("fp32", hidden, repeats)
-    bf16, bf16_rounds = measure("bf16_zero1", hidden, repeats)
+    s, rounds = measure("fp32", hidden, repeats, args.quick)
+    bf16, bf16_rounds = measure("bf16_zero1", hidden, repeats, args.quick)
     s["bf16_zero1"] = {**bf16, "rounds": bf16_rounds}
     benchlib.save(args.out, {"benchmark": "checkpoint", "repeats": repeats, **s, "rounds": rounds},
                   quick=args.quick,

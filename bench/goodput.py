@@ -194,11 +194,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--interval", type=int, default=50, help="steps between periodic checkpoints")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "goodput.json"))
-    ap.add_argument("--quick", action="store_true", help="120 steps, one crash (CI: the bench still runs)")
+    ap.add_argument("--quick", action="store_true", help="60 steps, one crash (CI: the bench still runs)")
     args = ap.parse_args()
     trace = QUICK_TRACE if args.quick else TRACE
     if args.quick:
-        args.steps, args.interval = 120, 20
+        args.steps, args.interval = 60, 10
     pswift = shutil.which("pswift", path=str(Path(sys.executable).parent)) or "pswift"
     runs = {}
     with tempfile.TemporaryDirectory(prefix="pswift-bench-goodput-") as tmp:

@@ -6,8 +6,8 @@ end plus the point-to-point transfer time when it ran on another device). The pl
 same model for its step-time estimate.
 
 The zero-bubble schedule is a greedy ZB-H1: B and W are split, W runs whenever the next F/B
-would wait, and activation memory stays at the 1F1B peak. It recovers part of the ZB-H1 bubble
-reduction (uniform 4 stages x 8 micro-batches, F=B=W=1: 30 vs 1F1B's 33 and the paper's 27).
+would wait, and activation memory stays at the 1F1B peak. With uniform stages it gives the
+paper's makespan (4 stages x 8 micro-batches, F=B=W=1: 27 vs 1F1B's 33).
 
 Operations (one micro-batch on one virtual stage): ``F`` forward, ``B`` backward (input and
 weight gradients; only the input gradient in the zero-bubble schedule), ``W`` weight gradient

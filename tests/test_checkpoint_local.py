@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import time
@@ -52,12 +53,23 @@ def test_a_corrupt_stage_file_is_refused_with_the_fix(tmp_path):
     assert "no committed checkpoint in" in proc.stderr and "checksum mismatch (corrupt file)" in proc.stderr, proc.stderr[-3000:]
 
 
-def two_checkpoints(tmp_path: Path) -> tuple[Path, Path]:
-    """A run with committed checkpoints at steps 1 and 2, and the TOML that resumes from them."""
-    ckpt = tmp_path / "ckpt"
-    a = with_ckpt(copy_example(tmp_path / "a", {"steps": "2", "checkpoint_interval": "1"}), ckpt)
-    assert pswift("run", "--run-dir", str(tmp_path / "ra"), str(a)).returncode == 0
+@pytest.fixture(scope="module")
+def committed_two(tmp_path_factory) -> Path:
+    """The checkpoints of one run, committed at steps 1 and 2 (made once: each test that
+    tampers with them works on its own copy)."""
+    tmp = tmp_path_factory.mktemp("two-checkpoints")
+    ckpt = tmp / "ckpt"
+    a = with_ckpt(copy_example(tmp / "a", {"steps": "2", "checkpoint_interval": "1"}), ckpt)
+    assert pswift("run", "--run-dir", str(tmp / "ra"), str(a)).returncode == 0
     assert sorted(p.name for p in ckpt.iterdir()) == ["step_00000001", "step_00000002"]
+    return ckpt
+
+
+@pytest.fixture
+def two_checkpoints(tmp_path: Path, committed_two: Path) -> tuple[Path, Path]:
+    """A copy of ``committed_two`` in this test's folder, and the TOML that resumes from it."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(committed_two, ckpt)
     return ckpt, with_ckpt(copy_example(tmp_path / "b", {"steps": "3", "checkpoint_interval": "0"}), ckpt)
 
 
@@ -67,8 +79,8 @@ def resume(tmp_path: Path, toml: Path) -> tuple[subprocess.CompletedProcess, lis
     return proc, events(tmp_path / "rb")
 
 
-def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
-    ckpt, b = two_checkpoints(tmp_path)
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, two_checkpoints):
+    ckpt, b = two_checkpoints
     f = ckpt / "step_00000002" / "stage_000.safetensors"
     data = bytearray(f.read_bytes())
     data[-100] ^= 0xFF
@@ -99,20 +111,20 @@ def to_version_1(d: Path, evil: object = None) -> None:
     (d / "MANIFEST.json").write_text(json.dumps({**man, "version": 1, "files": files}))
 
 
-def test_a_version_1_checkpoint_still_resumes(tmp_path):
-    ckpt, b = two_checkpoints(tmp_path)
+def test_a_version_1_checkpoint_still_resumes(tmp_path, two_checkpoints):
+    ckpt, b = two_checkpoints
     to_version_1(ckpt / "step_00000002")
     proc, evs = resume(tmp_path, b)
     assert "resumed from step_00000002" in proc.stdout, proc.stdout[-2000:]
     assert [e["step"] for e in evs if e["event"] == "start"] == [2]
 
 
-def test_generators_that_cannot_be_restored_are_seeded_and_said_so(tmp_path):
+def test_generators_that_cannot_be_restored_are_seeded_and_said_so(tmp_path, two_checkpoints):
     """rng.json edited into something that is JSON with a valid checksum but no generator state:
     the run resumes with seeded generators and one line; a corrupt rng.json (checksum) makes
     the checkpoint unusable like any corrupt file."""
     import zlib
-    ckpt, b = two_checkpoints(tmp_path)
+    ckpt, b = two_checkpoints
     d = ckpt / "step_00000002"
     saved = json.loads((d / "rng.json").read_text())
     saved["ranks"] = [{"torch": "AAAA", "numpy": [], "python": []} for _ in saved["ranks"]]
@@ -124,7 +136,6 @@ def test_generators_that_cannot_be_restored_are_seeded_and_said_so(tmp_path):
     proc, evs = resume(tmp_path, b)
     assert "resumed from step_00000002" in proc.stdout, proc.stdout[-2000:]
     assert "cannot restore the saved random generators (" in proc.stdout, proc.stdout[-2000:]
-    import shutil
     shutil.rmtree(ckpt / "step_00000003")   # the resumed run's own final checkpoint (step 1 is pruned)
     (d / "rng.json").write_bytes(blob[:-1] + b" ")   # same size, another checksum
     proc = pswift("run", "--run-dir", str(tmp_path / "again"), str(b))
@@ -133,11 +144,11 @@ def test_generators_that_cannot_be_restored_are_seeded_and_said_so(tmp_path):
     assert "no committed checkpoint in" in proc.stdout + proc.stderr
 
 
-def test_a_crafted_stage_file_runs_no_code(tmp_path):
+def test_a_crafted_stage_file_runs_no_code(tmp_path, two_checkpoints):
     """A version-1 stage file rewritten to run code on unpickling, with a manifest forged to
     match it (sizes and sha256 are written by the same hand): torch.load(weights_only=True)
     refuses it, and the launcher falls back to the previous checkpoint."""
-    ckpt, b = two_checkpoints(tmp_path)
+    ckpt, b = two_checkpoints
     marker = tmp_path / "PWNED"
 
     class Evil:
@@ -150,10 +161,10 @@ def test_a_crafted_stage_file_runs_no_code(tmp_path):
     assert "cannot be loaded safely" in proc.stdout and "resumed from step_00000001" in proc.stdout
 
 
-def test_a_stage_file_that_is_not_safetensors_is_refused(tmp_path):
+def test_a_stage_file_that_is_not_safetensors_is_refused(tmp_path, two_checkpoints):
     """Garbage with a matching checksum (a forged manifest): the safetensors reader refuses it."""
     import zlib
-    ckpt, b = two_checkpoints(tmp_path)
+    ckpt, b = two_checkpoints
     d = ckpt / "step_00000002"
     junk = (10**12).to_bytes(8, "little") + b'{"model/0.weight": {"dtype": "F32"}}' * 10
     (d / "stage_001.safetensors").write_bytes(junk)
@@ -164,8 +175,8 @@ def test_a_stage_file_that_is_not_safetensors_is_refused(tmp_path):
     assert "is not a readable stage file" in proc.stdout and "resumed from step_00000001" in proc.stdout
 
 
-def test_an_unreadable_manifest_is_moved_aside_never_deleted(tmp_path):
-    ckpt, b = two_checkpoints(tmp_path)
+def test_an_unreadable_manifest_is_moved_aside_never_deleted(tmp_path, two_checkpoints):
+    ckpt, b = two_checkpoints
     man_path = ckpt / "step_00000002" / "MANIFEST.json"
     man = json.loads(man_path.read_text())
     man_path.write_text(json.dumps({**man, "version": 99}))
@@ -245,7 +256,6 @@ def test_a_periodic_checkpoint_is_written_in_the_background_and_counts_only_once
     assert len(later) >= 3, "steps did not go on while step 12's checkpoint was being written"
     final = [e for e in evs if e["event"] == "checkpoint" and e["reason"] == "final"]
     assert final and final[0]["background"] is False
-    import shutil
     shutil.rmtree(ckpt / "step_00000030")     # resume from the newest background checkpoint
     again = tmp_path / "again"
     assert pswift("run", "--run-dir", str(again), str(config(tmp_path / "b"))).returncode == 0

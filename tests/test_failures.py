@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
 
 @pytest.mark.every_version
 def test_a_rank_killed_mid_run_restarts_in_the_allocation_and_ends_bitwise_equal(cluster, tmp_path):
-    toml = slow_example(tmp_path / "ex", {"steps": "60", "checkpoint_interval": "10"})
+    toml = slow_example(tmp_path / "ex", {"steps": "40", "checkpoint_interval": "10"})
     run = tmp_path / "run"
     job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
     wait_steps(run, 24)
@@ -43,7 +43,7 @@ def test_a_rank_killed_mid_run_restarts_in_the_allocation_and_ends_bitwise_equal
     # every step, the repeated ones too, has the uninterrupted run's loss bit for bit
     ref = step_losses(reference(toml, tmp_path, nodes=2))
     assert all(e["loss_hex"] == ref[e["step"]] for e in evs if e["event"] == "step")
-    assert sorted(step_losses(run)) == sorted(ref) == list(range(1, 61))
+    assert sorted(step_losses(run)) == sorted(ref) == list(range(1, 41))
     st = json.loads(pswift("status", job, "--json", check=True).stdout)
     (a,) = st["attempts"]
     assert a["ended"] == "completed" and a["crashes"][0]["how"] == "signal 9"
@@ -156,7 +156,7 @@ def test_a_lost_node_ends_nothing_the_ranks_go_on_with_fewer_stages(cluster, tmp
     for them, from the last committed checkpoint: the same Slurm job COMPLETES (issue 23)."""
     import subprocess
     from helpers import CLUSTER_DIR
-    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "60", "checkpoint_interval": "5"})
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "40", "checkpoint_interval": "5"})
     run = tmp_path / "run"
     job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
     wait_steps(run, 12)
@@ -186,4 +186,4 @@ def test_a_lost_node_ends_nothing_the_ranks_go_on_with_fewer_stages(cluster, tmp
     assert starts[1]["resumed_from"] and crash[0]["step"] - starts[1]["step"] <= 5
     text = pswift("status", job, check=True).stdout
     assert f"{node} lost: restart 1 of 3 on the 3 node(s) left" in text, text
-    assert sorted(step_losses(run)) == list(range(1, 61))
+    assert sorted(step_losses(run)) == list(range(1, 41))

@@ -30,15 +30,16 @@ from model import batch as _batch
 
 
 def batch(**kw):
-    time.sleep(float(__import__("os").environ.get("PSWIFT_TEST_SLEEP", "0.06")))
+    time.sleep(float(__import__("os").environ.get("PSWIFT_TEST_SLEEP", "{sleep_s}")))
     return _batch(**kw)
 '''
 
 
-def slow_example(dst: Path, replace: dict[str, str]) -> Path:
-    """The example with ~0.25 s steps (the data function sleeps), so signals land mid-run."""
+def slow_example(dst: Path, replace: dict[str, str], sleep_s: float = 0.06) -> Path:
+    """The example with ~0.25 s steps (the data function sleeps ``sleep_s`` a micro-batch), so
+    signals land mid-run."""
     toml = copy_example(dst, replace)
-    (toml.parent / "slow.py").write_text(SLOW_DATA)
+    (toml.parent / "slow.py").write_text(SLOW_DATA.replace("{sleep_s}", str(sleep_s)))
     toml.write_text(toml.read_text().replace('data = "model:batch"', 'data = "slow:batch"'))
     return toml
 
@@ -190,7 +191,7 @@ def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path
         assert proc.returncode == 0 and "COMPLETED" in proc.stdout, (proc.stdout, proc.stderr)
         early = proc.stdout.split()[3]
         all_idle()   # its nodes back, or the job below would be planned on the 2 others
-    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "100", "checkpoint_interval": "0"})
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "50", "checkpoint_interval": "0"})
     toml.write_text(toml.read_text().replace("[job]\n", "[job]\n" + job_lines, 1))
     run = tmp_path / "run"
     followed: list = []
@@ -209,12 +210,12 @@ def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path
     assert tail.count("\n") == 1 and f"job {job} attempt 1 launcher exit 0" in tail
     assert a1["resumed_from"].endswith(f"step_{a0['end_step']:08d}")
     assert a1["start_step"] == a0["end_step"]  # no step lost: stopped at a step boundary
-    assert st["restarts"] == 1 and st["step"] == 100
+    assert st["restarts"] == 1 and st["step"] == 50
     ckpt = [e for e in events(run) if e["event"] == "checkpoint" and e["reason"] == "signal"]
     assert len(ckpt) == 1 and ckpt[0]["seconds"] < 20  # within GraceTime (20 s)
     ref = reference(toml, tmp_path, nodes=4)
     assert step_losses(run) == step_losses(ref)
-    assert_same_weights(final_weights(run / "checkpoints", 100), final_weights(ref / "checkpoints", 100))
+    assert_same_weights(final_weights(run / "checkpoints", 50), final_weights(ref / "checkpoints", 50))
     if early is not None:
         status_once_forgotten(early, tmp_path / "early-run", tmp_path, tmp_path / "early-home")
 
@@ -223,7 +224,8 @@ def test_a_bf16_zero1_job_with_recompute_is_preempted_and_resumes_on_2_of_4_node
     """The settings real jobs use, through real Slurm: bf16, ZeRO-1 over 2 data-parallel ranks,
     activation checkpointing, clipping and a cosine schedule; preempted on 4 nodes (2 stages x 2),
     resumed on 2 (2 stages x 1), the loss curve within 1e-2 of an uninterrupted run."""
-    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "40", "checkpoint_interval": "0",
+    steps = 20   # ~1.4 s each here (bf16 matmuls and the recompute on CPU)
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": str(steps), "checkpoint_interval": "0",
                                           "stages": "2", "data_parallel": "None"})
     toml.write_text(toml.read_text().replace("data_parallel = None", "").replace("seed = 1\n", """seed = 1
 precision = "bf16"
@@ -250,23 +252,24 @@ lr_decay = "cosine"
                  f"job {job}: attempt 1 on 2 node(s), 2 stage(s), from step {a0['end_step']}",
                  f"job {job}: COMPLETED", f"log: {run / f'slurm-{job}.out'}"):
         assert line in out.splitlines(), (line, out)
-    assert re.search(rf"job {job}: step \d+/40, ETA [\d.]+ (ms|s|min)\n", out), out
+    assert re.search(rf"job {job}: step \d+/{steps}, ETA [\d.]+ (ms|s|min)\n", out), out
     starts = [e for e in events(run) if e["event"] == "start"]
     assert [(e["stages"], e["data_parallel"]) for e in starts] == [(2, 2), (2, 1)]
     ref = reference(toml, tmp_path, nodes=4)
     got, want = step_losses(run), step_losses(ref)
-    assert sorted(got) == sorted(want) == list(range(1, 41))
+    assert sorted(got) == sorted(want) == list(range(1, steps + 1))
     g, w = ({k: float.fromhex(v) for k, v in d.items()} for d in (got, want))
     assert all(abs(g[s] - w[s]) <= 1e-2 * abs(w[s]) for s in w), [(s, g[s], w[s]) for s in w if g[s] != w[s]]
-    assert w[40] < w[1]
+    assert w[steps] < w[1]
 
 
 @pytest.mark.every_version
 def test_time_limit_checkpoints_on_usr2_requeues_itself_and_completes(cluster, tmp_path):
-    # 2-minute limit: USR2 60 s before it (capped at half the limit); Slurm's periodic check may
-    # deliver it up to ~30 s earlier. Steps take ~0.3-0.5 s, so 200 steps need 2-3 attempts.
-    toml = slow_example(tmp_path / "ex", {"time": '"2:00"', "steps": "200", "checkpoint_interval": "0",
-                                          "max_requeues": "6"})
+    # 2-minute limit: USR2 60 s before it (capped at half the limit); Slurm's periodic check (every
+    # 30 s) may deliver it up to 30 s earlier, so an attempt trains 25-55 s. The data's sleep
+    # (4 x 0.2 s a step) makes 70 steps take over 56 s on any host: never one attempt, mostly two.
+    toml = slow_example(tmp_path / "ex", {"time": '"2:00"', "steps": "70", "checkpoint_interval": "0",
+                                          "max_requeues": "6"}, sleep_s=0.2)
     run = tmp_path / "run"
     proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
     assert proc.returncode == 0, proc.stderr
@@ -281,10 +284,10 @@ def test_time_limit_checkpoints_on_usr2_requeues_itself_and_completes(cluster, t
     for prev, nxt in zip(st["attempts"], st["attempts"][1:]):
         assert nxt["start_step"] == prev["end_step"]  # no step lost across a requeue
     assert log.count("requeueing job") == len(ended) - 1 and st["restarts"] == len(ended) - 1
-    assert st["step"] == 200
+    assert st["step"] == 70
     ref = reference(toml, tmp_path, nodes=2)
     assert step_losses(run) == step_losses(ref)
-    assert_same_weights(final_weights(run / "checkpoints", 200), final_weights(ref / "checkpoints", 200))
+    assert_same_weights(final_weights(run / "checkpoints", 70), final_weights(ref / "checkpoints", 70))
 
 
 def test_kill_9_mid_checkpoint_restarts_in_the_allocation_from_the_previous_committed_one(cluster, tmp_path):
