@@ -7,6 +7,7 @@ simple layout rule of :mod:`plan` (one stage per slot / data_parallel).
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -19,7 +20,7 @@ from .config import TrainConfig
 from .costmodel import DEFAULT_DEVICE_MEMORY, Hardware, Profile, every_known
 from .errors import ConfigError, PswiftError
 from .risk import step_rel_sd
-from .planner import Candidate, PastRuns, PlanResult, plan
+from .planner import Candidate, PartitionChoice, PastRuns, PlanResult, plan, score
 from .queue import ClusterState, partition_problem
 from .stats import median, median_of
 
@@ -124,30 +125,75 @@ def make_plan(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn,
             except PswiftError as e:
                 warn(f"warning: no live cluster state ({e}); queue waits from history")
         # a job that can never run is refused whether or not there is anything to plan with
-        why = None if cluster is None else partition_problem(cluster, cfg.job.partition,
-                                                             min(cfg.resources.node_counts))
-        if why:
-            raise ConfigError(why)
+        usable = _usable_partitions(cfg, cluster)
         profile = load_profile(cfg, h)
         if profile is None:
             warn("warning: no per-layer costs (no [model] layer_costs and no profile in the "
                  "history): using one stage per task slot; run the job once to profile it")
             return None, errors
-        starts: dict[int, float | None] | None = None
-        if test_only and cluster is not None:
-            r = cfg.resources
-            starts = {}
-            for n in r.node_counts:
-                try:
-                    starts[n] = slurm.test_only_start(n, r.tasks_per_node * r.cpus_per_task,
-                                                      cfg.job.partition, cfg.job.time)
-                except PswiftError as e:
-                    warn(f"warning: sbatch --test-only failed ({e}); using the backfill estimate")
-                    starts = None
-                    break
-        res = plan(cfg, profile, hardware(cfg, cluster), cluster, past_runs(cfg, h), step_key_for(cfg),
-                   starts)
-        return res, errors
+        if len(cfg.job.partitions) <= 1:
+            return _plan_in(cfg, profile, h, cluster, test_only, warn), errors
+        return by_partition(cfg, usable, lambda c: _plan_in(c, profile, h, cluster, test_only, warn)), errors
     finally:
         if h is not None:
             h.close()
+
+
+def _usable_partitions(cfg: TrainConfig, cluster: ClusterState | None) -> dict[str, str | None]:
+    """[job] partition's names, each with why the job can never run there (None: it can).
+    ConfigError when that is every one of them."""
+    fewest = min(cfg.resources.node_counts)
+    why = {p: None if cluster is None else partition_problem(cluster, p, fewest) for p in cfg.job.partitions}
+    if why and all(why.values()):
+        raise ConfigError("; ".join(str(w) for w in why.values()))
+    return why
+
+
+def for_partition(cfg: TrainConfig, name: str) -> TrainConfig:
+    """``cfg`` planned for partition ``name`` alone."""
+    return cfg._replace(job=cfg.job._replace(partition=name))
+
+
+def by_partition(cfg: TrainConfig, usable: dict[str, str | None],
+                 plan_in: Callable[[TrainConfig], PlanResult]) -> PlanResult:
+    """Each usable partition planned alone; the result of the one whose chosen layout finishes
+    soonest (by [job] objective; ties: the TOML's order), with every partition in the order
+    Slurm is given them (it starts the job in whichever can first, the first preferred)."""
+    scored: list[tuple[float, int, PartitionChoice, PlanResult | None]] = []
+    for i, (name, why) in enumerate(usable.items()):
+        res = plan_in(for_partition(cfg, name)) if why is None else None
+        if res is not None and res.chosen is not None:
+            s = score(res.chosen, res.objective)
+            scored.append((s, i, PartitionChoice(name, s, res.chosen.nodes, None, True), res))
+        else:
+            fits = res is not None and not res.fits_nowhere()
+            reason = why or ("no layout can start now" if fits else "no layout fits")
+            scored.append((math.inf, i, PartitionChoice(name, None, None, reason, fits), res if fits else None))
+    scored.sort(key=lambda x: (x[0], x[1]))
+    kept = [(p, r) for _, _, p, r in scored if r is not None]
+    if not kept:   # every partition fits nothing: the first one's result says why
+        res = plan_in(for_partition(cfg, next(n for n, w in usable.items() if w is None)))
+        res.partitions = [p for _, _, p, _ in scored]
+        return res
+    best = kept[0][1]
+    best.partitions = [p for _, _, p, _ in scored]
+    best.other_partitions = {p.name: r for p, r in kept[1:]}
+    return best
+
+
+def _plan_in(cfg: TrainConfig, profile: Profile, h: hist_mod.History | None, cluster: ClusterState | None,
+             test_only: bool, warn: Warn) -> PlanResult:
+    """The planner's result for cfg's one partition (``test_only``: Slurm's start estimates)."""
+    starts: dict[int, float | None] | None = None
+    if test_only and cluster is not None:
+        r = cfg.resources
+        starts = {}
+        for n in r.node_counts:
+            try:
+                starts[n] = slurm.test_only_start(n, r.tasks_per_node * r.cpus_per_task,
+                                                  cfg.job.partition, cfg.job.time)
+            except PswiftError as e:
+                warn(f"warning: sbatch --test-only failed ({e}); using the backfill estimate")
+                starts = None
+                break
+    return plan(cfg, profile, hardware(cfg, cluster), cluster, past_runs(cfg, h), step_key_for(cfg), starts)

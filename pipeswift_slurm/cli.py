@@ -326,7 +326,8 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
                        f"per micro-batch) or run the job once so its profile is in the history", 2)
     if res.chosen is not None and not no_live:
         from .submit import grace_warning
-        why = grace_warning(cfg.job.partition, res.chosen.est.step_s, res.checkpoint_cost_s)
+        why = grace_warning((res.partition_order() or (cfg.job.partition,))[0], res.chosen.est.step_s,
+                            res.checkpoint_cost_s)
         if why:
             _warn(why)
     if as_json:

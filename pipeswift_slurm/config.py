@@ -41,7 +41,11 @@ MAX_REQUEUES_DEFAULT: int = setting("job", "max_requeues").default
 # from micro_batch_size). No defaults here: the parser fills every field from the table.
 class JobSection(NamedTuple):
     name: str
+    #: the partition planned for: the TOML's one, the first of its list (until the planner
+    #: orders them), or None (Slurm's default)
     partition: str | None
+    #: every partition the TOML lists, in its order (empty: Slurm's default; derived from partition)
+    partitions: tuple[str, ...]
     time: str | None
     account: str | None
     qos: str | None
@@ -348,8 +352,36 @@ def _job(t: dict[str, Any]) -> JobSection:
         if not o.startswith("-"):
             raise ConfigError(f"[job] sbatch_options entry {o!r} must be an sbatch option "
                               f"starting with '-' (e.g. '--qos=high')")
-    return JobSection(**_generic("job", t), time=time, sbatch_options=tuple(opts),
+    parts = _partitions(t.get("partition"))
+    return JobSection(**_generic("job", t), partition=parts[0] if parts else None, partitions=parts,
+                      time=time, sbatch_options=tuple(opts),
                       grow_check_s=_grow_check(t.get("grow_check_s", default("job", "grow_check_s"))))
+
+
+#: partitions one job may list (each is planned, and Slurm weighs each)
+MAX_PARTITIONS = 8
+
+
+def _partitions(v: Any) -> tuple[str, ...]:
+    """[job] partition: a name or a list of distinct names (Slurm's own rule: no comma in one)."""
+    if v is None:
+        return ()
+    names = v if isinstance(v, list) else [v]
+    if not names or len(names) > MAX_PARTITIONS:
+        raise ConfigError(f"[job] partition lists {len(names)} partitions: give 1 to {MAX_PARTITIONS}")
+    out = []
+    for name in names:
+        if not isinstance(name, str):
+            raise ConfigError(f"[job] partition must be a string or an array of strings, got "
+                              f"{_type_name(name)} {_short(name)}")
+        name = _str("job", "partition", name)
+        if "," in name or name != name.strip():
+            raise ConfigError(f"[job] partition {name!r}: one name per entry, without commas or spaces "
+                              f"around it (a list is written [\"a\", \"b\"])")
+        if name in out:
+            raise ConfigError(f"[job] partition lists {name!r} twice: list each partition once")
+        out.append(name)
+    return tuple(out)
 
 
 def _resources(t: dict[str, Any]) -> ResourcesSection:

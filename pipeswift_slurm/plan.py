@@ -74,7 +74,13 @@ class Plan(TypedDict):
     pswift_version: str
     created: str
     job_name: str
+    #: the partition planned for: the soonest-finishing of [job] partition's list
     partition: str | None
+    #: every partition the job was submitted to, that one first ([]: one partition or Slurm's default)
+    partitions: list[str]
+    #: the layouts of each other partition of ``partitions`` whose hardware cuts them otherwise
+    #: (for_partition puts them in place when the job starts there)
+    partition_layouts: dict[str, dict[str, LayoutSpec]]
     user: str | None
     run_dir: str
     config_path: str
@@ -120,7 +126,8 @@ class Plan(TypedDict):
 _NONE = type(None)
 _NEEDED: dict[str, tuple[type, ...]] = {
     "run_dir": (str,), "python": (str,), "model": (dict,), "training": (dict,), "layouts": (dict,),
-    "infeasible": (dict,), "candidates": (list,), "partition": (str, _NONE), "nodes_request": (str,),
+    "infeasible": (dict,), "candidates": (list,), "partition": (str, _NONE), "partitions": (list,),
+    "partition_layouts": (dict,), "nodes_request": (str,),
     "revision": (int,), "relayouts": (list,), "checkpoint_auto": (dict, _NONE),
     "device_memory": (int, float, _NONE), "host_cores": (int, _NONE), "ranks_per_host": (int, _NONE)}
 #: Slurm checks time limits periodically: --signal may arrive up to about a minute off
@@ -161,6 +168,25 @@ def _chosen(cfg: TrainConfig, planned: "PlanResult") -> dict[str, Any]:
         "host_cores": planned.hardware.host_cores if planned.hardware else None,
         "ranks_per_host": planned.hardware.ranks_per_host if planned.hardware else None,
     }
+
+
+def _partition_layouts(cfg: TrainConfig, planned: "PlanResult | None") -> dict[str, dict[str, LayoutSpec]]:
+    """plan.json's ``partition_layouts``: each other partition's layouts where they differ."""
+    if planned is None or planned.chosen is None:
+        return {}
+    mine = _chosen(cfg, planned)["layouts"]
+    theirs = {name: _chosen(cfg, res)["layouts"] for name, res in planned.other_partitions.items()
+              if res.chosen is not None}
+    return {name: lay for name, lay in theirs.items() if lay != mine}
+
+
+def for_partition(plan: Plan, started_in: str | None) -> Plan:
+    """``plan`` for the partition Slurm started the job in (SLURM_JOB_PARTITION), one of
+    ``partitions``: that partition named, and its own layouts where plan.json keeps them."""
+    if not started_in or started_in == plan["partition"] or started_in not in plan["partitions"]:
+        return plan
+    layouts = plan["partition_layouts"].get(started_in, plan["layouts"])
+    return {**plan, "partition": started_in, "layouts": layouts}
 
 
 def nodes_request(cfg: TrainConfig, chosen: int, waiting: bool) -> str:
@@ -217,6 +243,8 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "job_name": j.name,
         "partition": j.partition,
+        "partitions": list(j.partitions) if len(j.partitions) > 1 else [],
+        "partition_layouts": _partition_layouts(cfg, planned),
         "user": os.environ.get("USER") or os.environ.get("LOGNAME"),
         "run_dir": str(run_dir),
         "config_path": str(cfg.path),

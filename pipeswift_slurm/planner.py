@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import interval, layouts, risk
 from .config import TrainConfig
@@ -96,6 +96,21 @@ class PastRuns:
     step_rel_sd: float | None = None
 
 
+class PartitionChoice(NamedTuple):
+    """One partition of [job] partition's list: its chosen layout's objective and node count
+    (None: nothing can start there now, ``why``); ``usable``: the job is submitted to it."""
+    name: str
+    score_s: float | None
+    nodes: int | None
+    why: str | None
+    usable: bool
+
+    def line(self, objective: str) -> str:
+        if self.score_s is None:
+            return f"{self.name}: left out ({self.why})"
+        return f"{self.name}: {_OBJECTIVE_NAMES[objective]} {duration(self.score_s)} on {self.nodes} node(s)"
+
+
 @dataclass
 class PlanResult:
     chosen: Candidate | None
@@ -110,6 +125,14 @@ class PlanResult:
     checkpoint_cost_s: float = 0.0
     #: why the chosen layout won (choose): the best objective, or the fewest node-hours near it
     choice: str = ""
+    #: [job] partition's list, soonest-finishing first (autoplan.by_partition); empty for one
+    partitions: list[PartitionChoice] = field(default_factory=list)
+    #: the other usable partitions' own results (their layouts travel in plan.json)
+    other_partitions: dict[str, "PlanResult"] = field(default_factory=dict)
+
+    def partition_order(self) -> tuple[str, ...]:
+        """The partitions the job is submitted to, soonest-finishing first (empty: one or none)."""
+        return tuple(p.name for p in self.partitions if p.usable)
 
     def fits_nowhere(self) -> bool:
         """No layout passes the rules and the cost model (memory): not one that only the queue,
@@ -127,7 +150,8 @@ class PlanResult:
         return {"chosen": self.chosen.to_dict() if self.chosen else None,
                 "candidates": [c.to_dict() for c in self.candidates],
                 "profile_source": self.profile_source, "calibration": self.calibration._asdict(),
-                "notes": self.notes, "choice": self.choice}
+                "notes": self.notes, "choice": self.choice,
+                "partitions": [p._asdict() for p in self.partitions]}
 
 
 def _layout(cfg: TrainConfig, profile: Profile, hw: Hardware, nodes: int, P: int,
@@ -383,6 +407,9 @@ def explain(res: PlanResult) -> str:
              f"{duration(e.checkpoint_s)} + interruptions {duration(e.interruption_s)}; {e.node_hours:.3g} node-h"
              + (f"; p10-p90 {duration(e.jct_p10_s)}-{duration(e.jct_p90_s)}, ranked by "
                 f"{'the mean' if res.objective == 'mean' else res.objective}" if e.jct_p90_s is not None else "")]
+    if res.partitions:
+        lines.append("partitions, in the order Slurm is given them: "
+                     + "; ".join(p.line(res.objective) for p in res.partitions))
     if res.choice:
         lines.append(f"why: {res.choice}")
     lines.append(checkpoint_line(res, c))

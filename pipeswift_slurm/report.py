@@ -403,7 +403,7 @@ def diagnose(rep: JobReport, plan: Plan | None = None, log_text: str = "") -> li
     if jct > 0 and rep.queue_s / jct > 0.3:
         out.append(f"queue: {rep.queue_s / jct:.0%} of the JCT ({duration(rep.queue_s)} of {duration(jct)}) was waiting "
                    f"in the queue; allow a node range ([resources] nodes = [min, max]) so it starts on "
-                   f"what is free, or a less busy partition (`pswift plan` with [job] partition set to it estimates its wait)")
+                   f"what is free, or list less busy partitions too ([job] partition = [\"a\", \"b\"]: `pswift plan` estimates each and Slurm gets them soonest-finishing first)")
     if rep.preemptions and not rep.pswift:
         waste = ("an unknown amount of work" if rep.cpu_hours_wasted is None
                  else f"{_hours(rep.cpu_hours_wasted)} CPU-hours")

@@ -102,7 +102,8 @@ def options_for(cfg: TrainConfig, run_dir: str, signal_lead_s: int | None,
     r, j = cfg.resources, cfg.job
     return SbatchOptions(
         job_name=j.name, nodes=nodes or r.nodes_spec, ntasks_per_node=r.tasks_per_node,
-        cpus_per_task=r.cpus_per_task, output=output_pattern(run_dir), partition=j.partition,
+        cpus_per_task=r.cpus_per_task, output=output_pattern(run_dir),
+        partition=",".join(j.partitions) if len(j.partitions) > 1 else j.partition,   # Slurm's list
         time=j.time, account=j.account, qos=j.qos, gpus_per_node=r.gpus_per_node,
         # USR2 (not USR1, which NCCL may catch) to the step tasks before the time limit
         signal=f"USR2@{signal_lead_s}" if signal_lead_s else None,

@@ -71,7 +71,8 @@ S = Setting
 SETTINGS: tuple[Setting, ...] = (
     # [job]
     S("job", "name", "str", REQUIRED, "the Slurm job name"),
-    S("job", "partition", "str", None, "the partition (default: Slurm's default partition)"),
+    S("job", "partition", "special", None, "the partition, or a list of them (`[\"a\", \"b\"]`): each is "
+      "estimated and the job is submitted to all, the soonest-finishing first (default: Slurm's default)"),
     S("job", "time", "special", None, "time limit: `M`, `H:MM:SS` or `D-HH:MM:SS`; USR2 comes "
       "early enough to checkpoint before it"),
     S("job", "account", "str", None, "the Slurm account"),

@@ -80,7 +80,11 @@ def prepare(toml: Path | str, run_dir: Path | str | None = None, db: Path | str 
     rule_layouts(cfg)  # the TOML's own invariants first: a bad TOML fails before any planning
     from .preflight import Check   # the job's interpreter can run the job: asked while this plans
     check = Check(cfg.job.python or sys.executable)
-    plan = build_plan(cfg, target, planned=_planned(cfg, db, live, warn, learn))
+    planned = _planned(cfg, db, live, warn, learn)
+    order = planned.partition_order() if planned is not None else ()
+    if order:   # several partitions: the soonest-finishing one planned for, all in that order
+        cfg = cfg._replace(job=cfg.job._replace(partition=order[0], partitions=order))
+    plan = build_plan(cfg, target, planned=planned)
     why = check.problem() if check.python == plan["python"] else Check(plan["python"]).problem()
     if why:
         raise ConfigError(why)

@@ -15,7 +15,7 @@ from pipeswift_slurm.plan import build_plan
 ROOT = Path(__file__).resolve().parent.parent
 
 #: section fields that are not a setting of their own, and the setting each comes from
-DERIVED = {("resources", "nodes_min"): "nodes", ("resources", "nodes_max"): "nodes",
+DERIVED = {("job", "partitions"): "partition", ("resources", "nodes_min"): "nodes", ("resources", "nodes_max"): "nodes",
            ("training", "micro_batch_sizes"): "micro_batch_size"}
 CLASSES = {"job": config.JobSection, "resources": config.ResourcesSection, "model": config.ModelSection,
            "training": config.TrainingSection, "pipeline": config.PipelineSection}

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("SLURM_PROCID") or os.environ.get("RANK") or 0)
     try:
         from pipeswift_slurm.errors import PswiftError
-        from pipeswift_slurm.plan import read_plan, runnable
+        from pipeswift_slurm.plan import for_partition, read_plan, runnable
 
         from .checkpoint import CheckpointError
         from .dist_env import LaunchEnvError, derive
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         launchrec.exited(rank, 2)
         return 2
     try:
-        plan = runnable(read_plan(argv[0]), argv[0])
+        plan = for_partition(runnable(read_plan(argv[0]), argv[0]), os.environ.get("SLURM_JOB_PARTITION"))
         denv = derive(os.environ)
         os.environ.setdefault("OMP_NUM_THREADS", str(plan["cpus_per_task"]))
         from .train import run

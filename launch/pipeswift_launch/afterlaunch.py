@@ -147,8 +147,8 @@ def main(argv: list[str]) -> int:
         print("usage: python -m pipeswift_launch.afterlaunch PLAN RC LAUNCH_DIR RESTARTS RELAYOUTS",
               file=sys.stderr)
         return 2
-    from pipeswift_slurm.plan import read_plan, runnable
-    plan = runnable(read_plan(argv[0]), argv[0])
+    from pipeswift_slurm.plan import for_partition, read_plan, runnable
+    plan = for_partition(runnable(read_plan(argv[0]), argv[0]), os.environ.get("SLURM_JOB_PARTITION"))
     rc, folder, restarts, relayouts = int(argv[1]), Path(argv[2]), int(argv[3]), int(argv[4])
     env = dict(os.environ)
     d, last_step = decide_after(plan, rc, folder, restarts, relayouts, env)
