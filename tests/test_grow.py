@@ -134,3 +134,21 @@ def test_the_measured_profile_predicts_each_node_counts_step_and_overrides_the_p
     wrong = grow.decide(PLAN, 1, 1, [0.8] * 5, 200, 5.0, 0.5, predicted={1: 0.4, 2: 0.39})
     right = grow.decide(PLAN, 1, 1, [0.8] * 5, 200, 5.0, 0.5, predicted={1: steps[1], 2: steps[2]})
     assert not wrong.go and right.go and right.nodes_to == 2
+
+
+def test_a_growing_job_re_cuts_the_other_node_counts_from_what_it_measured():
+    """Before the requeue: plan.json's other counts cut by the measured layer times (the grown
+    attempt then starts from them, not from the planner's wrong layer costs); the count it runs
+    on, a cut that is already right and a TOML's explicit cut stay."""
+    from pipeswift_launch import relayout
+    from pipeswift_slurm.costmodel import Profile
+    lay = lambda n, cut, how="cost": {"nodes": n, "stages": n, "data_parallel": 1, "micro_batches": 8,  # noqa: E731
+                                      "micro_batch_size": 8, "tasks_per_node": 1, "boundaries": cut, "partition": how}
+    plan = plan_with(device="cpu", device_memory=None, host_cores=None, ranks_per_host=None, cpus_per_task=1,
+                     layouts={"1": lay(1, [0, 4]), "2": lay(2, [0, 2, 4]), "4": lay(4, [0, 1, 2, 3, 4])},
+                     training={"precision": "fp32", "zero_stage": 0, "activation_checkpoint_interval": 0})
+    prof = Profile((0.03, 0.01, 0.01, 0.01), (1000,) * 4, (100,) * 4, 8, "measured")
+    assert relayout.growth_cuts(plan, prof, 1) == {"2": [0, 1, 4]}       # 4 stages: one layer each already
+    assert relayout.growth_cuts(plan, prof, 2) == {}                      # its own count is not touched
+    explicit = {**plan, "layouts": {**plan["layouts"], "2": lay(2, [0, 2, 4], "explicit")}}
+    assert relayout.growth_cuts(explicit, prof, 1) == {}

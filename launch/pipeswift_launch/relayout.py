@@ -157,6 +157,17 @@ def cuts_for_all(plan: Plan, profile: Profile) -> dict[str, list[int]]:
     return cuts
 
 
+def growth_cuts(plan: Plan, profile: Profile, nodes_now: int) -> dict[str, list[int]]:
+    """The node counts other than ``nodes_now`` whose cut from the measured profile differs
+    from plan.json's: what a growing job writes before its requeue, so that the grown attempt
+    starts from what this one measured rather than from the planner's layer costs. A TOML's
+    explicit cut stays the user's."""
+    cuts = cuts_for_all(plan, profile)
+    return {n: list(c) for n, c in cuts.items()
+            if n != str(nodes_now) and plan["layouts"][n]["partition"] != "explicit"
+            and list(c) != list(plan["layouts"][n]["boundaries"] or [])}
+
+
 class Drift:
     """When the stage times drift: rank 0 compares the recent step times with the last profiled
     ones (the launch then profiles again, every rank together, and proposes again)."""

@@ -306,7 +306,7 @@ def _step_end(att: Attempt, flag: Any, dog: Watchdog, interval: int, relayout: A
         with dog.paused():
             _save(att, "grow" if stop_code == STOP_GROW else "signal" if stop_code else "final")
         if stop_code == STOP_GROW:
-            _commit_growth(att, watcher)
+            _commit_growth(att, watcher, profiled)
     elif periodic:
         with dog.paused():
             att.checkpoints.save_in_background(att.step, _meta(att, "periodic"))
@@ -452,12 +452,24 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
     return w
 
 
-def _commit_growth(att: Attempt, watcher: Any) -> None:
-    """Rank 0 records why the job grows (the event); the requeue follows in _finish."""
+def _commit_growth(att: Attempt, watcher: Any, profiled: dict[str, Any] | None) -> None:
+    """Rank 0 records why the job grows (the event) and, with re-balancing on, writes plan.json's
+    other node counts cut from this launch's measured layer times; the requeue follows in _finish."""
     g = watcher.decision if watcher is not None else None
     if att.rank == 0 and g is not None:
         att.grow_to = g.nodes_to
         att.events.emit("grow", step=att.step, **g.record())
+        if profiled is not None and att.plan["rebalance"]:
+            from pipeswift_slurm.plan import relaid_out, write_plan
+
+            from . import relayout
+            profile = relayout.measured_profile(att.plan, att.layout, profiled, att.boundaries)
+            cuts = relayout.growth_cuts(att.plan, profile, att.denv.nodes) if profile is not None else {}
+            if cuts:
+                record = {"job_id": att.denv.job_id, "attempt": att.denv.attempt, "step": att.step,
+                          "nodes": att.denv.nodes, "reason": "grow", "cuts": cuts}
+                write_plan(relaid_out(att.plan, cuts, record), Path(att.plan["run_dir"]) / "plan.json")
+                _log(0, f"growing: plan.json re-cut from the measured layer times for {sorted(cuts, key=int)} node(s)")
 
 
 def _commit_relayout(att: Attempt, proposal: Any, profiled: dict[str, Any]) -> None:
