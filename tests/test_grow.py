@@ -102,6 +102,12 @@ def test_a_job_started_on_one_node_grows_when_the_holder_ends(cluster, tmp_path)
     assert sorted(steps) == list(range(1, 401))   # none lost, none repeated across the grow
     status = pswift("status", job, check=True).stdout
     assert f"grew at step {g['step']} of attempt 0: 1 -> {g['nodes_to']} node(s)" in status
+    # the grown attempt started from the cut attempt 0 measured, when that differed from the plan's
+    import json
+    recut = [r for r in json.loads((tmp_path / "grown" / "plan.json").read_text())["relayouts"]
+             if r.get("reason") == "grow"]
+    if recut:
+        assert attempts[1]["start"]["boundaries"] == recut[0]["cuts"][str(g["nodes_to"])], (recut, attempts[1]["start"])
 
 
 def test_grow_check_s_is_bounded_and_reaches_plan_json(tmp_path):
