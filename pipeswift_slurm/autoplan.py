@@ -149,7 +149,7 @@ def _usable_partitions(cfg: TrainConfig, cluster: ClusterState | None) -> dict[s
     return why
 
 
-def for_partition(cfg: TrainConfig, name: str) -> TrainConfig:
+def planned_in(cfg: TrainConfig, name: str) -> TrainConfig:
     """``cfg`` planned for partition ``name`` alone."""
     return cfg._replace(job=cfg.job._replace(partition=name))
 
@@ -160,8 +160,11 @@ def by_partition(cfg: TrainConfig, usable: dict[str, str | None],
     soonest (by [job] objective; ties: the TOML's order), with every partition in the order
     Slurm is given them (it starts the job in whichever can first, the first preferred)."""
     scored: list[tuple[float, int, PartitionChoice, PlanResult | None]] = []
+    results: dict[str, PlanResult] = {}
     for i, (name, why) in enumerate(usable.items()):
-        res = plan_in(for_partition(cfg, name)) if why is None else None
+        res = plan_in(planned_in(cfg, name)) if why is None else None
+        if res is not None:
+            results[name] = res
         if res is not None and res.chosen is not None:
             s = score(res.chosen, res.objective)
             scored.append((s, i, PartitionChoice(name, s, res.chosen.nodes, None, True), res))
@@ -171,8 +174,8 @@ def by_partition(cfg: TrainConfig, usable: dict[str, str | None],
             scored.append((math.inf, i, PartitionChoice(name, None, None, reason, fits), res if fits else None))
     scored.sort(key=lambda x: (x[0], x[1]))
     kept = [(p, r) for _, _, p, r in scored if r is not None]
-    if not kept:   # every partition fits nothing: the first one's result says why
-        res = plan_in(for_partition(cfg, next(n for n, w in usable.items() if w is None)))
+    if not kept:   # no layout fits in any: the first planned partition's result says why
+        res = next(iter(results.values()))
         res.partitions = [p for _, _, p, _ in scored]
         return res
     best = kept[0][1]
