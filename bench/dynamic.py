@@ -108,10 +108,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=250)
     ap.add_argument("--hold", type=float, default=30.0, help="seconds the freeing load holds its nodes")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "dynamic.json"))
-    ap.add_argument("--quick", action="store_true", help="30 steps, a 5 s hold (CI: the bench still runs)")
+    ap.add_argument("--quick", action="store_true", help="12 steps, a 5 s hold (CI: the bench still runs)")
     args = ap.parse_args()
     if args.quick:
-        args.steps, args.hold = 30, 5.0
+        args.steps, args.hold = 12, 5.0
     pswift = shutil.which("pswift", path=str(Path(sys.executable).parent)) or "pswift"
     runs: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="pswift-bench-dyn-") as tmp:

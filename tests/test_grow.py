@@ -77,7 +77,7 @@ def submit_and_wait(toml, run, env) -> str:
 @pytest.mark.deepspeed
 def test_a_job_started_on_one_node_grows_when_the_holder_ends(cluster, tmp_path):
     """nodes = [1, 2]: three nodes are held (for 10 min as far as Slurm knows), so the planner
-    starts the job on the free one; the holder ends after 15 s, the job grows to two nodes from
+    starts the job on the free one; the holder ends after 10 s, the job grows to two nodes from
     a checkpoint at the step it stopped and completes every step once. How much sooner than a
     job pinned to one node is bench/dynamic.py's figure; that a checkpoint of fewer stages
     resumes bit for bit in more is test_training_modes' (2x2-to-4x1)."""
@@ -85,7 +85,7 @@ def test_a_job_started_on_one_node_grows_when_the_holder_ends(cluster, tmp_path)
     toml = copy_example(tmp_path / "ex", BIG)
     toml.write_text(toml.read_text().replace("max_requeues = 3", "max_requeues = 3\ngrow_check_s = 5"))
     holder = subprocess.run(["sbatch", "--parsable", "-p", "high", "-w", "node[2-4]", "--exclusive",
-                             "--time=10", "-o", "/dev/null", "--wrap", "sleep 15"],
+                             "--time=10", "-o", "/dev/null", "--wrap", "sleep 10"],
                             capture_output=True, text=True, check=True).stdout.strip()
     try:
         wait_state(holder, {"RUNNING"}, timeout=60)

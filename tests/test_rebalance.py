@@ -186,14 +186,16 @@ def test_a_job_cut_from_wrong_costs_rebalances_once_in_place_and_matches_a_stati
     plan = json.loads((run / "plan.json").read_text())
     assert plan["revision"] == 1 and plan["layouts"]["2"]["boundaries"] == [0, 2, 6]
     assert plan["layouts"]["2"]["partition"] == "measured" and plan["relayouts"][0]["job_id"] == job
-    # bitwise the losses of a static run that used the final cut from the start
-    static = copy_example(tmp_path / "static", {**WRONG, "pipeline.partition": "[0, 2, 6]"})
+    # bitwise the losses of a static run that used the final cut from the start (its first 60
+    # steps: the re-layout resumed at step 4)
+    static = copy_example(tmp_path / "static", {**WRONG, "pipeline.partition": "[0, 2, 6]", "steps": "60"})
     ref = tmp_path / "reference"
     proc = pswift("run", "--nodes", "2", "--run-dir", str(ref), str(static))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not any(e["event"] == "relayout" for e in job_events(ref))   # an explicit cut stays
     got, want = losses(run), losses(ref)
-    assert len(got) == 200 and got == want, [s for s in want if got.get(s) != want[s]][:5]
+    assert len(got) == 200 and len(want) == 60 and all(got[s] == want[s] for s in want), \
+        [s for s in want if got.get(s) != want[s]][:5]
     # ... and about its speed, measured on the same host in the same test (a ratio, not a time)
     static_s = median(e["step_time"] for e in job_events(ref) if e["event"] == "step" and e["step"] > 2)
     assert after <= 1.3 * static_s, (after, static_s)
