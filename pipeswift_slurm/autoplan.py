@@ -160,25 +160,19 @@ def by_partition(cfg: TrainConfig, usable: dict[str, str | None],
     soonest (by [job] objective; ties: the TOML's order), with every partition in the order
     Slurm is given them (it starts the job in whichever can first, the first preferred)."""
     scored: list[tuple[float, int, PartitionChoice, PlanResult | None]] = []
-    results: dict[str, PlanResult] = {}
     for i, (name, why) in enumerate(usable.items()):
         res = plan_in(planned_in(cfg, name)) if why is None else None
-        if res is not None:
-            results[name] = res
         if res is not None and res.chosen is not None:
             s = score(res.chosen, res.objective)
             scored.append((s, i, PartitionChoice(name, s, res.chosen.nodes, None, True), res))
         else:
             fits = res is not None and not res.fits_nowhere()
             reason = why or ("no layout can start now" if fits else "no layout fits")
-            scored.append((math.inf, i, PartitionChoice(name, None, None, reason, fits), res if fits else None))
+            scored.append((math.inf, i, PartitionChoice(name, None, None, reason, fits), res))
     scored.sort(key=lambda x: (x[0], x[1]))
-    kept = [(p, r) for _, _, p, r in scored if r is not None]
-    if not kept:   # no layout fits in any: the first planned partition's result says why
-        res = next(iter(results.values()))
-        res.partitions = [p for _, _, p, _ in scored]
-        return res
-    best = kept[0][1]
+    kept = [(p, r) for _, _, p, r in scored if p.usable and r is not None]
+    # none usable (no layout fits in any): the first planned partition's result says why
+    best = kept[0][1] if kept else next(r for _, _, _, r in scored if r is not None)
     best.partitions = [p for _, _, p, _ in scored]
     best.other_partitions = {p.name: r for p, r in kept[1:]}
     return best

@@ -21,7 +21,7 @@ from .errors import ConfigError
 from .layouts import rule_layouts
 
 if TYPE_CHECKING:
-    from .planner import PlanResult
+    from .planner import Candidate, PlanResult
 
 PLAN_VERSION = 1
 #: the launcher's exit code when it re-lays out in place (pipeswift_launch.relayout): the batch
@@ -153,7 +153,7 @@ def _chosen(cfg: TrainConfig, planned: "PlanResult") -> dict[str, Any]:
         raise ValueError("no layout was chosen: nothing to write in plan.json")
     e = ch.est
     return {
-        "layouts": {str(n): c.layout._asdict() for n, c in sorted(best.items())},
+        "layouts": _layouts_of(best),
         "infeasible": {str(c.nodes): c.rejected for c in planned.candidates
                        if c.rejected and c.nodes not in best},
         "candidates": [c.to_dict() for c in planned.candidates],
@@ -170,13 +170,17 @@ def _chosen(cfg: TrainConfig, planned: "PlanResult") -> dict[str, Any]:
     }
 
 
-def _partition_layouts(cfg: TrainConfig, planned: "PlanResult | None") -> dict[str, dict[str, LayoutSpec]]:
+def _layouts_of(best: "dict[int, Candidate]") -> dict[str, LayoutSpec]:
+    """plan.json's layouts from a planner's best candidate per node count."""
+    return {str(n): c.layout._asdict() for n, c in sorted(best.items())}
+
+
+def _partition_layouts(planned: "PlanResult | None") -> dict[str, dict[str, LayoutSpec]]:
     """plan.json's ``partition_layouts``: each other partition's layouts where they differ."""
-    if planned is None or planned.chosen is None:
+    if planned is None or planned.chosen is None or not planned.other_partitions:
         return {}
-    mine = _chosen(cfg, planned)["layouts"]
-    theirs = {name: _chosen(cfg, res)["layouts"] for name, res in planned.other_partitions.items()
-              if res.chosen is not None}
+    mine = _layouts_of(planned.best_per_nodes())
+    theirs = {name: _layouts_of(res.best_per_nodes()) for name, res in planned.other_partitions.items() if res.chosen is not None}
     return {name: lay for name, lay in theirs.items() if lay != mine}
 
 
@@ -244,7 +248,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         "job_name": j.name,
         "partition": j.partition,
         "partitions": list(j.partitions) if len(j.partitions) > 1 else [],
-        "partition_layouts": _partition_layouts(cfg, planned),
+        "partition_layouts": _partition_layouts(planned),
         "user": os.environ.get("USER") or os.environ.get("LOGNAME"),
         "run_dir": str(run_dir),
         "config_path": str(cfg.path),
