@@ -15,6 +15,7 @@ import os
 import re
 import sqlite3
 import stat
+import time
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -229,16 +230,16 @@ class History(Queries):
                                    [cluster]).fetchone()
         return None if row is None else float(row[0])
 
-    def add_sacct(self, cluster: str, records: list[dict[str, Any]]) -> int:
+    def add_sacct(self, cluster: str, records: list[dict[str, Any]], now: float | None = None) -> int:
         """Merge ``sacct`` records of ``cluster`` and move its read mark to the newest end time
         among them (running jobs have none: they are read again until they end). Returns how
         many attempts were new."""
         new = self.add_slurm_records(records, "sacct")
-        ends = [e for e in (_epoch(r.get("END")) for r in records) if e is not None]
-        if ends:
+        mark = sacct_read_mark(records, time.time() if now is None else now)
+        if mark is not None:
             self.conn.execute(
                 "INSERT INTO sacct_state VALUES (?, ?) ON CONFLICT (cluster) DO UPDATE SET "
-                "last_end = MAX(last_end, excluded.last_end)", [cluster, max(ends)])
+                "last_end = MAX(last_end, excluded.last_end)", [cluster, mark])
         return new
 
     def ingest_spool_file(self, path: Path | str, timeout: float = 30.0) -> str | None:
@@ -351,6 +352,23 @@ def _insert(conn: sqlite3.Connection, table: str, rows: list[dict[str, Any]],
         return conn.execute(sql, values[0]).lastrowid
     conn.executemany(sql, values)
     return None
+
+
+#: how long after a job's end slurmdbd may still be filling in its record
+SACCT_SETTLE_S = 300.0
+
+
+def sacct_read_mark(records: list[dict[str, Any]], now: float) -> float | None:
+    """Where the next sacct read starts: the newest end among ``records``, but never past the
+    end of a record slurmdbd has not finished (22.05 shows a job COMPLETED with no QOS for
+    about 2 s after it ends); such a record is read again next time, filling what is missing,
+    unless it ended over SACCT_SETTLE_S ago (then it stays as it is). None: no ended record."""
+    ends = [(e, r) for e, r in ((_epoch(r.get("END")), r) for r in records) if e is not None]
+    if not ends:
+        return None
+    unfinished = [e for e, r in ends if not r.get("QOS") and now - e < SACCT_SETTLE_S]
+    newest = max(e for e, _ in ends)
+    return min(newest, *unfinished) if unfinished else newest
 
 
 def _epoch(v: Any) -> float | None:
@@ -518,7 +536,6 @@ def _create_private(path: Path) -> None:
 def _retry_locked(fn: Any, timeout: float) -> Any:
     """SQLite answers "locked" at once (no busy wait) to a few first-open steps, such as
     switching to WAL while another process creates the file: retry those until ``timeout``."""
-    import time
     deadline = time.monotonic() + timeout
     while True:
         try:
