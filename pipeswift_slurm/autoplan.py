@@ -60,9 +60,19 @@ def _layer_costs(cfg: TrainConfig, h: hist_mod.History | None) -> Profile | None
     return None
 
 
-def hardware(cfg: TrainConfig, cluster: ClusterState | None) -> Hardware:
+def hardware(cfg: TrainConfig, cluster: ClusterState | None, h: hist_mod.History | None = None) -> Hardware:
+    """The hardware the estimate assumes: the links and device memory this user's recent
+    launches on the partition measured (pipeswift_launch.probe), else the defaults;
+    PSWIFT_DEVICE_MEMORY overrides the memory."""
     r = cfg.resources
-    mem = float(os.environ.get("PSWIFT_DEVICE_MEMORY", 0)) or DEFAULT_DEVICE_MEMORY[r.device]
+    got = h.measured_hardware(cfg.job.partition, r.device, runrows.current_user()) if h is not None else None
+    links: dict[str, float] = {}
+    if got is not None and got.p2p_latency_s is not None:
+        links["p2p_latency"] = got.p2p_latency_s
+    if got is not None and got.p2p_bandwidth is not None:
+        links["p2p_bandwidth"] = got.p2p_bandwidth
+    mem = (float(os.environ.get("PSWIFT_DEVICE_MEMORY", 0))
+           or (got.device_memory if got is not None and got.device_memory else DEFAULT_DEVICE_MEMORY[r.device]))
     cores = None
     if r.device == "cpu":
         cores = int(os.environ.get("PSWIFT_HOST_CORES", 0)) or None
@@ -71,7 +81,8 @@ def hardware(cfg: TrainConfig, cluster: ClusterState | None) -> Hardware:
             cores = min((n.cpus for n in part), default=None)
     return Hardware(device=r.device, device_memory=mem, host_cores=cores,
                     ranks_per_host=int(os.environ.get("PSWIFT_RANKS_PER_HOST", 0)) or None,
-                    threads_per_rank=r.cpus_per_task)
+                    threads_per_rank=r.cpus_per_task, measured=got.launches if got is not None else 0,
+                    **links)
 
 
 def past_runs(cfg: TrainConfig, h: hist_mod.History | None) -> PastRuns:
@@ -193,4 +204,4 @@ def _plan_in(cfg: TrainConfig, profile: Profile, h: hist_mod.History | None, clu
                 warn(f"warning: sbatch --test-only failed ({e}); using the backfill estimate")
                 starts = None
                 break
-    return plan(cfg, profile, hardware(cfg, cluster), cluster, past_runs(cfg, h), step_key_for(cfg), starts)
+    return plan(cfg, profile, hardware(cfg, cluster, h), cluster, past_runs(cfg, h), step_key_for(cfg), starts)

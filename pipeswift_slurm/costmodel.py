@@ -58,6 +58,14 @@ class Hardware(NamedTuple):
     #: switches, wake-up delays on every hand-off); divides the step's shared makespan;
     #: 1.0 = ideal, calibrated from measured oversubscribed runs
     shared_efficiency: float = 1.0
+    #: how many recent launches the links and device memory were measured from (0: assumed)
+    measured: int = 0
+
+    def line(self) -> str:
+        """The links and memory the estimate assumes, and where they come from."""
+        where = f"measured by {self.measured} recent launch(es)" if self.measured else "assumed"
+        return (f"hardware: links {self.p2p_latency * 1e6:.0f} us + {self.p2p_bandwidth / 1e9:.2f} GB/s between "
+                f"stages, {self.device_memory / 1e9:.2f} GB per {self.device} rank ({where})")
 
 
 def every_known(values: Sequence[int | None]) -> tuple[int, ...] | None:

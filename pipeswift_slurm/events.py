@@ -36,6 +36,10 @@ def _num(v: Any) -> bool:
     return f is not None and abs(f) <= MAX_NUMBER and (isinstance(v, float) or _int(v))
 
 
+def _positive(v: Any) -> bool:
+    return _num(v) and v > 0
+
+
 def _str(v: Any) -> bool:
     return isinstance(v, str) and len(v) <= MAX_STR
 
@@ -70,7 +74,11 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
               "data_parallel": (_count, True), "micro_batches": (_count, True),
               "micro_batch_size": (_count, True), "step": (_count, True), "partition": (_str, False),
               "boundaries": (_ints, False), "resumed_from": (_str, False), "setup_s": (_num, False),
-              "load_s": (_num, False)},
+              "load_s": (_num, False),
+              # the hardware the launch measured (pipeswift_launch.probe)
+              "device": (_str, False), "p2p_latency_s": (_positive, False), "p2p_bandwidth": (_positive, False),
+              "device_memory": (_count, False), "ranks_per_host": (_count, False),
+              "host_cores": (_count, False)},
     "step": {"step": (_count, True), "loss": (_num, True), "step_time": (_num, True),
              "loss_hex": (_str, False)},
     "checkpoint": {"step": (_count, False), "path": (_str, False), "seconds": (_num, False),

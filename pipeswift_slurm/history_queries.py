@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
+
+from .stats import median_of
 
 if TYPE_CHECKING:
     from .selection import Selection
@@ -28,6 +30,15 @@ LISTING_SQL = {
     "steps_lost": "NULL", "wasted_hours": "r.wasted_s / 3600.0", "step_mean_s": "NULL",
     "predicted_jct_s": "NULL",
 }
+
+class MeasuredHardware(NamedTuple):
+    """Medians of what recent launches measured (None: none measured that one)."""
+
+    p2p_latency_s: float | None
+    p2p_bandwidth: float | None
+    device_memory: float | None
+    launches: int
+
 
 #: the roll-up columns a report may group by
 ROLLUP_KEYS = ("partition", "user", "account", "qos", "nodes")
@@ -97,6 +108,24 @@ class Queries:
             "predicted_jct_p10_s, predicted_jct_p90_s FROM jobs WHERE predicted_step_s IS NOT NULL "
             f"AND actual_step_s IS NOT NULL {mine}ORDER BY end_time DESC LIMIT ?",
             [*([user] if user is not None else []), limit])]
+
+    def measured_hardware(self, partition: str | None, device: str, user: str,
+                          limit: int = 20) -> MeasuredHardware | None:
+        """What the ``limit`` most recent launches of ``user`` on ``partition`` measured of their
+        ``device`` hardware (pipeswift_launch.probe), as medians; None when none measured. Only
+        that user's own: the numbers come from their events, which another user cannot write."""
+        rows = self.conn.execute(
+            "SELECT a.p2p_latency_s, a.p2p_bandwidth, a.device_memory FROM attempts a "
+            "JOIN jobs j ON a.job = j.id WHERE j.partition IS ? AND a.device = ? AND j.user = ? "
+            "AND (a.p2p_latency_s IS NOT NULL OR a.device_memory IS NOT NULL) "
+            "ORDER BY a.start_time DESC LIMIT ?", [partition, device, user, limit]).fetchall()
+        if not rows:
+            return None
+        lat = [r[0] for r in rows if r[0] is not None and r[0] > 0]
+        bw = [r[1] for r in rows if r[1] is not None and r[1] > 0]
+        mem = [r[2] for r in rows if r[2] is not None and r[2] > 0]
+        return MeasuredHardware(median_of(lat) if lat else None, median_of(bw) if bw else None,
+                                float(median_of(mem)) if mem else None, len(rows))
 
     def preemptions_per_hour(self, partition: str | None, days: float = 30.0,
                              now: float | None = None) -> float:

@@ -206,6 +206,16 @@ MIGRATIONS: list[str] = [
     CREATE INDEX jobs_job_id ON jobs(job_id);
     CREATE UNIQUE INDEX jobs_identity ON jobs(run_dir, cluster, COALESCE(job_id, ''), COALESCE(user, ''))
     """,
+    # 12: the hardware each launch measured at its start (pipeswift_launch.probe), which the
+    #     planner fits its links and device memory from
+    """
+    ALTER TABLE attempts ADD COLUMN device TEXT;
+    ALTER TABLE attempts ADD COLUMN p2p_latency_s REAL;
+    ALTER TABLE attempts ADD COLUMN p2p_bandwidth REAL;
+    ALTER TABLE attempts ADD COLUMN device_memory INTEGER;
+    ALTER TABLE attempts ADD COLUMN ranks_per_host INTEGER;
+    ALTER TABLE attempts ADD COLUMN host_cores INTEGER;
+    """,
 ]
 
 #: upsert one attempt: a source that does not know a field (the plugin knows no MaxRSS, sacct

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from . import __version__
 from .config import TrainConfig, TrainingSection
+from .costmodel import Hardware
 from .errors import ConfigError
 from .layouts import rule_layouts
 
@@ -112,6 +113,10 @@ class Plan(TypedDict):
     #: CPU: cores one host has and ranks placed on one host, as the planner assumed (None: unknown)
     host_cores: int | None
     ranks_per_host: int | None
+    #: the links between stages the planner assumed: measured by recent launches
+    #: (pipeswift_launch.probe) or the defaults; the job's re-layout and growth use them too
+    p2p_latency: float
+    p2p_bandwidth: float
     #: 0 as planned; each in-job re-layout rewrites the layouts from measured costs and adds 1
     revision: int
     #: the re-layouts so far, oldest first (pipeswift_launch.relayout writes them)
@@ -129,7 +134,8 @@ _NEEDED: dict[str, tuple[type, ...]] = {
     "infeasible": (dict,), "candidates": (list,), "partition": (str, _NONE), "partitions": (list,),
     "partition_layouts": (dict,), "nodes_request": (str,),
     "revision": (int,), "relayouts": (list,), "checkpoint_auto": (dict, _NONE),
-    "device_memory": (int, float, _NONE), "host_cores": (int, _NONE), "ranks_per_host": (int, _NONE)}
+    "device_memory": (int, float, _NONE), "host_cores": (int, _NONE), "ranks_per_host": (int, _NONE),
+    "p2p_latency": (int, float), "p2p_bandwidth": (int, float)}
 #: Slurm checks time limits periodically: --signal may arrive up to about a minute off
 SIGNAL_SLACK_S = 60
 
@@ -167,7 +173,12 @@ def _chosen(cfg: TrainConfig, planned: "PlanResult") -> dict[str, Any]:
         "device_memory": planned.hardware.device_memory if planned.hardware else None,
         "host_cores": planned.hardware.host_cores if planned.hardware else None,
         "ranks_per_host": planned.hardware.ranks_per_host if planned.hardware else None,
+        **_links(planned.hardware or Hardware()),
     }
+
+
+def _links(hw: Hardware) -> dict[str, float]:
+    return {"p2p_latency": hw.p2p_latency, "p2p_bandwidth": hw.p2p_bandwidth}
 
 
 def _layouts_of(best: "dict[int, Candidate]") -> dict[str, LayoutSpec]:
@@ -233,7 +244,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
     chosen: dict[str, Any] = {"layouts": {n: lay._asdict() for n, lay in layouts.items()},
                               "infeasible": infeasible, "prediction": None, "candidates": [],
                               "nodes_request": cfg.resources.nodes_spec, "device_memory": None,
-                              "host_cores": None, "ranks_per_host": None}
+                              "host_cores": None, "ranks_per_host": None, **_links(Hardware())}
     if planned is not None and planned.fits_nowhere():  # e.g. every layout would run out of memory
         reasons = sorted({c.rejected for c in planned.candidates if c.rejected})
         raise ConfigError(f"no layout fits: {'; '.join(reasons)}")

@@ -413,6 +413,8 @@ def explain(res: PlanResult) -> str:
     if res.choice:
         lines.append(f"why: {res.choice}")
     lines.append(checkpoint_line(res, c))
+    if res.hardware is not None:
+        lines.append(res.hardware.line())
     best = res.best_per_nodes()
     for n, o in sorted(best.items()):
         if n == c.nodes:

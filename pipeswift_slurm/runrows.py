@@ -169,6 +169,10 @@ def _decisions(plan: Plan) -> list[dict[str, Any]]:
     return out
 
 
+#: what a launch measured of its hardware (pipeswift_launch.probe), kept per attempt
+HARDWARE = ("device", "p2p_latency_s", "p2p_bandwidth", "device_memory", "ranks_per_host", "host_cores")
+
+
 def _start(a: dict[str, Any], ev: dict[str, Any], mkey: str) -> None:
     lay = {k: ev[k] for k in ("nodes", "stages", "data_parallel", "micro_batches",
                               "micro_batch_size", "boundaries")}
@@ -177,7 +181,7 @@ def _start(a: dict[str, Any], ev: dict[str, Any], mkey: str) -> None:
              micro_batches=ev["micro_batches"], micro_batch_size=ev["micro_batch_size"],
              boundaries=json.dumps(ev["boundaries"]), config_key=config_key(mkey, lay),
              start_step=ev["step"], resumed_from=ev["resumed_from"], setup_s=ev["setup_s"],
-             load_s=ev["load_s"])
+             load_s=ev["load_s"], **{k: ev[k] for k in HARDWARE})
     if ev["time"] is not None and ev["setup_s"] is not None:
         a["start_time"] = ev["time"] - ev["setup_s"]
 

@@ -4,6 +4,7 @@ planner, the learning loop's error report, and graceful degradation."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 
 import pytest
@@ -38,6 +39,12 @@ def test_ingest_is_idempotent_and_keeps_attempts_profiles_and_stats(trained, tmp
         (a,) = list(h.db["attempts"].rows)
         assert (a["nodes"], a["stages"], a["ended"], a["end_step"], a["step_count"]) == (2, 2, "completed", 12, 11)
         assert a["step_p50"] <= a["step_p95"] and a["step_var"] >= 0
+        # the hardware the launch measured at its start (pipeswift_launch.probe): the link
+        # between its 2 stages, 2 ranks on this host sharing its memory and its cores
+        assert (a["device"], a["ranks_per_host"], a["host_cores"]) == ("cpu", 2, os.cpu_count())
+        assert 0 < a["p2p_latency_s"] < 0.05 and a["p2p_bandwidth"] > 1e6, a
+        host_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        assert a["device_memory"] == host_memory // 2
         layers = sorted((r["layer"], r["seconds"]) for r in h.db["layer_profiles"].rows)
         assert [x[0] for x in layers] == list(range(6)) and all(x[1] > 0 for x in layers)
         # transformer blocks cost more than the embedding and the head
@@ -62,11 +69,18 @@ def test_planner_uses_the_measured_profile_and_reports_its_error(trained, tmp_pa
     env = {"PSWIFT_HOME": str(home), "PSWIFT_DB": str(tmp_path / "h.db")}
     proc = pswift("plan", str(toml), "--no-live", env=env)  # read-only: makes no database
     assert proc.returncode == 0 and "profile: toml" in proc.stdout, proc.stderr
+    assert "hardware: links 50 us + 1.00 GB/s between stages, 16.00 GB per cpu rank (assumed)" in proc.stdout
     assert not (tmp_path / "h.db").exists()
     assert pswift("history", "ingest", env=env).returncode == 0   # (pswift sbatch learns by itself)
     proc = pswift("plan", str(toml), "--no-live", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "profile: history" in proc.stdout and "measured" in proc.stdout
+    # the links and memory the launch measured, not the defaults
+    h = History(tmp_path / "h.db")
+    (a,) = list(h.db["attempts"].rows)
+    h.close()
+    assert (f"hardware: links {a['p2p_latency_s'] * 1e6:.0f} us + {a['p2p_bandwidth'] / 1e9:.2f} GB/s between "
+            f"stages, {a['device_memory'] / 1e9:.2f} GB per cpu rank (measured by 1 recent launch(es))") in proc.stdout
     assert "model error over the last 1 planned job(s): step time" in proc.stdout
     d = json.loads(pswift("plan", str(toml), "--no-live", "--json", env=env).stdout)
     assert d["profile_source"] == "history" and d["chosen"]["estimate"]["step_source"] == "measured"

@@ -16,7 +16,9 @@ DeepSpeed 0.19 has no public API for these, so they live here and nowhere else:
   checkpoint can be loaded into it (writing full per-parameter values goes through DeepSpeed's
   public ``safe_set_full_*``); each parameter's fragment link (``_hp_mapping``'s addresses) places
   it in the flat buffer when the partitions are gathered at save;
-- ``optimizer.loss_scaler`` (ZeRO's): fp16's dynamic loss scale continues after a resume.
+- ``optimizer.loss_scaler`` (ZeRO's): fp16's dynamic loss scale continues after a resume;
+- ``PipeEngine.grid.stage_to_global``: the global rank of a neighbouring stage, for the
+  point-to-point probe at start (:mod:`pipeswift_launch.probe`).
 
 :func:`check_version` refuses a DeepSpeed outside the range these were verified on, in one
 line; ``tests/test_ds_compat.py`` exercises every access in seconds on CPU, without Slurm, so a
@@ -207,3 +209,9 @@ class ExplicitPipe(PipelineModule):
         self.parts = parts
         stage_id = self._topo.get_coord(self.global_rank).pipe
         self._set_bounds(start=parts[stage_id], stop=parts[stage_id + 1])
+
+
+def stage_ranks(engine: Any) -> tuple[int, int, list[int]]:
+    """(this rank's stage, stage count, the global rank of every stage of this rank's pipeline)."""
+    stages = int(engine.num_stages)
+    return int(engine.stage_id), stages, [int(engine.grid.stage_to_global(s)) for s in range(stages)]

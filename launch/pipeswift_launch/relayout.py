@@ -87,7 +87,8 @@ def hardware(plan: Plan) -> Hardware:
     device = plan["device"]
     return Hardware(device=device, device_memory=plan["device_memory"] or DEFAULT_DEVICE_MEMORY[device],
                     host_cores=plan["host_cores"], ranks_per_host=plan["ranks_per_host"],
-                    threads_per_rank=int(plan["cpus_per_task"]))
+                    threads_per_rank=int(plan["cpus_per_task"]), p2p_latency=float(plan["p2p_latency"]),
+                    p2p_bandwidth=float(plan["p2p_bandwidth"]))
 
 
 def step_times(plan: Plan, profile: Profile) -> dict[int, float]:

@@ -105,6 +105,7 @@ class Attempt:
     setup_s: float = 0.0
     load_s: float = 0.0
     grow_to: int = 0                 # rank 0: the node count a growth asks for
+    hardware: dict[str, Any] = field(default_factory=dict)   # probe.measure's, for the start event
 
     @property
     def rank(self) -> int:
@@ -180,7 +181,9 @@ def _setup(att: Attempt) -> None:
                                    denv.world_size, att.events, int(plan["training"]["keep_checkpoints"]),
                                    model_id(plan))
     att.checkpoints.clean_folder()
-    dist.barrier()
+    from . import probe
+    # its first step is a barrier: no rank goes on before rank 0 has cleaned the folder
+    att.hardware = probe.measure(att.engine, plan["device"])
 
 
 def _emit_start(att: Attempt, setup_s: float, load_s: float, resumed_from: str | None) -> None:
@@ -190,7 +193,7 @@ def _emit_start(att: Attempt, setup_s: float, load_s: float, resumed_from: str |
                     data_parallel=layout["data_parallel"], micro_batches=layout["micro_batches"],
                     micro_batch_size=layout["micro_batch_size"], boundaries=att.boundaries,
                     partition=layout["partition"], step=att.step, resumed_from=resumed_from,
-                    setup_s=round(setup_s, 3), load_s=round(load_s, 3))
+                    setup_s=round(setup_s, 3), load_s=round(load_s, 3), **att.hardware)
     _log(att.rank, f"attempt {denv.attempt}: {layout['stages']} stage(s) x {layout['data_parallel']} "
                    f"data-parallel on {denv.nodes} node(s), boundaries {att.boundaries}, "
                    f"m={layout['micro_batches']}, from step {att.step}, setup {setup_s:.1f} s")
