@@ -13,7 +13,8 @@ from pipeswift_slurm.runrows import Owner
 from test_admin_reports import rec, H, T0
 
 
-def _run(tmp_path, name: str, user: str, predicted: float, actual: float) -> tuple[str, Owner]:
+def _run(tmp_path, name: str, user: str, predicted: float, actual: float,
+         measured: dict | None = None) -> tuple[str, Owner]:
     run = tmp_path / name
     run.mkdir()
     (run / "plan.json").write_text(json.dumps({
@@ -21,7 +22,8 @@ def _run(tmp_path, name: str, user: str, predicted: float, actual: float) -> tup
         "training": {"steps": 2}, "model": {"entry": "m:f"},
         "prediction": {"nodes": 2, "step_s": predicted, "jct_s": 10.0}}))
     evs = [{"event": "start", "time": 1000.0, "attempt": 0, "nodes": 2, "world_size": 2, "stages": 2,
-            "data_parallel": 1, "micro_batches": 2, "micro_batch_size": 1, "step": 0, "setup_s": 1.0}]
+            "data_parallel": 1, "micro_batches": 2, "micro_batch_size": 1, "step": 0, "setup_s": 1.0,
+            **(measured or {})}]
     evs += [{"event": "step", "time": 1000.0 + s, "attempt": 0, "step": s, "loss": 1.0, "step_time": actual}
             for s in (1, 2, 3)]
     evs.append({"event": "end", "time": 1004.0, "attempt": 0, "reason": "completed", "step": 3})
@@ -44,6 +46,32 @@ def test_waits_are_slurms_and_errors_are_the_users_own(tmp_path):
         mine = h.recent_errors(user="alice")
         assert [e["actual_step_s"] for e in mine] == [1.1]
         assert {e["actual_step_s"] for e in h.recent_errors()} == {1.1, 50.0}   # an admin's view: all
+    finally:
+        h.close()
+
+
+def test_the_planners_hardware_is_what_the_users_own_launches_measured(tmp_path):
+    """Links and device memory come from this user's launches on the partition (medians), never
+    from another user's events: mallory's forged tiny memory and slow links cannot shrink
+    alice's layouts."""
+    from pipeswift_slurm.costmodel import Hardware
+    h = History(tmp_path / "h.db")
+    try:
+        assert h.measured_hardware("low", "cpu", "alice") is None
+        for name, user, lat, bw, mem in (("mine-1", "alice", 1e-4, 5e9, 40e9), ("mine-2", "alice", 3e-4, 7e9, 20e9),
+                                         ("theirs-3", "mallory", 9.0, 1.0, 1)):
+            run, owner = _run(tmp_path, name, user, 1.0, 1.1, {"device": "cpu", "p2p_latency_s": lat,
+                                                               "p2p_bandwidth": bw, "device_memory": int(mem),
+                                                               "ranks_per_host": 2, "host_cores": 8})
+            assert h.ingest_run_dir(run, owner)
+        got = h.measured_hardware("low", "cpu", "alice")
+        assert got == (pytest.approx(2e-4), pytest.approx(6e9), pytest.approx(30e9), 2)
+        assert h.measured_hardware("low", "cuda", "alice") is None        # another device
+        assert h.measured_hardware("high", "cpu", "alice") is None        # another partition
+        line = Hardware(device="cpu", p2p_latency=got.p2p_latency_s, p2p_bandwidth=got.p2p_bandwidth,
+                        device_memory=got.device_memory, measured=got.launches).line()
+        assert line == ("hardware: links 200 us + 6.00 GB/s between stages, 30.00 GB per cpu rank "
+                        "(measured by 2 recent launch(es))")
     finally:
         h.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -32,6 +33,10 @@ def test_sbatch_trains_two_stages_on_two_nodes_and_pswift_run_matches(cluster, e
     start = [e for e in events(run) if e["event"] == "start"]
     assert len(start) == 1 and start[0]["nodes"] == 2 and start[0]["stages"] == 2
     assert start[0]["job_id"] == job_id
+    # what the launch measured at its start: node1 and node2 are one machine here, so its two
+    # ranks share it; the link between the two stages crossed Slurm's two nodes
+    assert (start[0]["device"], start[0]["ranks_per_host"], start[0]["host_cores"]) == ("cpu", 2, os.cpu_count())
+    assert start[0]["p2p_latency_s"] > 0 and start[0]["p2p_bandwidth"] > 1e6, start[0]
     steps = [e for e in events(run) if e["event"] == "step"]
     assert [e["step"] for e in steps] == list(range(1, 13))
     assert steps[-1]["loss"] < steps[0]["loss"] - 0.3, "loss must visibly fall"
@@ -55,6 +60,8 @@ def test_sbatch_trains_two_stages_on_two_nodes_and_pswift_run_matches(cluster, e
     pswift("history", "ingest", check=True)
     out = pswift("plan", str(example), "--no-live", check=True).stdout
     assert re.search(r"JCT band coverage: [0-2] of 2 actual JCT\(s\) inside the predicted p10-p90 band", out), out
+    assert re.search(r"hardware: links \d+ us \+ [0-9.]+ GB/s between stages, [0-9.]+ GB per cpu rank "
+                     r"\(measured by [12] recent launch\(es\)\)", out), out
 
 
 def test_dry_run_submits_nothing(cluster, example, tmp_path):
