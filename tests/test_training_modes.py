@@ -161,6 +161,27 @@ def test_bf16_zero1_with_recompute_resumes_in_another_layout(tmp_path, first, th
     assert worst < 1e-2, worst
 
 
+def test_a_bf16_zero1_background_checkpoint_resumes_bit_for_bit(tmp_path):
+    """2 stages x 2 data-parallel, bf16 + ZeRO-1: the periodic checkpoint of step 4 is written in
+    the background, each rank's shard copied at the step and gathered over the checkpoint's own
+    gloo group while training goes on. A job resumed from it ends at step 5 with exactly the
+    state (bf16 weights, fp32 master, Adam moments) of the job that never stopped."""
+    periodic = job(tmp_path / "a", BF16, 2, 2, tmp_path / "ckpt-a", steps=5)
+    periodic.write_text(periodic.read_text().replace("checkpoint_interval = 0", "checkpoint_interval = 2"))
+    run(periodic, tmp_path / "periodic", 4)
+    (bg,) = [e for e in events(tmp_path / "periodic") if e["event"] == "checkpoint" and e["step"] == 4]
+    assert bg["background"] is True and bg["gather_s"] > 0, bg
+    shutil.copytree(tmp_path / "ckpt-a", tmp_path / "ckpt-b")
+    shutil.rmtree(tmp_path / "ckpt-b" / "step_00000005")
+    run(job(tmp_path / "b", BF16, 2, 2, tmp_path / "ckpt-b", steps=5), tmp_path / "resumed", 4)
+    (start,) = [e for e in events(tmp_path / "resumed") if e["event"] == "start"]
+    assert start["resumed_from"] == str(tmp_path / "ckpt-b" / "step_00000004")
+    a, b = final_state(tmp_path / "ckpt-a", 5), final_state(tmp_path / "ckpt-b", 5)
+    import torch
+    assert a.keys() == b.keys() and any(k.startswith("master/") for k in a) and any(k.startswith("optim/") for k in a)
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
 def test_dropout_resumes_bitwise_with_half_the_stages(tmp_path):
     stopped, resumed, ref, out = interrupted_and_reference(tmp_path, "", (4, 1), (2, 1), (4, 2),
                                                            kwargs="dropout = 0.1")

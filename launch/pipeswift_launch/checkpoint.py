@@ -217,15 +217,22 @@ def _optimizer_state(engine: Any) -> tuple[dict[str, dict[str, Any]], dict[str, 
     if ds_compat.master_groups(engine) is None:
         name_of = {p: n for n, p in engine.module.named_parameters()}
         return {name_of[p]: opt.state[p] for g in opt.param_groups for p in g["params"] if p in opt.state}, {}
-    master, optim, scalars = ds_compat.gather_master(engine)
+    return _zero_state(*ds_compat.gather_master(engine))
+
+
+def _zero_state(master: dict[str, Any], optim: dict[str, dict[str, Any]],
+                scalars: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     for state in optim.values():
         state.update(scalars)
     return optim, master
 
 
-def _stage_blob(engine: Any) -> dict[str, Any]:
-    """This stage's state (every rank of the stage calls it; data-parallel rank 0 writes it)."""
-    optim, master = _optimizer_state(engine)
+def _stage_blob(engine: Any, optim: dict[str, dict[str, Any]] | None = None,
+                master: dict[str, Any] | None = None) -> dict[str, Any]:
+    """This stage's state (every rank of the stage calls it; data-parallel rank 0 writes it).
+    ``optim`` and ``master``: gathered already (else gathered here)."""
+    if optim is None or master is None:
+        optim, master = _optimizer_state(engine)
     return {
         "model": engine.module.state_dict(),
         "master": master,
@@ -307,14 +314,18 @@ class Pending:
     checkpoint does not count, and a crash leaves a folder without manifest (removed at the
     next start)."""
 
-    def __init__(self, engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any]) -> None:
+    def __init__(self, engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
+                 side_group: Any = None) -> None:
         import threading
         self.path, self.step, self.meta = ckpt_dir / tag_for(step), step, meta
         self.path.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        # a collective over the stage's data-parallel ranks: all call it; one of them writes
-        blob: dict[str, Any] | None = _stage_blob(engine)
-        blob = _snapshot(blob) if engine.grid.data_parallel_id == 0 else None
+        writer = engine.grid.data_parallel_id == 0
+        # ZeRO-1 / bf16: each data-parallel rank copies its own shard here; the thread gathers
+        # the copies over ``side_group`` (ds_compat.side_groups) while training goes on
+        shards = _snapshot(ds_compat.master_parts(engine)) if side_group is not None else None
+        blob = (_snapshot(_stage_blob(engine, {}, {}) if shards is not None else _stage_blob(engine))
+                if writer else None)
         self.generators = rng.capture()
         self.stall_s = time.perf_counter() - t0
         self.mine: Any = None
@@ -322,7 +333,14 @@ class Pending:
 
         def write() -> None:
             try:
-                self.mine = _write_stage(engine, self.path, step, blob, t0, time.perf_counter()) if blob else None
+                t_gather = time.perf_counter()
+                if shards is not None:
+                    optim, master = _zero_state(*ds_compat.assemble_master(shards, side_group))
+                    if blob is not None:
+                        blob.update(master=master, optim=optim)
+                t_write = time.perf_counter()
+                self.mine = _write_stage(engine, self.path, step, blob, t_gather, t_write) \
+                    if blob is not None else None
             except BaseException as e:  # noqa: BLE001 - re-raised in the training thread by commit()
                 self.error = e
         self.thread = threading.Thread(target=write, name=f"pswift-save-{step}", daemon=True)

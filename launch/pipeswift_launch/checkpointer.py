@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import checkpoint as ckpt
+from . import ds_compat
 from .dist_env import log0 as _log
 
 if TYPE_CHECKING:
@@ -32,6 +33,9 @@ class Checkpointer:
         self.saved_at = time.time()
         #: a periodic checkpoint being written (checkpoint.Pending)
         self.pending: ckpt.Pending | None = None
+        #: ZeRO-1 / bf16: the gloo group a background checkpoint gathers its shards over (every
+        #: rank makes the groups here, at the same point); None: nothing to gather
+        self.side_group = ds_compat.side_groups(engine)
 
     def clean_folder(self) -> None:
         """Rank 0, before anyone resumes: the folder exists, half-written checkpoints of an
@@ -64,7 +68,7 @@ class Checkpointer:
         """A periodic checkpoint: the state copied at this step, written by a thread, committed
         at a later step's end once every rank's file is on disk (:meth:`finish_pending`)."""
         self.finish_pending()
-        self.pending = ckpt.Pending(self.engine, self.dir, step, meta)
+        self.pending = ckpt.Pending(self.engine, self.dir, step, meta, self.side_group)
         self.saved_at = time.time()
 
     def writing(self) -> bool:

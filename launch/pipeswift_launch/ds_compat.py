@@ -18,7 +18,8 @@ DeepSpeed 0.19 has no public API for these, so they live here and nowhere else:
   it in the flat buffer when the partitions are gathered at save;
 - ``optimizer.loss_scaler`` (ZeRO's): fp16's dynamic loss scale continues after a resume;
 - ``PipeEngine.grid.stage_to_global``: the global rank of a neighbouring stage, for the
-  point-to-point probe at start (:mod:`pipeswift_launch.probe`).
+  point-to-point probe at start (:mod:`pipeswift_launch.probe`); ``grid.topology()``'s
+  data-parallel rank lists, for the background checkpoint's own gloo groups.
 
 :func:`check_version` refuses a DeepSpeed outside the range these were verified on, in one
 line; ``tests/test_ds_compat.py`` exercises every access in seconds on CPU, without Slurm, so a
@@ -128,40 +129,85 @@ def create_master_state(engine: Any, elementwise: list[str], scalars: dict[str, 
         lazy_init_hp_params_optimizer_state(params, flat, state)
 
 
-def gather_master(engine: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any]]:
-    """(fp32 master weights by parameter name, their element-wise optimizer state by name, the
-    scalar state such as Adam's step) of this stage, whole. A collective over the data-parallel
-    group (every data-parallel rank of the stage calls it): one all-gather per flat partition and
-    state key; each parameter's place in the flat buffer comes from the fragment links of the
-    ranks holding a piece of it (whatever padding DeepSpeed put between parameters)."""
+#: one parameter group's piece of the ZeRO state on this rank (:func:`master_parts`)
+MasterPart = tuple[list[tuple[str, Any, int]], dict[Any, Any], dict[str, Any], dict[str, int]]
+
+
+def master_parts(engine: Any) -> list[MasterPart]:
+    """This rank's share of the fp32 master weights and their optimizer state, per parameter
+    group: ([(name, shape, numel) of its parameters], {None: flat partition, state key: its
+    flat state}, the scalar state such as Adam's step, {name: where the parameter begins in the
+    group's gathered buffer} for the parameters with a piece here). The live tensors, no copy
+    and no collective: :func:`assemble_master` gathers them (after a copy, in the background)."""
     import torch.distributed as tdist
-    group = engine.grid.get_data_parallel_group()
-    dp, rank = engine.grid.get_data_parallel_world_size(), tdist.get_rank(group)
+    rank = tdist.get_rank(engine.grid.get_data_parallel_group())
     names = {id(p): n for n, p in engine.module.named_parameters()}
     state = master_state(engine)
-    master: dict[str, Any] = {}
-    optim: dict[str, dict[str, Any]] = {}
-    scalars: dict[str, Any] = {}
+    parts: list[MasterPart] = []
     for params, flat in master_groups(engine) or []:
         flat_state = state.get(flat, {})
         keys = [k for k, v in flat_state.items() if torch.is_tensor(v) and v.shape == flat.shape]
-        scalars.update({k: v for k, v in flat_state.items() if k not in keys})
+        tensors = {key: (flat if key is None else flat_state[key]).detach() for key in (None, *keys)}
+        scalars = {k: v for k, v in flat_state.items() if k not in keys}
         mine = {names[id(p)]: rank * flat.numel() + p._hp_mapping.hp_fragment_address.start
                 - p._hp_mapping.lp_fragment_address.start
                 for p in params if getattr(p, "_hp_mapping", None) is not None}
+        parts.append(([(names[id(p)], p.shape, p.numel()) for p in params], tensors, scalars, mine))
+    return parts
+
+
+def assemble_master(parts: list[MasterPart], group: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]],
+                                                                   dict[str, Any]]:
+    """(fp32 master weights by parameter name, their element-wise optimizer state by name, the
+    scalar state) of this stage, whole, from every data-parallel rank's :func:`master_parts`: a
+    collective over ``group`` (the stage's data-parallel ranks, each calling it): one all-gather
+    per flat partition and state key; each parameter's place in the flat buffer comes from the
+    fragment links of the ranks holding a piece of it (whatever padding DeepSpeed put between
+    parameters)."""
+    import torch.distributed as tdist
+    dp = tdist.get_world_size(group)
+    master: dict[str, Any] = {}
+    optim: dict[str, dict[str, Any]] = {}
+    scalars: dict[str, Any] = {}
+    for params, tensors, group_scalars, mine in parts:
+        scalars.update(group_scalars)
         every: list[Any] = [None] * dp
         tdist.all_gather_object(every, mine, group=group)
         offsets = {n: o for d in every for n, o in d.items()}
         full = {}
-        for key in (None, *keys):
-            part = (flat if key is None else flat_state[key]).detach().contiguous()
+        for key, part in tensors.items():
+            part = part.contiguous()
             full[key] = torch.empty(dp * part.numel(), dtype=part.dtype, device=part.device)
             tdist.all_gather_into_tensor(full[key], part, group=group)
-        for p in params:
-            name, at = names[id(p)], offsets[names[id(p)]]
-            master[name] = full[None][at:at + p.numel()].view(p.shape)
-            optim[name] = {k: full[k][at:at + p.numel()].view(p.shape) for k in keys}
+        keys = [k for k in tensors if k is not None]
+        for name, shape, numel in params:
+            at = offsets[name]
+            master[name] = full[None][at:at + numel].view(shape)
+            optim[name] = {k: full[k][at:at + numel].view(shape) for k in keys}
     return master, optim, scalars
+
+
+def gather_master(engine: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any]]:
+    """:func:`assemble_master` of this rank's live parts over the stage's data-parallel group
+    (every data-parallel rank of the stage calls it)."""
+    return assemble_master(master_parts(engine), engine.grid.get_data_parallel_group())
+
+
+def side_groups(engine: Any) -> Any:
+    """A second process group (gloo, host memory) over this rank's stage's data-parallel ranks,
+    for gathering a checkpoint's ZeRO state in a background thread while training's collectives
+    go on over DeepSpeed's groups; None for a plain torch optimizer (nothing to gather). Every
+    rank calls it at the same point: it makes one group per stage, in stage order."""
+    import torch.distributed as tdist
+    if master_groups(engine) is None:
+        return None
+    topo = engine.grid.topology()
+    mine = None
+    for ranks in topo.get_axis_comm_lists("data"):
+        group = tdist.new_group(ranks=ranks, backend="gloo")
+        if tdist.get_rank() in ranks:
+            mine = group
+    return mine
 
 
 #: what a dynamic loss scaler must carry over a resume (a static one has the first two)
