@@ -159,26 +159,32 @@ def master_parts(engine: Any) -> list[MasterPart]:
 def assemble_master(parts: list[MasterPart], group: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]],
                                                                    dict[str, Any]]:
     """(fp32 master weights by parameter name, their element-wise optimizer state by name, the
-    scalar state) of this stage, whole, from every data-parallel rank's :func:`master_parts`: a
-    collective over ``group`` (the stage's data-parallel ranks, each calling it): one all-gather
-    per flat partition and state key; each parameter's place in the flat buffer comes from the
-    fragment links of the ranks holding a piece of it (whatever padding DeepSpeed put between
-    parameters)."""
+    scalar state) of this stage, whole, from every data-parallel rank's :func:`master_parts`, on
+    the stage's data-parallel rank 0 (the one that writes the stage file; the others get empty
+    dicts): a collective over ``group`` (the stage's data-parallel ranks, each calling it), one
+    gather to that rank per flat partition and state key (not an all-gather: the other ranks
+    receive nothing they would not use). Each parameter's place in the flat buffer comes from
+    the fragment links of the ranks holding a piece of it (whatever padding DeepSpeed put
+    between parameters)."""
     import torch.distributed as tdist
-    dp = tdist.get_world_size(group)
+    dp, writer = tdist.get_world_size(group), tdist.get_rank(group) == 0
+    dst = tdist.get_global_rank(group, 0)
     master: dict[str, Any] = {}
     optim: dict[str, dict[str, Any]] = {}
     scalars: dict[str, Any] = {}
     for params, tensors, group_scalars, mine in parts:
         scalars.update(group_scalars)
-        every: list[Any] = [None] * dp
-        tdist.all_gather_object(every, mine, group=group)
-        offsets = {n: o for d in every for n, o in d.items()}
-        full = {}
+        every: list[Any] | None = [None] * dp if writer else None
+        tdist.gather_object(mine, every, dst=dst, group=group)
+        full: dict[Any, Any] = {}
         for key, part in tensors.items():
             part = part.contiguous()
-            full[key] = torch.empty(dp * part.numel(), dtype=part.dtype, device=part.device)
-            tdist.all_gather_into_tensor(full[key], part, group=group)
+            if writer:
+                full[key] = torch.empty(dp * part.numel(), dtype=part.dtype, device=part.device)
+            tdist.gather(part, list(full[key].chunk(dp)) if writer else None, dst=dst, group=group)
+        if not writer or every is None:
+            continue
+        offsets = {n: o for d in every for n, o in d.items()}
         keys = [k for k in tensors if k is not None]
         for name, shape, numel in params:
             at = offsets[name]
