@@ -184,27 +184,3 @@ def test_a_pswift_jobs_waste_is_cpu_hours_on_slurms_count_of_each_attempts_cpus(
     (rep,) = job_reports(h)
     assert rep.cpu_hours_wasted is None and rep.steps_lost == 2
     h.close()
-
-
-def test_a_sacct_record_slurmdbd_has_not_finished_is_read_again_and_filled(tmp_path):
-    """22.05's slurmdbd shows a job COMPLETED with no QOS for ~2 s after it ends (seen on the
-    real accounting cluster): the read mark stays at that job's end, so the next ingest reads it
-    again and fills the QOS in; a record still without one after SACCT_SETTLE_S no longer holds
-    the mark back."""
-    from pipeswift_slurm.history import SACCT_SETTLE_S
-    h = History(tmp_path / "h.db")
-    rec = {"CLUSTER": "c", "USERNAME": "u", "PARTITION": "low", "JOBSTATE": "COMPLETED", "SUBMIT": 50}
-    settled = {**rec, "JOBID": "1", "START": 100, "END": 200, "QOS": "normal"}
-    fresh = {**rec, "JOBID": "2", "START": 150, "END": 250, "QOS": None}
-    newest = {**rec, "JOBID": "3", "START": 200, "END": 300, "QOS": "normal"}
-    assert h.add_sacct("c", [settled, fresh, newest], now=302) == 3
-    assert h.sacct_since("c") == 250                        # not 300: job 2 is read again
-    assert h.add_sacct("c", [{**fresh, "QOS": "normal"}, newest], now=304) == 0
-    assert h.sacct_since("c") == 300
-    qos = dict(h.conn.execute("SELECT job_id, qos FROM slurm_jobs").fetchall())
-    assert qos == {"1": "normal", "2": "normal", "3": "normal"}
-    h2 = History(tmp_path / "h2.db")
-    h2.add_sacct("c", [fresh, newest], now=250 + SACCT_SETTLE_S + 1)
-    assert h2.sacct_since("c") == 300                       # long ended: stays without a QOS
-    h.close()
-    h2.close()
