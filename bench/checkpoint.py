@@ -84,7 +84,7 @@ def events(run: Path) -> list[dict]:
 
 
 def pswift_run(toml: Path, run: Path, nodes: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.cli", "run", "--nodes", str(nodes),
+    return subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.cli.main", "run", "--nodes", str(nodes),
                              "--run-dir", str(run), str(toml)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -30,7 +30,7 @@ import benchlib  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeswift_slurm.history import History  # noqa: E402
+from pipeswift_slurm.history.store import History  # noqa: E402
 
 
 def records(n: int, seed: int = 1, prefix: str = "") -> list[dict]:
@@ -78,8 +78,8 @@ def command_pairs(jid: str) -> dict[str, tuple[list[str], str, list[str]]]:
     figures (with sqlite3's options for the same output form)."""
     one_job = (f"SELECT * FROM slurm_jobs WHERE job_id = '{jid}' ORDER BY start; "
                f"SELECT * FROM job_rollup WHERE job_id = '{jid}'")
-    from pipeswift_slurm.history_queries import LISTING_SQL
-    from pipeswift_slurm.report import LISTING
+    from pipeswift_slurm.history.queries import LISTING_SQL
+    from pipeswift_slurm.reports.jct import LISTING
     listing = (f"SELECT {', '.join(LISTING_SQL[c.key] for c in LISTING)} FROM job_rollup r "
                f"ORDER BY r.job_num, r.job_id")
     tsv = ["-header", "-separator", "\t"]
@@ -128,7 +128,7 @@ def compare_commands(db: Path, jid: str, tmp: Path, rounds: int = 3) -> dict[str
     if shutil.which("sqlite3") is None:
         raise SystemExit("the sqlite3 command is needed for the baseline: apt-get install sqlite3")
     env = {**os.environ, "PSWIFT_HOME": str(tmp / "home"), "PSWIFT_DB": str(db)}
-    pswift = [sys.executable, "-m", "pipeswift_slurm.cli"]
+    pswift = [sys.executable, "-m", "pipeswift_slurm.cli.main"]
     pairs = command_pairs(jid)
     times: dict[str, dict[str, list[float]]] = {k: {"pswift": [], "sqlite3": []} for k in pairs}
     floor: list[float] = []
@@ -210,7 +210,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pswift-bench-") as tmp:
         db = Path(tmp) / "h.db"
         recs = records(args.jobs)
-        from pipeswift_slurm.history import normalise_record
+        from pipeswift_slurm.history.store import normalise_record
         rows = [normalise_record(r, "bench") for r in recs]
         # baseline: bare executemany into the same table shape
         base = sqlite3.connect(Path(tmp) / "base.db")
@@ -229,7 +229,7 @@ def main() -> None:
         res["ingest_rows_per_s"] = args.jobs / (time.perf_counter() - t)
         res["pswift_jobs"] = add_pswift_runs(h, recs)
         res["ingest_vs_baseline"] = res["ingest_rows_per_s"] / res["baseline_rows_per_s"]
-        from pipeswift_slurm.report import aggregate_sql
+        from pipeswift_slurm.reports.jct import aggregate_sql
         t = time.perf_counter()
         groups = aggregate_sql(h, "partition")
         res["report_library_s"] = time.perf_counter() - t

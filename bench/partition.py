@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from pipeswift_slurm.partition import balanced_boundaries, stage_sums  # noqa: E402
+from pipeswift_slurm.planning.partition import balanced_boundaries, stage_sums  # noqa: E402
 
 
 def gpt_profile(blocks: int, h: int = 2048, vocab: int = 50_000) -> tuple[list[float], list[int]]:

@@ -44,7 +44,7 @@ def worst_case(dst: Path) -> Path:
 
 def timed(toml: Path) -> float:
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pipeswift_slurm.cli", "plan", "--no-live", "--json", str(toml)],
+    proc = subprocess.run([sys.executable, "-m", "pipeswift_slurm.cli.main", "plan", "--no-live", "--json", str(toml)],
                           capture_output=True, text=True)
     took = time.perf_counter() - t
     if proc.returncode != 0:

@@ -17,7 +17,7 @@ import benchlib  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeswift_slurm.simulate import simulate  # noqa: E402
+from pipeswift_slurm.planning.simulate import simulate  # noqa: E402
 
 
 def best_of(fn, n: int = 3) -> float:

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 WARM = """
 import json, sys, time
-from pipeswift_slurm import slurm
+from pipeswift_slurm.slurm import client as slurm
 slurm.cluster_state()
 ts = []
 for _ in range(int(sys.argv[1])):
@@ -53,7 +53,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "slurm_backends.json"))
     args = ap.parse_args()
     reps = 3 if args.quick else args.repeats
-    from pipeswift_slurm import slurm, slurm_pyslurm
+    from pipeswift_slurm.slurm import client as slurm
+    from pipeswift_slurm.slurm import pyslurm_backend as slurm_pyslurm
     why = slurm_pyslurm.unusable(slurm.slurm_version())
     backends = ["cli"] + ([] if why else ["pyslurm"])
     warm: dict[str, list[float]] = {b: [] for b in backends}

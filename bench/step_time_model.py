@@ -43,9 +43,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-from pipeswift_slurm.costmodel import Hardware, Profile, calibrate, estimate_step  # noqa: E402
-from pipeswift_slurm.history import History  # noqa: E402
-from pipeswift_slurm.simulate import simulate, stage_times  # noqa: E402
+from pipeswift_slurm.planning.costmodel import Hardware, Profile, calibrate, estimate_step  # noqa: E402
+from pipeswift_slurm.history.store import History  # noqa: E402
+from pipeswift_slurm.planning.simulate import simulate, stage_times  # noqa: E402
 
 PS, MS = (1, 2, 4), (2, 4, 8, 16)
 
@@ -66,7 +66,7 @@ FAILED: list[dict] = []  # runs that failed and were retried (reported in the JS
 def run(toml: Path, run_dir: Path, env: dict) -> list[dict]:
     for attempt in range(2):
         d = run_dir if attempt == 0 else run_dir.with_name(run_dir.name + "-retry")
-        proc = subprocess.run([sys.executable, "-m", "pipeswift_slurm.cli", "run", "--run-dir", str(d),
+        proc = subprocess.run([sys.executable, "-m", "pipeswift_slurm.cli.main", "run", "--run-dir", str(d),
                                str(toml)], capture_output=True, text=True, env=env)
         if proc.returncode == 0:
             if attempt:

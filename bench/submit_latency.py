@@ -50,7 +50,7 @@ def timed(cmd: list[str], env: dict) -> tuple[float, str]:
 
 
 def big_history(db: Path, jobs: int) -> None:
-    from pipeswift_slurm.history import History
+    from pipeswift_slurm.history.store import History
     h = History(db)
     recs = records(jobs)
     for r in recs:

@@ -12,17 +12,17 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from . import history as hist_mod
-from . import interval
-from . import runrows
-from . import slurm
-from .config import TrainConfig
-from .costmodel import DEFAULT_DEVICE_MEMORY, Hardware, Profile, every_known
-from .errors import ConfigError, PswiftError
-from .risk import step_rel_sd
-from .planner import Candidate, PartitionChoice, PastRuns, PlanResult, plan, score
-from .queue import ClusterState, partition_problem
-from .stats import median, median_of
+from pipeswift_slurm.history import store as hist_mod
+from pipeswift_slurm.planning import interval
+from pipeswift_slurm.history import rows as runrows
+from pipeswift_slurm.slurm import client as slurm
+from pipeswift_slurm.config import TrainConfig
+from pipeswift_slurm.planning.costmodel import DEFAULT_DEVICE_MEMORY, Hardware, Profile, every_known
+from pipeswift_slurm.errors import ConfigError, PswiftError
+from pipeswift_slurm.planning.risk import step_rel_sd
+from pipeswift_slurm.planning.planner import Candidate, PartitionChoice, PastRuns, PlanResult, plan, score
+from pipeswift_slurm.slurm.queue import ClusterState, partition_problem
+from pipeswift_slurm.stats import median, median_of
 
 Warn = Callable[[str], None]
 

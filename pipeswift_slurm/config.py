@@ -21,16 +21,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .errors import ConfigError
-from .numbers import finite
-from .settings import LIMITS, SECTIONS, Setting, default, keys, required, setting
+from pipeswift_slurm.errors import ConfigError
+from pipeswift_slurm.numbers import finite
+from pipeswift_slurm.settings import LIMITS, SECTIONS, Setting, default, keys, required, setting
 _ENTRY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _TIME_RE = re.compile(
     r"^(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$"
 )
 
 
-#: [job] max_restarts / max_requeues: their defaults and bounds (pipeswift_slurm.decide uses them)
+#: [job] max_restarts / max_requeues: their defaults and bounds (pipeswift_slurm.planning.decide uses them)
 MAX_RESTARTS_DEFAULT: int = setting("job", "max_restarts").default
 MAX_RESTARTS_LIMIT = int(setting("job", "max_restarts").hi or 0)
 MAX_REQUEUES_DEFAULT: int = setting("job", "max_requeues").default
@@ -112,7 +112,7 @@ class TrainingSection(NamedTuple):
     lr_decay: str
     lr_min_ratio: float
     checkpoint_dir: Path | None
-    #: steps, or "auto" (pipeswift_slurm.interval)
+    #: steps, or "auto" (pipeswift_slurm.planning.interval)
     checkpoint_interval: int | str
     keep_checkpoints: int
     hang_timeout_factor: float
@@ -317,7 +317,7 @@ def _generic(section: str, t: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-#: [job] objective: expected JCT, or a quantile of its distribution (pipeswift_slurm.risk)
+#: [job] objective: expected JCT, or a quantile of its distribution (pipeswift_slurm.planning.risk)
 OBJECTIVES: tuple[str, ...] = setting("job", "objective").choices
 
 

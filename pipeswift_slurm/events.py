@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .numbers import finite
+from pipeswift_slurm.numbers import finite
 
 FILE = "events.jsonl"
 #: every number in a line lies within +-MAX_NUMBER (10^13: epoch seconds, step counts and bytes

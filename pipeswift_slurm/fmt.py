@@ -7,7 +7,7 @@ import contextlib
 import sys
 from typing import Any, Callable, Iterator
 
-from .errors import PswiftError
+from pipeswift_slurm.errors import PswiftError
 
 
 def duration(s: float | None, compact: bool = False) -> str:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from .config import TrainConfig
-from .settings import LIMITS
-from .errors import ConfigError
-from .partition import PartitionError, balanced_boundaries, uniform_boundaries
+from pipeswift_slurm.config import TrainConfig
+from pipeswift_slurm.settings import LIMITS
+from pipeswift_slurm.errors import ConfigError
+from pipeswift_slurm.planning.partition import PartitionError, balanced_boundaries, uniform_boundaries
 
 
 class Layout(NamedTuple):

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .plan import Plan
+    from pipeswift_slurm.plan import Plan
 
 
 def _free_port() -> int:
@@ -26,7 +26,7 @@ def run_local(plan: Plan, plan_path: str, nodes: int, grace_s: float = 60.0) -> 
     gloo timeout). When every rank asks for a re-layout (RELAYOUT_EXIT) the ranks start again,
     as the batch script does, at most MAX_RELAYOUTS times. Returns 0 iff every rank exited 0.
     """
-    from .plan import MAX_RELAYOUTS, RELAYOUT_EXIT
+    from pipeswift_slurm.plan import MAX_RELAYOUTS, RELAYOUT_EXIT
     for _ in range(MAX_RELAYOUTS):
         codes = _launch_once(plan, plan_path, nodes, grace_s, RELAYOUT_EXIT)
         if not all(c == RELAYOUT_EXIT for c in codes):

@@ -15,14 +15,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
-from . import __version__
-from .config import TrainConfig, TrainingSection
-from .costmodel import Hardware
-from .errors import ConfigError
-from .layouts import rule_layouts
+from pipeswift_slurm import __version__
+from pipeswift_slurm.config import TrainConfig, TrainingSection
+from pipeswift_slurm.planning.costmodel import Hardware
+from pipeswift_slurm.errors import ConfigError
+from pipeswift_slurm.layouts import rule_layouts
 
 if TYPE_CHECKING:
-    from .planner import Candidate, PlanResult
+    from pipeswift_slurm.planning.planner import Candidate, PlanResult
 
 PLAN_VERSION = 1
 #: the launcher's exit code when it re-lays out in place (pipeswift_launch.relayout): the batch
@@ -122,7 +122,7 @@ class Plan(TypedDict):
     #: the re-layouts so far, oldest first (pipeswift_launch.relayout writes them)
     relayouts: list[dict[str, Any]]
     #: checkpoint_interval = "auto": the interruption rates and the estimated checkpoint cost
-    #: the launcher's Young/Daly interval starts from (pipeswift_slurm.interval); else None
+    #: the launcher's Young/Daly interval starts from (pipeswift_slurm.planning.interval); else None
     checkpoint_auto: dict[str, Any] | None
 
 
@@ -146,7 +146,7 @@ def signal_lead_s(cfg: TrainConfig) -> int | None:
     limit = cfg.job.time_seconds
     if limit is None:
         return None
-    from .costmodel import checkpoint_seconds
+    from pipeswift_slurm.planning.costmodel import checkpoint_seconds
     want = math.ceil(checkpoint_seconds(cfg.model.layer_memory, unknown=10.0) + SIGNAL_SLACK_S)
     return max(10, min(want, limit // 2))
 
@@ -229,7 +229,7 @@ def _sections(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
 def _training_section(t: TrainingSection, run_dir: Path) -> dict[str, Any]:
     """plan.json's training section: the travelling settings (pipeswift_slurm.settings), with the
     checkpoint folder made absolute and "auto"'s interval left to checkpoint_auto."""
-    from .settings import travelling
+    from pipeswift_slurm.settings import travelling
     section = {s.key: getattr(t, s.key) for s in travelling("training")}
     section["checkpoint_dir"] = str(t.checkpoint_dir or run_dir / "checkpoints")
     section["checkpoint_interval"] = t.checkpoint_interval if isinstance(t.checkpoint_interval, int) else 0
@@ -287,8 +287,8 @@ def _checkpoint_auto(cfg: TrainConfig, planned: "PlanResult | None") -> dict[str
     """plan.json's ``checkpoint_auto``: what the launcher's interval starts from."""
     if cfg.training.checkpoint_interval != "auto":
         return None
-    from . import interval
-    from .costmodel import checkpoint_seconds
+    from pipeswift_slurm.planning import interval
+    from pipeswift_slurm.planning.costmodel import checkpoint_seconds
     if planned is None or planned.chosen is None:
         return {**interval.Interruptions().record(), "cost_s": checkpoint_seconds(None)}
     every = {str(n): (None if math.isinf(c.est.checkpoint_every_s) else round(c.est.checkpoint_every_s, 3))
@@ -337,7 +337,7 @@ _JSON_NAMES = {int: "an integer", float: "a number", str: "a string", dict: "an 
 def runnable(plan: Plan, where: str = "plan.json") -> Plan:
     """``plan`` when it has every key a job reads, each of its type: the launcher's one check,
     after which it reads plan data without defaults (one line when something is wrong)."""
-    from .settings import travelling
+    from pipeswift_slurm.settings import travelling
     needed: list[tuple[Any, str, tuple[type, ...]]] = [(plan, key, kinds) for key, kinds in _NEEDED.items()]
     needed += [(plan, s.key, s.plan_types()) for s in travelling("top")]
     training = plan.get("training")

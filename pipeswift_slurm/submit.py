@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
-from . import rundir, slurm
-from .config import TrainConfig, load_config
-from .errors import ConfigError, PswiftError, RunDirError, UsageError
-from .layouts import rule_layouts
-from .plan import Plan, build_plan, write_plan
-from .sbatch import options_for, planned_option, render
+from pipeswift_slurm.history import rundir
+from pipeswift_slurm.slurm import client as slurm
+from pipeswift_slurm.config import TrainConfig, load_config
+from pipeswift_slurm.errors import ConfigError, PswiftError, RunDirError, UsageError
+from pipeswift_slurm.layouts import rule_layouts
+from pipeswift_slurm.plan import Plan, build_plan, write_plan
+from pipeswift_slurm.slurm.sbatch import options_for, planned_option, render
 
 Warn = Callable[[str], None]
 
@@ -59,7 +60,7 @@ def _planned(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn, le
     """The JCT planner's result, unless the TOML fixes the split method (uniform/parameters)."""
     if cfg.pipeline.partition in ("uniform", "parameters"):
         return None
-    from .autoplan import make_plan
+    from pipeswift_slurm.autoplan import make_plan
     return make_plan(cfg, db, live, warn, learn=learn)[0]
 
 
@@ -78,7 +79,7 @@ def prepare(toml: Path | str, run_dir: Path | str | None = None, db: Path | str 
     cfg = load_config(toml)
     target = (Path(run_dir) if run_dir else rundir.default_run_dir(cfg.job.name)).resolve()
     rule_layouts(cfg)  # the TOML's own invariants first: a bad TOML fails before any planning
-    from .preflight import Check   # the job's interpreter can run the job: asked while this plans
+    from pipeswift_slurm.preflight import Check   # the job's interpreter can run the job: asked while this plans
     check = Check(cfg.job.python or sys.executable)
     planned = _planned(cfg, db, live, warn, learn)
     order = planned.partition_order() if planned is not None else ()

@@ -57,7 +57,7 @@ def spool(record: dict, spool_dir: str) -> str:
 
 
 def merge(path: str, db: str | None, deadline: float) -> None:
-    from pipeswift_slurm.history import History
+    from pipeswift_slurm.history.store import History
 
     h = History(db, timeout=2.0)
     try:

@@ -19,7 +19,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny-gpt"
 CLUSTER = ROOT / "scripts" / "slurm-dev-cluster"
-PSWIFT = [sys.executable, "-m", "pipeswift_slurm.cli"]
+PSWIFT = [sys.executable, "-m", "pipeswift_slurm.cli.main"]
 
 
 def pswift(*args: str, env: dict | None = None, timeout: float = 600, cwd: str | None = None,

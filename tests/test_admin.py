@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import CLUSTER_DB, CLUSTER_SPOOL, ROOT, pswift, wait_state
-from pipeswift_slurm.history import History
+from pipeswift_slurm.history.store import History
 
 PLUGIN = ROOT / "plugins" / "jobcomp_pswift.py"
 ENV = {"JOBID": "777", "JOBNAME": "plain job", "JOBSTATE": "COMPLETED", "PARTITION": "low",

@@ -11,8 +11,8 @@ import sqlite3
 import pytest
 
 from helpers import pswift
-from pipeswift_slurm.history import History, limit_seconds
-from pipeswift_slurm.selection import SelectionError, parse_time, states
+from pipeswift_slurm.history.store import History, limit_seconds
+from pipeswift_slurm.history.selection import SelectionError, parse_time, states
 
 T0 = dt.datetime(2026, 11, 2, 22, 0).timestamp()   # a Monday, 22:00 local time
 H = 3600.0
@@ -142,8 +142,8 @@ def test_waste_of_preempted_plain_jobs_and_unknown_where_records_cannot_say(db):
 
 
 def test_terminal_table_has_one_unit_per_column(db, monkeypatch):
-    from pipeswift_slurm.report import LISTING
-    from pipeswift_slurm.tabular import Output, emit, from_dicts
+    from pipeswift_slurm.reports.jct import LISTING
+    from pipeswift_slurm.reports.tabular import Output, emit, from_dicts
     import io
     buf = io.StringIO()
     row = {"job_id": "2", "name": "a-very-long-job-name", "queue_s": 90061.0, "wasted_hours": None}
@@ -218,7 +218,7 @@ def test_report_and_wait_plot_follow_the_selection(db):
 
 # ----------------------------------------------------------------------------- schema
 def test_a_database_at_schema_8_gets_the_admin_columns_and_a_rebuilt_rollup(tmp_path):
-    from pipeswift_slurm.history_schema import MIGRATIONS
+    from pipeswift_slurm.history.schema import MIGRATIONS
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
     for m in MIGRATIONS[:8]:
@@ -269,7 +269,7 @@ def test_the_reports_waste_is_the_listings_summed(db):
 def test_sacct_habits_field_names_the_same_columns_piped_and_iso_times(db):
     """`-o JobID,State` as sacct spells them (any case); piped output has the terminal's
     columns; a time is ISO 8601 (local) in every form (issue 25)."""
-    from pipeswift_slurm.report import LISTING_DEFAULT
+    from pipeswift_slurm.reports.jct import LISTING_DEFAULT
     assert run(db, "jobs", "-o", "JobID,jobname,STATE,NNodes,Elapsed") == \
         run(db, "jobs", "-o", "job_id,name,state,nodes,elapsed_s")
     assert run(db, "jobs").splitlines()[0].split("\t") == LISTING_DEFAULT.split(",")
@@ -312,7 +312,7 @@ def test_a_reader_that_stops_early_ends_the_listing_quietly(tmp_path):
 
 
 def test_views_are_recreated_when_stale_and_a_read_only_reader_keeps_what_is_there(db):
-    from pipeswift_slurm import history_views
+    from pipeswift_slurm.history import views as history_views
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("DROP VIEW failures")
     conn.close()
@@ -324,8 +324,8 @@ def test_views_are_recreated_when_stale_and_a_read_only_reader_keeps_what_is_the
 
 
 def test_the_wait_cdf_plots_the_selected_jobs_only(db):
-    from pipeswift_slurm.report import wait_quantiles
-    from pipeswift_slurm.selection import Selection
+    from pipeswift_slurm.reports.jct import wait_quantiles
+    from pipeswift_slurm.history.selection import Selection
     h = History(db)
     try:
         assert wait_quantiles(h, Selection(users=("bob",))) == [600.0, 600.0]
@@ -338,8 +338,9 @@ def test_the_wait_cdf_plots_the_selected_jobs_only(db):
 def test_plots_draw_unknown_as_unknown_a_100_percent_line_and_name_the_selection(db, monkeypatch):
     """Issue 25: the efficiency plot drew a figure Slurm never recorded as 0 %; shares had no
     100 % line; no title said which jobs it shows."""
-    from pipeswift_slurm import admin_reports, fmt
-    from pipeswift_slurm.selection import build
+    from pipeswift_slurm import fmt
+    from pipeswift_slurm.reports import accounting as admin_reports
+    from pipeswift_slurm.history.selection import build
     figs = []
     monkeypatch.setattr(fmt, "save", lambda fig, path: figs.append(fig))
     h = History(db)
@@ -367,7 +368,7 @@ def _stderr_on_a_terminal(args: list[str], **kw) -> tuple[int, str, str]:
     import subprocess
     import sys
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.cli", *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.cli.main", *args], stdout=subprocess.PIPE,
                             stderr=slave, text=True, **kw)
     os.close(slave)
     out = proc.stdout.read()

@@ -13,22 +13,39 @@ from helpers import ROOT
 PACKAGES = {"pipeswift_slurm": ROOT / "pipeswift_slurm", "pipeswift_launch": ROOT / "launch" / "pipeswift_launch"}
 
 
-def imports_of(path: Path, package: str, modules: set[str]) -> set[str]:
-    """The modules of ``package`` that ``path`` imports, anywhere in it."""
+def modules_of(root: Path) -> dict[str, Path]:
+    """A package's modules by dotted name below it ("slurm.client"; a folder's __init__ is the folder)."""
+    out = {}
+    for p in sorted(root.rglob("*.py")):
+        parts = p.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if name:
+            out[name] = p
+    return out
+
+
+def imports_of(path: Path, package: str, modules: set[str], me: str) -> set[str]:
+    """The modules of ``package`` that ``path`` (module ``me``) imports, anywhere in it."""
+    folder = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]   # the package holding it
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
-            if node.level == 1:
-                names = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
-            elif node.level == 0 and node.module and node.module.split(".")[0] == package:
-                rest = node.module.split(".")[1:]
-                names = rest[:1] if rest else [a.name for a in node.names]
+            if node.level:
+                base = folder[: len(folder) - node.level + 1]
+                rest = ".".join([*base, *([node.module] if node.module else [])])
+            elif node.module and node.module.split(".")[0] == package:
+                rest = node.module[len(package) + 1:]
             else:
                 continue
-            out.update(n for n in names if n in modules)
+            for a in node.names:
+                sub = f"{rest}.{a.name}" if rest else a.name
+                if sub in modules:
+                    out.add(sub)
+                elif rest in modules:
+                    out.add(rest)
         elif isinstance(node, ast.Import):
-            out.update(a.name.split(".")[1] for a in node.names
-                       if a.name.startswith(package + ".") and a.name.split(".")[1] in modules)
+            out.update(a.name[len(package) + 1:] for a in node.names
+                       if a.name.startswith(package + ".") and a.name[len(package) + 1:] in modules)
     return out
 
 
@@ -57,9 +74,30 @@ def cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 @pytest.mark.parametrize("package", sorted(PACKAGES))
 def test_no_module_imports_itself_back(package):
-    files = {p.stem: p for p in PACKAGES[package].glob("*.py")}
-    graph = {m: imports_of(p, package, set(files)) - {m} for m, p in files.items()}
+    files = modules_of(PACKAGES[package])
+    graph = {m: imports_of(p, package, set(files), m) - {m} for m, p in files.items()}
     assert cycle(graph) is None, " -> ".join(cycle(graph) or [])
+
+
+# The login side's folders, lowest first: a module imports from its own folder, from a folder
+# below it and from the contracts at the package's top, never from a folder above it.
+FOLDERS = ["slurm", "planning", "history", "reports", "cli"]
+
+
+def test_the_folders_import_only_downward():
+    files = modules_of(PACKAGES["pipeswift_slurm"])
+    assert {m.split(".")[0] for m in files if "." in m} == set(FOLDERS)
+    upward = [f"{m} imports {d}" for m, p in files.items() if m.split(".")[0] in FOLDERS
+              for d in imports_of(p, "pipeswift_slurm", set(files), m)
+              if d.split(".")[0] in FOLDERS and FOLDERS.index(d.split(".")[0]) > FOLDERS.index(m.split(".")[0])]
+    assert not upward, upward
+
+
+def test_the_import_reader_sees_folders():
+    files = modules_of(PACKAGES["pipeswift_slurm"])
+    client = imports_of(files["slurm.client"], "pipeswift_slurm", set(files), "slurm.client")
+    assert {"errors", "slurm.records", "slurm.queue"} <= client, client
+    assert "reports.jct" in imports_of(files["cli.admin"], "pipeswift_slurm", set(files), "cli.admin")
 
 
 def test_the_cycle_finder_finds_one():

@@ -3,7 +3,7 @@
 import pytest
 from click.testing import CliRunner
 
-from pipeswift_slurm.cli import cli
+from pipeswift_slurm.cli.main import cli
 
 COMMANDS = cli.list_commands(None)  # the admin commands load lazily
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import EXAMPLE, copy_example
-from pipeswift_slurm.cli import cli
+from pipeswift_slurm.cli.main import cli
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -15,7 +15,7 @@ from pipeswift_launch import grow
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.layouts import Layout
-from pipeswift_slurm.planner import Candidate, Estimate, choose, score
+from pipeswift_slurm.planning.planner import Candidate, Estimate, choose, score
 
 
 def cand(nodes: int, jct: float, node_hours: float, p90: float | None = None) -> Candidate:

@@ -1,4 +1,4 @@
-"""The decision after a launch of the ranks ends (pipeswift_slurm.decide): pure rules, a table of
+"""The decision after a launch of the ranks ends (pipeswift_slurm.planning.decide): pure rules, a table of
 cases, no torch and no Slurm; the batch script's helper over real record files; srun's report."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import pytest
 
 from helpers import plan_with
-from pipeswift_slurm import decide
+from pipeswift_slurm.planning import decide
 from pipeswift_slurm.config import MAX_RESTARTS_DEFAULT
-from pipeswift_slurm.decide import Budgets, Death, after_launch
+from pipeswift_slurm.planning.decide import Budgets, Death, after_launch
 
 KILLED = Death("signal 9", 1, "node2")
 LOST = Death("lost", 3, "node4")
@@ -141,7 +141,8 @@ def _launch(tmp_path, n: int, records: list[dict], srun: str = "") -> object:
 
 def test_the_helper_reads_the_records_and_remembers_a_bug_across_launches(tmp_path, capsys):
     from pipeswift_launch import afterlaunch
-    from pipeswift_slurm import eventfold, events
+    from pipeswift_slurm import events
+    from pipeswift_slurm.history import eventfold
     plan, env = _plan(tmp_path), {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0"}
     bug = {"rank": 1, "node": "node2", "step": 5, "error": "ValueError: bad batch"}
     for launch, (restarts, want) in enumerate([(0, "restart"), (1, "exit 1")]):
@@ -161,7 +162,8 @@ def test_the_helper_reads_the_records_and_remembers_a_bug_across_launches(tmp_pa
 def test_the_helper_restarts_a_hung_launch_then_requeues_without_the_node_that_hung_twice(tmp_path, capsys,
                                                                                            monkeypatch):
     from pipeswift_launch import afterlaunch
-    from pipeswift_slurm import events, slurm
+    from pipeswift_slurm import events
+    from pipeswift_slurm.slurm import client as slurm
     plan, env = _plan(tmp_path), {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0"}
     hang = {"rank": 0, "node": "node1", "step": 12, "suspect_rank": 2, "suspect_node": "node3",
             "hang": "no step finished for 9.1 s (limit 8.0 s, after step 12): rank 2 on node node3 stopped running"}
@@ -209,7 +211,7 @@ def test_max_restarts_is_checked_where_the_config_is_built(tmp_path):
 
 
 def test_a_lost_node_goes_on_with_the_nodes_left_or_requeues_without_it():
-    from pipeswift_slurm.decide import Allocation
+    from pipeswift_slurm.planning.decide import Allocation
     stages = {2: 2, 3: 3, 4: 4}
     lost = Allocation(4, 3, ("node3",), stages)
     d = after_launch(143, False, [GLOO, Death("lost", 2, "node3")], [], budgets(), lost)
@@ -229,7 +231,8 @@ def test_a_lost_node_goes_on_with_the_nodes_left_or_requeues_without_it():
 
 def test_the_helper_asks_slurm_which_nodes_are_left(tmp_path, monkeypatch):
     from pipeswift_launch import afterlaunch
-    from pipeswift_slurm import events, slurm
+    from pipeswift_slurm import events
+    from pipeswift_slurm.slurm import client as slurm
     plan = _plan(tmp_path, layouts={"2": {"stages": 2}, "3": {"stages": 3}, "4": {"stages": 4}})
     env = {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node[1-4]"}
     answer = {"JobState": "RUNNING", "NodeList": "node[1-2,4]", "NumNodes": "3"}

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pipeswift_slurm import eventfold, events
-from pipeswift_slurm.eventfold import Fold
+from pipeswift_slurm import events
+from pipeswift_slurm.history import eventfold
+from pipeswift_slurm.history.eventfold import Fold
 
 from test_security import other_user, public_tmp  # noqa: F401 - fixtures
 

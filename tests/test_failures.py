@@ -13,7 +13,7 @@ import time
 import pytest
 
 from helpers import pswift, wait_state
-from pipeswift_slurm import slurm
+from pipeswift_slurm.slurm import client as slurm
 from test_preemption import (events, rank_process, reference, slow_example, slurm_log, step_losses,
                              wait_steps)
 

@@ -8,9 +8,9 @@ import subprocess
 import pytest
 
 from helpers import copy_example, pswift, plan_with, wait_state
-from pipeswift_slurm import eventfold
+from pipeswift_slurm.history import eventfold
 from pipeswift_slurm import events as events_mod
-from pipeswift_slurm.queue import ClusterState, NodeState, PendingJob, RunningJob
+from pipeswift_slurm.slurm.queue import ClusterState, NodeState, PendingJob, RunningJob
 from pipeswift_launch import grow
 
 PLAN = plan_with(layouts={"1": {"nodes": 1, "stages": 1, "data_parallel": 1, "micro_batch_size": 8},
@@ -128,7 +128,7 @@ def test_the_measured_profile_predicts_each_node_counts_step_and_overrides_the_p
     """Growth weighs step times from the layers the job just measured (each count cut by them),
     not the planner's guesses from wrong layer_costs."""
     from pipeswift_launch import relayout
-    from pipeswift_slurm.costmodel import Profile
+    from pipeswift_slurm.planning.costmodel import Profile
     lay = lambda n: {"nodes": n, "stages": n, "data_parallel": 1, "micro_batches": 8,  # noqa: E731
                      "micro_batch_size": 8, "tasks_per_node": 1}
     plan = plan_with(device="cpu", device_memory=None, host_cores=None, ranks_per_host=None, cpus_per_task=1,
@@ -147,7 +147,7 @@ def test_a_growing_job_re_cuts_the_other_node_counts_from_what_it_measured():
     attempt then starts from them, not from the planner's wrong layer costs); the count it runs
     on, a cut that is already right and a TOML's explicit cut stay."""
     from pipeswift_launch import relayout
-    from pipeswift_slurm.costmodel import Profile
+    from pipeswift_slurm.planning.costmodel import Profile
     lay = lambda n, cut, how="cost": {"nodes": n, "stages": n, "data_parallel": 1, "micro_batches": 8,  # noqa: E731
                                       "micro_batch_size": 8, "tasks_per_node": 1, "boundaries": cut, "partition": how}
     plan = plan_with(device="cpu", device_memory=None, host_cores=None, ranks_per_host=None, cpus_per_task=1,

@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 from helpers import copy_example, pswift
-from pipeswift_slurm.history import History
+from pipeswift_slurm.history.store import History
 
 pytestmark = [pytest.mark.deepspeed]
 
@@ -118,7 +118,7 @@ def test_locked_db_does_not_break_planning(trained, tmp_path):
 
 
 def test_partition_preemption_history_raises_expected_loss(tmp_path):
-    from pipeswift_slurm.history import History
+    from pipeswift_slurm.history.store import History
     db = tmp_path / "h.db"
     h = History(db)
     recs = []
@@ -140,8 +140,8 @@ def test_partition_preemption_history_raises_expected_loss(tmp_path):
 def test_a_preempted_plain_job_loses_its_whole_attempts_and_doctor_says_so(tmp_path):
     """No pswift checkpoints: each preempted attempt is lost whole (elapsed x CPUs); an attempt
     whose end is not on record makes the waste unknown, never 0."""
-    from pipeswift_slurm.history import History
-    from pipeswift_slurm.report import diagnose, job_reports
+    from pipeswift_slurm.history.store import History
+    from pipeswift_slurm.reports.jct import diagnose, job_reports
     h = History(tmp_path / "h.db")
     rec = {"CLUSTER": "c", "JOBNAME": "plain", "USERNAME": "bob", "PARTITION": "low", "PROCS": "4",
            "NODECNT": "1", "SUBMIT": 50}
@@ -163,7 +163,7 @@ def test_a_preempted_plain_job_loses_its_whole_attempts_and_doctor_says_so(tmp_p
 def test_a_pswift_jobs_waste_is_cpu_hours_on_slurms_count_of_each_attempts_cpus(tmp_path):
     """Lost steps x median step + the next attempt's setup, on the stopped attempt's CPUs as
     Slurm recorded them: the same unit as a plain job's waste; unknown without those records."""
-    from pipeswift_slurm.report import job_reports
+    from pipeswift_slurm.reports.jct import job_reports
     h = History(tmp_path / "h.db")
     rec = {"CLUSTER": "c", "JOBID": "5", "JOBNAME": "p", "USERNAME": "u", "PARTITION": "low", "SUBMIT": 50,
            "WORK_DIR": "/r"}

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from pipeswift_slurm.history import History
-from pipeswift_slurm.runrows import Owner
+from pipeswift_slurm.history.store import History
+from pipeswift_slurm.history.rows import Owner
 
 from test_admin_reports import rec, H, T0
 
@@ -54,7 +54,7 @@ def test_the_planners_hardware_is_what_the_users_own_launches_measured(tmp_path)
     """Links and device memory come from this user's launches on the partition (medians), never
     from another user's events: mallory's forged tiny memory and slow links cannot shrink
     alice's layouts."""
-    from pipeswift_slurm.costmodel import Hardware
+    from pipeswift_slurm.planning.costmodel import Hardware
     h = History(tmp_path / "h.db")
     try:
         assert h.measured_hardware("low", "cpu", "alice") is None
@@ -109,7 +109,7 @@ def test_a_new_job_at_the_same_path_keeps_the_other_jobs_rows(tmp_path):
 
 def test_a_database_at_schema_10_keeps_its_jobs_and_their_attempts(tmp_path):
     import sqlite3
-    from pipeswift_slurm.history_schema import MIGRATIONS
+    from pipeswift_slurm.history.schema import MIGRATIONS
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
     for m in MIGRATIONS[:10]:
@@ -133,7 +133,7 @@ def test_a_database_at_schema_10_keeps_its_jobs_and_their_attempts(tmp_path):
 
 
 def test_a_one_user_copy_keeps_that_users_jobs_and_what_hangs_off_them(tmp_path):
-    from pipeswift_slurm.serve import own_rows
+    from pipeswift_slurm.reports.serve import own_rows
     db = tmp_path / "odd?#%20dir" / "h.db"           # URI characters in the path are quoted
     h = History(db)
     try:
@@ -159,7 +159,7 @@ def test_a_one_user_copy_keeps_that_users_jobs_and_what_hangs_off_them(tmp_path)
 
 
 def test_who_is_served_whose_jobs(tmp_path):
-    from pipeswift_slurm.serve import ServeRefused, served_user
+    from pipeswift_slurm.reports.serve import ServeRefused, served_user
     db = tmp_path / "h.db"
     assert served_user(db, 0, 500, None, "root") is None                  # root: everyone's
     assert served_user(db, 500, 500, None, "admin") is None               # the database's owner too
@@ -175,7 +175,7 @@ def test_a_sacct_record_slurmdbd_has_not_finished_is_read_again_and_filled(tmp_p
     real accounting cluster): the read mark stays at that job's end, so the next ingest reads it
     again and fills the QOS in; a record still without one after SACCT_SETTLE_S no longer holds
     the mark back."""
-    from pipeswift_slurm.history import SACCT_SETTLE_S
+    from pipeswift_slurm.history.store import SACCT_SETTLE_S
     h = History(tmp_path / "h.db")
     rec = {"CLUSTER": "c", "USERNAME": "u", "PARTITION": "low", "JOBSTATE": "COMPLETED", "SUBMIT": 50}
     settled = {**rec, "JOBID": "1", "START": 100, "END": 200, "QOS": "normal"}

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from helpers import copy_example, pswift, run_events
-from pipeswift_slurm import interval
-from pipeswift_slurm.history import History
+from pipeswift_slurm.planning import interval
+from pipeswift_slurm.history.store import History
 
 
 def test_young_daly_is_the_square_root_of_twice_cost_times_mtbf():

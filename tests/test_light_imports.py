@@ -5,9 +5,9 @@ import sys
 
 CHECK = r"""
 import sys
-import pipeswift_slurm, pipeswift_slurm.cli, pipeswift_slurm.config, pipeswift_slurm.plan
-import pipeswift_slurm.sbatch, pipeswift_slurm.slurm, pipeswift_slurm.rundir, pipeswift_slurm.local
-from pipeswift_slurm.cli import cli
+import pipeswift_slurm, pipeswift_slurm.cli.main, pipeswift_slurm.config, pipeswift_slurm.plan
+import pipeswift_slurm.slurm.sbatch, pipeswift_slurm.slurm.client, pipeswift_slurm.history.rundir, pipeswift_slurm.local
+from pipeswift_slurm.cli.main import cli
 for args in (["--help"], *[[c, "--help"] for c in cli.list_commands(None)]):
     try:
         cli.main(args, prog_name="pswift", standalone_mode=False)
@@ -27,7 +27,7 @@ def test_cli_and_library_never_import_torch_or_deepspeed():
 
 def test_dry_run_never_imports_torch(tmp_path):
     from helpers import EXAMPLE
-    code = ("import sys; from pipeswift_slurm.cli import cli\n"
+    code = ("import sys; from pipeswift_slurm.cli.main import cli\n"
             "try:\n cli.main(['sbatch', '--dry-run', sys.argv[1]], standalone_mode=False)\n"
             "except SystemExit: pass\n"
             "bad=[m for m in sys.modules if m.split('.')[0] in ('torch','deepspeed')]\n"
@@ -40,7 +40,7 @@ def test_dry_run_never_imports_torch(tmp_path):
 
 def test_planning_simulating_and_reporting_never_import_torch(tmp_path):
     from helpers import EXAMPLE
-    code = ("import sys; from pipeswift_slurm.cli import cli\n"
+    code = ("import sys; from pipeswift_slurm.cli.main import cli\n"
             "for args in (['plan', '--no-live', sys.argv[1]], ['simulate', sys.argv[1], '--json'],\n"
             "             ['partition', '--costs', '1,2,3', '-P', '2'], ['history', 'ingest', '--db', sys.argv[2]],\n"
             "             ['history', 'report', '--db', sys.argv[2]]):\n"

@@ -11,9 +11,9 @@ import pytest
 from helpers import copy_example, pswift, run_events
 from pipeswift_slurm import layouts
 from pipeswift_slurm.config import load_config
-from pipeswift_slurm.costmodel import Hardware, Profile, stage_activations
+from pipeswift_slurm.planning.costmodel import Hardware, Profile, stage_activations
 from pipeswift_slurm.errors import ConfigError
-from pipeswift_slurm.planner import plan
+from pipeswift_slurm.planning.planner import plan
 
 
 def cfg_with(tmp_path, mbs: str, **more: str):

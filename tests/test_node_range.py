@@ -10,13 +10,14 @@ import subprocess
 import pytest
 
 from helpers import copy_example, plan_with, wait_state
-from pipeswift_slurm import eventfold
+from pipeswift_slurm.history import eventfold
 from pipeswift_slurm import events as events_mod
-from pipeswift_slurm import slurm, submit
+from pipeswift_slurm import submit
+from pipeswift_slurm.slurm import client as slurm
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.plan import nodes_request
-from pipeswift_slurm.queue import ClusterState, NodeState, PendingJob, RunningJob
-from pipeswift_slurm.sbatch import options_for, render
+from pipeswift_slurm.slurm.queue import ClusterState, NodeState, PendingJob, RunningJob
+from pipeswift_slurm.slurm.sbatch import options_for, render
 from test_preemption import slow_example, slurm_log, wait_steps
 from pipeswift_launch import grow
 

@@ -17,7 +17,7 @@ from pipeswift_slurm import events
 from pipeswift_slurm.config import parse_config
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.numbers import finite
-from pipeswift_slurm.selection import SelectionError, parse_time
+from pipeswift_slurm.history.selection import SelectionError, parse_time
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = tomllib.loads((ROOT / "examples" / "tiny-gpt" / "train.toml").read_text())

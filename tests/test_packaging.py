@@ -53,7 +53,7 @@ def test_the_wheel_installs_alone_with_its_plugins_one_version_and_the_license(t
                            capture_output=True, text=True, env=env, check=True, cwd=tmp_path)
     where, version = json.loads(probe.stdout)
     assert Path(where).is_relative_to(site) and version == __version__
-    pswift = [sys.executable, "-m", "pipeswift_slurm.cli"]
+    pswift = [sys.executable, "-m", "pipeswift_slurm.cli.main"]
     got = subprocess.run([*pswift, "--version"], capture_output=True, text=True, env=env, check=True,
                          cwd=tmp_path).stdout
     assert got.strip() == f"pswift, version {version}"
@@ -80,7 +80,7 @@ def test_the_wheel_installs_alone_with_its_plugins_one_version_and_the_license(t
 def test_install_plugins_refuses_a_link_or_relative_paths_in_one_line(tmp_path):
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
-    pswift = [sys.executable, "-m", "pipeswift_slurm.cli", "admin", "install-plugins"]
+    pswift = [sys.executable, "-m", "pipeswift_slurm.cli.main", "admin", "install-plugins"]
     for args, says in (([ "--prefix", str(tmp_path / "link")], "is not a folder (a link is not followed)"),
                        (["--prefix", str(tmp_path / "real"), "--db", "h.db"], "--db h.db: give an absolute path")):
         proc = subprocess.run([*pswift, *args], capture_output=True, text=True)

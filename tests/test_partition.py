@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm.partition import (PartitionError, balanced_boundaries, stage_sums,
+from pipeswift_slurm.planning.partition import (PartitionError, balanced_boundaries, stage_sums,
                                        uniform_boundaries)
 
 

@@ -11,12 +11,13 @@ import time
 import pytest
 
 from helpers import copy_example, pswift, plan_with
-from pipeswift_slurm import autoplan, planner
+from pipeswift_slurm import autoplan
+from pipeswift_slurm.planning import planner
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.plan import build_plan, for_partition
-from pipeswift_slurm.queue import ClusterState, NodeState, RunningJob
-from pipeswift_slurm.sbatch import options_for
+from pipeswift_slurm.slurm.queue import ClusterState, NodeState, RunningJob
+from pipeswift_slurm.slurm.sbatch import options_for
 
 
 def two_partition_toml(tmp_path, names: str = '["left", "right"]'):

@@ -71,7 +71,7 @@ def test_plan_roundtrip_and_version(tmp_path):
 
 
 def test_plan_json_has_one_reader_and_it_checks_the_version(tmp_path):
-    from pipeswift_slurm import runrows
+    from pipeswift_slurm.history import rows as runrows
     from pipeswift_slurm.plan import parse_plan
     good = json.dumps({"version": PLAN_VERSION, "job_name": "x"}).encode()
     assert parse_plan(good)["job_name"] == "x" and runrows.parse_plan(good)["job_name"] == "x"

@@ -10,9 +10,9 @@ import pytest
 
 from helpers import copy_example, pswift
 from pipeswift_slurm.config import load_config
-from pipeswift_slurm.costmodel import Hardware, Profile, calibrate, estimate_step, overheads_from_instructions
-from pipeswift_slurm.planner import PastRuns, explain, plan
-from pipeswift_slurm.queue import ClusterState, NodeState, PendingJob, RunningJob, estimate_wait
+from pipeswift_slurm.planning.costmodel import Hardware, Profile, calibrate, estimate_step, overheads_from_instructions
+from pipeswift_slurm.planning.planner import PastRuns, explain, plan
+from pipeswift_slurm.slurm.queue import ClusterState, NodeState, PendingJob, RunningJob, estimate_wait
 
 HOUR = 3600.0
 #: 8 layers of 1 s (fwd+bwd per micro-batch), m = 32: ~1 h on one node, ~16 min on four
@@ -204,7 +204,7 @@ def test_contention_decided_from_live_cluster_state(cluster, tmp_path, limit, no
 def test_partition_preemption_rate_adds_expected_loss(tmp_path):
     cfg = load_config(big_toml(tmp_path))
     prof = Profile(cfg.model.layer_costs, None, None, 1, "toml")
-    from pipeswift_slurm.interval import Interruptions
+    from pipeswift_slurm.planning.interval import Interruptions
     quiet = PastRuns(interruptions=Interruptions(failures_per_node_hour=0.0))
     calm = plan(cfg, prof, Hardware(host_cores=8), cluster(None), quiet).chosen.estimate
     stormy = plan(cfg, prof, Hardware(host_cores=8), cluster(None),
@@ -219,7 +219,7 @@ def test_partition_preemption_rate_adds_expected_loss(tmp_path):
 
 # ----------------------------------------------------------------------------- memory by training
 def test_training_state_per_parameter_follows_precision_and_zero_sharding():
-    from pipeswift_slurm.costmodel import state_factor
+    from pipeswift_slurm.planning.costmodel import state_factor
     base = Profile((1.0,), (4,), None, 1, "toml")
     f = lambda precision, zero, dp: state_factor(base._replace(precision=precision, zero_stage=zero), dp)  # noqa: E731
     assert f("fp32", 0, 4) == 4.0                       # weights, grads, Adam: 16 bytes a parameter
@@ -229,7 +229,7 @@ def test_training_state_per_parameter_follows_precision_and_zero_sharding():
 
 
 def test_recompute_trades_a_forward_for_activation_memory():
-    from pipeswift_slurm.costmodel import activation_memory
+    from pipeswift_slurm.planning.costmodel import activation_memory
     prof = Profile((1.0,) * 8, (1e9,) * 8, (1e8,) * 8, 1, "toml")
     keep = estimate_step(prof, [0, 4, 8], 8, 1, 1, 1, Hardware())
     again = estimate_step(prof._replace(recompute_interval=2), [0, 4, 8], 8, 1, 1, 1, Hardware())

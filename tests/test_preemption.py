@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers import PSWIFT, copy_example, pswift, wait_state, run_events
-from pipeswift_slurm import slurm
+from pipeswift_slurm.slurm import client as slurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
 
@@ -107,7 +107,7 @@ def preempted_once(toml: Path, run: Path, after_steps: int, preemptor: list[str]
         assert first.startswith("Submitted pswift job "), first + submitter.communicate(timeout=60)[1]
         job = first.split()[3]
     follower = None if followed is None else subprocess.Popen(
-        [sys.executable, "-m", "pipeswift_slurm.cli", "logs", job, "-f"],
+        [sys.executable, "-m", "pipeswift_slurm.cli.main", "logs", job, "-f"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_steps(run, after_steps, timeout=timeout)

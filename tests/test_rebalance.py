@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from helpers import copy_example, pswift, plan_with, wait_state
-from pipeswift_slurm import eventfold
+from pipeswift_slurm.history import eventfold
 from pipeswift_slurm import events as events_mod
-from pipeswift_slurm import runrows
-from pipeswift_slurm.history import History
-from pipeswift_slurm.partition import balanced_boundaries
+from pipeswift_slurm.history import rows as runrows
+from pipeswift_slurm.history.store import History
+from pipeswift_slurm.planning.partition import balanced_boundaries
 from pipeswift_slurm.plan import MAX_RELAYOUTS
 from pipeswift_slurm.stats import median
 from pipeswift_slurm.userfiles import read_run_files

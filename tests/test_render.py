@@ -16,7 +16,7 @@ from pipeswift_slurm import __version__
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.plan import signal_lead_s
-from pipeswift_slurm.sbatch import SbatchOptions, options_for, render
+from pipeswift_slurm.slurm.sbatch import SbatchOptions, options_for, render
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -11,10 +11,10 @@ import pytest
 
 from helpers import copy_example, pswift
 from pipeswift_slurm.config import load_config
-from pipeswift_slurm.costmodel import Hardware, Profile
+from pipeswift_slurm.planning.costmodel import Hardware, Profile
 from pipeswift_slurm.errors import ConfigError
-from pipeswift_slurm.planner import PastRuns, explain, plan
-from pipeswift_slurm.risk import JctTerms, band_coverage, jct_band, jct_samples, step_rel_sd
+from pipeswift_slurm.planning.planner import PastRuns, explain, plan
+from pipeswift_slurm.planning.risk import JctTerms, band_coverage, jct_band, jct_samples, step_rel_sd
 
 BASE = JctTerms(queue_s=60.0, setup_s=30.0, steps=1000, step_s=1.0, checkpoint_s=10.0, rel_sd=0.0)
 

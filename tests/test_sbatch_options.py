@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeswift_slurm.sbatch import SBATCH_FLAGS, SBATCH_SHORT, SBATCH_TAKES_VALUE, planned_option, sbatch_options
+from pipeswift_slurm.slurm.sbatch import SBATCH_FLAGS, SBATCH_SHORT, SBATCH_TAKES_VALUE, planned_option, sbatch_options
 
 ROOT = Path(__file__).resolve().parents[1]
 

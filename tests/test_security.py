@@ -19,8 +19,8 @@ import pytest
 
 from helpers import CLUSTER_DB, CLUSTER_SPOOL, pswift, wait_state
 from pipeswift_slurm import userfiles
-from pipeswift_slurm.history import History, IngestRefused
-from pipeswift_slurm.runrows import Owner, model_key
+from pipeswift_slurm.history.store import History, IngestRefused
+from pipeswift_slurm.history.rows import Owner, model_key
 
 USER = "pswift-test"
 PLAN = {"version": 1, "job_name": "victim", "user": "alice", "partition": "low", "submitted_at": 1.0,
@@ -328,7 +328,7 @@ def test_status_of_a_run_dir_with_a_fifo_for_events_is_one_line_at_once(tmp_path
 
 def test_first_creation_races_and_permissions(tmp_path):
     db = tmp_path / "new" / "h.db"
-    code = f"from pipeswift_slurm.history import History; History({str(db)!r}).close()"
+    code = f"from pipeswift_slurm.history.store import History; History({str(db)!r}).close()"
     procs = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) for _ in range(6)]
     errs = [(p.wait(timeout=60), p.stderr.read()) for p in procs]
     assert all(rc == 0 for rc, _ in errs), errs

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT, copy_example, pswift
-from pipeswift_slurm.history import History
+from pipeswift_slurm.history.store import History
 
 pytestmark = [pytest.mark.deepspeed]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -90,7 +90,7 @@ def served(tmp_path_factory):
     h.close()
     digest = hashlib.sha256(db.read_bytes()).hexdigest()
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.cli", "history", "serve", "--db", str(db),
+    server = subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.cli.main", "history", "serve", "--db", str(db),
                                "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90
@@ -146,7 +146,7 @@ def test_one_users_server_shows_that_users_jobs_only_and_leaves_no_copy(served, 
     _, db, digest, _ = served
     before = set(Path(tempfile_dir()).glob("pswift-serve-*"))
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.cli", "history", "serve", "--db", str(db),
+    server = subprocess.Popen([sys.executable, "-m", "pipeswift_slurm.cli.main", "history", "serve", "--db", str(db),
                                "--port", str(port), "--user", "u1"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
@@ -221,7 +221,7 @@ def test_every_chart_query_runs_with_and_without_each_filter(served):
     """What the dashboard sends for each chart, with no filter and with all of them: it runs, and
     a filter never widens a chart; with no pswift job selected the JCT chart says so."""
     from datasette_dashboards import replace_opts_in_query
-    from pipeswift_slurm.serve import dashboard, filters
+    from pipeswift_slurm.reports.serve import dashboard, filters
     _, db, _, _ = served
     d = dashboard("history")["pswift"]
     assert set(d["filters"]) == set(filters("history")) == {"date_start", "date_end", "partition", "user", "account"}

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm.simulate import SimulationError, simulate, stage_times, step_time
+from pipeswift_slurm.planning.simulate import SimulationError, simulate, stage_times, step_time
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -116,7 +116,7 @@ def test_bad_input_is_a_clear_error():
 @settings(max_examples=100, deadline=None)
 @given(f=st.lists(st.floats(0.1, 5.0), min_size=1, max_size=5), data=st.data())
 def test_shared_cores_simulation(f, data):
-    from pipeswift_slurm.simulate import simulate_shared_1f1b
+    from pipeswift_slurm.planning.simulate import simulate_shared_1f1b
     P = len(f)
     b = data.draw(st.lists(st.floats(0.1, 5.0), min_size=P, max_size=P))
     m = data.draw(st.integers(1, 8))
@@ -133,7 +133,7 @@ def test_shared_cores_simulation(f, data):
 
 @pytest.mark.parametrize("P,m", [(1, 1), (2, 8), (4, 4), (7, 33), (16, 64)])
 def test_the_closed_form_equals_the_simulator_for_uniform_stages(P, m):
-    from pipeswift_slurm.simulate import closed_form_1f1b
+    from pipeswift_slurm.planning.simulate import closed_form_1f1b
     sim = simulate([1.0] * P, [2.0] * P, m, "1f1b", p2p=0.0, keep_ops=False)
     cf = closed_form_1f1b([1.0] * P, [2.0] * P, m)
     assert cf.step_time == pytest.approx(sim.step_time)
@@ -148,13 +148,13 @@ def test_the_closed_form_equals_the_simulator_for_uniform_stages_with_transfers(
     """One step model on both sides of the planner's switch (costmodel.SIMULATED_OPS_MAX): the
     closed form charges 1F1B's transfers as the simulator does (it left out the steady state's:
     p = 4, m = 8, p2p = 1 gave 39 against 49)."""
-    from pipeswift_slurm.simulate import closed_form_1f1b
+    from pipeswift_slurm.planning.simulate import closed_form_1f1b
     sim = simulate([t] * P, [2 * t] * P, m, "1f1b", p2p=c, keep_ops=False)
     assert closed_form_1f1b([t] * P, [2 * t] * P, m, c).step_time == pytest.approx(sim.step_time, rel=1e-9)
 
 
 def test_the_closed_form_of_4_stages_8_micro_batches_with_transfers_is_49():
-    from pipeswift_slurm.simulate import closed_form_1f1b
+    from pipeswift_slurm.planning.simulate import closed_form_1f1b
     assert closed_form_1f1b([1.0] * 4, [2.0] * 4, 8, 1.0).step_time == 49.0
 
 
@@ -164,7 +164,7 @@ def test_the_closed_form_stays_near_the_simulator_for_uneven_stages(f, data):
     """An estimate for uneven stages, transfers up to half the quickest stage: at most 30 % off
     (8,000 random pipelines here: worst 23 %; 1,000 with realistic spreads: median 1.2 %, the
     fill and drain it models at the slowest stage's pace)."""
-    from pipeswift_slurm.simulate import closed_form_1f1b
+    from pipeswift_slurm.planning.simulate import closed_form_1f1b
     b = [x * data.draw(st.floats(1.5, 2.5)) for x in f]
     m = data.draw(st.integers(1, 40))
     c = data.draw(st.floats(0.0, 0.5)) * min(x + y for x, y in zip(f, b))

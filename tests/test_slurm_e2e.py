@@ -180,7 +180,7 @@ def test_sbatch_reads_back_exactly_what_pswift_wrote(cluster, tmp_path):
     """Round trip through Slurm's own #SBATCH parser (not bash): each hostile value comes back
     as the job's name and comment, and none smuggles an option (a --qos=smuggled or --time=1
     would change the job, or make sbatch refuse it)."""
-    from pipeswift_slurm.sbatch import SbatchOptions, render
+    from pipeswift_slurm.slurm.sbatch import SbatchOptions, render
     jobs = {}
     try:
         for i, value in enumerate(HOSTILE):

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.every_version]
 
 VIEW = """
 import json, sys
-from pipeswift_slurm import slurm
+from pipeswift_slurm.slurm import client as slurm
 state = slurm.cluster_state()
 ids = sys.argv[1:]
 print(json.dumps({
@@ -40,7 +40,8 @@ def sbatch(*args: str) -> str:
 
 
 def pyslurm_usable() -> bool:
-    from pipeswift_slurm import slurm, slurm_pyslurm
+    from pipeswift_slurm.slurm import client as slurm
+    from pipeswift_slurm.slurm import pyslurm_backend as slurm_pyslurm
     return slurm_pyslurm.unusable(slurm.slurm_version()) is None
 
 
@@ -124,7 +125,7 @@ def test_backend_choice_errors_are_one_line(cluster, tmp_path):
 def test_doctor_checks_the_environment(cluster, tmp_path):
     proc = pswift("doctor", "--db", str(tmp_path / "h.db"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    from pipeswift_slurm import slurm
+    from pipeswift_slurm.slurm import client as slurm
     v = ".".join(map(str, slurm.slurm_version()))
     assert f"ok  Slurm: {v}, cluster pswiftdev" in proc.stdout
     assert "ok  SLURM_CONF: " + os.environ["SLURM_CONF"] in proc.stdout
@@ -178,7 +179,7 @@ def test_ingest_sacct_reads_a_real_slurmdbd_incrementally(acct_cluster, tmp_path
     import sqlite3
     rows = {r[0]: r[1:] for r in sqlite3.connect(db).execute(
         "SELECT job_id, cluster, name, state, exit_code, user FROM slurm_jobs WHERE job_id IN (?, ?)", (ok, bad))}
-    from pipeswift_slurm import slurm
+    from pipeswift_slurm.slurm import client as slurm
     if slurm.slurm_version()[:2] > (22, 5):
         assert rows[ok] == ("pswiftacct", "ok", "COMPLETED", "0:0", "root")
         assert rows[bad] == ("pswiftacct", "bad", "FAILED", "3:0", "root")
@@ -199,7 +200,7 @@ def test_submit_warns_when_slurm_would_hold_the_job_before_max_requeues(acct_clu
     such requeues (seen in the preemption storm test before the dev cluster raised it): a
     max_requeues past that is said at submission. Before 24.05 there is no such limit."""
     from helpers import copy_example
-    from pipeswift_slurm import slurm
+    from pipeswift_slurm.slurm import client as slurm
     monkeypatch.setenv("SLURM_CONF", acct_cluster)
     toml = copy_example(tmp_path / "ex", {"max_requeues": "6"})
     proc = pswift("sbatch", "--parsable", "--run-dir", str(tmp_path / "run"), str(toml), "--", "--hold")
@@ -247,7 +248,7 @@ def test_sacct_gives_the_admin_fields_and_the_reports_use_them(acct_cluster, tmp
 
 @pytest.mark.parametrize("text", ["node[1-3,5],gpu07", "rack[1-2]-node[1-2]", "r[1,3]n[08-09],x,c[2]", "n[098-101]"])
 def test_host_lists_expand_as_scontrol_expands_them(cluster, text):
-    from pipeswift_slurm import slurm_json
+    from pipeswift_slurm.slurm import records as slurm_json
     want = subprocess.run(["scontrol", "show", "hostnames", text], capture_output=True, text=True, timeout=30,
                           check=True).stdout.split()
     assert list(slurm_json.expand_hostlist(text)) == want

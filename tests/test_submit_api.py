@@ -57,7 +57,7 @@ def test_a_refused_submission_leaves_nothing_behind(cluster, example, tmp_path):
 
 def test_submitting_with_a_history_imports_neither_numpy_nor_sqlite_utils(example, tmp_path):
     """sqlite-utils pulls in numpy (~0.14 s): the submit path reads the history without it."""
-    from pipeswift_slurm.history import History
+    from pipeswift_slurm.history.store import History
     History(tmp_path / "h.db").close()
     code = ("import sys; from pipeswift_slurm import submit\n"
             "submit.prepare(sys.argv[1], live=False, db=sys.argv[2])\n"
@@ -71,7 +71,7 @@ def test_submitting_with_a_history_imports_neither_numpy_nor_sqlite_utils(exampl
 @pytest.mark.slurm
 @pytest.mark.every_version
 def test_a_prefetched_cluster_state_is_the_one_a_direct_query_gives(cluster):
-    from pipeswift_slurm import slurm
+    from pipeswift_slurm.slurm import client as slurm
     slurm._cache.pop("prefetch", None)
     slurm.prefetch()
     assert "prefetch" in slurm._cache
@@ -82,7 +82,7 @@ def test_a_prefetched_cluster_state_is_the_one_a_direct_query_gives(cluster):
 
 def test_nothing_is_prefetched_without_a_slurm_configuration(monkeypatch, tmp_path):
     """A client without slurm.conf may wait for a configless server: no background query then."""
-    from pipeswift_slurm import slurm
+    from pipeswift_slurm.slurm import client as slurm
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
     slurm._cache.pop("prefetch", None)
     slurm.prefetch()

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeswift_slurm import rundir, watch
-from pipeswift_slurm.history import History
+from pipeswift_slurm.history import rundir
+from pipeswift_slurm.reports import watch
+from pipeswift_slurm.history.store import History
 
 
 def summary(attempts: list[dict], step: int | None = None, total: int | None = 100) -> dict:

@@ -2,7 +2,7 @@
 script asks this after every launch of the ranks what follows, and gets one line back:
 ``restart`` or ``relayout`` (launch again in this allocation), ``shrink N NODELIST`` (launch
 again on the N nodes Slurm left the job after a node failure) or ``exit N`` (end the script
-with N). The rules are pipeswift_slurm.decide's; this module gathers their facts (the ranks'
+with N). The rules are pipeswift_slurm.planning.decide's; this module gathers their facts (the ranks'
 records, srun's report, the job's events), records the outcome (``crash`` and ``end`` events),
 waits the backoff and requeues the job when the decision says so. No torch."""
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pipeswift_slurm.plan import Plan
 
-from pipeswift_slurm import decide
+from pipeswift_slurm.planning import decide
 from pipeswift_slurm import events as events_mod
 
 from . import launchrec
@@ -70,9 +70,9 @@ def allocation(plan: Plan, env: dict[str, str], lost_seen: bool) -> decide.Alloc
     """The nodes the launch ran on (this script's environment) against those Slurm's allocation
     holds now; when srun saw a node lost, Slurm is given LOST_WAIT_S to drop it. None when
     Slurm cannot be asked."""
-    from pipeswift_slurm import slurm
+    from pipeswift_slurm.slurm import client as slurm
     from pipeswift_slurm.errors import PswiftError
-    from pipeswift_slurm.slurm_json import expand_hostlist
+    from pipeswift_slurm.slurm.records import expand_hostlist
     job = env.get("SLURM_JOB_ID")
     try:
         launched = expand_hostlist(env.get("SLURM_JOB_NODELIST") or "")
@@ -129,7 +129,7 @@ def carry_out(plan: Plan, d: decide.Decision, last_step: int | None, restarts: i
         print(f"pswift: job {job}: {d.why}", file=sys.stderr, flush=True)
         # the requeue SIGTERMs the job's processes, this one too: it must live to exclude the node
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        from pipeswift_slurm import slurm   # the one module that talks to Slurm
+        from pipeswift_slurm.slurm import client as slurm   # the one module that talks to Slurm
         try:
             if slurm.requeue(job, exclude=d.exclude, nodes_needed=min(int(n) for n in plan["layouts"])):
                 print(f"pswift: the next attempt will not use node {d.exclude}", file=sys.stderr, flush=True)

@@ -13,7 +13,7 @@ Every launch measures, in well under a second:
   dev cluster's virtual nodes all run on one) and how many cores it has.
 
 Rank 0 writes them in the launch's ``start`` event; the history keeps them per attempt and
-:func:`pipeswift_slurm.history_queries` gives the planner their medians
+:func:`pipeswift_slurm.history.queries` gives the planner their medians
 (:func:`pipeswift_slurm.autoplan.hardware`).
 """
 

@@ -2,7 +2,7 @@
 layer times just measured, and re-lay out inside the same allocation when it pays.
 
 Rank 0 proposes (:func:`propose`), every rank follows its answer. The new cut is the planner's
-own rule (:func:`pipeswift_slurm.costmodel.stage_cut`: exact min-max, memory cap included) over
+own rule (:func:`pipeswift_slurm.planning.costmodel.stage_cut`: exact min-max, memory cap included) over
 the measured per-layer times; the cost model turns the old and new cuts into step times, and the
 prediction is anchored to the step time measured now (measured x model(new) / model(old)).
 
@@ -24,10 +24,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from pipeswift_slurm.costmodel import (DEFAULT_DEVICE_MEMORY, Hardware, Profile, checkpoint_seconds,
+from pipeswift_slurm.planning.costmodel import (DEFAULT_DEVICE_MEMORY, Hardware, Profile, checkpoint_seconds,
                                        estimate_step, every_known, overheads_from_instructions,
                                        stage_cut)
-from pipeswift_slurm.partition import PartitionError
+from pipeswift_slurm.planning.partition import PartitionError
 from pipeswift_slurm.plan import MAX_RELAYOUTS
 from pipeswift_slurm.stats import median, median_of
 

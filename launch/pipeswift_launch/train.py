@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from pipeswift_slurm import events as events_schema
-from pipeswift_slurm.decide import requeue_left
+from pipeswift_slurm.planning.decide import requeue_left
 from pipeswift_slurm.plan import RELAYOUT_EXIT
 
 from . import data
@@ -282,7 +282,7 @@ def _checkpoint_every_s(att: Attempt) -> float:
     rec = att.plan["checkpoint_auto"]
     if not rec:
         return float("inf")
-    from pipeswift_slurm import interval
+    from pipeswift_slurm.planning import interval
     last = att.checkpoints.last_s
     cost = last if last is not None else float(rec.get("cost_s") or 0.0)
     return interval.every_s(cost, interval.from_record(rec).mtbf_s(att.denv.nodes))
@@ -433,12 +433,12 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
     if (att.rank != 0 or not interval or denv.job_id is None or denv.nodes >= max(counts)
             or not requeue_left(denv.attempt + 1, plan["max_requeues"])):   # keep one to spare
         return None
-    from pipeswift_slurm import slurm
+    from pipeswift_slurm.slurm import client as slurm
     cpus = int(att.layout["tasks_per_node"]) * int(plan["cpus_per_task"])
     profile = relayout.measured_profile(plan, att.layout, profiled, att.boundaries)
     predicted = relayout.step_times(plan, profile) if profile is not None else None
     if predicted is not None and profile is not None:   # this count as it runs now, not as a re-cut would
-        from pipeswift_slurm.costmodel import estimate_step
+        from pipeswift_slurm.planning.costmodel import estimate_step
         predicted[denv.nodes] = estimate_step(
             profile, att.boundaries, att.layout["micro_batches"], att.layout["micro_batch_size"],
             int(att.layout["data_parallel"]), att.layout["tasks_per_node"], relayout.hardware(plan)).step_s
@@ -505,7 +505,7 @@ def _ending(plan: Plan, denv: DistEnv, step: int, steps: int,
         return "grow", "pswift", 0
     if denv.job_id is None:
         return ("time_limit" if stop_code == STOP_TIME else "stopped"), None, 0
-    from pipeswift_slurm import slurm
+    from pipeswift_slurm.slurm import client as slurm
     if stop_code == STOP_TIME:
         reason = "time_limit"
     else:
@@ -522,12 +522,12 @@ def _ending(plan: Plan, denv: DistEnv, step: int, steps: int,
                         f"max_requeues = {budget} is spent: not requeueing; raise [job] "
                         f"max_requeues and resubmit to continue from the checkpoint")
         return reason, None, 3
-    # Slurm never requeues a timed-out job; a preempted one only from 24.05 on (slurm.py)
+    # Slurm never requeues a timed-out job; a preempted one only from 24.05 on (pipeswift_slurm.slurm.client)
     return reason, "slurm" if reason == "preempted" and _slurm_requeues_preempted() else "pswift", 0
 
 
 def _slurm_requeues_preempted() -> bool:
-    from pipeswift_slurm import slurm
+    from pipeswift_slurm.slurm import client as slurm
     try:
         return slurm.requeues_preempted_jobs()
     except Exception:  # cannot ask: requeue ourselves (at worst one attempt too many, never a lost job)
@@ -542,7 +542,7 @@ def _next_nodes(att: Attempt, reason: str) -> tuple[int | None, str]:
         return None, ""   # one layout, or a fixed request (it fixes the task count too)
     if reason == "grow" and att.grow_to:
         return att.grow_to, "growing"
-    from pipeswift_slurm import slurm
+    from pipeswift_slurm.slurm import client as slurm
 
     from . import grow
     try:
@@ -562,7 +562,7 @@ def _requeue_or_not(att: Attempt, reason: str, requeue_by: str | None) -> None:
     """After the checkpoint is committed: requeue the job where Slurm will not (asking for the
     node count that can start soonest), and keep Slurm from requeueing a preempted job whose
     requeue budget is spent."""
-    from pipeswift_slurm import slurm  # the one module that talks to Slurm
+    from pipeswift_slurm.slurm import client as slurm  # the one module that talks to Slurm
     denv, job_id = att.denv, att.denv.job_id
     if job_id is None:   # pswift run: no Slurm job to requeue
         return

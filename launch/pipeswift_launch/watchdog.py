@@ -10,7 +10,7 @@ thread reads all heartbeats: the suspect is the rank whose heartbeat is stale (e
 the fewest steps), and the lowest live other rank acts (one rank, never the stuck one): in a
 batch job it leaves a record naming the rank, node and stall for the batch script's helper and
 exits; srun (``--kill-on-bad-exit``) ends the other tasks, and the helper restarts the ranks in
-the allocation from the last committed checkpoint, as for any fault (pipeswift_slurm.decide: a
+the allocation from the last committed checkpoint, as for any fault (pipeswift_slurm.planning.decide: a
 second hang on the same node requeues the job without that node). Launched by hand, it records
 an ``end`` event ``reason = "hung"`` and asks Slurm to requeue the job itself.
 """
@@ -138,7 +138,7 @@ def end_attempt(run_dir: Path, plan: Plan, denv: Any, info: dict[str, Any]) -> N
         launchrec.hung(denv.rank, info["suspect_rank"] if info["certain"] else None,
                        info["suspect_node"] if info["certain"] else None, max(info["step"], 0), msg)
         os._exit(HUNG_EXIT)
-    from pipeswift_slurm.decide import requeue_left
+    from pipeswift_slurm.planning.decide import requeue_left
     budget = int(plan["max_requeues"])
     requeue = denv.job_id is not None and requeue_left(denv.attempt, budget)
     from pipeswift_slurm import events
@@ -149,7 +149,7 @@ def end_attempt(run_dir: Path, plan: Plan, denv: Any, info: dict[str, Any]) -> N
     if requeue:
         # the requeue's SIGTERM only sets this process's stop flag (signals.py); the Slurm
         # commands that follow it ignore it (slurm.requeue)
-        from pipeswift_slurm import slurm  # the one module that talks to Slurm
+        from pipeswift_slurm.slurm import client as slurm  # the one module that talks to Slurm
         node = info["suspect_node"] if info["certain"] else None
         try:
             if slurm.requeue(denv.job_id, exclude=node, nodes_needed=min(int(n) for n in plan["layouts"])):

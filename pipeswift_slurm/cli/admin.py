@@ -1,0 +1,383 @@
+"""Admin commands: `pswift history ...` (ingest, jobs, show, report, export) and `pswift doctor`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pipeswift_slurm.history import rundir
+from pipeswift_slurm.slurm import client as slurm
+from pipeswift_slurm.cli.common import (CLIError, _db_option, _errors, _nothing_selected, _open, _output, _print,
+                         _quiet_on_closed_pipe, _renderer, _select, _warn, history)
+from pipeswift_slurm.errors import PswiftError
+from pipeswift_slurm.fmt import duration
+
+
+@history.command("ingest")
+@click.argument("run_dirs", nargs=-1, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--spool", type=click.Path(file_okay=False, path_type=Path), envvar="PSWIFT_SPOOL",
+              help="The jobcomp plugin's spool folder to merge.")
+@click.option("--jobcomp-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="A jobcomp/filetxt file (what `sacct -c` reads) to merge.")
+@click.option("--sacct", "use_sacct", is_flag=True,
+              help="Also merge slurmdbd's accounting (`sacct --json`), from where the last "
+                   "`--sacct` ingest of this cluster stopped.")
+@click.option("--no-registered", is_flag=True,
+              help="Without RUN_DIRS, skip the jobs pswift submitted (merge only the sources named).")
+@_db_option
+@_errors
+def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file: Path | None,
+                   use_sacct: bool, no_registered: bool, db: Path | None) -> None:
+    """Merge run directories, plugin records and Slurm accounting into the history.
+
+    Without RUN_DIRS: every job pswift submitted. Idempotent: one row per attempt, replaced,
+    never duplicated; a run directory is skipped while unchanged.
+
+    Examples:
+
+        pswift history ingest
+
+        pswift history ingest --spool /var/spool/pswift --jobcomp-file /var/log/slurm/jobcomp.txt
+    """
+    from pipeswift_slurm.history import eventfold
+    from pipeswift_slurm.fmt import progress
+    from pipeswift_slurm.history.store import History, IngestRefused, parse_jobcomp_filetxt
+
+    h = History(db)
+    try:
+        if run_dirs:
+            for d in run_dirs:
+                if not (d / "plan.json").is_file():
+                    raise CLIError(f"{d} is not a run directory (no plan.json)", 2)
+            n = 0
+            with progress("run directories", len(run_dirs)) as advance:
+                for d in run_dirs:
+                    try:
+                        n += h.ingest_run_dir(d)
+                    except IngestRefused as e:
+                        _warn(f"warning: {d}: {e}")
+                    advance(1)
+        else:
+            n = 0 if no_registered else h.ingest_registered(progress=progress)
+        msgs = [f"{n} changed run director{'y' if n == 1 else 'ies'}"]
+        if spool is not None:
+            merged, problems = h.ingest_spool(spool, progress=progress)
+            msgs.append(f"{merged} spooled record(s)")
+            for p in problems:
+                _warn(f"warning: spool file {p}")
+        if h.skipped_events:
+            msgs.append(f"{h.skipped_events} bad event line(s) skipped")
+        if h.dropped_events:
+            msgs.append(f"{h.dropped_events} event(s) beyond one job's bounds left out "
+                        f"(over {eventfold.MAX_ATTEMPTS} attempts or {eventfold.MAX_KEPT_BYTES >> 20} MiB of "
+                        "non-step events)")
+        if jobcomp_file is not None:
+            if not jobcomp_file.is_file():
+                raise CLIError(f"{jobcomp_file}: no such file", 2)
+            recs = parse_jobcomp_filetxt(jobcomp_file.read_text(encoding="utf-8", errors="replace"))
+            msgs.append(f"{len(recs)} jobcomp line(s) ({h.add_slurm_records(recs, 'filetxt')} new)")
+        if use_sacct:
+            cluster = slurm.cluster_name()
+            sacct_recs = slurm.sacct_jobs(since=h.sacct_since(cluster))
+            if sacct_recs is None:
+                _warn("warning: `sacct --json` gave nothing (no slurmdbd here?); use --jobcomp-file")
+            else:
+                new = h.add_sacct(cluster, sacct_recs)
+                msgs.append(f"{len(sacct_recs)} sacct record(s) of cluster {cluster} ({new} new)")
+        total = h.db["slurm_jobs"].count, h.db["jobs"].count
+    finally:
+        h.close()
+    click.echo(f"ingested {', '.join(msgs)}; {total[0]} Slurm attempt(s), {total[1]} pswift job(s) "
+               f"in {h.path}")
+
+
+@history.command("jobs")
+@_select
+@_output
+@click.option("--limit", type=click.IntRange(min=1), help="Stop after N jobs (the first N in job-id order).")
+@_errors
+def history_jobs(db: Path | None, sel: Any, out: Any, limit: int | None) -> None:
+    """Jobs, one line each, in job-id order: account, QOS, state, exit code, TRES, efficiency,
+    and the JCT breakdown (queue, setup, training, checkpoint/cleanup). Streams any number.
+
+    A terminal gets fixed-width columns; a pipe gets tab-separated raw numbers (seconds,
+    hours, ratios); -o picks columns (-o help lists them).
+
+    Examples:
+
+        pswift history jobs -r low -S now-7days -s CD,F
+
+        pswift history jobs -u alice -o job_id,state,elapsed_s,cpu_eff,mem_eff -P
+    """
+    from pipeswift_slurm.reports.jct import LISTING, LISTING_DEFAULT, write_listing
+    r = _renderer(LISTING, out, LISTING_DEFAULT)
+    if r is None:
+        return
+    h = _open(db)
+    try:
+        with _quiet_on_closed_pipe():
+            write_listing(h, sel, r, limit)
+    finally:
+        h.close()
+
+
+@history.command("show")
+@click.argument("job_id")
+@_db_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_errors
+def history_show(job_id: str, db: Path | None, as_json: bool) -> None:
+    """One job: its JCT breakdown, accounting (account, QOS, TRES, efficiency, exit codes) and
+    every attempt (layout, steps, how it ended).
+
+    Example:
+
+        pswift history show 42
+    """
+    from pipeswift_slurm.reports.jct import LISTING, job_reports, job_rows
+    from pipeswift_slurm.history.selection import Selection
+    sel = Selection(job_ids=(job_id,))
+    h = _open(db)
+    try:
+        reps = job_reports(h, sel)
+        values = next(job_rows(h, sel), None)
+    finally:
+        h.close()
+    if not reps or values is None:
+        raise CLIError(f"job {job_id} is not in the history; run `pswift history ingest` first", 1)
+    row = dict(zip((c.key for c in LISTING), values))
+    row["pswift"] = bool(row["pswift"])
+    r = reps[-1]
+    if as_json:
+        click.echo(json.dumps({**row, "attempt_rows": r.attempt_rows}, indent=2))
+        return
+    _show_text(r, row)
+
+
+def _show_text(r: Any, row: dict[str, Any]) -> None:
+    from pipeswift_slurm.reports.tabular import hms, inert
+
+    def pct(v: float | None) -> str:
+        return "unknown" if v is None else f"{100 * v:.1f}%"
+    click.echo(inert(f"job {r.job_id} {r.name!r} ({'pswift' if r.pswift else 'plain'}), user {r.user}, "
+                     f"account {row['account'] or '-'}, partition {r.partition}, QOS {row['qos'] or '-'}: "
+                     f"{r.state}, exit code {row['exit_code'] or '-'} (derived {row['derived_exit_code'] or '-'})"))
+    click.echo(f"JCT {_dur(r.jct_s)} = queue {_dur(r.queue_s)} + setup {_dur(r.setup_s)} + "
+               f"training {_dur(r.training_s)} + checkpoint/cleanup {_dur(r.checkpoint_s)}")
+    click.echo(f"allocated {row['nodes'] or '-'} node(s), {row['cpus'] or '-'} CPU(s), {row['gpus'] or 0} GPU(s); "
+               f"elapsed {hms(row['elapsed_s'] or 0)} of limit "
+               f"{hms(row['limit_s']) if row['limit_s'] else 'unknown'} (time efficiency {pct(row['time_eff'])}); "
+               f"CPU efficiency {pct(row['cpu_eff'])}; memory efficiency {pct(row['mem_eff'])}"
+               + (f" (MaxRSS {row['max_rss_mb']:.0f} MB)" if row["max_rss_mb"] is not None else ""))
+    if r.predicted_jct_s:
+        click.echo(f"predicted JCT {_dur(r.predicted_jct_s)}")
+    wasted = "unknown" if r.cpu_hours_wasted is None else f"{r.cpu_hours_wasted:.3g}"
+    lost = f"{r.steps_lost} step(s) lost" if r.pswift else "no checkpoints: whole attempts lost"
+    click.echo(f"{r.attempts} attempt(s), {r.preemptions} preemption(s), {lost}, {wasted} CPU-hours wasted")
+    for a in r.attempt_rows:
+        click.echo(f"  attempt {a['attempt']}: {a['nodes']} node(s), {a['stages']} stage(s) x "
+                   f"{a['data_parallel']} dp, steps {a['start_step']} -> {a['end_step']}, {a['ended']}, "
+                   f"setup {_dur(a['setup_s'])}, step p50 {_dur(a['step_p50'])}")
+
+
+def _dur(s: float | None) -> str:
+    return duration(s, compact=True)
+
+
+#: `history report`'s columns
+_REPORT_COLS = [("jobs", "Jobs", "int", 6), ("attempts", "Attempts", "int", 8), ("wait_p50_s", "WaitP50", "s", 10),
+                ("wait_p95_s", "WaitP95", "s", 10), ("jct_p50_s", "JCTP50", "s", 10), ("jct_p95_s", "JCTP95", "s", 10),
+                ("preemption_rate", "PreemptRate", "ratio", 11), ("steps_lost", "StepsLost", "int", 9),
+                ("cpu_hours_wasted", "Wasted", "h", 8), ("step_time_var", "StepVar", "float", 8),
+                ("queue_s", "Queue", "s", 13), ("setup_s", "Setup", "s", 13), ("training_s", "Training", "s", 13),
+                ("checkpoint_s", "Ckpt/cleanup", "s", 13), ("predicted_vs_actual_jct", "PredVsActual", "float", 12)]
+
+
+@history.command("report")
+@_select
+@click.option("--by", type=click.Choice(["partition", "user", "account", "qos", "config", "nodes"]),
+              default="partition", show_default=True, help="Group jobs by.")
+@_output
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a PNG: stacked JCT breakdown per group and the wait-time CDF.")
+@_errors
+def history_report(db: Path | None, sel: Any, by: str, out: Any, plot: Path | None) -> None:
+    """JCT per group: p50/p95 wait and JCT, preemption rate and waste, the JCT phases
+    (queue, setup, training, checkpoint/cleanup), step-time variance, predicted vs actual.
+
+    Examples:
+
+        pswift history report --by partition -S now-30days
+
+        pswift history report --by user --plot jct.png
+    """
+    from pipeswift_slurm.reports.jct import aggregate, aggregate_sql, job_reports, wait_quantiles
+    from pipeswift_slurm.reports.jct import plot as draw
+    from pipeswift_slurm.reports.tabular import Col
+
+    h = _open(db)
+    try:
+        if by == "config" or sel.pswift_only:  # pswift jobs: the (small) pswift tables
+            reps = [r for r in job_reports(h, sel) if r.pswift]
+            groups = aggregate(reps, by)
+            waits = [r.queue_s for r in reps]
+        else:  # any number of Slurm jobs: aggregated inside SQLite
+            groups = aggregate_sql(h, by, sel)
+            waits = wait_quantiles(h, sel) if plot is not None else []
+    finally:
+        h.close()
+    _nothing_selected(groups)
+    _print(groups, [Col(by, by.capitalize(), "text", 10)] + [Col(*c) for c in _REPORT_COLS], out)
+    if plot is not None:
+        draw([], groups, by, plot, waits, sel.describe())
+        _warn(f"plot written to {plot}")
+
+
+@history.command("export")
+@_select
+@click.option("--format", "fmt", type=click.Choice(["csv", "json", "tsv"]), default="csv", show_default=True)
+@_errors
+def history_export(db: Path | None, sel: Any, fmt: str) -> None:
+    """Every selected job with every column, streamed as CSV, JSON or TSV (for spreadsheets,
+    pandas, Datasette).
+
+    Example:
+
+        pswift history export -S now-30days --format json > jobs.json
+    """
+    from pipeswift_slurm.fmt import interactive, progress
+    from pipeswift_slurm.reports.jct import LISTING, write_listing
+    from pipeswift_slurm.reports.tabular import Output, Renderer
+    h = _open(db)
+    try:
+        with _quiet_on_closed_pipe(), progress("jobs exported") as advance:
+            write_listing(h, sel, Renderer(LISTING, Output(fmt)), tick=advance if interactive() else None)
+    finally:
+        h.close()
+
+
+@click.command()
+@click.argument("job_id", required=False)
+@_db_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_errors
+def doctor(job_id: str | None, db: Path | None, as_json: bool) -> None:
+    """Explain where JOB_ID's completion time went and what to try, citing the numbers.
+
+    Applies the symptom table: queue or preemption dominating JCT, slow steps despite a small
+    bubble, a large bubble, step-time variance, slow restores, a job that could not continue on
+    fewer nodes, out-of-memory. Without JOB_ID: check this machine's set-up (SLURM_CONF, Slurm
+    version, query backend, accounting, history DB), each problem with its fix; exit 1 if any.
+
+    Examples:
+
+        pswift doctor
+
+        pswift doctor 42
+    """
+    if job_id is None:
+        _environment_checkup(db, as_json)
+        return
+    from pipeswift_slurm.history.store import History
+    from pipeswift_slurm.reports.jct import diagnose, job_reports
+    from pipeswift_slurm.history.selection import Selection
+
+    sel = Selection(job_ids=(job_id,))
+    h = History(db)
+    try:
+        h.ingest_registered()
+        reps = job_reports(h, sel)
+        relayouts = h.job_relayouts(reps[-1].run_dir) if reps and reps[-1].run_dir else []
+    finally:
+        h.close()
+    if not reps:
+        raise CLIError(f"job {job_id} is not in the history; run `pswift history ingest` first", 1)
+    rep = reps[-1]
+    run = Path(rep.run_dir) if rep.run_dir else rundir.lookup_job(job_id)
+    plan = log = None
+    crashes: list[dict[str, Any]] = []
+    if run is not None:
+        from pipeswift_slurm import events
+        from pipeswift_slurm import userfiles
+        from pipeswift_slurm.plan import parse_plan
+        try:   # a user's files, read by anyone (root too): no link, no FIFO, bounded, as their owner
+            files = userfiles.read_for_command(str(run), ("plan.json", "events.jsonl", "slurm-*.out"))
+        except (userfiles.UnsafeFile, OSError) as e:
+            files = {}
+            click.echo(f"note: run directory {run} not read: {e}", err=True)
+        try:
+            plan = parse_plan(files["plan.json"], str(run / "plan.json")) if "plan.json" in files else None
+        except PswiftError:
+            plan = None   # another version's or a damaged plan: the findings that need it are skipped
+        log = "".join(b.decode("utf-8", "replace") for n, b in files.items()
+                      if n not in ("plan.json", events.FILE))
+        crashes = [c for c in events.parse(files.get(events.FILE, b"").splitlines())[0] if c["event"] == "crash"]
+    from pipeswift_slurm.fmt import crash_line, growth_line, relayout_line
+    findings = diagnose(rep, plan, log or "") + [
+        growth_line(r) if r["kind"] == "grow" else f"attempt {r['attempt']} {relayout_line(r)}" for r in relayouts
+    ] + [f"attempt {c['attempt']} {crash_line(c)}" for c in crashes]
+    if as_json:
+        click.echo(json.dumps({"job_id": job_id, "name": rep.name, "state": rep.state,
+                               "attempts": rep.attempts, "findings": findings}, indent=2))
+        return
+    click.echo(f"job {job_id} ({rep.name}): {rep.state}, {rep.attempts} attempt(s)")
+    for finding in findings:
+        click.echo(f"- {finding}")
+
+
+def _environment_checkup(db: Path | None, as_json: bool = False) -> None:
+    from pipeswift_slurm.reports.checkup import environment
+
+    findings = environment(db)
+    if as_json:
+        from dataclasses import asdict
+        click.echo(json.dumps([asdict(f) for f in findings], indent=2))
+    for f in ([] if as_json else findings):
+        click.echo(f"{'ok ' if f.ok else 'BAD'} {f.what}: {f.value}" + ("" if f.ok else f"\n    fix: {f.fix}"))
+    bad = [f for f in findings if not f.ok]
+    if bad:
+        raise CLIError(f"{len(bad)} problem(s): {'; '.join(f'{f.what}: {f.fix}' for f in bad)}", 1)
+
+
+@click.group()
+def admin() -> None:
+    """Cluster set-up for admins: the Slurm-side plugins.
+
+    Example:
+
+        pswift admin install-plugins
+    """
+
+
+@admin.command("install-plugins")
+@click.option("--prefix", type=click.Path(file_okay=False, path_type=Path),
+              help="The folder of slurm.conf (default: $SLURM_CONF's folder, else /etc/slurm).")
+@click.option("--spool", type=click.Path(file_okay=False, path_type=Path), default=Path("/var/spool/pswift"),
+              show_default=True, help="Where the jobcomp plugin spools each record first.")
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=Path("/var/lib/pswift/history.db"),
+              show_default=True, help="The site's history database the plugin merges into.")
+@_errors
+def admin_install_plugins(prefix: Path | None, spool: Path, db: Path) -> None:
+    """Install job_submit.lua and the jobcomp plugin's wrapper from this installation into
+    PREFIX, and print the slurm.conf lines to add (slurm.conf itself is not edited).
+
+    The wrapper runs this Python on the plugin shipped in the package; both files are written
+    whole and renamed into place.
+
+    Example:
+
+        pswift admin install-plugins --prefix /etc/slurm
+    """
+    from pipeswift_slurm.slurm.plugins_install import default_prefix, install
+    done = install(prefix or default_prefix(), spool, db)
+    for f in done.files:
+        click.echo(f"installed {f}")
+    click.echo("add to slurm.conf, then `scontrol reconfigure`:")
+    for line in done.conf_lines:
+        click.echo(f"  {line}")
+
+
+from pipeswift_slurm.cli import reports as cli_reports  # noqa: E402,F401  (registers the sreport-like commands on `history`)

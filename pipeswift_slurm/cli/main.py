@@ -1,0 +1,546 @@
+"""`pswift`: a thin click CLI over the library. Library errors become one line and an exit code.
+
+Each command imports the library modules it uses when it runs: `pswift sbatch` is a user's
+submit command, and its start-up counts (bench/submit_latency.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pipeswift_slurm import __version__
+from pipeswift_slurm.cli.common import CLIError, _db_option, _errors, _warn
+from pipeswift_slurm.errors import PswiftError
+
+
+class _LazyGroup(click.Group):
+    """Commands defined in other modules are imported when asked for (click's lazy loading):
+    `pswift sbatch` does not pay for the admin commands."""
+
+    LAZY = {"history": "admin:history", "doctor": "admin:doctor", "admin": "admin:admin"}
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.LAZY])
+
+    def get_command(self, ctx: Any, name: str) -> Any:
+        if name in self.LAZY:
+            import importlib
+            module, attr = self.LAZY[name].split(":")
+            return getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="pswift")
+def cli() -> None:
+    """pipeswift-slurm: DeepSpeed pipeline training on Slurm, planned for job completion time.
+
+    Example:
+
+        pswift sbatch examples/tiny-gpt/train.toml
+    """
+
+
+@cli.command()
+@click.argument("toml", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Run directory to create (default: ./pswift-runs/NAME-DATE-XXXX).")
+@click.option("--dry-run", is_flag=True, help="Print the plan and the batch script; submit nothing.")
+@click.option("--parsable", is_flag=True, help="Print only the job id.")
+@click.option("--wait", is_flag=True, help="Follow the job until it ends (state changes, requeues, restarts, step N/M "
+              "and ETA), then print its loss and log; exit 0 if it completed, 1 if it ended otherwise.")
+@click.option("--timeout", type=click.FloatRange(0, None), help="Stop --wait after this many seconds (the job "
+              "goes on) with exit code 124; default: no limit, as `sbatch --wait`.")
+@_db_option
+@_errors
+def sbatch(toml: Path, sbatch_args: tuple[str, ...], run_dir: Path | None, dry_run: bool,
+           parsable: bool, wait: bool, timeout: float | None, db: Path | None) -> None:
+    """Plan TOML and submit it with sbatch; prints the job id.
+
+    Options after `--` go to sbatch unchanged. The run directory keeps a copy of the TOML,
+    plan.json, the batch script, the job log and its events.
+
+    Examples:
+
+        pswift sbatch examples/tiny-gpt/train.toml
+
+        pswift sbatch --dry-run examples/tiny-gpt/train.toml
+
+        pswift sbatch train.toml -- --qos=high --mail-type=END
+    """
+    from pipeswift_slurm.slurm import client as slurm
+    slurm.prefetch()   # asks Slurm while the planner's modules load
+    from pipeswift_slurm import submit as sub
+    p = sub.prepare(toml, run_dir, db, warn=_warn, sbatch_args=sbatch_args, learn=not dry_run)
+    if dry_run:
+        _print_dry_run(p)
+        return
+    job = sub.submit(p, warn=_warn)
+    if parsable:
+        click.echo(job.job_id)
+    else:
+        click.echo(f"Submitted pswift job {job.job_id} ({p.layout_line()})")
+        click.echo(f"run directory: {job.run_dir}")
+    if wait:
+        sys.exit(_wait(job.job_id, job.run_dir, timeout, quiet=parsable, db=db))
+
+
+def _print_dry_run(p: Any) -> None:
+    plan = p.plan
+    click.echo(f"# plan: {p.layout_line()}")
+    if plan["prediction"]:
+        pr = plan["prediction"]
+        click.echo(f"# chosen: {pr['nodes']} node(s), predicted {pr['step_s']:.4g} s/step, JCT "
+                   f"{pr['jct_s']:.0f} s (queue {pr['queue_s']:.0f} s); request --nodes={plan['nodes_request']}")
+    for n, why in plan["infeasible"].items():
+        click.echo(f"# {n} node(s) infeasible: {why}")
+    if p.sbatch_args:
+        click.echo(f"# sbatch arguments: {' '.join(p.sbatch_args)}")
+    click.echo(p.script, nl=False)
+
+
+def _learn(run: Path, db: Path | None) -> None:
+    """A finished run into the history, so that the next `pswift plan` learns from it (plan
+    itself writes nothing)."""
+    from pipeswift_slurm.history.store import IngestRefused, safe_open
+    h = safe_open(db, _warn)
+    if h is None:
+        return
+    try:
+        h.ingest_run_dir(run)
+    except (IngestRefused, PswiftError, OSError) as e:
+        _warn(f"warning: {run} not added to the history ({e})")
+    finally:
+        h.close()
+
+
+def _wait(job_id: str, run: Path, timeout: float | None, quiet: bool = False, db: Path | None = None) -> int:
+    from pipeswift_slurm.history import rundir
+    from pipeswift_slurm.reports.watch import TIMEOUT_EXIT, JobRef, state, wait
+    watched = wait(job_id, run, (lambda line: None) if quiet else click.echo, timeout)
+    if watched.timed_out:
+        _warn(f"job {job_id} still {watched.state} after {timeout:.0f} s; it goes on: "
+              f"`pswift status {job_id}`, `pswift logs {job_id} -f`")
+        return TIMEOUT_EXIT
+    final = watched.state
+    if final == "GONE":   # purged before a poll saw its end: ask slurmdbd and the history
+        final = state(JobRef(job_id, run, job_id), None, db).state
+    _learn(run, db)
+    s = rundir.summarize(run)
+    if not quiet:
+        if final != watched.state:
+            click.echo(f"job {job_id}: {final}")
+        if s["first_loss"] is not None:
+            click.echo(f"loss {s['first_loss']:.4f} -> {s['last_loss']:.4f} after step {s['step']}")
+        click.echo(f"log: {run / f'slurm-{job_id}.out'}")
+    return 0 if final == "COMPLETED" else 1
+
+
+@cli.command("run")
+@click.argument("toml", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Run directory to create (default: ./pswift-runs/NAME-DATE-XXXX).")
+@click.option("--nodes", type=int, help="Node count to emulate (default: the TOML's minimum).")
+@_db_option
+@_errors
+def run_cmd(toml: Path, run_dir: Path | None, nodes: int | None, db: Path | None) -> None:
+    """Run TOML's job here, one local process per slot, without Slurm.
+
+    Same plan, launcher and events as `pswift sbatch`; TERM/INT/USR2 make every rank checkpoint
+    and stop at the same step.
+
+    Example:
+
+        pswift run examples/tiny-gpt/train.toml --run-dir /tmp/tiny
+    """
+    from pipeswift_slurm.history import rundir
+    from pipeswift_slurm import submit as sub
+    from pipeswift_slurm.local import run_local
+
+    p = sub.prepare(toml, run_dir, db, live=False, warn=_warn)
+    n = nodes or p.config.resources.nodes_min
+    if str(n) not in p.plan["layouts"]:
+        why = p.plan["infeasible"].get(str(n), f"outside [resources] nodes {p.config.resources.nodes_spec}")
+        raise CLIError(f"--nodes {n}: {why}", 2)
+    target = sub.write_run_dir(p)
+    rundir.register_job(f"local-{target.name}", target)  # so the history ingests local runs too
+    click.echo(f"running locally: {p.layout_line(n)}")
+    click.echo(f"run directory: {target}")
+    rc = run_local(p.plan, str(target / "plan.json"), n)
+    _learn(target, db)
+    s = rundir.summarize(target)
+    if s["first_loss"] is not None:
+        click.echo(f"loss {s['first_loss']:.4f} -> {s['last_loss']:.4f} after step {s['step']}")
+    sys.exit(rc)
+
+
+@cli.command()
+@click.argument("job")
+@click.option("-f", "--follow", is_flag=True, help="Go on printing what is appended, across requeues, until the job ends.")
+@click.option("-n", "--lines", type=click.IntRange(0, None), help="Only the last N lines (default: the whole log, its last 4 MiB).")
+@_errors
+def logs(job: str, follow: bool, lines: int | None) -> None:
+    """The log of JOB (an id or a run dir): RUN_DIR/slurm-JOBID.out, which every attempt of a
+    requeued job appends to.
+
+    Examples:
+
+        pswift logs 42 -f
+
+        pswift logs 42 -n 20
+    """
+    from pipeswift_slurm.slurm import client as slurm
+    from pipeswift_slurm.reports.logs import log_path, show
+    from pipeswift_slurm.reports.watch import resolve
+    ref = resolve(job)
+    if ref.run is None:
+        raise CLIError(f"job {job} is not in pswift's registry; pass its run directory instead", 1)
+    if ref.job_id is None:
+        raise CLIError(f"{job} is a local run: its output went to the terminal that ran it, its "
+                       f"events are in {ref.run / 'events.jsonl'}", 2)
+    run, job_id = ref.run, ref.job_id
+
+    def ended() -> bool:
+        info = slurm.job_info(job_id)
+        return info is None or info.terminal
+
+    path = log_path(run, job_id)
+    if not show(path, lambda text: click.echo(text, nl=False), lines, follow, ended):
+        raise CLIError(f"no log yet at {path}" + ("" if follow else "; -f waits for it"), 1)
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_db_option
+@_errors
+def status(job: str, as_json: bool, db: Path | None) -> None:
+    """State, step N of M and ETA, last loss, attempts, log and run directory of JOB: a job id,
+    a run directory or a local run's key (local-NAME). Once Slurm has forgotten the job, its
+    state comes from sacct, else from the history.
+
+    Examples:
+
+        pswift status 42
+
+        pswift status 42 --json
+    """
+    from pipeswift_slurm.fmt import crash_line, growth_line, relayout_line
+    from pipeswift_slurm.reports.watch import resolve, status_of
+    ref = resolve(job)
+    out = status_of(ref, db)
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+        return
+    source = {"slurm": "", "sacct": " (from sacct: Slurm has forgotten the job)",
+              "history": " (from the history: Slurm has forgotten the job)",
+              "events": " (from its events)", "none": " (no record of its state)"}[out["source"]]
+    reason = f" ({out['reason']})" if out["reason"] else ""
+    who = f"job {ref.job_id}" if ref.job_id else f"local run {ref.key}"
+    click.echo(f"{who}: {out['state']}{reason}{source}")
+    click.echo(f"run directory: {out['run_dir'] or 'none known (not submitted by pswift from this account)'}")
+    if out["progress"]:
+        click.echo(f"{out['progress']}, last loss {out['last_loss']:.6f}")
+    if out["log"]:
+        click.echo(f"log: {out['log']}")
+    if out["cancelled"]:
+        c = out["cancelled"]
+        click.echo(f"cancelled by {c['user']} with `pswift cancel` at {_iso(c['time'])}")
+    for a in out["attempts"]:
+        click.echo(f"  attempt {a['attempt']}: {a['nodes']} node(s), {a['stages']} stage(s) "
+                   f"{a['boundaries']}, steps {a['start_step']} -> {a['end_step']}, {a['ended']}"
+                   + (f", resumed from {Path(a['resumed_from']).name}" if a["resumed_from"] else ""))
+        for r in a["relayouts"]:
+            click.echo(f"    {relayout_line(r)}")
+        for c in a["crashes"]:
+            click.echo(f"    {crash_line(c)}")
+    for g in out.get("growths") or []:
+        click.echo(f"  {growth_line(g)}")
+
+
+def _iso(t: float) -> str:
+    import datetime as dt
+    return dt.datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+
+
+@cli.command()
+@click.argument("job")
+@_errors
+def cancel(job: str) -> None:
+    """Cancel JOB (a job id or a run directory) with scancel; its run directory keeps who
+    cancelled it and when, and `pswift status` says so. A cancelled job is not requeued.
+
+    Example:
+
+        pswift cancel 42
+    """
+    from pipeswift_slurm.reports.watch import cancel as cancel_job, resolve
+    ref = resolve(job)
+    cancel_job(ref)
+    click.echo(f"cancelled job {ref.job_id}" + (f" (run directory {ref.run})" if ref.run else ""))
+
+
+@cli.command("plan")
+@click.argument("toml", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="{chosen, candidates} as JSON.")
+@_db_option
+@click.option("--no-live", is_flag=True, help="Do not ask Slurm for the live cluster state.")
+@click.option("--test-only", is_flag=True,
+              help="Ask `sbatch --test-only` for each node count's start (uses a job id each).")
+@_errors
+def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_only: bool) -> None:
+    """Rank every candidate layout of TOML by estimated job completion time, and say why.
+
+    JCT = queue wait (live sinfo/squeue) + setup + steps x step time (cost model on per-layer
+    costs from the history or [model] layer_costs, calibrated by measured runs) + checkpoints +
+    expected preemption loss. p10-p90: the JCT's band from the step model's measured error,
+    step-time variance, past queue waits and the partition's preemption rate; [job] objective
+    ranks by the mean (default), p50 or p90. Rejected candidates say why.
+
+    Examples:
+
+        pswift plan examples/tiny-gpt/train.toml
+
+        pswift plan train.toml --json
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from pipeswift_slurm.autoplan import make_plan
+    from pipeswift_slurm.config import load_config
+    from pipeswift_slurm.layouts import rule_layouts
+    from pipeswift_slurm.planning.planner import explain
+
+    cfg = load_config(toml)
+    rule_layouts(cfg)
+    res, errors = make_plan(cfg, db, not no_live, _warn, test_only, learn=False)
+    if res is None:
+        raise CLIError(f"{toml}: nothing to plan with: add [model] layer_costs (seconds per layer "
+                       f"per micro-batch) or run the job once so its profile is in the history", 2)
+    if res.chosen is not None and not no_live:
+        from pipeswift_slurm.submit import grace_warning
+        why = grace_warning((res.partition_order() or (cfg.job.partition,))[0], res.chosen.est.step_s,
+                            res.checkpoint_cost_s)
+        if why:
+            _warn(why)
+    if as_json:
+        out = res.to_dict()
+        out["model_error"] = errors
+        click.echo(json.dumps(out, indent=2))
+        if res.fits_nowhere():
+            raise CLIError("no layout can run (see the candidates' reasons); change the TOML as they say", 2)
+        return
+    con = Console(highlight=False, markup=False, soft_wrap=True, width=max(140, shutil.get_terminal_size().columns))
+    table = Table("nodes", "PxDP", "mbs", "m", "boundaries", "queue", "setup", "step", "train", "ckpt",
+                  "interrupt", "JCT", "p10-p90", "node-h", "")
+    def f(s: float) -> str:
+        return f"{s:.0f}" if s >= 10 else f"{s:.3g}"
+    for i, c in enumerate(res.candidates):
+        e = c.estimate
+        if e is None:
+            table.add_row(str(c.nodes), f"{c.stages}x{c.data_parallel}", str(c.micro_batch_size),
+                          str(c.micro_batches), "", "", "", "", "", "", "", "", "", "", f"rejected: {c.rejected}")
+            continue
+        table.add_row(str(c.nodes), f"{c.stages}x{c.data_parallel}", str(c.micro_batch_size),
+                      str(c.micro_batches), str(c.boundaries), f(e.queue_s), f(e.setup_s), f"{e.step_s:.4g}", f(e.train_s),
+                      f(e.checkpoint_s), f(e.interruption_s), f(e.jct_s),
+                      f"{f(e.jct_p10_s)}-{f(e.jct_p90_s)}" if e.jct_p10_s is not None and e.jct_p90_s is not None else "",
+                      f"{e.node_hours:.3g}", "chosen" if c is res.chosen else f"#{i + 1}")
+    con.print(f"profile: {res.profile_source}; seconds" + "".join(f"; {n}" for n in res.notes), markup=False)
+    con.print(table)
+    con.print(explain(res), markup=False)
+    if res.fits_nowhere():
+        raise CLIError("no layout can run (reasons above); change the TOML as they say", 2)
+    if errors:
+        from pipeswift_slurm.stats import median
+        se = [abs(e["predicted_step_s"] - e["actual_step_s"]) / e["actual_step_s"] for e in errors
+              if e["actual_step_s"]]
+        je = [abs(e["predicted_jct_s"] - e["actual_jct_s"]) / e["actual_jct_s"] for e in errors
+              if e["actual_jct_s"] and e["predicted_jct_s"]]
+        line = f"model error over the last {len(errors)} planned job(s): step time {median(se):.0%}"
+        if je:
+            line += f", JCT {median(je):.0%}"
+        con.print(line + " (median |predicted - actual| / actual)")
+        from pipeswift_slurm.planning.risk import band_coverage
+        inside, counted = band_coverage([(e["predicted_jct_p10_s"], e["predicted_jct_p90_s"], e["actual_jct_s"])
+                                         for e in errors])
+        if counted:
+            con.print(f"JCT band coverage: {inside} of {counted} actual JCT(s) inside the predicted "
+                      f"p10-p90 band ({inside / counted:.0%}; 80% is calibrated)")
+
+
+def _floats(opt: str, text: str | None) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CLIError(f"{opt} {text!r}: give comma-separated seconds, e.g. {opt} 1,1.5,1", 2) from None
+
+
+def _stage_times_from_toml(toml: Path, nodes: int | None) -> tuple[list[float], list[float], int, str]:
+    import tempfile
+
+    from pipeswift_slurm.config import load_config
+    from pipeswift_slurm.planning.partition import balanced_boundaries
+    from pipeswift_slurm.plan import build_plan
+    from pipeswift_slurm.planning.simulate import stage_times
+
+    cfg = load_config(toml)
+    costs = cfg.model.layer_costs
+    if costs is None:
+        raise CLIError(f"{toml}: no per-layer costs to simulate: add [model] layer_costs "
+                       f"(forward+backward seconds per micro-batch per layer) or pass --fwd/--bwd", 2)
+    plan = build_plan(cfg, Path(tempfile.gettempdir()) / "pswift-simulate")
+    n = str(nodes or cfg.resources.nodes_min)
+    if n not in plan["layouts"]:
+        raise CLIError(f"--nodes {n}: {plan['infeasible'].get(n, 'outside [resources] nodes')}", 2)
+    lay = plan["layouts"][n]
+    bounds = lay["boundaries"] or balanced_boundaries(costs, lay["stages"])
+    fwd, bwd = stage_times(costs, bounds)
+    return fwd, bwd, lay["micro_batches"], f"{cfg.job.name}: {lay['stages']} stages {bounds}"
+
+
+@cli.command()
+@click.argument("toml", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--fwd", help="Forward seconds per micro-batch, one per stage: 1,1.5,1")
+@click.option("--bwd", help="Backward seconds per micro-batch, one per stage: 2,3,2")
+@click.option("--wgrad", help="Weight-gradient seconds per micro-batch, one per stage; then --bwd is the "
+              "input gradient alone (other schedules run both as one backward). Default: zb-h1 "
+              "takes half of --bwd.")
+@click.option("-m", "--micro-batches", type=int, help="Micro-batches per step (default: the plan's).")
+@click.option("--schedule", default="1f1b", show_default=True,
+              help="Comma list of gpipe, 1f1b, interleaved, zb-h1.")
+@click.option("--chunks", type=int, default=2, show_default=True, help="Model chunks per device (interleaved).")
+@click.option("--p2p", type=float, default=0.0, show_default=True, help="Point-to-point transfer seconds.")
+@click.option("--nodes", type=int, help="With TOML: the node count whose layout to simulate.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Write a timeline PNG.")
+@click.option("--width", type=int, default=96, show_default=True, help="Terminal timeline width.")
+@_errors
+def simulate(toml: Path | None, fwd: str | None, bwd: str | None, wgrad: str | None,
+             micro_batches: int | None, schedule: str, chunks: int, p2p: float, nodes: int | None,
+             as_json: bool, plot: Path | None, width: int) -> None:
+    """Simulate pipeline schedules on stage times; print step time, bubble and a timeline.
+
+    Stage times come from TOML's [model] layer_costs cut at the plan's boundaries, or from
+    --fwd/--bwd. One look at the timeline shows the bottleneck stage.
+
+    Examples:
+
+        pswift simulate --fwd 1,1.5,1 --bwd 2,3,2 -m 8 --schedule gpipe,1f1b,zb-h1
+
+        pswift simulate --fwd 1,1,1,1 --bwd 1,1,1,1 --wgrad 1,1,1,1 -m 8 --schedule 1f1b,zb-h1
+
+        pswift simulate examples/tiny-gpt/train.toml --schedule gpipe,1f1b,interleaved --plot t.png
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from pipeswift_slurm.planning import timeline
+    from pipeswift_slurm.planning.simulate import SimulationError
+    from pipeswift_slurm.planning.simulate import simulate as run_sim
+
+    f, b = _floats("--fwd", fwd), _floats("--bwd", bwd)
+    title = ""
+    if toml is not None:
+        if f or b:
+            raise CLIError("give either a TOML or --fwd/--bwd, not both", 2)
+        f, b, m_plan, title = _stage_times_from_toml(toml, nodes)
+        micro_batches = micro_batches or m_plan
+    elif f is None or b is None:
+        raise CLIError("give a train.toml, or --fwd and --bwd (one value per stage)", 2)
+    if micro_batches is None:
+        raise CLIError("--micro-batches is required with --fwd/--bwd", 2)
+    w = _floats("--wgrad", wgrad)
+    if w is not None:
+        if len(w) != len(b):
+            raise CLIError(f"--wgrad has {len(w)} value(s) for {len(b)} stage(s): give one per stage", 2)
+        b = [x + y for x, y in zip(b, w)]   # the whole backward; zb-h1 splits it again
+    names = [x.strip() for x in schedule.split(",") if x.strip()]
+    try:
+        results = [run_sim(f, b, micro_batches, n, p2p=p2p, chunks=chunks, wgrad=w if n == "zb-h1" else None)
+                   for n in names]
+    except SimulationError as e:
+        raise CLIError(str(e), 2) from None
+    if plot is not None:
+        timeline.plot(results, plot, title)
+    if as_json:
+        out = [r.to_dict() for r in results]
+        click.echo(json.dumps(out[0] if len(out) == 1 else out, indent=2))
+        return
+    con = Console(highlight=False, markup=False, soft_wrap=True)
+    if title:
+        con.print(title)
+    table = Table("schedule", "step time", "bubble", "peak in-flight", "slowest stage (busy)")
+    for r in results:
+        slow = max(range(r.devices), key=lambda d: r.busy[d])
+        table.add_row(r.schedule + (f" v={r.chunks}" if r.chunks > 1 else ""), f"{r.step_time:.4g}",
+                      f"{r.bubble_ratio:.1%}", str(max(r.peak_in_flight)),
+                      f"stage {slow} ({r.busy[slow]:.4g})")
+    con.print(table)
+    for r in results:
+        con.print(f"\n{r.schedule}" + (f" (v={r.chunks})" if r.chunks > 1 else ""))
+        for line in timeline.text_timeline(r, width):
+            con.print(line, markup=False)
+    if plot is not None:
+        con.print(f"\ntimeline written to {plot}")
+
+
+@cli.command()
+@click.option("--costs", required=True, help="Seconds per layer (forward+backward): 1,2,2,2,1")
+@click.option("--stages", "-P", type=int, required=True, help="Number of pipeline stages.")
+@click.option("--memory", help="Bytes per layer, for --memory-cap: 4e8,1e8,...")
+@click.option("--memory-cap", type=float, help="Most memory one stage may hold (bytes).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_errors
+def partition(costs: str, stages: int, memory: str | None, memory_cap: float | None,
+              as_json: bool) -> None:
+    """Cut layers into contiguous stages that minimise the slowest stage (exact).
+
+    For people who cut by hand: the result goes into [pipeline] partition = [0, ...].
+
+    Examples:
+
+        pswift partition --costs 5,1,1,1,1,1,1,1,1,6 --stages 4
+
+        pswift partition --costs 1,1,1,1 --memory 3,1,1,3 --memory-cap 4 -P 2 --json
+    """
+    from pipeswift_slurm.planning.partition import PartitionError, balanced_boundaries, stage_sums
+
+    c = _floats("--costs", costs) or []
+    mem = _floats("--memory", memory)
+    if memory_cap is not None and mem is None:
+        raise CLIError("--memory-cap needs --memory (bytes per layer)", 2)
+    try:
+        b = balanced_boundaries(c, stages, mem, memory_cap)
+    except PartitionError as e:
+        raise CLIError(str(e), 2) from None
+    sums = stage_sums(c, b)
+    out: dict[str, Any] = {"boundaries": b, "stage_costs": sums, "bottleneck": max(sums),
+           "balance": (sum(sums) / len(sums)) / max(sums) if max(sums) > 0 else 1.0}
+    if mem is not None:
+        out["stage_memory"] = stage_sums(mem, b)
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+        return
+    click.echo(f"boundaries {b}  (TOML: partition = {b})")
+    for s_, (a, z) in enumerate(zip(b, b[1:])):
+        extra = f", memory {out['stage_memory'][s_]:g}" if mem is not None else ""
+        click.echo(f"  stage {s_}: layers {a}-{z - 1}, cost {sums[s_]:g}{extra}")
+    click.echo(f"bottleneck {max(sums):g}; balance {out['balance']:.1%} (mean stage / slowest)")
+
+
+def main() -> None:
+    cli(prog_name="pswift")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Run directories: what `pswift sbatch`/`pswift run` leave for the job and what the job leaves back.
+
+A run directory holds ``train.toml`` (a copy), ``plan.json``, ``job.sbatch``, the job's log
+(``slurm-<id>.out``), ``events.jsonl`` (one JSON object per line, written by the job) and
+``checkpoints/``. It is created whole or not at all: files are written into a temporary sibling
+that is renamed into place, so a failed submission leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from pipeswift_slurm.errors import RunDirError
+
+EVENTS = "events.jsonl"  # written by the launcher, read through events.py
+CANCEL = "cancel.json"   # written by `pswift cancel`: who cancelled the job, and when
+
+
+def default_run_dir(job_name: str, base: Path | None = None) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_name)[:60] or "job"
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return (base or Path.cwd() / "pswift-runs") / f"{safe}-{stamp}-{os.urandom(2).hex()}"
+
+
+def state_dir() -> Path:
+    """Per-user state (the job-id registry): $PSWIFT_HOME, else ~/.local/state/pswift."""
+    env = os.environ.get("PSWIFT_HOME")
+    return Path(env) if env else Path.home() / ".local" / "state" / "pswift"
+
+
+def stage_run_dir(target: Path) -> Path:
+    """A fresh temporary sibling of ``target`` to fill before :func:`commit_run_dir`."""
+    target = target.resolve()
+    if "\n" in str(target) or "\r" in str(target):
+        raise RunDirError(f"run directory {str(target)!r} contains a newline; choose another --run-dir")
+    if target.exists():
+        raise RunDirError(f"run directory {target} already exists; pass a new --run-dir")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.tmp-{os.urandom(3).hex()}"
+        tmp.mkdir()
+    except OSError as e:
+        raise RunDirError(f"cannot create run directory {target}: {e.strerror}; "
+                          f"choose a writable --run-dir") from None
+    return tmp
+
+
+def commit_run_dir(tmp: Path, target: Path) -> None:
+    try:
+        os.rename(tmp, target)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RunDirError(f"cannot create run directory {target}: {e.strerror}") from None
+
+
+def discard(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def register_job(job_id: str, run_dir: Path) -> None:
+    """Remember which run directory a job id belongs to (for `pswift status JOBID`)."""
+    d = state_dir() / "jobs"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{job_id}.{os.urandom(3).hex()}"
+        tmp.write_text(json.dumps({"job_id": job_id, "run_dir": str(run_dir)}) + "\n")
+        os.replace(tmp, d / f"{job_id}.json")
+    except OSError as e:
+        raise RunDirError(f"job {job_id} was submitted (run dir {run_dir}) but the registry "
+                          f"{d} is not writable ({e.strerror}); set PSWIFT_HOME") from None
+
+
+def lookup_job(job_id: str) -> Path | None:
+    f = state_dir() / "jobs" / f"{job_id}.json"
+    try:
+        return Path(json.loads(f.read_text())["run_dir"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def summarize(run_dir: Path) -> dict[str, Any]:
+    """Attempts, steps, last loss from the run's events."""
+    from pipeswift_slurm import events
+    from pipeswift_slurm.history import eventfold
+    from pipeswift_slurm.stats import median
+
+    from pipeswift_slurm import userfiles
+    try:   # a user's file, read by anyone (root too): no link followed, no FIFO waited on, bounded
+        files = (userfiles.read_for_command(str(run_dir), ("events.jsonl", "plan.json", CANCEL))
+                 if os.path.lexists(run_dir) else {})
+    except userfiles.UnsafeFile as e:
+        raise RunDirError(f"run directory not read: {e}") from None
+    blob = files.get(events.FILE, b"")
+    attempts = eventfold.read_attempts(blob).attempts()
+    out = []
+    for a in attempts:
+        start, end = a["start"] or {}, a["end"] or {}
+        now = a["starts"][-1] if a["starts"] else {}   # the layout after any in-job re-layout
+        last = a["steps"][-1] if a["steps"] else {}
+        out.append({
+            "attempt": a["attempt"], "nodes": now.get("nodes"), "stages": now.get("stages"),
+            "data_parallel": now.get("data_parallel"), "boundaries": now.get("boundaries"),
+            "start_step": start.get("step"), "relayouts": eventfold.relayout_outcomes(a),
+            "crashes": [{k: c[k] for k in ("step", "rank", "node", "how", "error", "action", "restart", "why")}
+                        for c in a["crashes"]],
+            "end_step": end["step"] if end.get("step") is not None else last.get("step"),
+            "resumed_from": start.get("resumed_from"), "ended": a["ended"],
+            "last_loss": last.get("loss"),
+            "median_step_s": median(a["steps"].step_time),
+        })
+    logs = [a["steps"] for a in attempts if a["steps"]]
+    return {
+        "run_dir": str(run_dir),
+        "step": logs[-1][-1]["step"] if logs else None,
+        "steps_total": _planned_steps(files.get("plan.json", b"")),
+        "cancelled": _cancel_record(files.get(CANCEL, b"")),
+        "first_loss": logs[0][0]["loss"] if logs else None,
+        "last_loss": logs[-1][-1]["loss"] if logs else None,
+        "growths": eventfold.growth_outcomes(attempts),
+        "attempts": out,
+    }
+
+
+def _planned_steps(plan_json: bytes) -> int | None:
+    """The run's planned steps (plan.json's training.steps); None where it says none."""
+    try:
+        steps = json.loads(plan_json)["training"]["steps"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) and 0 < steps <= 10**13 else None
+
+
+def record_cancel(run_dir: Path, job_id: str, user: str, when: float) -> None:
+    """Keep who cancelled the job with `pswift cancel`, and when (status shows it); a run
+    directory that cannot be written loses only the note."""
+    tmp = run_dir / f".{CANCEL}.{os.urandom(3).hex()}"
+    try:
+        tmp.write_text(json.dumps({"job_id": job_id, "user": user, "time": when}) + "\n")
+        os.replace(tmp, run_dir / CANCEL)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _cancel_record(blob: bytes) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(blob)
+    except ValueError:
+        return None
+    ok = (isinstance(rec, dict) and isinstance(rec.get("user"), str) and len(rec["user"]) < 256
+          and isinstance(rec.get("time"), (int, float)) and 0 <= rec["time"] < 1e11)
+    return {"user": rec["user"], "time": float(rec["time"])} if ok else None

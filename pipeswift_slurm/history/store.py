@@ -1,0 +1,603 @@
+"""The job history: one SQLite file (sqlite-utils), shared by the planner and the admin reports.
+
+Path: ``--db``, else ``$PSWIFT_DB``, else ``$PSWIFT_HOME/history.db`` (default
+``~/.local/state/pswift/history.db``). Jobs write JSONL events into their run directories (a
+shared filesystem is no place for SQLite writes from many nodes); the login-node side ingests
+them here. Ingest is idempotent: a run directory's rows are replaced whole, in one transaction,
+and skipped while its events file is unchanged. Schema changes are numbered migrations
+(``PRAGMA user_version``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import stat
+import time
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pipeswift_slurm import events as events_mod
+from pipeswift_slurm import userfiles
+from pipeswift_slurm.history import eventfold
+from pipeswift_slurm.history import views as history_views
+from pipeswift_slurm.errors import PswiftError
+from pipeswift_slurm.fmt import no_progress
+from pipeswift_slurm.history.queries import Queries
+from pipeswift_slurm.history.schema import COLS as _COLS, MIGRATIONS, ROLLUP as _ROLLUP, UPSERT as _UPSERT
+from pipeswift_slurm.history.rundir import state_dir
+from pipeswift_slurm.history.rows import Owner, RunRows, rows, user_name
+
+
+class HistoryError(PswiftError):
+    exit_code = 1
+
+
+class IngestRefused(PswiftError):
+    """A run directory or spool file that is not read (unsafe, too big, too slow): the reason."""
+
+    exit_code = 1
+
+
+def default_path() -> Path:
+    env = os.environ.get("PSWIFT_DB")
+    return Path(env) if env else state_dir() / "history.db"
+
+
+class History(Queries):
+    """An open history database (migrated to the newest schema); its reads are
+    :class:`~pipeswift_slurm.history.queries.Queries`."""
+
+    def __init__(self, path: Path | str | None = None, create: bool = True,
+                 timeout: float = 30.0) -> None:
+        self.path = Path(path) if path else default_path()
+        self.skipped_events = 0   # bad lines in the events files ingested through this handle
+        self.dropped_events = 0   # valid events beyond eventfold's bounds (attempts, kept bytes)
+        if not create and not self.path.exists():
+            raise HistoryError(f"no history database at {self.path}; run `pswift history ingest` "
+                               f"or pass --db")
+        try:
+            self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+            _create_private(self.path)
+            conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+            _retry_locked(lambda: conn.execute("PRAGMA journal_mode = WAL"), timeout)
+            conn.execute("PRAGMA foreign_keys = ON")
+            self.conn = conn
+            self._db: Any = None
+            _retry_locked(self._migrate, timeout)
+            _retry_locked(lambda: history_views.ensure(conn), timeout)
+        except sqlite3.OperationalError as e:
+            raise _db_error(self.path, e) from None
+        except sqlite3.DatabaseError as e:
+            raise HistoryError(f"history database {self.path} is unusable ({e}); move it aside "
+                               f"and run `pswift history ingest` to rebuild it") from None
+        except OSError as e:
+            raise HistoryError(f"cannot open history database {self.path}: {e.strerror}") from None
+
+    @property
+    def db(self) -> Any:
+        """The database through sqlite-utils (imported on first use: it pulls in numpy, which a
+        submission that only reads the history should not pay for)."""
+        if self._db is None:
+            import sqlite_utils
+            self._db = sqlite_utils.Database(self.conn)
+        return self._db
+
+    def _migrate(self) -> None:
+        conn = self.conn
+        if conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS):
+            return
+        # a migration may rebuild a table that others reference: foreign keys are off while it
+        # runs (the pragma works outside a transaction only), and checked before it commits
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("BEGIN IMMEDIATE")   # the version is read again under the write lock, so
+        try:                              # two first openers cannot both create the tables
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(MIGRATIONS):
+                raise HistoryError(f"history database {self.path} has schema {version}, newer than "
+                                   f"this pswift ({len(MIGRATIONS)}); upgrade pipeswift-slurm")
+            for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'view'").fetchall():
+                conn.execute(f'DROP VIEW "{name}"')   # derived: history_views.ensure makes them anew
+            for i in range(version, len(MIGRATIONS)):
+                for stmt in filter(str.strip, MIGRATIONS[i].split(";")):
+                    conn.execute(stmt)
+            if conn.execute("PRAGMA foreign_key_check").fetchone() is not None:
+                raise HistoryError(f"history database {self.path}: a migration broke a reference")
+            conn.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
+            conn.execute("COMMIT")
+        except Exception:
+            conn.execute("ROLLBACK")
+            raise
+        finally:
+            conn.execute("PRAGMA foreign_keys = ON")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # ------------------------------------------------------------------------- ingest
+    def ingest_run_dir(self, run_dir: Path | str, owner: Owner | None = None,
+                       timeout: float = 30.0, measured_only: bool = False) -> bool:
+        """Replace the rows of one run directory; False if unchanged since the last ingest or
+        not a run directory. ``owner``: Slurm's record of whose job it is (the jobcomp plugin's);
+        without it, the directory's owner. Files are read through :mod:`userfiles` (no symlinks,
+        the owner's regular files only, bounded; as the owner, killed at ``timeout``, when this
+        process is root); a directory refused there raises :class:`IngestRefused`.
+        ``measured_only``: skip a directory whose job has written no events yet (nothing to
+        learn from; it is ingested once it has)."""
+        run = os.path.abspath(run_dir)    # not resolve(): that would follow the user's symlinks
+        try:
+            st = os.stat(os.path.join(run, events_mod.FILE), follow_symlinks=False)
+            size, mtime = st.st_size, st.st_mtime
+        except OSError:
+            size, mtime = 0, 0.0
+        if measured_only and size == 0:
+            return False
+        row = self.conn.execute("SELECT size, mtime FROM ingest_state WHERE run_dir = ?",
+                                   [run]).fetchone()
+        if row is not None and row[0] == size and row[1] == mtime:
+            return False
+        fold = eventfold.Fold()   # events.jsonl is folded as it is read, never held whole
+        try:
+            if owner is None:
+                files = userfiles.read_run_files(run, events_sink=fold.feed)
+                owner = Owner(user_name(files.owner), files.owner, -1)
+            else:
+                files = userfiles.read_run_files_as(run, owner.uid, owner.gid, timeout, fold.feed)
+        except userfiles.UnsafeFile as e:
+            raise IngestRefused(f"run directory not ingested: {e}") from None
+        got = rows(run, files, owner, fold)
+        if got is None:
+            return False
+        self.skipped_events += got.skipped_events
+        self.dropped_events += got.dropped_events
+        self._replace_run(run, got, files.events_size, files.events_mtime)
+        return True
+
+    def _replace_run(self, run: str, got: RunRows, size: int, mtime: float) -> None:
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # the same job: its path, job id and user, on its cluster (an unknown cluster, '', is
+            # any: a run dir ingested by hand is the job the plugin ingested with its cluster)
+            same = ("FROM jobs WHERE run_dir = ? AND COALESCE(job_id, '') = ? AND COALESCE(user, '') = ? "
+                    "AND (cluster = ? OR cluster = '' OR ? = '')")
+            key = [run, got.job["job_id"] or "", got.job["user"] or "", got.job["cluster"], got.job["cluster"]]
+            known = conn.execute(f"SELECT MAX(cluster) {same}", key).fetchone()[0]
+            conn.execute(f"DELETE {same}", key)
+            job_pk = _insert(conn, "jobs", [{**got.job, "cluster": got.job["cluster"] or known or ""}])
+            _insert(conn, "attempts", [{**a, "job": job_pk} for a in got.attempts])
+            _insert(conn, "layer_profiles", got.profiles, ("model_key", "micro_batch_size", "layer"))
+            _insert(conn, "pipe_overheads", got.overheads, ("model_key", "micro_batch_size"))
+            _insert(conn, "plan_decisions", [{**d, "job": job_pk} for d in got.decisions])
+            _insert(conn, "relayouts", [{**r, "job": job_pk} for r in got.relayouts], ("job", "attempt", "step"))
+            _insert(conn, "ingest_state", [{"run_dir": run, "size": size, "mtime": mtime}], ("run_dir",))
+            conn.execute("COMMIT")
+        except Exception:
+            conn.execute("ROLLBACK")
+            raise
+
+    def ingest_registered(self, measured_only: bool = False, progress: Any = no_progress) -> int:
+        """Ingest every run directory in the per-user job registry; returns how many changed
+        (a directory refused as unsafe is skipped; with ``measured_only``, one without events).
+        ``progress(what, total)``: a context giving ``advance(n)`` (fmt.progress draws a bar)."""
+        n = 0
+        jobs = state_dir() / "jobs"
+        entries = sorted(jobs.glob("*.json")) if jobs.is_dir() else []
+        with progress("run directories", len(entries)) as advance:
+            for f in entries:
+                try:
+                    run = json.loads(f.read_text())["run_dir"]
+                    n += self.ingest_run_dir(str(run), measured_only=measured_only)
+                except (OSError, ValueError, KeyError, TypeError, IngestRefused):
+                    pass
+                advance(1)
+        return n
+
+    def add_slurm_records(self, records: list[dict[str, Any]], source: str) -> int:
+        """Upsert Slurm attempt records (normalised by :func:`normalise_record`); returns how
+        many were new (an attempt already stored is updated, never duplicated)."""
+        rows = [r for r in (normalise_record(x, source) for x in records) if r is not None]
+        if not rows:
+            return 0
+        keys = {(r["cluster"], r["job_id"], r["start"]) for r in rows}
+        conn = self.conn
+        conn.execute("CREATE TEMP TABLE IF NOT EXISTS touched (cluster TEXT, job_id TEXT, "
+                     "PRIMARY KEY (cluster, job_id)) WITHOUT ROWID")
+        conn.execute("CREATE TEMP TABLE IF NOT EXISTS incoming (cluster TEXT, job_id TEXT, "
+                     "start REAL, PRIMARY KEY (cluster, job_id, start)) WITHOUT ROWID")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("DELETE FROM temp.touched")
+            conn.execute("DELETE FROM temp.incoming")
+            conn.executemany("INSERT OR IGNORE INTO temp.incoming VALUES (?, ?, ?)", keys)
+            known: int = conn.execute("SELECT COUNT(*) FROM temp.incoming i JOIN slurm_jobs s ON "
+                                      "s.cluster = i.cluster AND s.job_id = i.job_id AND "
+                                      "s.start = i.start").fetchone()[0]
+            conn.executemany(_UPSERT, [tuple(r[c] for c in _COLS) for r in rows])
+            conn.executemany("INSERT OR IGNORE INTO temp.touched VALUES (?, ?)",
+                             {(r["cluster"], r["job_id"]) for r in rows})
+            conn.execute(_ROLLUP)
+            conn.execute("COMMIT")
+        except Exception:
+            conn.execute("ROLLBACK")
+            raise
+        return len(keys) - known
+
+    def sacct_since(self, cluster: str) -> float | None:
+        """Where the next `ingest --sacct` of ``cluster`` starts reading (None: from the start)."""
+        row = self.conn.execute("SELECT last_end FROM sacct_state WHERE cluster = ?",
+                                   [cluster]).fetchone()
+        return None if row is None else float(row[0])
+
+    def add_sacct(self, cluster: str, records: list[dict[str, Any]], now: float | None = None) -> int:
+        """Merge ``sacct`` records of ``cluster`` and move its read mark to the newest end time
+        among them (running jobs have none: they are read again until they end). Returns how
+        many attempts were new."""
+        new = self.add_slurm_records(records, "sacct")
+        mark = sacct_read_mark(records, time.time() if now is None else now)
+        if mark is not None:
+            self.conn.execute(
+                "INSERT INTO sacct_state VALUES (?, ?) ON CONFLICT (cluster) DO UPDATE SET "
+                "last_end = MAX(last_end, excluded.last_end)", [cluster, mark])
+        return new
+
+    def ingest_spool_file(self, path: Path | str, timeout: float = 30.0) -> str | None:
+        """Merge one jobcomp spool record and, for a pswift job, its run directory (read as the
+        record's UID/GID: identity comes from Slurm's record only), then delete the spool file.
+        Returns why the run directory was not merged, or None. A spool file that cannot be read
+        safely raises IngestRefused (a symlink, not a regular file, over 64 KiB, not JSON)."""
+        rec = _read_spool(Path(path))
+        self.add_slurm_records([rec], "jobcomp")
+        problem = None
+        owner = _record_owner(rec)
+        work = rec.get("WORK_DIR")
+        if owner is not None and work and _lstat_regular(os.path.join(work, "plan.json")):
+            try:
+                self.ingest_run_dir(work, owner, timeout)
+            except IngestRefused as e:
+                problem = str(e)
+        Path(path).unlink(missing_ok=True)
+        return problem
+
+    def ingest_spool(self, spool_dir: Path | str, timeout: float = 30.0,
+                     progress: Any = no_progress) -> tuple[int, list[str]]:
+        """Merge every spooled record; returns (merged, problems). A spool file that cannot be
+        read is moved to ``bad/`` beside them with a ``.why`` file, never lost; the rest merge.
+        A spool folder that is a link, another user's or writable by others raises IngestRefused."""
+        d = Path(spool_dir)
+        unsafe = _unsafe_spool(d)
+        if unsafe:
+            raise IngestRefused(unsafe)
+        files = sorted(d.glob("*.json")) if d.is_dir() else []
+        with progress("spooled records", len(files)) as advance:
+            return self._merge_spool(d, files, timeout, advance)
+
+    def _merge_spool(self, d: Path, files: list[Path], timeout: float, advance: Any) -> tuple[int, list[str]]:
+        merged, problems = 0, []
+        for f in files:
+            advance(1)
+            try:
+                problem = self.ingest_spool_file(f, timeout)
+                merged += 1
+                if problem:
+                    problems.append(f"{f.name}: merged the Slurm record only; {problem}")
+            except HistoryError as e:
+                if "locked" in str(e):
+                    raise   # the database, not the file: every file stays for the next ingest
+                problems.append(_set_aside(d, f, e))
+            except Exception as e:   # whatever one file does, the others still merge
+                problems.append(_set_aside(d, f, e))
+        return merged, problems
+
+
+def _unsafe_spool(d: Path) -> str | None:
+    """Why the spool folder is not read, or None: it must be a real folder (not a link) of the
+    reading user (root for the plugin's) that no other user may write into; the jobcomp plugin
+    makes it so (0750)."""
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        return f"spool {d} is not a directory (a link is not followed): nothing merged"
+    if st.st_uid != os.geteuid():
+        return f"spool {d} belongs to uid {st.st_uid}, not to this user ({os.geteuid()}): nothing merged"
+    if st.st_mode & 0o022:
+        return (f"spool {d} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): nothing merged; "
+                f"chmod go-w {d}")
+    return None
+
+
+def _set_aside(spool: Path, f: Path, why: BaseException) -> str:
+    """Move a spool file that could not be merged to ``bad/`` with a ``.why`` beside it; a
+    ``bad`` that is a link or not a directory is never followed (the file then stays)."""
+    bad = spool / "bad"
+    text = f"{type(why).__name__}: {why}" if not isinstance(why, (IngestRefused, HistoryError)) else str(why)
+    text = " ".join(text.split())[:500]
+    try:
+        os.mkdir(bad, 0o750)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        return f"{f.name}: {text}; left in place ({bad}: {e.strerror})"
+    st = os.lstat(bad)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return f"{f.name}: {text}; left in place ({bad} is not a directory of this user's)"
+    os.replace(f, bad / f.name)
+    fd = os.open(bad / f"{f.name}.why", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
+    with os.fdopen(fd, "w") as w:
+        w.write(text + "\n")
+    return f"{f.name}: {text}; moved to {bad}"
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _insert(conn: sqlite3.Connection, table: str, rows: list[dict[str, Any]],
+            upsert_on: tuple[str, ...] | None = None) -> int | None:
+    """Insert ``rows`` (dicts; a key missing in one is NULL there) into ``table``, updating the
+    row with the same ``upsert_on`` key instead when given; returns the last rowid."""
+    if not rows:
+        return None
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    sql = (f"INSERT INTO {_quote(table)} ({', '.join(map(_quote, cols))}) "
+           f"VALUES ({', '.join('?' * len(cols))})")
+    if upsert_on:
+        sets = [f"{_quote(c)} = excluded.{_quote(c)}" for c in cols if c not in upsert_on]
+        sql += (f" ON CONFLICT ({', '.join(map(_quote, upsert_on))}) DO "
+                + (f"UPDATE SET {', '.join(sets)}" if sets else "NOTHING"))
+    values = [tuple(r.get(c) for c in cols) for r in rows]
+    if len(values) == 1:
+        return conn.execute(sql, values[0]).lastrowid
+    conn.executemany(sql, values)
+    return None
+
+
+#: how long after a job's end slurmdbd may still be filling in its record
+SACCT_SETTLE_S = 300.0
+
+
+def sacct_read_mark(records: list[dict[str, Any]], now: float) -> float | None:
+    """Where the next sacct read starts: the newest end among ``records``, but never past the
+    end of a record slurmdbd has not finished (22.05 shows a job COMPLETED with no QOS for
+    about 2 s after it ends); such a record is read again next time, filling what is missing,
+    unless it ended over SACCT_SETTLE_S ago (then it stays as it is). None: no ended record."""
+    ends = [(e, r) for e, r in ((_epoch(r.get("END")), r) for r in records) if e is not None]
+    if not ends:
+        return None
+    unfinished = [e for e, r in ends if not r.get("QOS") and now - e < SACCT_SETTLE_S]
+    newest = max(e for e, _ in ends)
+    return min(newest, *unfinished) if unfinished else newest
+
+
+def _epoch(v: Any) -> float | None:
+    """Slurm times: epoch seconds, or ISO 'YYYY-MM-DDTHH:MM:SS' (local time), or Unknown/None."""
+    if v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v) if v > 0 else None
+    v = str(v).strip()
+    if v.isdigit():
+        return float(v) if int(v) > 0 else None
+    try:
+        import datetime as _dt
+        return _dt.datetime.fromisoformat(v).timestamp()
+    except ValueError:
+        return None
+
+
+def _int(v: Any) -> int | None:
+    """A count Slurm gives (digits, at most 15 of them: inside SQLite's int64), else None."""
+    text = str(v if v is not None else "").strip()
+    return int(text) if text.isdigit() and len(text) <= 15 else None
+
+
+def _num(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if x == x and x >= 0 else None
+
+
+def limit_seconds(v: Any) -> float | None:
+    """A time limit in seconds: sacct's minutes (a number), or Slurm's text ``[D-]HH:MM:SS``,
+    ``MM:SS``, ``MM`` (jobcomp, filetxt); None for UNLIMITED and anything unreadable."""
+    if isinstance(v, (int, float)):
+        return float(v) * 60 if v > 0 else None
+    text = str(v or "").strip()
+    days, _, rest = text.rpartition("-") if "-" in text else ("0", "", text)
+    parts = rest.split(":")
+    if not days.isdigit() or not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+        return None
+    nums = [int(p) for p in parts]
+    if "-" in text:                          # D-HH, D-HH:MM, D-HH:MM:SS
+        nums += [0] * (3 - len(nums))
+    else:                                    # MM, MM:SS, HH:MM:SS
+        nums = [0] * (3 - len(nums)) + nums if len(nums) == 3 else [0, *nums, *([0] if len(nums) == 1 else [])]
+    secs = nums[0] * 3600 + nums[1] * 60 + nums[2]
+    return float(int(days) * 86400 + secs) or None
+
+
+def normalise_record(r: dict[str, Any], source: str) -> dict[str, Any] | None:
+    """One Slurm attempt from a jobcomp env record, a filetxt line or sacct JSON (keys upper).
+    A field the source does not carry is None (unknown), never 0."""
+    jid = r.get("JOBID")
+    start = _epoch(r.get("START"))
+    if not jid or start is None:
+        return None
+    ec, dec = r.get("EXITCODE"), r.get("DERIVED_EC")
+    return {"cluster": r.get("CLUSTER") or "", "job_id": str(jid), "start": start,
+            "name": r.get("JOBNAME"), "user": r.get("USERNAME"), "partition": r.get("PARTITION"),
+            "state": (r.get("JOBSTATE") or "").upper() or None,
+            "node_count": _int(r.get("NODECNT")),
+            "nodes": r.get("NODES"), "submit": _epoch(r.get("SUBMIT")), "end": _epoch(r.get("END")),
+            "exit_code": None if ec is None else str(ec), "work_dir": r.get("WORK_DIR"),
+            "time_limit": None if r.get("LIMIT") is None else str(r.get("LIMIT")),
+            "procs": _int(r.get("PROCS")), "source": source,
+            "account": r.get("ACCOUNT") or None, "qos": r.get("QOS") or None,
+            "derived_exit_code": None if dec is None else str(dec),
+            "limit_s": limit_seconds(r.get("LIMIT")), "gpus": _int(r.get("ALLOC_GPUS")),
+            "mem_mb": _num(r.get("ALLOC_MEM_MB")), "req_mem_mb": _num(r.get("REQ_MEM_MB")),
+            "cpu_time_s": _num(r.get("CPU_TIME_S")), "max_rss_mb": _num(r.get("MAX_RSS_MB")),
+            "eligible": _epoch(r.get("ELIGIBLE"))}
+
+
+#: jobcomp/filetxt's line (Slurm's JOB_FORMAT, the same in 22.05 and 25.11) up to the user's
+#: WorkDir: identity first and by position, then the job's name (free text the user chose), the
+#: fields Slurm writes without spaces, and the work directory (free text again)
+_FILETXT_HEAD = (r"JobId=(?P<JobId>\d+) UserId=(?P<UserId>[^\s(]*)\(\d+\) GroupId=[^\s(]*\(\d+\) "
+                 r"Name=(?P<Name>.*?) JobState=(?P<JobState>\S+) Partition=(?P<Partition>\S*) "
+                 r"TimeLimit=(?P<TimeLimit>\S+) StartTime=(?P<StartTime>\S+) EndTime=(?P<EndTime>\S+) "
+                 r"NodeList=(?P<NodeList>\S*) NodeCnt=(?P<NodeCnt>\d+) ProcCnt=(?P<ProcCnt>\d+) "
+                 r"WorkDir=(?P<WorkDir>.*)")
+
+
+def parse_jobcomp_filetxt(text: str) -> list[dict[str, Any]]:
+    """Records of a jobcomp/filetxt file ('JobId=1 UserId=root(0) GroupId=... Name=... ' lines).
+
+    Slurm writes the job's name and work directory unescaped, so a name may hold ``UserId=bob``:
+    the job id and the user are read by position at the start of the line, the fields after the
+    work directory from its last ``ReservationName=`` (only Slurm's own values follow it), and
+    a name that mimics the fields in between can only misstate its own job. Lines of another
+    shape are skipped."""
+    import re
+    head_re = re.compile(_FILETXT_HEAD)
+    out = []
+    for line in text.splitlines():
+        head, sep, tail = line.strip().rpartition(" ReservationName=")
+        m = head_re.fullmatch(head) if sep else None
+        if m is None:
+            continue
+        f = dict(p.partition("=")[::2] for p in ("ReservationName=" + tail).split() if "=" in p)
+        f.update(m.groupdict())
+        out.append({"JOBID": f["JobId"], "USERNAME": f["UserId"] or None,
+                    "JOBNAME": f.get("Name"), "JOBSTATE": f.get("JobState"),
+                    "PARTITION": f.get("Partition"), "LIMIT": f.get("TimeLimit"),
+                    "START": f.get("StartTime"), "END": f.get("EndTime"), "NODES": f.get("NodeList"),
+                    "NODECNT": f.get("NodeCnt"), "PROCS": f.get("ProcCnt"),
+                    "WORK_DIR": f.get("WorkDir"), "SUBMIT": f.get("SubmitTime"),
+                    "EXITCODE": f.get("ExitCode"), "CLUSTER": f.get("Cluster"),
+                    "ACCOUNT": f.get("Account"), "QOS": f.get("QOS"),
+                    "DERIVED_EC": f.get("DerivedExitCode"), "ELIGIBLE": f.get("EligibleTime"),
+                    **_filetxt_tres(f.get("Tres", ""))})
+    return out
+
+
+def _filetxt_tres(text: str) -> dict[str, Any]:
+    """filetxt's allocated ``Tres=cpu=2,mem=125G,node=2,gres/gpu=1`` as record fields."""
+    tres = dict(p.partition("=")[::2] for p in text.split(",") if "=" in p)
+    mem = tres.get("mem", "")
+    scale = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}.get(mem[-1:], None)
+    return {"ALLOC_GPUS": tres.get("gres/gpu"),
+            "ALLOC_MEM_MB": float(mem[:-1]) * scale if scale and mem[:-1].replace(".", "", 1).isdigit() else None}
+
+
+def _db_error(path: Path, e: sqlite3.Error) -> HistoryError:
+    if "locked" in str(e) or "busy" in str(e):
+        return HistoryError(f"history database {path} is locked by another writer; try again "
+                            f"in a moment")
+    return HistoryError(f"history database {path}: {e}")
+
+
+_C = TypeVar("_C", bound=type)
+
+
+def _guarded(cls: _C) -> _C:
+    """Every public method of History raises HistoryError (one line), never sqlite3's errors."""
+    import functools
+
+    for name, fn in list(vars(cls).items()):
+        if callable(fn) and not name.startswith("_"):
+            def wrap(fn: Any) -> Any:
+                @functools.wraps(fn)
+                def inner(self: Any, *a: Any, **kw: Any) -> Any:
+                    try:
+                        return fn(self, *a, **kw)
+                    except sqlite3.Error as e:
+                        raise _db_error(self.path, e) from None
+                return inner
+            setattr(cls, name, wrap(fn))
+    return cls
+
+
+History = _guarded(History)  # type: ignore[misc]  # the same class, its methods wrapped in place
+
+
+def _create_private(path: Path) -> None:
+    """A new database file is 0640 (owner and an admin group), whatever the umask."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o640))
+    except FileExistsError:
+        pass
+
+
+def _retry_locked(fn: Any, timeout: float) -> Any:
+    """SQLite answers "locked" at once (no busy wait) to a few first-open steps, such as
+    switching to WAL while another process creates the file: retry those until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+SPOOL_MAX = 64 << 10
+_SPOOL_KEY = re.compile(r"^[A-Z_]{1,32}$|^recorded_at$")
+
+
+def _read_spool(path: Path) -> dict[str, Any]:
+    """One spool record, read without following a symlink or blocking on a FIFO, bounded."""
+    try:
+        files = userfiles.read_one(str(path), SPOOL_MAX)
+    except userfiles.UnsafeFile as e:
+        raise IngestRefused(str(e)) from None
+    try:
+        rec = json.loads(files.decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise IngestRefused(f"{path.name} is not a JSON record ({type(e).__name__})") from None
+    if not isinstance(rec, dict):
+        raise IngestRefused(f"{path.name} is not a JSON object")
+    return {k: v for k, v in rec.items() if isinstance(k, str) and _SPOOL_KEY.match(k)
+            and (isinstance(v, str) and len(v) <= 4096 or isinstance(v, (int, float)) and not isinstance(v, bool))}
+
+
+def _record_owner(rec: dict[str, Any]) -> Owner | None:
+    """Whose job the record is, from Slurm's own fields (UID, GID, USERNAME, JOBID, PARTITION,
+    CLUSTER)."""
+    try:
+        uid, gid = int(str(rec["UID"])), int(str(rec["GID"]))
+    except (KeyError, ValueError):
+        return None
+    if not (0 <= uid < 2**32 and 0 <= gid < 2**32):
+        return None
+    return Owner(str(rec.get("USERNAME") or user_name(uid)), uid, gid,
+                 job_id=str(rec["JOBID"]) if rec.get("JOBID") else None,
+                 partition=str(rec["PARTITION"]) if rec.get("PARTITION") else None,
+                 cluster=str(rec.get("CLUSTER") or ""))
+
+
+def _lstat_regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def safe_open(path: Path | str | None = None, warn: Any = None, create: bool = True) -> History | None:
+    """Open for the planner: a bad DB degrades to no history, with a warning, never a crash;
+    ``create=False`` (a read-only command): no database is made where there is none."""
+    if not create and not Path(path or default_path()).exists():
+        return None
+    try:
+        return History(path, timeout=5.0)
+    except HistoryError as e:
+        if warn is not None:
+            warn(f"warning: {e}; planning without history")
+        return None

@@ -1,0 +1,278 @@
+"""How every admin read command prints rows, as sacct does: streamed (a million rows start at
+once and never sit in memory), one unit per column, and the same row in every form.
+
+- a terminal: fixed-width columns, durations as ``[D-]HH:MM:SS``, a value too wide ends in ``+``;
+- piped: tab-separated values with raw numbers (seconds, hours, ratios) under the column keys;
+- ``-P/--parsable``: ``|``-separated, raw; ``--csv`` (a text a spreadsheet would run as a formula
+  gets a leading apostrophe); ``--json`` (a list of objects, raw numbers, null for unknown);
+- ``-n/--noheader``; ``-o/--format`` picks and orders columns by key or by sacct's field name
+  (JobID, State, Elapsed, NNodes, ...); times are ISO 8601 (local) in every form.
+Text from users (job names, paths) is printed inert: control characters become ``?``.
+
+The machine forms are rendered by SQLite itself (:meth:`Renderer.sql`: one expression per
+line) inside the query that reads the rows, so a million-row listing runs at sqlite3's pace;
+rows computed in Python go through the same expressions (SQLite's ``VALUES`` in memory), so each
+form has one rule.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import sqlite3
+import sys
+from typing import Any, Callable, Container, Iterable, Iterator, NamedTuple, Sequence, TextIO
+
+from pipeswift_slurm.history.selection import SelectionError
+
+
+class Col(NamedTuple):
+    key: str
+    header: str
+    #: text | int | bool | float | s (seconds) | h (hours) | ratio | mb | time (epoch)
+    kind: str = "text"
+    width: int = 10
+
+
+_UNIT = {"s": "", "h": " (h)", "ratio": " (%)", "mb": " (MB)"}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_FORMULA = ("=", "+", "-", "@")
+_CONTROL_BUT_TAB = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def inert(text: str) -> str:
+    return _CONTROL.sub("?", text)
+
+
+#: sacct's field names (``sacct -o``, any case) for the columns that hold the same figure
+SACCT_FIELDS = {"jobid": "job_id", "jobname": "name", "exitcode": "exit_code",
+                "derivedexitcode": "derived_exit_code", "nnodes": "nodes", "ncpus": "cpus",
+                "elapsed": "elapsed_s", "timelimit": "limit_s", "totalcpu": "cpu_time_s",
+                "maxrss": "max_rss_mb", "reqmem": "req_mem_mb", "planned": "queue_s",
+                "reserved": "queue_s"}
+
+
+def choose(columns: list[Col], fields: str | None) -> list[Col]:
+    """The columns named by ``-o/--format`` (keys or sacct's field names, comma-separated, any
+    case), in that order."""
+    if not fields:
+        return columns
+    by_key = {c.key.lower(): c for c in columns}
+    by_key.update({name: by_key[key] for name, key in SACCT_FIELDS.items() if key in by_key})
+    out = []
+    for f in (p.strip().lower() for p in fields.split(",") if p.strip()):
+        if f not in by_key:
+            raise SelectionError(f"--format field {f!r} is not a column here; use some of: "
+                                 f"{','.join(c.key for c in columns)}")
+        out.append(by_key[f])
+    return out
+
+
+def _iso_sql(expr: str) -> str:
+    """An epoch-seconds expression as sacct prints a time: ISO 8601, local, to the second."""
+    return f"strftime('%Y-%m-%dT%H:%M:%S', {expr}, 'unixepoch', 'localtime')"
+
+
+def hms(seconds: float) -> str:
+    """sacct's elapsed form: ``HH:MM:SS``, ``D-HH:MM:SS``."""
+    s = int(round(seconds))
+    sign, s = ("-" if s < 0 else ""), abs(s)
+    d, rest = divmod(s, 86400)
+    h, rest = divmod(rest, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{sign}{f'{d}-' if d else ''}{h:02d}:{m:02d}:{sec:02d}"
+
+
+def _cell(v: Any, kind: str) -> str:
+    """A value as a terminal column shows it."""
+    if v is None:
+        return "unknown" if kind in ("h", "ratio", "mb") else ""
+    if isinstance(v, bool) or kind == "bool":
+        return "yes" if v else "no"
+    if kind == "s":
+        return hms(v)
+    if kind == "h":
+        return f"{v:.2f}"
+    if kind == "ratio":
+        return f"{100 * v:.1f}"
+    if kind == "mb":
+        return f"{v:.0f}"
+    if kind == "time":
+        return _dt.datetime.fromtimestamp(v).strftime("%Y-%m-%dT%H:%M:%S")
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return inert(str(v))
+
+
+def _clean_text(v: str, form: str) -> str:
+    """A user's text as a cell of ``form``: no control characters (``?``); in TSV and ``|``
+    forms no separator (a tab becomes a space, a ``|`` a ``?``); in CSV, quoted when it holds a
+    comma or a quote, and with an apostrophe first when a spreadsheet would run it as a formula
+    (= + - @)."""
+    if form == "csv":
+        v = inert(v)
+        if v[:1] in _FORMULA:
+            v = "'" + v
+        return '"' + v.replace('"', '""') + '"' if "," in v or '"' in v else v
+    return inert(v.replace("\t", " ").replace("|", "?"))
+
+
+class Output(NamedTuple):
+    form: str = "auto"        # auto | table | tsv | parsable | csv | json
+    header: bool = True
+    fields: str | None = None
+
+    def resolved(self, out: TextIO) -> str:
+        if self.form != "auto":
+            return self.form
+        return "table" if out.isatty() else "tsv"
+
+
+class Renderer:
+    """Writes rows of ``columns`` as ``how`` says, between :meth:`start` and :meth:`finish`:
+    lines SQLite rendered with :meth:`sql` (:meth:`lines`, which checks each; a line whose user
+    text holds a separator, a quote, a formula or a control character is drawn again from its
+    values), or rows of Python values (:meth:`row`, numbers through the same SQL)."""
+
+    def __init__(self, columns: list[Col], how: Output, out: TextIO | None = None) -> None:
+        self.out = out or sys.stdout
+        self.columns = columns
+        self.cols = choose(columns, how.fields)
+        self.pick = [columns.index(c) for c in self.cols]
+        self.form = how.resolved(self.out)
+        self.header = how.header
+        self.sep = {"parsable": "|", "csv": ","}.get(self.form, "\t")
+        self.texts = [i for i, c in enumerate(self.cols) if c.kind == "text"]
+        self.widths = [max(c.width, len(c.header + _UNIT.get(c.kind, ""))) for c in self.cols]
+        self.count = 0
+        self._batch: list[str] = []
+        self._pending: list[Sequence[Any]] = []
+        self._mem: sqlite3.Connection | None = None
+
+    def sql(self, exprs: Sequence[str]) -> str | None:
+        """One SQL expression rendering a row as this form's line, from ``exprs`` (SQL for every
+        column, aligned with ``columns``); None for the terminal table (Python draws it). Numbers
+        come out as sqlite3 prints them (reals with 15 significant digits), NULL as nothing."""
+        chosen = [(_iso_sql(exprs[i]) if self.columns[i].kind == "time" else exprs[i], self.columns[i])
+                  for i in self.pick]
+        if self.form == "table":
+            return None
+        if self.form == "json":
+            parts = []
+            for e, c in chosen:
+                v = (f"json(CASE WHEN {e} IS NULL THEN 'null' WHEN {e} THEN 'true' ELSE 'false' END)"
+                     if c.kind == "bool" else e)
+                parts.append(f"'{c.key}', {v}")
+            return f"json_object({', '.join(parts)})"
+        if not chosen:
+            return "''"
+        return f"printf('{self.sep.join(['%s'] * len(chosen))}', {', '.join(e for e, _ in chosen)})"
+
+    def start(self) -> None:
+        if self.form == "json":
+            self.out.write("[")
+        elif self.header and self.form == "table":
+            self.out.write(" ".join((c.header + _UNIT.get(c.kind, "")).rjust(w)
+                                    for c, w in zip(self.cols, self.widths)).rstrip() + "\n")
+            self.out.write(" ".join("-" * w for w in self.widths) + "\n")
+        elif self.header:
+            self.out.write(self.sep.join(c.key for c in self.cols) + "\n")
+
+    def lines(self, rows: Iterable[Sequence[Any]], special: Container[Any],
+              values: Callable[[Sequence[Any]], Sequence[Any]]) -> None:
+        """Rows of a query whose first column is the line :meth:`sql` rendered and whose last
+        is a key: each line is written as it is, unless its key is ``special`` or its user text
+        needs care (a separator, quote, formula or control character); then the row is drawn
+        from ``values(row)``. The loop every million-row listing runs: kept tight."""
+        self._flush_rows()
+        batch, plain, json_form = self._batch, self._plain, self.form == "json"
+        for row in rows:
+            text = row[0]
+            if row[-1] in special or not (json_form or plain(text)):
+                self.row(values(row))
+                self._flush_rows()
+                batch = self._batch
+                continue
+            if json_form:
+                text = ("," if self.count else "") + "\n  " + text
+            batch.append(text)
+            self.count += 1
+            if len(batch) >= 4096:
+                self._write()
+                batch = self._batch
+
+    def _plain(self, text: str) -> bool:
+        """True when no text cell of the line holds a separator, quote, formula or control char."""
+        if text.count(self.sep) != len(self.cols) - 1:
+            return False
+        if self.form != "csv":
+            return _CONTROL_BUT_TAB.search(text) is None
+        if _CONTROL.search(text) or '"' in text:   # a tab too: first in a cell, a formula (OWASP)
+            return False
+        if not (text[:1] in _FORMULA or ",=" in text or ",+" in text or ",-" in text or ",@" in text):
+            return True
+        cells = text.split(",")     # a negative number also starts ",-": look at the text cells
+        return not any(cells[i][:1] in _FORMULA for i in self.texts)
+
+    def _add(self, text: str) -> None:
+        if self.form == "json":
+            text = ("," if self.count else "") + "\n  " + text
+        self._batch.append(text)
+        self.count += 1
+        if len(self._batch) >= 4096:
+            self._write()
+
+    def row(self, values: Sequence[Any]) -> None:
+        """A row of Python values, aligned with ``columns``."""
+        if self.form == "table":
+            cells = [_cell(values[i], c.kind) for i, c in zip(self.pick, self.cols)]
+            self.out.write(" ".join((v if len(v) <= w else v[:w - 1] + "+").rjust(w)
+                                    for v, w in zip(cells, self.widths)).rstrip() + "\n")
+            self.count += 1
+            return
+        if self.form != "json":
+            values = [_clean_text(v, self.form) if isinstance(v, str) else v for v in values]
+        self._pending.append(values)
+        if len(self._pending) >= 256:
+            self._flush_rows()
+
+    def _flush_rows(self) -> None:
+        """Python rows through the same SQL as :meth:`sql` (SQLite's VALUES, in order)."""
+        if not self._pending:
+            return
+        rows, self._pending = self._pending, []
+        if self._mem is None:
+            self._mem = sqlite3.connect(":memory:")
+        n = len(self.columns)
+        expr = self.sql([f"column{i + 1}" for i in range(n)])
+        values = ", ".join(["(" + ", ".join("?" * n) + ")"] * len(rows))
+        flat = [int(v) if isinstance(v, bool) else v for r in rows for v in r]
+        for (text,) in self._mem.execute(f"SELECT {expr} FROM (VALUES {values})", flat).fetchall():
+            self._add(text)
+
+    def _write(self) -> None:
+        if self._batch:
+            self.out.write("".join(self._batch) if self.form == "json" else "\n".join(self._batch) + "\n")
+            self._batch = []
+
+    def finish(self) -> int:
+        self._flush_rows()
+        self._write()
+        if self.form == "json":
+            self.out.write("\n]\n" if self.count else "]\n")
+        return self.count
+
+
+def from_dicts(rows: Iterable[dict[str, Any]], columns: list[Col]) -> Iterator[tuple[Any, ...]]:
+    """Dict rows as the tuples :func:`emit` takes (each column's value, None where missing)."""
+    keys = [c.key for c in columns]
+    return (tuple(r.get(k) for k in keys) for r in rows)
+
+
+def emit(rows: Iterable[Sequence[Any]], columns: list[Col], how: Output, out: TextIO | None = None) -> int:
+    """Print Python ``rows`` (sequences aligned with ``columns``) as ``how`` says; the count."""
+    r = Renderer(columns, how, out)
+    r.start()
+    for values in rows:
+        r.row(values)
+    return r.finish()

@@ -1,0 +1,251 @@
+"""Watching a job: which job an argument names, what state it is in once Slurm has forgotten it,
+how far it got, and the `--wait` loop (Slurm polled with backoff, the job's own events read for
+progress in between).
+
+Used by `pswift status`, `logs`, `cancel` and `sbatch --wait`; nothing here prints: each
+function returns what it found, the CLI words it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+from pipeswift_slurm.history import rundir
+from pipeswift_slurm.fmt import crash_line, duration
+from pipeswift_slurm.errors import PswiftError
+
+#: `--wait`'s exit code when --timeout passes first (as timeout(1)): the job goes on
+TIMEOUT_EXIT = 124
+#: Slurm is asked about the job after 1 s, then each time twice as late, at most every 30 s;
+#: the job's events (a local file) are read every few seconds in between, and never for more
+#: than 1/EVENTS_SHARE of the time (a long job's file takes a while to fold)
+POLL_FIRST_S, POLL_MAX_S, EVENTS_EVERY_S, EVENTS_SHARE = 1.0, 30.0, 2.0, 20.0
+#: a progress line at most this often
+PROGRESS_EVERY_S = 10.0
+
+
+class UnknownJob(PswiftError):
+    exit_code = 1
+
+
+class NotAJob(PswiftError):
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """What a `JOB` argument names: Slurm's job id (None for a local run) and the run directory
+    (None for a job pswift did not submit from this account)."""
+    job_id: str | None
+    run: Path | None
+    key: str
+
+    @property
+    def name(self) -> str:
+        return f"job {self.job_id}" if self.job_id else f"local run {self.key}"
+
+
+def resolve(arg: str) -> JobRef:
+    """A job id, a local run's key (``local-NAME``, as `pswift run` registers it) or a run
+    directory."""
+    if arg.isdigit():
+        return JobRef(arg, rundir.lookup_job(arg), arg)
+    if arg.startswith("local-") and os.sep not in arg:
+        run = rundir.lookup_job(arg)
+        if run is None:
+            raise UnknownJob(f"{arg} is not in pswift's registry ({rundir.state_dir() / 'jobs'}); "
+                             f"pass its run directory instead")
+        return JobRef(None, run, arg)
+    run = Path(arg)
+    if not (run / "plan.json").is_file():
+        raise NotAJob(f"{arg} is neither a job id, a local run's key (local-NAME) nor a run directory "
+                      f"(no plan.json there)")
+    job_id = _job_id_of(run)
+    return JobRef(job_id, run, job_id or f"local-{run.name}")
+
+
+def _job_id_of(run: Path) -> str | None:
+    """The Slurm job id a run directory was submitted as (its JOB_ID file), read as any user
+    file is (no link followed, no FIFO waited on, bounded); None for a local run."""
+    from pipeswift_slurm import userfiles
+    try:
+        blob = userfiles.read_for_command(str(run), ("JOB_ID",)).get("JOB_ID", b"")
+    except userfiles.UnsafeFile as e:
+        raise NotAJob(f"run directory not read: {e}") from None
+    text = blob.decode("ascii", "replace").strip()
+    return text if text.isdigit() else None
+
+
+class Seen(NamedTuple):
+    """A job's state and where it was read: ``slurm`` (squeue), ``sacct`` (slurmdbd), ``history``
+    (pswift's database: the jobcomp plugin's or sacct's record, else pswift's own), ``events``
+    (a local run's own record) or ``none``."""
+    state: str
+    source: str
+    reason: str = ""
+    restarts: int | None = None
+    nodes: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        from pipeswift_slurm.slurm.records import TERMINAL_STATES
+        return self.state in TERMINAL_STATES
+
+
+def _from_history(ref: JobRef, db: Path | None) -> Seen | None:
+    from pipeswift_slurm.history.store import safe_open
+    h = safe_open(db, create=False)
+    if h is None:
+        return None
+    try:
+        row = h.last_known(ref.job_id or "", str(ref.run) if ref.run else None)
+    finally:
+        h.close()
+    return Seen(row["state"], "history", restarts=row["restarts"]) if row and row["state"] else None
+
+
+def _from_events(summary: dict[str, Any]) -> Seen | None:
+    attempts = summary["attempts"]
+    if not attempts:
+        return None
+    ended = attempts[-1]["ended"]
+    state = {"running": "RUNNING", "completed": "COMPLETED"}.get(ended, "FAILED")
+    return Seen(state, "events", reason="" if ended in ("running", "completed") else ended)
+
+
+def state(ref: JobRef, summary: dict[str, Any] | None, db: Path | None = None) -> Seen:
+    """The job's state from the first that knows it: Slurm's queue, slurmdbd, the history, the
+    run's own events (a local run has only those); ``Seen("UNKNOWN", "none")`` when none does."""
+    from pipeswift_slurm.slurm import client as slurm
+    if ref.job_id:
+        info = slurm.job_info(ref.job_id)
+        if info is not None:
+            return Seen(info.state, "slurm", info.reason if info.reason not in ("None",) else "",
+                        info.restarts, info.nodes)
+        acct = slurm.sacct_state(ref.job_id)
+        if acct is not None:
+            return Seen(acct[0], "sacct", restarts=acct[1])
+        seen = _from_history(ref, db)
+        if seen is not None:
+            return seen
+    seen = _from_events(summary) if summary is not None else None
+    return seen if seen is not None else Seen("UNKNOWN", "none")
+
+
+class Progress(NamedTuple):
+    step: int
+    total: int | None
+    eta_s: float | None   # the steps left at the running attempt's median step time
+
+    def line(self) -> str:
+        of = f"/{self.total}" if self.total else ""
+        eta = f", ETA {duration(self.eta_s)}" if self.eta_s is not None else ""
+        return f"step {self.step}{of}{eta}"
+
+
+def progress(summary: dict[str, Any], running: bool) -> Progress | None:
+    """Step N of M; while ``running``, the ETA at the newest attempt's median step time."""
+    if summary["step"] is None:
+        return None
+    total = summary["steps_total"]
+    step_s = summary["attempts"][-1]["median_step_s"] if summary["attempts"] else None
+    eta = max(0, total - summary["step"]) * step_s if running and total and step_s else None
+    return Progress(summary["step"], total, eta)
+
+
+def status_of(ref: JobRef, db: Path | None = None) -> dict[str, Any]:
+    """Everything `pswift status` says of a job: its state and where that was read, step N of
+    M and the ETA, the log, who cancelled it, and the run's attempts (rundir.summarize)."""
+    from pipeswift_slurm.reports.logs import log_path
+    summary = rundir.summarize(ref.run) if ref.run is not None else None
+    seen = state(ref, summary, db)
+    if seen.source == "none" and summary is None:
+        raise UnknownJob(f"job {ref.key} is unknown to Slurm, to sacct, to the history and to pswift's "
+                         f"registry ({rundir.state_dir() / 'jobs'}); pass its run directory instead")
+    p = progress(summary, running=seen.state == "RUNNING") if summary is not None else None
+    log = log_path(ref.run, ref.job_id) if ref.run is not None and ref.job_id else None
+    return {
+        "job_id": ref.job_id, "key": ref.key, "state": seen.state, "source": seen.source,
+        "reason": seen.reason or None, "restarts": seen.restarts, "nodes": seen.nodes or None,
+        "eta_s": p.eta_s if p else None, "progress": p.line() if p else None,
+        "log": str(log) if log is not None and os.path.lexists(log) else None,
+        **(summary or {"run_dir": None, "step": None, "steps_total": None, "first_loss": None,
+                       "last_loss": None, "cancelled": None, "growths": [], "attempts": []}),
+    }
+
+
+def cancel(ref: JobRef) -> None:
+    """scancel the job; its run directory keeps who did it and when (status shows it)."""
+    from pipeswift_slurm.slurm import client as slurm
+    if not ref.job_id:
+        raise NotAJob(f"{ref.key} is a local run: stop it with Ctrl-C (TERM) where it runs")
+    slurm.cancel(ref.job_id)
+    if ref.run is not None:
+        rundir.record_cancel(ref.run, ref.job_id, getpass.getuser(), time.time())
+
+
+class Watched(NamedTuple):
+    state: str               # the last state Slurm gave ("GONE": it no longer knows the job)
+    timed_out: bool
+
+
+def wait(job_id: str, run: Path, say: Callable[[str], None], timeout: float | None = None,
+         clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+         query: Callable[[str], Any] | None = None,
+         summarize: Callable[[Path], dict[str, Any]] = rundir.summarize) -> Watched:
+    """Until the job ends (or ``timeout`` seconds pass): its state changes, requeues, each
+    attempt's start and restarts, and every ``PROGRESS_EVERY_S`` its step N/M and ETA, through
+    ``say``. Slurm is asked at 1, 2, 4 ... 30 s intervals (back to 1 s when the job's events
+    change, so its end is seen at once); the events are read every ``EVENTS_EVERY_S``."""
+    from pipeswift_slurm.slurm import client as slurm
+    query = query or slurm.job_info
+    start = clock()
+    interval, next_query = POLL_FIRST_S, start
+    last_state, restarts, seen = "", 0, (0, 0, 0)   # (attempts, crashes, ended attempts) said
+    next_progress, last_step = start, None
+    next_read, s = start + EVENTS_EVERY_S, summarize(run)
+    while True:
+        now = clock()
+        if now >= next_query:
+            info = query(job_id)
+            st = info.state if info is not None else "GONE"
+            if st != last_state:
+                reason = info.reason if info is not None and info.reason not in ("", "None") else ""
+                say(f"job {job_id}: {st}" + (f" ({reason})" if reason else ""))
+                last_state = st
+            if info is not None and info.restarts > restarts:
+                say(f"job {job_id}: requeued (restart {info.restarts})")
+                restarts = info.restarts
+            if info is None or info.terminal:
+                return Watched(st, False)
+            next_query = now + interval
+            interval = min(POLL_MAX_S, interval * 2)
+        if now >= next_read:
+            t0 = time.perf_counter()
+            s = summarize(run)
+            next_read = now + max(EVENTS_EVERY_S, EVENTS_SHARE * (time.perf_counter() - t0))
+        for a in s["attempts"][seen[0]:]:
+            say(f"job {job_id}: attempt {a['attempt']} on {a['nodes']} node(s), {a['stages']} stage(s)"
+                + (f", from step {a['start_step']}" if a["start_step"] else ""))
+        crashes = [c for a in s["attempts"] for c in a["crashes"]]
+        for c in crashes[seen[1]:]:
+            say(f"job {job_id}: {crash_line(c)}")
+        ended = [a for a in s["attempts"] if a["ended"] not in (None, "running")]
+        for a in ended[seen[2]:]:
+            say(f"job {job_id}: attempt {a['attempt']} ended ({a['ended']}) at step {a['end_step']}")
+        now_seen = (len(s["attempts"]), len(crashes), len(ended))
+        if now_seen != seen:   # the job moved: Slurm's view will change soon
+            next_query, interval = min(next_query, now + POLL_FIRST_S), 2 * POLL_FIRST_S
+        seen = now_seen
+        p = progress(s, running=last_state == "RUNNING")
+        if p is not None and p.step != last_step and now >= next_progress:
+            say(f"job {job_id}: {p.line()}")
+            last_step, next_progress = p.step, now + PROGRESS_EVERY_S
+        if timeout is not None and now - start >= timeout:
+            return Watched(last_state, True)
+        sleep(max(0.05, min(EVENTS_EVERY_S, next_query - clock())))

@@ -1,0 +1,218 @@
+r"""Render the batch script: ``#SBATCH`` lines from typed fields, sorted and quoted for Slurm.
+
+``#SBATCH`` lines are read by sbatch's own parser (``get_argument`` in src/sbatch/opt.c), not by
+bash: whitespace splits arguments, ``'`` or ``"`` group them, an unquoted ``#`` starts a comment,
+and a backslash escapes the next character *even inside single quotes* (so bash's quoting, which
+relies on ``'...'`` being literal, lets a job name holding ``\'`` smuggle options). Each argument
+that needs it is therefore written in double quotes with ``\`` and ``"`` backslash-escaped, which
+that parser reads back exactly (tested through real sbatch). Control characters cannot be
+represented and are refused. In the ``--output`` path ``%`` is a filename pattern: the run
+directory's own ``%`` is doubled, and a backslash (which turns patterns off) is refused.
+The script body (bash) quotes with ``shlex.quote``.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence
+
+from pipeswift_slurm import __version__
+from pipeswift_slurm.config import TrainConfig
+from pipeswift_slurm.errors import ConfigError
+
+TEMPLATE = "job.sbatch.tmpl"
+
+
+#: ``@name`` placeholders in the template (bash's own ``$`` stays as written)
+_PLACEHOLDER = re.compile(r"@([a-z_]+)")
+
+
+class SbatchOptions(NamedTuple):
+    """The sbatch options pipeswift sets; ``extra`` are passed through verbatim (quoted)."""
+
+    job_name: str
+    nodes: str
+    #: tasks per node and CPUs per task of the srun step (one task per slot)
+    ntasks_per_node: int
+    cpus_per_task: int
+    output: str
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    gpus_per_node: int = 0
+    signal: str | None = None
+    extra: tuple[str, ...] = ()
+
+    def directives(self) -> list[str]:
+        # With a node range, --ntasks-per-node would fix ntasks = min nodes x tasks and Slurm then
+        # allocates only the minimum; --mincpus asks the same per-node CPUs and keeps "take as
+        # many nodes as are free" (the srun step sets tasks and CPUs per task itself).
+        ranged = "-" in self.nodes
+        opts: dict[str, Any] = {
+            "job-name": self.job_name, "nodes": self.nodes,
+            "ntasks-per-node": None if ranged else self.ntasks_per_node,
+            "cpus-per-task": None if ranged else self.cpus_per_task,
+            "mincpus": self.ntasks_per_node * self.cpus_per_task if ranged else None,
+            "output": self.output, "partition": self.partition,
+            "time": self.time, "account": self.account, "qos": self.qos, "signal": self.signal,
+            "gres": f"gpu:{self.gpus_per_node}" if self.gpus_per_node else None,
+            "open-mode": "append",  # a requeued attempt appends to the same log
+            "requeue": True,        # preemption in REQUEUE mode and self-requeue need it
+            "no-kill": True,        # a failed node leaves the allocation; the ranks go on without it
+        }
+        lines = []
+        for key in sorted(opts):
+            value = opts[key]
+            if value is None:
+                continue
+            arg = f"--{key}" if value is True else f"--{key}={value}"
+            lines.append(f"#SBATCH {_quote(arg)}")
+        lines += [f"#SBATCH {_quote(e)}" for e in self.extra]
+        return lines
+
+
+_PLAIN = re.compile(r"^[A-Za-z0-9_=:/.,@%+-]+$")
+
+
+def _quote(arg: str) -> str:
+    """One argument as sbatch's script parser reads it back exactly."""
+    bad = next((c for c in arg if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        what = "a newline" if bad in "\r\n" else f"the control character {bad!r}"
+        raise ConfigError(f"sbatch option {arg!r} contains {what}, which a #SBATCH line cannot "
+                          f"hold; remove it")
+    if _PLAIN.match(arg):
+        return arg
+    return '"' + arg.replace('\\', '\\\\').replace('"', '\\"') + '"'
+
+
+def output_pattern(run_dir: str) -> str:
+    """The job log's ``--output`` in the run directory: its ``%`` literal, ``%j`` the job id."""
+    if "\\" in run_dir:
+        raise ConfigError(f"run directory {run_dir!r} contains a backslash, which turns off "
+                          f"Slurm's %j in the log name; choose a directory without one")
+    return f"{run_dir.replace('%', '%%')}/slurm-%j.out"
+
+
+def options_for(cfg: TrainConfig, run_dir: str, signal_lead_s: int | None,
+                nodes: str | None = None) -> SbatchOptions:
+    r, j = cfg.resources, cfg.job
+    return SbatchOptions(
+        job_name=j.name, nodes=nodes or r.nodes_spec, ntasks_per_node=r.tasks_per_node,
+        cpus_per_task=r.cpus_per_task, output=output_pattern(run_dir),
+        partition=",".join(j.partitions) if len(j.partitions) > 1 else j.partition,   # Slurm's list
+        time=j.time, account=j.account, qos=j.qos, gpus_per_node=r.gpus_per_node,
+        # USR2 (not USR1, which NCCL may catch) to the step tasks before the time limit
+        signal=f"USR2@{signal_lead_s}" if signal_lead_s else None,
+        extra=j.sbatch_options,
+    )
+
+
+def render(options: SbatchOptions, run_dir: str, python: str) -> str:
+    # next to the templates package's __init__ (importlib.resources would cost the submit path
+    # its zipfile and tempfile imports; the package is always installed as plain files)
+    import pipeswift_templates
+    text = (Path(pipeswift_templates.__file__).parent / TEMPLATE).read_text(encoding="utf-8")
+    for v in (run_dir, python):
+        _quote(v)
+    values = dict(
+        version=__version__,
+        job_name_comment=shlex.quote(options.job_name),
+        directives="\n".join(options.directives()),
+        run_dir=shlex.quote(run_dir),
+        python=shlex.quote(python),
+        tasks_per_node=str(int(options.ntasks_per_node)),
+        cpus_per_task=str(int(options.cpus_per_task)),
+    )
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)   # KeyError: a template typo
+
+
+#: sbatch's long options (Slurm 25.11.7's `sbatch --autocomplete=--`; 22.05's are a subset),
+#: split into those that take a value ("--opt=V" or the next argument) and those that take none
+#: (or only "--opt=V"). plugins/job_submit.lua holds the same table (a test keeps them equal).
+SBATCH_TAKES_VALUE = (
+    "account acctg-freq array autocomplete batch bb bbf begin chdir cluster cluster-constraint clusters "
+    "comment constraint container container-id context core-spec cores-per-socket cpu-freq cpus-per-gpu "
+    "cpus-per-task deadline delay-boot dependency distribution error exclude export export-file extra "
+    "extra-node-info gid gpu-bind gpu-freq gpus gpus-per-node gpus-per-socket gpus-per-task gres gres-flags "
+    "hint input job-name kill-on-invalid-dep licenses mail-type mail-user mcs-label mem mem-bind mem-per-cpu "
+    "mem-per-gpu mincpus network nodefile nodelist nodes ntasks ntasks-per-core ntasks-per-gpu "
+    "ntasks-per-node ntasks-per-socket ntasks-per-tres open-mode output partition prefer priority profile "
+    "qos reservation resources segment signal sockets-per-node switches tasks-per-node thread-spec "
+    "threads-per-core time time-min tmp tres-bind tres-per-task uid wait-all-nodes wckey wrap").split()
+SBATCH_FLAGS = (
+    "consolidate-segments contiguous exclusive external get-user-env help hold ignore-pbs nice no-kill "
+    "no-requeue oom-kill-step overcommit oversubscribe parsable propagate quiet reboot requeue resv-ports "
+    "spread-job spread-segments stepmgr test-only usage use-min-nodes verbose version wait").split()
+#: short options that take a value, with their long names (the others take none)
+SBATCH_SHORT = {"A": "account", "a": "array", "b": "begin", "D": "chdir", "M": "clusters", "C": "constraint",
+                "S": "core-spec", "c": "cpus-per-task", "d": "dependency", "m": "distribution", "e": "error",
+                "x": "exclude", "B": "extra-node-info", "G": "gpus", "i": "input", "J": "job-name",
+                "L": "licenses", "F": "nodefile", "w": "nodelist", "N": "nodes", "n": "ntasks", "o": "output",
+                "p": "partition", "q": "qos", "t": "time"}
+
+
+def sbatch_options(args: Sequence[str]) -> list[tuple[str, str]]:
+    """(long name, as given) of each option in ``args`` as sbatch's getopt_long reads them: an
+    exact name or a unique prefix (``--part=high`` is --partition), a value in the next argument
+    consumed by an option that takes one (``--comment --nodes=3`` is a comment), short options
+    and their clusters (``-HN3``); an unknown or ambiguous option is left for sbatch to refuse."""
+    names = SBATCH_TAKES_VALUE + SBATCH_FLAGS
+    out, k = [], 0
+    while k < len(args):
+        a = args[k]
+        if a == "--":
+            break
+        if a.startswith("--"):
+            given = a[2:].split("=", 1)[0]
+            found = [given] if given in names else [n for n in names if n.startswith(given)] if given else []
+            if len(found) == 1:
+                out.append((found[0], a))
+                if "=" not in a and found[0] in SBATCH_TAKES_VALUE:
+                    k += 1
+        elif a.startswith("-") and len(a) > 1:
+            for j, c in enumerate(a[1:], start=1):
+                if c in SBATCH_SHORT:
+                    out.append((SBATCH_SHORT[c], a))
+                    k += j == len(a) - 1   # "-N 3": the value is the next argument
+                    break
+                out.append(({"H": "hold", "Q": "quiet", "W": "wait", "O": "overcommit", "s": "oversubscribe",
+                             "h": "help", "v": "verbose", "V": "version", "k": "no-kill"}.get(c, c), a))
+        k += 1
+    return out
+
+
+#: sbatch options whose value pswift plans (or takes from train.toml): given after `--` they
+#: would contradict the plan the job starts with, so they are refused, naming the TOML key
+PLANNED = {"nodes": "[resources] nodes", "ntasks": "[resources] nodes and tasks_per_node",
+           "ntasks-per-node": "[resources] tasks_per_node", "tasks-per-node": "[resources] tasks_per_node",
+           "cpus-per-task": "[resources] cpus_per_task", "partition": "[job] partition", "time": "[job] time",
+           "gres": "[resources] gpus_per_node", "gpus-per-node": "[resources] gpus_per_node"}
+#: sbatch options that would break what pswift does for the job, each with why and what instead
+BREAKS = {
+    "no-requeue": "a preempted or timed-out pswift job is requeued to resume from its checkpoint "
+                  "([job] max_requeues bounds how often)",
+    "signal": "pswift asks for USR2 before the time limit itself, from [job] time",
+    "open-mode": "every attempt appends to one log, which status, doctor and requeues read",
+    "output": "the job's log is the run directory's slurm-%j.out, which status, doctor and requeues read "
+              "(choose the directory with --run-dir)",
+    "error": "the job's log is the run directory's slurm-%j.out, which status, doctor and requeues read "
+             "(choose the directory with --run-dir)",
+    "wrap": "pswift writes the batch script itself",
+    "array": "the tasks of an array would share one run directory; submit one pswift job each",
+}
+
+
+def planned_option(args: Sequence[str]) -> str | None:
+    """Why the sbatch arguments given after `--` cannot go with the plan, or None; the
+    arguments are read as sbatch reads them (:func:`sbatch_options`)."""
+    for name, given in sbatch_options(args):
+        if name in PLANNED:
+            return (f"sbatch option {given!r} would override the planned --{name}: set {PLANNED[name]} "
+                    f"in train.toml instead (pswift plans the layout for it)")
+        if name in BREAKS:
+            return f"sbatch option {given!r} (--{name}) cannot go with a pswift job: {BREAKS[name]}"
+    return None
