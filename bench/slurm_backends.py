@@ -36,7 +36,7 @@ for _ in range(int(sys.argv[1])):
     t = time.perf_counter(); slurm.cluster_state(); ts.append(time.perf_counter() - t)
 print(json.dumps({"backend": slurm.backend().name, "times": ts}))
 """
-COLD = "from pipeswift_slurm import slurm; slurm.cluster_state(); print(slurm.backend().name)"
+COLD = "from pipeswift_slurm.slurm import client as slurm; slurm.cluster_state(); print(slurm.backend().name)"
 
 
 def run(backend: str, code: str, *args: str) -> tuple[str, float]:
