@@ -60,6 +60,44 @@ def test_zero_bubble_h1_is_the_published_makespan_when_f_b_w_are_equal(p, extra,
     assert zb.step_time == pytest.approx(m * 3 * t + (p - 1) * t)
 
 
+@settings(max_examples=150, deadline=None)
+@given(p=st.integers(1, 8), extra=st.integers(0, 24), t=st.sampled_from([0.25, 0.5, 1.0, 1.5, 3.0]))
+def test_zero_bubble_h2_is_the_published_zero_bubble_when_f_b_w_are_equal(p, extra, t):
+    """Qi et al. (ICLR 2024), ZB-H2: m(F+B+W) + (p-1)(F+B-2W), no bubble for F = B = W, with its
+    2p - 1 micro-batches in flight (m >= 2p - 1) and steps back to back (post-validation)."""
+    m = 2 * p - 1 + extra
+    zb = simulate([t] * p, [2 * t] * p, m, "zb-h2", wgrad=[t] * p, keep_ops=False)
+    assert zb.step_time == pytest.approx(m * 3 * t)
+    assert zb.bubble_ratio == pytest.approx(0.0, abs=1e-9) and max(zb.peak_in_flight) <= 2 * p - 1
+
+
+@pytest.mark.parametrize("f,b,w", [(2, 1, 1), (1, 2, 1), (1, 1, 0.5), (1, 2, 0.5)])
+def test_zero_bubble_h2_keeps_the_published_bubble_with_other_times(f, b, w):
+    p, m = 4, 12
+    zb = simulate([f] * p, [b + w] * p, m, "zb-h2", wgrad=[w] * p, keep_ops=False)
+    assert zb.step_time == pytest.approx(m * (f + b + w) + (p - 1) * (f + b - 2 * w))
+
+
+@settings(max_examples=150, deadline=None)
+@given(p=st.integers(1, 6), extra=st.integers(0, 16), f=st.floats(0.1, 4), b=st.floats(0.1, 4),
+       w=st.floats(0.0, 4), c=st.sampled_from([0.0, 0.1, 0.5]))
+def test_zero_bubble_h2_is_never_slower_than_h1_nor_faster_than_the_work(p, extra, f, b, w, c):
+    """Other times (and transfers): a stage's work per step is a floor; the extra forwards and
+    the steps run back to back never make it slower than H1; memory stays within 2p - 1."""
+    m = p + extra
+    h2 = simulate([f] * p, [b + w] * p, m, "zb-h2", wgrad=[w] * p, p2p=c, keep_ops=False)
+    h1 = simulate([f] * p, [b + w] * p, m, "zb-h1", wgrad=[w] * p, p2p=c, keep_ops=False)
+    assert m * (f + b + w) - 1e-6 <= h2.step_time <= h1.step_time + 1e-6
+    assert max(h2.peak_in_flight) <= 2 * p - 1
+
+
+def test_zero_bubble_h2_shows_one_whole_step_on_its_timeline():
+    r = simulate([1] * 4, [2] * 4, 8, "zb-h2", wgrad=[1] * 4)
+    assert sorted((o.kind, o.micro) for o in r.ops if o.device == 0) == sorted(
+        (k, i) for k in "FBW" for i in range(8))
+    assert min(o.start for o in r.ops) == 0 and r.span == max(o.end for o in r.ops) == 27
+
+
 @settings(max_examples=200, deadline=None)
 @given(p=st.integers(1, 8), extra=st.integers(0, 24), f=st.floats(0.1, 4), b=st.floats(0.1, 4),
        w=st.floats(0.0, 4))

@@ -59,10 +59,12 @@ def test_toml_without_costs_says_what_to_add(tmp_path):
 
 
 def test_wgrad_is_given_apart_and_zb_h1_is_the_papers_27():
-    """Qi et al. (ICLR 2024), 4 stages x 8 micro-batches, F = B = W = 1: 1F1B 33, ZB-H1 27."""
+    """Qi et al. (ICLR 2024), 4 stages x 8 micro-batches, F = B = W = 1: 1F1B 33, ZB-H1 27,
+    ZB-H2 24 (no bubble)."""
     proc = pswift("simulate", "--fwd", "1,1,1,1", "--bwd", "1,1,1,1", "--wgrad", "1,1,1,1", "-m", "8",
-                  "--schedule", "1f1b,zb-h1", "--json")
+                  "--schedule", "1f1b,zb-h1,zb-h2", "--json")
     assert proc.returncode == 0, proc.stderr
-    assert [(d["schedule"], d["step_time"]) for d in json.loads(proc.stdout)] == [("1f1b", 33.0), ("zb-h1", 27.0)]
+    assert [(d["schedule"], d["step_time"]) for d in json.loads(proc.stdout)] == [
+        ("1f1b", 33.0), ("zb-h1", 27.0), ("zb-h2", 24.0)]
     bad = pswift("simulate", "--fwd", "1,1", "--bwd", "1,1", "--wgrad", "1", "-m", "4", "--schedule", "zb-h1")
     assert bad.returncode == 2 and "--wgrad has 1 value(s) for 2 stage(s)" in bad.stderr

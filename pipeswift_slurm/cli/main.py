@@ -414,10 +414,11 @@ def _stage_times_from_toml(toml: Path, nodes: int | None) -> tuple[list[float], 
 @click.option("--bwd", help="Backward seconds per micro-batch, one per stage: 2,3,2")
 @click.option("--wgrad", help="Weight-gradient seconds per micro-batch, one per stage; then --bwd is the "
               "input gradient alone (other schedules run both as one backward). Default: zb-h1 "
-              "takes half of --bwd.")
+              "and zb-h2 take half of --bwd.")
 @click.option("-m", "--micro-batches", type=int, help="Micro-batches per step (default: the plan's).")
 @click.option("--schedule", default="1f1b", show_default=True,
-              help="Comma list of gpipe, 1f1b, interleaved, zb-h1.")
+              help="Comma list of gpipe, 1f1b, interleaved, zb-h1, zb-h2 (zb-h2: 2p-1 micro-batches "
+              "in flight and steps back to back, the paper's optimizer post-validation).")
 @click.option("--chunks", type=int, default=2, show_default=True, help="Model chunks per device (interleaved).")
 @click.option("--p2p", type=float, default=0.0, show_default=True, help="Point-to-point transfer seconds.")
 @click.option("--nodes", type=int, help="With TOML: the node count whose layout to simulate.")
@@ -437,7 +438,7 @@ def simulate(toml: Path | None, fwd: str | None, bwd: str | None, wgrad: str | N
 
         pswift simulate --fwd 1,1.5,1 --bwd 2,3,2 -m 8 --schedule gpipe,1f1b,zb-h1
 
-        pswift simulate --fwd 1,1,1,1 --bwd 1,1,1,1 --wgrad 1,1,1,1 -m 8 --schedule 1f1b,zb-h1
+        pswift simulate --fwd 1,1,1,1 --bwd 1,1,1,1 --wgrad 1,1,1,1 -m 8 --schedule 1f1b,zb-h1,zb-h2
 
         pswift simulate examples/tiny-gpt/train.toml --schedule gpipe,1f1b,interleaved --plot t.png
     """
@@ -445,7 +446,7 @@ def simulate(toml: Path | None, fwd: str | None, bwd: str | None, wgrad: str | N
     from rich.table import Table
 
     from pipeswift_slurm.planning import timeline
-    from pipeswift_slurm.planning.simulate import SimulationError
+    from pipeswift_slurm.planning.simulate import ZERO_BUBBLE, SimulationError
     from pipeswift_slurm.planning.simulate import simulate as run_sim
 
     f, b = _floats("--fwd", fwd), _floats("--bwd", bwd)
@@ -463,10 +464,10 @@ def simulate(toml: Path | None, fwd: str | None, bwd: str | None, wgrad: str | N
     if w is not None:
         if len(w) != len(b):
             raise CLIError(f"--wgrad has {len(w)} value(s) for {len(b)} stage(s): give one per stage", 2)
-        b = [x + y for x, y in zip(b, w)]   # the whole backward; zb-h1 splits it again
+        b = [x + y for x, y in zip(b, w)]   # the whole backward; zero-bubble splits it again
     names = [x.strip() for x in schedule.split(",") if x.strip()]
     try:
-        results = [run_sim(f, b, micro_batches, n, p2p=p2p, chunks=chunks, wgrad=w if n == "zb-h1" else None)
+        results = [run_sim(f, b, micro_batches, n, p2p=p2p, chunks=chunks, wgrad=w if n in ZERO_BUBBLE else None)
                    for n in names]
     except SimulationError as e:
         raise CLIError(str(e), 2) from None

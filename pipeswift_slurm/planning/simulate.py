@@ -1,4 +1,5 @@
-"""Discrete-event simulator of pipeline schedules: GPipe, 1F1B, interleaved 1F1B, zero-bubble (ZB-H1).
+"""Discrete-event simulator of pipeline schedules: GPipe, 1F1B, interleaved 1F1B, zero-bubble
+(ZB-H1, ZB-H2).
 
 Pure functions, no I/O. Every device runs its operations in the schedule's fixed order; an
 operation starts when its device is free and its inputs have arrived (the producing operation's
@@ -7,7 +8,10 @@ same model for its step-time estimate.
 
 The zero-bubble schedule is a greedy ZB-H1: B and W are split, W runs whenever the next F/B
 would wait, and activation memory stays at the 1F1B peak. With uniform stages it gives the
-paper's makespan (4 stages x 8 micro-batches, F=B=W=1: 27 vs 1F1B's 33).
+paper's makespan (4 stages x 8 micro-batches, F=B=W=1: 27 vs 1F1B's 33). ZB-H2 holds up to
+2p - 1 micro-batches, fills the warm-up with extra forwards and, with the paper's optimizer
+post-validation, runs steps back to back: its step time is that period (F=B=W=1: 24, no bubble;
+m(F+B+W) + (p-1)(F+B-2W) when the warm-up fills stage 0's wait, as with F = B = W).
 
 Operations (one micro-batch on one virtual stage): ``F`` forward, ``B`` backward (input and
 weight gradients; only the input gradient in the zero-bubble schedule), ``W`` weight gradient
@@ -22,7 +26,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
+ZERO_BUBBLE = ("zb-h1", "zb-h2")
 
 
 class SimulationError(ValueError):
@@ -51,6 +56,12 @@ class SimResult:
     peak_in_flight: list[int]
     ops: list[Op] = field(repr=False, default_factory=list)
 
+    @property
+    def span(self) -> float:
+        """Time from the first operation's start to the last one's end: the step time, except
+        for ZB-H2, whose stages overlap the steps before and after."""
+        return max([self.step_time, *(o.end for o in self.ops)])
+
     def to_dict(self, with_ops: bool = False) -> dict[str, Any]:
         d = {"schedule": self.schedule, "stages": self.devices, "micro_batches": self.micro_batches,
              "chunks": self.chunks, "step_time": self.step_time, "bubble_ratio": self.bubble_ratio,
@@ -76,6 +87,20 @@ def _order_1f1b(d: int, devices: int, m: int) -> list[tuple[str, int, int]]:
             order.append(("F", d, nf))
             nf += 1
         order.append(("B", d, nb))
+    return order
+
+
+def _order_zb_h2(d: int, devices: int, m: int) -> list[tuple[str, int, int]]:
+    """ZB-H2's F/B order: 2(p - d) - 1 warm-up forwards (stage 0 fills its wait for the first
+    input gradient, holding the paper's 2p - 1 micro-batches), then one B one F."""
+    warm = min(2 * (devices - d) - 1, m)
+    order: list[tuple[str, int, int]] = [("F", d, k) for k in range(warm)]
+    nf = warm
+    for nb in range(m):
+        order.append(("B", d, nb))
+        if nf < m:
+            order.append(("F", d, nf))
+            nf += 1
     return order
 
 
@@ -171,6 +196,8 @@ def simulate(fwd: Sequence[float], bwd: Sequence[float], micro_batches: int,
         orders = [_order_1f1b(d, devices, m) for d in range(devices)]
     if schedule == "zb-h1":
         return _simulate_zb(orders, vf, vb, vw, devices, m, p2p, keep_ops)
+    if schedule == "zb-h2":
+        return _simulate_zb_h2(vf, vb, vw, devices, m, p2p, keep_ops)
     return _run_orders(orders, schedule, devices, m, v, vf, vb, p2p, keep_ops)
 
 
@@ -199,7 +226,7 @@ def _virtual_stages(fwd: Sequence[float], bwd: Sequence[float], micro_batches: i
         raise SimulationError(f"interleaved 1F1B needs micro_batches ({m}) divisible by the "
                               f"stage count ({devices}); use {(m // devices + 1) * devices}")
     vw = [0.0] * (devices * v)
-    if schedule == "zb-h1":
+    if schedule in ZERO_BUBBLE:
         w = list(wgrad) if wgrad is not None else [b / 2 for b in vb]
         if len(w) != devices * v or any(x < 0 or x > b for x, b in zip(w, vb)):
             raise SimulationError("wgrad needs one value per stage, each between 0 and that stage's bwd")
@@ -259,7 +286,8 @@ class _ZeroBubble:
     for its first B, m(F+B+W) + (p-1)B, and never more than 1F1B."""
 
     def __init__(self, orders: list[list[tuple[str, int, int]]], vf: list[float], vb: list[float],
-                 vw: list[float], devices: int, p2p: float, keep_ops: bool) -> None:
+                 vw: list[float], devices: int, p2p: float, keep_ops: bool,
+                 limit: int | None = None, micro_batches: int | None = None) -> None:
         self.orders, self.devices, self.p2p, self.keep_ops = orders, devices, p2p, keep_ops
         self.dur = {"F": vf, "B": vb, "W": vw}
         self.done: dict[tuple[str, int, int], float] = {}
@@ -270,7 +298,11 @@ class _ZeroBubble:
         self.peak = [0] * devices
         self.busy = [0.0] * devices
         self.ops: list[Op] = []
-        self.limit = [devices] * devices   # H1: the 1F1B peak (stage 0's), on every stage
+        # H1: the 1F1B peak (stage 0's) on every stage; H2: 2p - 1
+        self.limit = [limit or devices] * devices
+        #: micro-batches of one step, when several steps run back to back (H2): a stage runs
+        #: its last W of a step (then its optimizer step) before the next step's first F
+        self.m = micro_batches
 
     def run(self, d: int, kind: str, k: int, start: float) -> None:
         end = start + self.dur[kind][d]
@@ -294,7 +326,8 @@ class _ZeroBubble:
             return True
         kind, _, k = self.orders[d][self.ptr[d]]
         t = _ready(kind, d, k, d, self.devices, self.devices, self.free[d], self.done, self.p2p)
-        must_free = kind == "F" and self.in_flight[d] >= self.limit[d]
+        must_free = kind == "F" and (self.in_flight[d] >= self.limit[d] or (
+            self.m is not None and bool(self.pending[d]) and self.pending[d][0] // self.m < k // self.m))
         if self.pending[d] and (must_free or t is None or t > self.free[d]):
             self.run(d, "W", self.pending[d].pop(0), self.free[d])
             return True
@@ -322,6 +355,41 @@ def _simulate_zb(orders: list[list[tuple[str, int, int]]], vf: list[float], vb: 
     return SimResult(schedule="zb-h1", devices=devices, micro_batches=m, chunks=1, step_time=step,
                      busy=zb.busy, idle=idle, bubble_ratio=1.0 - sum(zb.busy) / (devices * step),
                      peak_in_flight=zb.peak, ops=zb.ops)
+
+
+#: steps simulated back to back for ZB-H2's period (the last one's increment is the period)
+H2_STEPS = 3
+
+
+def _simulate_zb_h2(vf: list[float], vb: list[float], vw: list[float], devices: int, m: int,
+                    p2p: float, keep_ops: bool) -> SimResult:
+    """ZB-H2 (Qi et al., ICLR 2024): 2p - 1 micro-batches in flight, the warm-up's extra forwards
+    and the deferred W fill every wait, and, with the paper's optimizer post-validation, a step
+    begins on a stage once that stage's previous step is done (no synchronisation between
+    steps). Its step time is therefore the period of steps run back to back: the time one more
+    step adds (F = B = W: m(F+B+W), zero bubble). A single step alone would still take
+    (p - 1)F longer, the last stage's first wait, which no schedule removes within one step.
+    The ops kept are the last step's, its micro-batches numbered from 0."""
+    ends = []
+    zb = None
+    for steps in (H2_STEPS - 1, H2_STEPS):
+        orders = [[(kind, s, k + i * m) for i in range(steps) for kind, s, k in _order_zb_h2(d, devices, m)]
+                  for d in range(devices)]
+        zb = _ZeroBubble(orders, vf, vb, vw, devices, p2p, keep_ops, limit=2 * devices - 1, micro_batches=m)
+        while zb.left():
+            if not any(zb.advance(d) for d in sorted(range(devices), key=lambda x: zb.free[x])):
+                raise SimulationError("zero-bubble schedule deadlocked")  # pragma: no cover
+        ends.append(max(zb.free))
+    assert zb is not None
+    period = ends[1] - ends[0]
+    busy = [m * (vf[d] + vb[d] + vw[d]) for d in range(devices)]
+    last = [o for o in zb.ops if o.micro >= (H2_STEPS - 1) * m]
+    t0 = min((o.start for o in last), default=0.0)
+    ops = [o._replace(micro=o.micro - (H2_STEPS - 1) * m, start=o.start - t0, end=o.end - t0) for o in last]
+    return SimResult(schedule="zb-h2", devices=devices, micro_batches=m, chunks=1, step_time=period,
+                     busy=busy, idle=[period - b for b in busy],
+                     bubble_ratio=1.0 - sum(busy) / (devices * period) if period > 0 else 0.0,
+                     peak_in_flight=zb.peak, ops=ops)
 
 
 def stage_times(layer_costs: Sequence[float], boundaries: Sequence[int],

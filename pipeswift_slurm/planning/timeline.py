@@ -20,7 +20,8 @@ def text_timeline(res: SimResult, width: int = 96) -> list[str]:
     """Lanes of characters: F forward, B backward, W weight gradient, '.' idle (the case
     alternates between micro-batches so adjacent boxes stay apart); with a legend."""
     width = max(10, width)
-    scale = width / res.step_time if res.step_time > 0 else 0.0
+    span = res.span
+    scale = width / span if span > 0 else 0.0
     lanes = [["."] * width for _ in range(res.devices)]
     for op in res.ops:
         a = int(op.start * scale)
@@ -31,7 +32,7 @@ def text_timeline(res: SimResult, width: int = 96) -> list[str]:
     label = max(len(f"stage {res.devices - 1}"), 7)
     out = [f"{'stage ' + str(d):>{label}} |{''.join(lane)}| idle {res.idle[d]:.4g}"
            for d, lane in enumerate(lanes)]
-    out.append(f"{'':>{label}}  0{'':{width - 2 - len(f'{res.step_time:.4g}')}}{res.step_time:.4g}")
+    out.append(f"{'':>{label}}  0{'':{width - 2 - len(f'{span:.4g}')}}{span:.4g}")
     out.append(f"{'':>{label}}  F/f forward, B/b backward, W/w weight gradient (case alternates per micro-batch), . idle")
     return out
 
@@ -44,7 +45,7 @@ def plot(results: Sequence[SimResult], path: Path, title: str = "") -> None:
     lanes = max(r.devices for r in results)
     fig, axes = plt.subplots(n, 1, figsize=(13, 0.9 + 0.55 * lanes * n + 0.4 * n), squeeze=False,
                              sharex=True)
-    t_max = max(r.step_time for r in results)
+    t_max = max(r.span for r in results)
     for ax, r in zip(axes[:, 0], results):
         for op in r.ops:
             ax.broken_barh([(op.start, op.end - op.start)], (op.device - 0.4, 0.8),
