@@ -235,12 +235,13 @@ def batch(**kw):
 def test_a_periodic_checkpoint_is_written_in_the_background_and_counts_only_once_committed(tmp_path):
     """Each stage file of step 12 takes 2 s more to write (the fault hook) while steps take
     ~0.3 s: training goes on meanwhile, and the checkpoint is committed at a later step's end,
-    once every file is on disk; a run resumed from a background checkpoint has the uninterrupted
-    run's losses."""
+    once every file is on disk. The one due at step 16 waits for that commit rather than
+    training waiting for the write; a run resumed from a background checkpoint has the
+    uninterrupted run's losses."""
     ckpt = tmp_path / "ckpt"
 
     def config(d):
-        toml = with_ckpt(copy_example(d, {"steps": "30", "checkpoint_interval": "12"}), ckpt)
+        toml = with_ckpt(copy_example(d, {"steps": "30", "checkpoint_interval": "4"}), ckpt)
         (toml.parent / "slow.py").write_text(SLOW_DATA)
         toml.write_text(toml.read_text().replace('data = "model:batch"', 'data = "slow:batch"'))
         return toml
@@ -249,18 +250,25 @@ def test_a_periodic_checkpoint_is_written_in_the_background_and_counts_only_once
                   env={"PSWIFT_FAULT_SLOW_CHECKPOINT": "12:2"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     evs = events(run)
-    (c12,) = [e for e in evs if e["event"] == "checkpoint" and e["step"] == 12]
+    saved = [e for e in evs if e["event"] == "checkpoint"]
+    (c12,) = [e for e in saved if e["step"] == 12]
     assert c12["background"] is True and c12["reason"] == "periodic"
     assert c12["write_s"] >= 2 and c12["seconds"] < 1.0, c12      # training stalled far less than the write
     later = [e for e in evs if e["event"] == "step" and e["step"] > 12 and e["time"] < c12["time"]]
     assert len(later) >= 3, "steps did not go on while step 12's checkpoint was being written"
-    final = [e for e in evs if e["event"] == "checkpoint" and e["reason"] == "final"]
+    periodic = [e for e in saved if e["reason"] == "periodic"]
+    after = min(e["step"] for e in periodic if e["step"] > 12)
+    committed_at = 12 + len(later)      # the step at whose end step 12's checkpoint was committed
+    assert 16 < after and committed_at <= after <= committed_at + 1, (after, committed_at)
+    assert all(e["seconds"] < 1.0 for e in periodic), periodic
+    final = [e for e in saved if e["reason"] == "final"]
     assert final and final[0]["background"] is False
     shutil.rmtree(ckpt / "step_00000030")     # resume from the newest background checkpoint
+    newest = max(e["step"] for e in periodic)
     again = tmp_path / "again"
     assert pswift("run", "--run-dir", str(again), str(config(tmp_path / "b"))).returncode == 0
     start = next(e for e in events(again) if e["event"] == "start")
-    assert start["resumed_from"] == str(ckpt / "step_00000024")
+    assert start["resumed_from"] == str(ckpt / f"step_{newest:08d}")
     got = {e["step"]: e["loss_hex"] for e in events(again) if e["event"] == "step"}
     want = {e["step"]: e["loss_hex"] for e in evs if e["event"] == "step"}
-    assert sorted(got) == list(range(25, 31)) and all(got[s] == want[s] for s in got)
+    assert sorted(got) == list(range(newest + 1, 31)) and all(got[s] == want[s] for s in got)

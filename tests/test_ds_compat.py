@@ -47,6 +47,22 @@ engine.train_batch(data_iter=iter(batches))
 assert engine.global_steps == 8 and engine.module.micro_offset == 16
 assert ds_compat.master_groups(engine) is None  # fp32, ZeRO-0: a plain torch optimizer
 
+def fenced(engine, watched):
+    """Train one step with the optimizer-step fence on: was every watched tensor unchanged
+    whenever the fence ran, and did the step change them?"""
+    before = [t.detach().clone() for t in watched()]
+    at_fence = []
+    handle = ds_compat.before_optimizer_step(
+        engine, lambda: at_fence.append(all(torch.equal(a, t) for a, t in zip(before, watched()))))
+    engine.train_batch(data_iter=iter(batches))
+    handle.remove()
+    changed = not all(torch.equal(a, t) for a, t in zip(before, watched()))
+    return at_fence, changed
+
+at_fence, changed = fenced(engine, lambda: [*engine.module.parameters(), *(
+    v for st in engine.optimizer.state.values() for v in st.values() if torch.is_tensor(v))])
+assert at_fence and all(at_fence) and changed, (at_fence, changed)
+
 # bf16 + ZeRO-1: flat fp32 partitions, state created before the first step and set per parameter
 from deepspeed.utils import safe_get_full_optimizer_state, safe_set_full_optimizer_state
 model = ds_compat.ExplicitPipe([LayerSpec(torch.nn.Linear, 4, 4) for _ in range(3)], parts=[0, 3],
@@ -74,6 +90,9 @@ assert sorted(master) == sorted(named) and float(scalars["step"]) == 4.0
 for n, p in named.items():
     assert torch.equal(master[n], safe_get_full_fp32_param(p)), n
     assert torch.equal(moments[n]["exp_avg"], safe_get_full_optimizer_state(p, "exp_avg")), n
+at_fence, changed = fenced(engine, lambda: [*engine.module.parameters(), *(flat for _, flat in groups), *(
+    v for st in ds_compat.master_state(engine).values() for v in st.values() if torch.is_tensor(v))])
+assert at_fence and all(at_fence) and changed, (at_fence, changed)
 
 # fp32 + ZeRO-1: DeepSpeed's ZeRO optimizer with its (static) loss scaler, whose fields an fp16
 # job's dynamic scaler shares; no fp16 on CPU, so the dynamic one is only reachable on a GPU

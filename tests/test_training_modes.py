@@ -167,7 +167,7 @@ def test_a_bf16_zero1_background_checkpoint_resumes_bit_for_bit(tmp_path):
     gloo group while training goes on. A job resumed from it ends at step 5 with exactly the
     state (bf16 weights, fp32 master, Adam moments) of the job that never stopped."""
     periodic = job(tmp_path / "a", BF16, 2, 2, tmp_path / "ckpt-a", steps=5)
-    periodic.write_text(periodic.read_text().replace("checkpoint_interval = 0", "checkpoint_interval = 2"))
+    periodic.write_text(periodic.read_text().replace("checkpoint_interval = 0", "checkpoint_interval = 4"))
     run(periodic, tmp_path / "periodic", 4)
     (bg,) = [e for e in events(tmp_path / "periodic") if e["event"] == "checkpoint" and e["step"] == 4]
     assert bg["background"] is True and bg["gather_s"] > 0, bg

@@ -308,11 +308,14 @@ def _snapshot(obj: Any) -> Any:
 
 
 class Pending:
-    """A checkpoint written in the background (as torch.distributed.checkpoint's async save):
-    the stage's state copied to host memory at its step, the stage file written by a thread,
-    the manifest committed by :meth:`commit` once every rank's file is durable -- until then the
-    checkpoint does not count, and a crash leaves a folder without manifest (removed at the
-    next start)."""
+    """A checkpoint written in the background (as torch.distributed.checkpoint's async save,
+    with CheckFreq's pipelined snapshot): the stage's state is copied to host memory by a thread
+    while the next step's forward and backward run (they read the weights and the optimizer
+    state, never write them), and the next optimizer step waits for that copy
+    (:meth:`wait_copied`, run by the fence :func:`ds_compat.before_optimizer_step` installs);
+    then the thread writes the stage file, and :meth:`commit` writes the manifest once every
+    rank's file is durable -- until then the checkpoint does not count, and a crash leaves a
+    folder without manifest (removed at the next start)."""
 
     def __init__(self, engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
                  side_group: Any = None) -> None:
@@ -321,21 +324,26 @@ class Pending:
         self.path.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         writer = engine.grid.data_parallel_id == 0
-        # ZeRO-1 / bf16: each data-parallel rank copies its own shard here; the thread gathers
-        # the copies over ``side_group`` (ds_compat.side_groups) while training goes on
-        shards = _snapshot(ds_compat.master_parts(engine)) if side_group is not None else None
-        blob = (_snapshot(_stage_blob(engine, {}, {}) if shards is not None else _stage_blob(engine))
-                if writer else None)
+        # references only, here: ZeRO-1 / bf16 each data-parallel rank's own shard (the thread
+        # gathers the copies over ``side_group``, ds_compat.side_groups), the writer the rest;
+        # what is not a tensor (scheduler, loss scale, generators) is taken as it is now
+        shards = ds_compat.master_parts(engine) if side_group is not None else None
+        state = (_stage_blob(engine, {}, {}) if shards is not None else _stage_blob(engine)) if writer else None
         self.generators = rng.capture()
+        self.copied = threading.Event()
         self.stall_s = time.perf_counter() - t0
         self.mine: Any = None
         self.error: BaseException | None = None
 
         def write() -> None:
             try:
+                try:
+                    copies, blob = _snapshot(shards), _snapshot(state)
+                finally:
+                    self.copied.set()
                 t_gather = time.perf_counter()
-                if shards is not None:
-                    optim, master = _zero_state(*ds_compat.assemble_master(shards, side_group))
+                if copies is not None:
+                    optim, master = _zero_state(*ds_compat.assemble_master(copies, side_group))
                     if blob is not None:
                         blob.update(master=master, optim=optim)
                 t_write = time.perf_counter()
@@ -346,16 +354,24 @@ class Pending:
         self.thread = threading.Thread(target=write, name=f"pswift-save-{step}", daemon=True)
         self.thread.start()
 
+    def wait_copied(self) -> None:
+        """Before the optimizer changes the weights: wait for the thread's copy of them (the
+        wait counts as the checkpoint's stall)."""
+        t0 = time.perf_counter()
+        self.copied.wait()
+        self.stall_s += time.perf_counter() - t0
+
     def done(self) -> bool:
         return not self.thread.is_alive()
 
     def commit(self, gather: Callable[[Any], list[Any]], barrier: Callable[[], None],
                rank: int) -> dict[str, float]:
-        """Every rank, at the same step: wait for this rank's file, then commit together."""
-        t0 = time.perf_counter()
+        """Every rank, at the same step: wait for this rank's file, then commit together. The
+        commit counts to this checkpoint's stall, the wait for the file to its caller's."""
         self.thread.join()
         if self.error is not None:
             raise self.error
+        t0 = time.perf_counter()
         phases = _commit(self.path, self.step, self.meta, self.mine, self.generators, gather, barrier, rank)
         self.stall_s += time.perf_counter() - t0
         return phases

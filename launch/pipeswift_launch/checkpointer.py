@@ -33,9 +33,18 @@ class Checkpointer:
         self.saved_at = time.time()
         #: a periodic checkpoint being written (checkpoint.Pending)
         self.pending: ckpt.Pending | None = None
+        #: a periodic checkpoint is due (set by the loop; it waits while one is being written)
+        self.due = False
         #: ZeRO-1 / bf16: the gloo group a background checkpoint gathers its shards over (every
         #: rank makes the groups here, at the same point); None: nothing to gather
         self.side_group = ds_compat.side_groups(engine)
+        # a periodic checkpoint's copy of the state overlaps the next forward and backward; the
+        # next optimizer step waits for it (checkpoint.Pending)
+        self.fence = ds_compat.before_optimizer_step(engine, self._before_optimizer_step)
+
+    def _before_optimizer_step(self) -> None:
+        if self.pending is not None:
+            self.pending.wait_copied()
 
     def clean_folder(self) -> None:
         """Rank 0, before anyone resumes: the folder exists, half-written checkpoints of an
@@ -58,16 +67,19 @@ class Checkpointer:
     def save(self, step: int, meta: dict[str, Any]) -> None:
         """A stage-consistent checkpoint of ``step``, committed before it returns (after any
         checkpoint still being written), pruned, and its event."""
+        ts = time.time()      # a wait for a background write to finish counts to this save
         self.finish_pending()
-        ts = time.time()
+        self.due = False
         path, phases = ckpt.save(self.engine, self.dir, step, meta, self._gather, self.dist.barrier, self.rank)
         self._committed(path, step, meta["reason"], time.time() - ts, phases, False)
         self.saved_at = time.time()
 
     def save_in_background(self, step: int, meta: dict[str, Any]) -> None:
-        """A periodic checkpoint: the state copied at this step, written by a thread, committed
-        at a later step's end once every rank's file is on disk (:meth:`finish_pending`)."""
+        """A periodic checkpoint: the state of this step copied and written by a thread (the
+        next optimizer step waits for the copy), committed at a later step's end once every
+        rank's file is on disk (:meth:`finish_pending`)."""
         self.finish_pending()
+        self.due = False
         self.pending = ckpt.Pending(self.engine, self.dir, step, meta, self.side_group)
         self.saved_at = time.time()
 
@@ -76,7 +88,8 @@ class Checkpointer:
         return self.pending is not None and not self.pending.done()
 
     def finish_pending(self) -> None:
-        """Commit the checkpoint being written (waiting for it)."""
+        """Commit the checkpoint being written (waiting for its write first: a wait the caller
+        counts, such as a synchronous save; the loop commits once every rank's write is done)."""
         p, self.pending = self.pending, None
         if p is not None:
             phases = p.commit(self._gather, self.dist.barrier, self.rank)

@@ -19,7 +19,10 @@ DeepSpeed 0.19 has no public API for these, so they live here and nowhere else:
 - ``optimizer.loss_scaler`` (ZeRO's): fp16's dynamic loss scale continues after a resume;
 - ``PipeEngine.grid.stage_to_global``: the global rank of a neighbouring stage, for the
   point-to-point probe at start (:mod:`pipeswift_launch.probe`); ``grid.topology()``'s
-  data-parallel rank lists, for the background checkpoint's own gloo groups.
+  data-parallel rank lists, for the background checkpoint's own gloo groups;
+- ``optimizer.optimizer`` (the torch optimizer inside ZeRO's and bf16's): the one step that
+  changes weights and optimizer state, fenced (torch's public ``register_step_pre_hook``) so a
+  background checkpoint copies the state while the next forward and backward run.
 
 :func:`check_version` refuses a DeepSpeed outside the range these were verified on, in one
 line; ``tests/test_ds_compat.py`` exercises every access in seconds on CPU, without Slurm, so a
@@ -214,6 +217,17 @@ def side_groups(engine: Any) -> Any:
         if tdist.get_rank() in ranks:
             mine = group
     return mine
+
+
+def before_optimizer_step(engine: Any, wait: Callable[[], None]) -> Any:
+    """Run ``wait()`` before every optimizer step of ``engine``, before anything the step
+    changes is changed: the weights and optimizer state (the torch optimizer's step; inside
+    ZeRO's and bf16's, the fp32 masters are stepped first, the model's weights copied from them
+    after). Returns the hook's handle (``.remove()``)."""
+    inner = engine.optimizer.optimizer if master_groups(engine) is not None else engine.optimizer
+    if not isinstance(inner, torch.optim.Optimizer):
+        raise TypeError(f"cannot fence the optimizer step of {type(inner).__name__} (not a torch optimizer)")
+    return inner.register_step_pre_hook(lambda _opt, _args, _kwargs: wait())
 
 
 #: what a dynamic loss scaler must carry over a resume (a static one has the first two)

@@ -301,10 +301,13 @@ def _step_end(att: Attempt, flag: Any, dog: Watchdog, interval: int, relayout: A
     flag[0] = float(requested())
     flag[3] = float(att.checkpoints.writing())
     att.dist.all_reduce(flag, op=att.dist.ReduceOp.MAX)
-    stop_code = int(flag[0].item())
-    if att.checkpoints.pending is not None and not flag[3].item():   # every rank's file is on disk: commit
+    stop_code, writing = int(flag[0].item()), bool(flag[3].item())
+    if att.checkpoints.pending is not None and not writing:   # every rank's file is on disk: commit
         att.checkpoints.finish_pending()
-    periodic = (interval and att.step % interval == 0) or flag[2].item()
+    # a periodic checkpoint due while the last one is still being written starts once that one
+    # is committed (a later step's end): training never waits for a write
+    att.checkpoints.due |= bool((interval and att.step % interval == 0) or flag[2].item())
+    periodic = att.checkpoints.due and not writing
     if stop_code or att.step >= steps:
         with dog.paused():
             _save(att, "grow" if stop_code == STOP_GROW else "signal" if stop_code else "final")
