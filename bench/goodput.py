@@ -2,8 +2,8 @@
 sbatch`, real DeepSpeed on CPU), pswift against a baseline, beside the same job without faults.
 
 The job: the tiny-gpt example on 2 nodes, ``--steps`` steps, a checkpoint every ``--interval``
-steps. The trace, at fixed fractions of the steps (the issue's: 2 rank crashes, 1 node loss, 2
-preemptions; ``--quick``: one crash):
+steps. The trace, at fixed fractions of the steps, each half an interval past a checkpoint (the
+issue's: 2 rank crashes, 1 node loss, 2 preemptions; ``--quick``: one crash):
 
 - crash: rank 1's launcher SIGKILLed (a crash nobody announces);
 - preempt: another user's exclusive job on the `high` partition takes the job's nodes for 3 s;
@@ -154,6 +154,14 @@ def fault(kind: str, job: str, run: Path) -> threading.Thread | None:
     return None
 
 
+def fault_step(frac: float, steps: int, interval: int) -> int:
+    """The step a fault of the trace waits for: half an interval past a checkpoint step, the
+    work a fault at a random time loses on average (the trace's fractions of 2,000 steps are
+    multiples of 50: a crash there, as the checkpoint of that step is being written, would
+    lose the whole interval every time)."""
+    return int(frac * steps) // interval * interval + interval // 2
+
+
 def one_run(tmp: Path, name: str, steps: int, interval: int, max_restarts: int, trace: list, pswift: str,
             env: dict) -> dict:
     toml = make_config(tmp / f"{name}-ex", steps, interval, max_restarts)
@@ -169,7 +177,7 @@ def one_run(tmp: Path, name: str, steps: int, interval: int, max_restarts: int, 
     repairs = []
     try:
         for frac, kind in trace:
-            wait_step(run, int(frac * steps), since, deadline)
+            wait_step(run, fault_step(frac, steps, interval), since, deadline)
             repairs.append(fault(kind, job, run))
             since = time.time()
         while time.time() < deadline and squeue(job, "%T") not in ("COMPLETED", "FAILED", "CANCELLED", ""):
@@ -186,7 +194,22 @@ def one_run(tmp: Path, name: str, steps: int, interval: int, max_restarts: int, 
     return {"jct_s": jct, "launches": sum(e["event"] == "start" for e in evs),
             "restarts": sum(e["event"] == "crash" and e.get("action") == "restart" for e in evs),
             "attempts": len({e["attempt"] for e in evs if e["event"] == "start"}),
-            "steps_run": sum(e["event"] == "step" for e in evs)}
+            "steps_run": sum(e["event"] == "step" for e in evs), "downtime_s": downtimes(evs)}
+
+
+def downtimes(evs: list[dict]) -> list[float]:
+    """Seconds from the last step before each relaunch to the first step after it: what a fault
+    costs beside the steps it loses (detection, Slurm's requeue, the ranks' set-up)."""
+    out, last, waiting = [], None, False
+    for e in evs:
+        if e["event"] == "start" and last is not None:
+            waiting = True
+        elif e["event"] == "step":
+            if waiting:
+                out.append(round(e["time"] - last, 2))
+                waiting = False
+            last = e["time"]
+    return out
 
 
 def main() -> None:
@@ -206,18 +229,26 @@ def main() -> None:
             runs[name] = r = one_run(Path(tmp), name, args.steps, args.interval, restarts, faults, pswift,
                                      dict(os.environ))
             print(f"{name:10s} JCT {r['jct_s']:6.1f} s  launches {r['launches']}  attempts {r['attempts']}  "
-                  f"restarts {r['restarts']}  steps run {r['steps_run']}", flush=True)
+                  f"restarts {r['restarts']}  steps run {r['steps_run']}  downtime per fault {r['downtime_s']} s",
+                  flush=True)
     free = runs["fault_free"]["jct_s"]
     goodput = {k: free / runs[k]["jct_s"] for k in ("pswift", "baseline")}
     kinds = ", ".join(f"{k} at {f:.0%}" for f, k in trace)
     benchlib.save(args.out, {"benchmark": "goodput", "steps": args.steps, "interval": args.interval,
                              "trace": trace, "runs": runs, "goodput": goodput}, quick=args.quick,
                   what=f"goodput (fault-free time / faulty time) of a {args.steps}-step 2-node job checkpointing "
-                       f"every {args.interval} steps under a fault trace ({kinds}): pswift (restart in the "
+                       f"every {args.interval} steps under a fault trace ({kinds}; each half an interval past a "
+                       f"checkpoint): pswift (restart in the "
                        f"allocation; a lost node requeues without it) vs a baseline that requeues on every "
                        f"fault (`max_restarts = 0`)",
                   figures=f"pswift {goodput['pswift']:.2f} ({runs['pswift']['jct_s']:.0f} s), baseline "
-                          f"{goodput['baseline']:.2f} ({runs['baseline']['jct_s']:.0f} s), fault-free {free:.0f} s")
+                          f"{goodput['baseline']:.2f} ({runs['baseline']['jct_s']:.0f} s), fault-free {free:.0f} s; "
+                          f"seconds without a step per fault: pswift {fmt_list(runs['pswift']['downtime_s'])}, "
+                          f"baseline {fmt_list(runs['baseline']['downtime_s'])}")
+
+
+def fmt_list(xs: list[float]) -> str:
+    return "[" + ", ".join(f"{x:.1f}" for x in xs) + "]"
 
 
 if __name__ == "__main__":

@@ -342,15 +342,19 @@ class _ZeroBubble:
     def left(self) -> bool:
         return any(self.ptr[d] < len(self.orders[d]) or self.pending[d] for d in range(self.devices))
 
+    def run_to_end(self) -> float:
+        """Every op, the device free earliest going first; the time the last one ends."""
+        while self.left():
+            if not any(self.advance(d) for d in sorted(range(self.devices), key=lambda x: self.free[x])):
+                raise SimulationError("zero-bubble schedule deadlocked")  # pragma: no cover
+        return max(self.free)
+
 
 def _simulate_zb(orders: list[list[tuple[str, int, int]]], vf: list[float], vb: list[float],
                  vw: list[float], devices: int, m: int, p2p: float, keep_ops: bool) -> SimResult:
     """The zero-bubble H1 schedule (:class:`_ZeroBubble`) run to the end."""
     zb = _ZeroBubble(orders, vf, vb, vw, devices, p2p, keep_ops)
-    while zb.left():
-        if not any(zb.advance(d) for d in sorted(range(devices), key=lambda x: zb.free[x])):
-            raise SimulationError("zero-bubble schedule deadlocked")  # pragma: no cover
-    step = max(zb.free)
+    step = zb.run_to_end()
     idle = [step - b for b in zb.busy]
     return SimResult(schedule="zb-h1", devices=devices, micro_batches=m, chunks=1, step_time=step,
                      busy=zb.busy, idle=idle, bubble_ratio=1.0 - sum(zb.busy) / (devices * step),
@@ -376,10 +380,7 @@ def _simulate_zb_h2(vf: list[float], vb: list[float], vw: list[float], devices: 
         orders = [[(kind, s, k + i * m) for i in range(steps) for kind, s, k in _order_zb_h2(d, devices, m)]
                   for d in range(devices)]
         zb = _ZeroBubble(orders, vf, vb, vw, devices, p2p, keep_ops, limit=2 * devices - 1, micro_batches=m)
-        while zb.left():
-            if not any(zb.advance(d) for d in sorted(range(devices), key=lambda x: zb.free[x])):
-                raise SimulationError("zero-bubble schedule deadlocked")  # pragma: no cover
-        ends.append(max(zb.free))
+        ends.append(zb.run_to_end())
     assert zb is not None
     period = ends[1] - ends[0]
     busy = [m * (vf[d] + vb[d] + vw[d]) for d in range(devices)]
