@@ -63,7 +63,10 @@ def _layer_costs(cfg: TrainConfig, h: hist_mod.History | None) -> Profile | None
 def hardware(cfg: TrainConfig, cluster: ClusterState | None, h: hist_mod.History | None = None) -> Hardware:
     """The hardware the estimate assumes: the links and device memory this user's recent
     launches on the partition measured (pipeswift_launch.probe), else the defaults;
-    PSWIFT_DEVICE_MEMORY overrides the memory."""
+    PSWIFT_DEVICE_MEMORY overrides the memory. CPU: the cores of a host and the ranks that
+    share it as those launches found them (virtual nodes on one machine: Slurm's CPU count of a
+    node says nothing of it), else Slurm's CPUs of a node; PSWIFT_HOST_CORES and
+    PSWIFT_RANKS_PER_HOST override."""
     r = cfg.resources
     got = h.measured_hardware(cfg.job.partition, r.device, runrows.current_user()) if h is not None else None
     links: dict[str, float] = {}
@@ -73,14 +76,15 @@ def hardware(cfg: TrainConfig, cluster: ClusterState | None, h: hist_mod.History
         links["p2p_bandwidth"] = got.p2p_bandwidth
     mem = (float(os.environ.get("PSWIFT_DEVICE_MEMORY", 0))
            or (got.device_memory if got is not None and got.device_memory else DEFAULT_DEVICE_MEMORY[r.device]))
-    cores = None
+    cores = sharing = None
     if r.device == "cpu":
-        cores = int(os.environ.get("PSWIFT_HOST_CORES", 0)) or None
+        cores = int(os.environ.get("PSWIFT_HOST_CORES", 0)) or (got.host_cores if got is not None else None)
         if cores is None and cluster is not None:
             part = [n for n in cluster.nodes if cfg.job.partition is None or cfg.job.partition in n.partitions]
             cores = min((n.cpus for n in part), default=None)
-    return Hardware(device=r.device, device_memory=mem, host_cores=cores,
-                    ranks_per_host=int(os.environ.get("PSWIFT_RANKS_PER_HOST", 0)) or None,
+        sharing = int(os.environ.get("PSWIFT_RANKS_PER_HOST", 0)) or (
+            got.nodes_per_host * r.tasks_per_node if got is not None and got.nodes_per_host else None)
+    return Hardware(device=r.device, device_memory=mem, host_cores=cores, ranks_per_host=sharing,
                     threads_per_rank=r.cpus_per_task, measured=got.launches if got is not None else 0,
                     **links)
 

@@ -58,14 +58,16 @@ def test_the_planners_hardware_is_what_the_users_own_launches_measured(tmp_path)
     h = History(tmp_path / "h.db")
     try:
         assert h.measured_hardware("low", "cpu", "alice") is None
-        for name, user, lat, bw, mem in (("mine-1", "alice", 1e-4, 5e9, 40e9), ("mine-2", "alice", 3e-4, 7e9, 20e9),
-                                         ("theirs-3", "mallory", 9.0, 1.0, 1)):
+        for name, user, lat, bw, mem, on_host, cores in (
+                ("mine-1", "alice", 1e-4, 5e9, 40e9, 1, 8), ("mine-2", "alice", 3e-4, 7e9, 20e9, 2, 8),
+                ("theirs-3", "mallory", 9.0, 1.0, 1, 64, 1)):
             run, owner = _run(tmp_path, name, user, 1.0, 1.1, {"device": "cpu", "p2p_latency_s": lat,
                                                                "p2p_bandwidth": bw, "device_memory": int(mem),
-                                                               "ranks_per_host": 2, "host_cores": 8})
+                                                               "ranks_per_host": on_host, "host_cores": cores})
             assert h.ingest_run_dir(run, owner)
         got = h.measured_hardware("low", "cpu", "alice")
-        assert got == (pytest.approx(2e-4), pytest.approx(6e9), pytest.approx(30e9), 2)
+        # 2 ranks of a 2-node launch on one host: its 2 nodes share a host (the most seen counts)
+        assert got == (pytest.approx(2e-4), pytest.approx(6e9), pytest.approx(30e9), 2, 8, 2)
         assert h.measured_hardware("low", "cuda", "alice") is None        # another device
         assert h.measured_hardware("high", "cpu", "alice") is None        # another partition
         line = Hardware(device="cpu", p2p_latency=got.p2p_latency_s, p2p_bandwidth=got.p2p_bandwidth,
@@ -192,3 +194,47 @@ def test_a_sacct_record_slurmdbd_has_not_finished_is_read_again_and_filled(tmp_p
     assert h2.sacct_since("c") == 300                       # long ended: stays without a QOS
     h.close()
     h2.close()
+
+
+def test_the_planner_shares_a_host_as_the_users_launches_found_it(tmp_path, monkeypatch):
+    """Virtual nodes on one machine: Slurm says 8 CPUs a node, the launches found 4 nodes' ranks
+    on one host of 2 cores. The planner takes the measured cores and sharing (a 4-stage step is
+    then estimated slower than Slurm's figures make it) unless PSWIFT_HOST_CORES /
+    PSWIFT_RANKS_PER_HOST say otherwise; `pswift plan` says so."""
+    from helpers import copy_example
+    from pipeswift_slurm import autoplan
+    from pipeswift_slurm.config import load_config
+    from pipeswift_slurm.history import rows as runrows
+    from pipeswift_slurm.planning.costmodel import Profile, estimate_step
+    from pipeswift_slurm.planning.partition import balanced_boundaries
+    from pipeswift_slurm.slurm.queue import ClusterState
+    from pipeswift_slurm.slurm.records import NodeState
+    for var in ("PSWIFT_HOST_CORES", "PSWIFT_RANKS_PER_HOST", "PSWIFT_DEVICE_MEMORY"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = load_config(copy_example(tmp_path / "ex", {"nodes": "[1, 4]"}))
+    cluster = ClusterState(now=0.0, nodes=[NodeState(f"node{i}", "idle", 8, 8, ("low",)) for i in range(1, 5)])
+
+    def cores_and_sharing() -> tuple[int | None, int | None]:
+        hw = autoplan.hardware(cfg, cluster, h)
+        return hw.host_cores, hw.ranks_per_host
+    me = runrows.current_user()
+    h = History(tmp_path / "h.db")
+    try:
+        assert cores_and_sharing() == (8, None)   # nothing measured: Slurm's CPUs of a node
+        run, _ = _run(tmp_path, "four", me, 1.0, 1.1, {  # a 4-node launch: 4 ranks found on its host
+            "nodes": 4, "world_size": 4, "stages": 4, "device": "cpu", "p2p_latency_s": 1e-4,
+            "p2p_bandwidth": 1e9, "device_memory": int(4e9), "ranks_per_host": 4, "host_cores": 2})
+        assert h.ingest_run_dir(run, Owner(me, 0, 0, "4"))
+        hw = autoplan.hardware(cfg, cluster, h)
+        assert (hw.host_cores, hw.ranks_per_host) == (2, 4)
+        assert hw.line().endswith("; up to 4 ranks x 1 thread(s) share a host's 2 cores"), hw.line()
+        prof = Profile((1.0,) * 8, None, None, 8, "toml")
+        cuts = balanced_boundaries(prof.costs, 4)
+        shared = estimate_step(prof, cuts, 8, 8, 1, 1, hw)
+        apart = estimate_step(prof, cuts, 8, 8, 1, 1, hw._replace(host_cores=8, ranks_per_host=None))
+        assert shared.contention > 1.5 and shared.step_s > 1.5 * apart.step_s
+        monkeypatch.setenv("PSWIFT_HOST_CORES", "16")
+        monkeypatch.setenv("PSWIFT_RANKS_PER_HOST", "1")
+        assert cores_and_sharing() == (16, 1)
+    finally:
+        h.close()

@@ -62,6 +62,9 @@ def test_sbatch_trains_two_stages_on_two_nodes_and_pswift_run_matches(cluster, e
     assert re.search(r"JCT band coverage: [0-2] of 2 actual JCT\(s\) inside the predicted p10-p90 band", out), out
     assert re.search(r"hardware: links \d+ us \+ [0-9.]+ GB/s between stages, [0-9.]+ GB per cpu rank "
                      r"\(measured by [12] recent launch\(es\)\)", out), out
+    # both virtual nodes' ranks were found on this one host: the planner shares its cores
+    hw = json.loads(pswift("plan", str(example), "--no-live", "--json", check=True).stdout)["hardware"]
+    assert (hw["host_cores"], hw["ranks_per_host"]) == (os.cpu_count(), 2), hw
 
 
 def test_dry_run_submits_nothing(cluster, example, tmp_path):

@@ -31,6 +31,14 @@ LISTING_SQL = {
     "predicted_jct_s": "NULL",
 }
 
+def _nodes_on_a_host(ranks_per_host: int | None, nodes: int | None, ranks: int | None) -> int | None:
+    """Nodes of one launch that shared a host: the ranks the probe found on its host over the
+    launch's ranks per node (None: not measured)."""
+    if not ranks_per_host or not nodes or not ranks:
+        return None
+    return max(1, min(nodes, round(ranks_per_host * nodes / ranks)))
+
+
 class MeasuredHardware(NamedTuple):
     """Medians of what recent launches measured (None: none measured that one)."""
 
@@ -38,6 +46,10 @@ class MeasuredHardware(NamedTuple):
     p2p_bandwidth: float | None
     device_memory: float | None
     launches: int
+    #: the host's cores (CPU), and how many of the partition's nodes were seen on one host
+    #: (virtual nodes: a launch of n nodes whose ranks all shared one host counts n)
+    host_cores: int | None = None
+    nodes_per_host: int | None = None
 
 
 #: the roll-up columns a report may group by
@@ -115,7 +127,8 @@ class Queries:
         ``device`` hardware (pipeswift_launch.probe), as medians; None when none measured. Only
         that user's own: the numbers come from their events, which another user cannot write."""
         rows = self.conn.execute(
-            "SELECT a.p2p_latency_s, a.p2p_bandwidth, a.device_memory FROM attempts a "
+            "SELECT a.p2p_latency_s, a.p2p_bandwidth, a.device_memory, a.host_cores, a.ranks_per_host, "
+            "a.nodes, a.stages * a.data_parallel FROM attempts a "
             "JOIN jobs j ON a.job = j.id WHERE j.partition IS ? AND a.device = ? AND j.user = ? "
             "AND (a.p2p_latency_s IS NOT NULL OR a.device_memory IS NOT NULL) "
             "ORDER BY a.start_time DESC LIMIT ?", [partition, device, user, limit]).fetchall()
@@ -124,8 +137,12 @@ class Queries:
         lat = [r[0] for r in rows if r[0] is not None and r[0] > 0]
         bw = [r[1] for r in rows if r[1] is not None and r[1] > 0]
         mem = [r[2] for r in rows if r[2] is not None and r[2] > 0]
+        cores = [r[3] for r in rows if r[3] is not None and r[3] > 0]
+        shared = [_nodes_on_a_host(*r[4:]) for r in rows]
         return MeasuredHardware(median_of(lat) if lat else None, median_of(bw) if bw else None,
-                                float(median_of(mem)) if mem else None, len(rows))
+                                float(median_of(mem)) if mem else None, len(rows),
+                                int(median_of(cores)) if cores else None,
+                                max((n for n in shared if n is not None), default=None))
 
     def preemptions_per_hour(self, partition: str | None, days: float = 30.0,
                              now: float | None = None) -> float:

@@ -64,8 +64,12 @@ class Hardware(NamedTuple):
     def line(self) -> str:
         """The links and memory the estimate assumes, and where they come from."""
         where = f"measured by {self.measured} recent launch(es)" if self.measured else "assumed"
+        ranks = self.ranks_per_host or 0
+        shared = (f"; up to {ranks} ranks x {self.threads_per_rank} thread(s) share a host's {self.host_cores} cores"
+                  if self.device == "cpu" and self.host_cores and ranks * self.threads_per_rank > self.host_cores
+                  else "")
         return (f"hardware: links {self.p2p_latency * 1e6:.0f} us + {self.p2p_bandwidth / 1e9:.2f} GB/s between "
-                f"stages, {self.device_memory / 1e9:.2f} GB per {self.device} rank ({where})")
+                f"stages, {self.device_memory / 1e9:.2f} GB per {self.device} rank ({where}){shared}")
 
 
 def every_known(values: Sequence[int | None]) -> tuple[int, ...] | None:

@@ -153,7 +153,8 @@ class PlanResult:
                 "candidates": [c.to_dict() for c in self.candidates],
                 "profile_source": self.profile_source, "calibration": self.calibration._asdict(),
                 "notes": self.notes, "choice": self.choice,
-                "partitions": [p._asdict() for p in self.partitions]}
+                "partitions": [p._asdict() for p in self.partitions],
+                "hardware": self.hardware._asdict() if self.hardware is not None else None}
 
 
 def _layout(cfg: TrainConfig, profile: Profile, hw: Hardware, nodes: int, P: int,
