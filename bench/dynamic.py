@@ -17,7 +17,7 @@ JCT = `pswift sbatch` to COMPLETED, seen from outside. The ratio is static / dyn
 dynamic job finished sooner). The planner is told that all virtual nodes share this host's
 cores (PSWIFT_HOST_CORES, PSWIFT_RANKS_PER_HOST), so its estimates reflect what the host can do.
 
-    scripts/with-slurm 22.05 python bench/dynamic.py [--steps 250] [--hold 30] [--quick] [--out ...]
+    scripts/with-slurm 22.05 python bench/dynamic.py [--steps 250] [--grow-steps 1000] [--hold 30] [--quick] [--out ...]
 """
 
 from __future__ import annotations
@@ -105,13 +105,17 @@ def one_run(tmp: Path, name: str, steps: int, holder_nodes: str, hold_s: float |
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=250)
+    ap.add_argument("--steps", type=int, default=250, help="steps of the half-busy job")
+    ap.add_argument("--grow-steps", type=int, default=1000,
+                    help="steps of the freeing job: growing repays its requeue (~11 s) and the 30 s on "
+                         "one node over the steps left; on a 2-core host, where 2 virtual nodes are "
+                         "~1.25x one, 250 steps give ~1.13x and 1,000 ~1.28x")
     ap.add_argument("--hold", type=float, default=30.0, help="seconds the freeing load holds its nodes")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "dynamic.json"))
     ap.add_argument("--quick", action="store_true", help="12 steps, a 5 s hold (CI: the bench still runs)")
     args = ap.parse_args()
     if args.quick:
-        args.steps, args.hold = 12, 5.0
+        args.steps, args.grow_steps, args.hold = 12, 12, 5.0
     pswift = shutil.which("pswift", path=str(Path(sys.executable).parent)) or "pswift"
     runs: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="pswift-bench-dyn-") as tmp:
@@ -119,7 +123,7 @@ def main() -> None:
         for scenario, (nodes, hold, configs) in SCENARIOS.items():
             runs[scenario] = {}
             for config, (rebalance, grow_check_s) in configs.items():
-                r = one_run(Path(tmp), f"{scenario}-{config}", args.steps, nodes,
+                r = one_run(Path(tmp), f"{scenario}-{config}", args.grow_steps if hold else args.steps, nodes,
                             args.hold if hold else None, rebalance, grow_check_s, pswift, env)
                 runs[scenario][config] = r
                 print(f"{scenario:9s} {config:10s} JCT {r['jct_s']:6.1f} s  launches {r['launches']}  "
@@ -127,11 +131,13 @@ def main() -> None:
     half, free = runs["half_busy"], runs["freeing"]
     ratios = {"rebalanced": half["static"]["jct_s"] / half["rebalanced"]["jct_s"],
               "growing": free["static"]["jct_s"] / free["growing"]["jct_s"]}
-    res = {"benchmark": "dynamic", "steps": args.steps, "hold_s": args.hold, "runs": runs, "ratios": ratios}
+    res = {"benchmark": "dynamic", "steps": args.steps, "grow_steps": args.grow_steps, "hold_s": args.hold,
+           "runs": runs, "ratios": ratios}
     benchlib.save(args.out, res, quick=args.quick,
-                  what=f"JCT of one job ({args.steps} steps, a slow block, wrong `layer_costs`, nodes [1, 4]) "
-                       f"under another user's job: holding 2 of 4 nodes throughout (static vs "
-                       f"re-balanced in place), or 3 of 4 for {args.hold:.0f} s (static vs growing), "
+                  what=f"JCT of one job (a slow block, wrong `layer_costs`, nodes [1, 4]) under another "
+                       f"user's job: holding 2 of 4 nodes throughout ({args.steps} steps: static vs "
+                       f"re-balanced in place), or 3 of 4 for {args.hold:.0f} s ({args.grow_steps} steps: "
+                       f"static vs growing), "
                        f"`pswift sbatch` to COMPLETED",
                   figures=f"re-balanced {half['rebalanced']['jct_s']:.0f} s vs static {half['static']['jct_s']:.0f} s "
                           f"({ratios['rebalanced']:.2f}× faster); growing {free['growing']['jct_s']:.0f} s vs "
