@@ -398,9 +398,10 @@ def test_a_stopped_rank_is_found_and_the_ranks_restart_in_the_allocation(cluster
 
 
 def test_a_storm_of_preemptions_loses_at_most_an_interval_each_and_ends_bitwise_equal(cluster, tmp_path):
-    """Three preemptions, two at random steps and the second while a periodic checkpoint is half
-    written (stage files on disk, no manifest yet): the job completes with the uninterrupted
-    run's weights, each resume starts from a committed checkpoint at most one interval back.
+    """Three preemptions, the first and third at random steps, the second while a periodic
+    checkpoint is half written (stage files on disk, no manifest yet): the job completes with the
+    uninterrupted run's weights, each resume starts from a committed checkpoint at most one
+    interval back.
     (Three rather than five: each one more is a requeue, ~15 s of CI, and tests nothing new.)"""
     import random
     rng = random.Random(7)

@@ -31,6 +31,7 @@ LISTING_SQL = {
     "predicted_jct_s": "NULL",
 }
 
+
 def _nodes_on_a_host(ranks_per_host: int | None, nodes: int | None, ranks: int | None) -> int | None:
     """Nodes of one launch that shared a host: the ranks the probe found on its host over the
     launch's ranks per node (None: not measured)."""

@@ -61,13 +61,16 @@ class Hardware(NamedTuple):
     #: how many recent launches the links and device memory were measured from (0: assumed)
     measured: int = 0
 
+    def crowded(self, ranks: int) -> bool:
+        """Do ``ranks`` busy CPU ranks (x their threads) on one host outnumber its cores?"""
+        return bool(self.device == "cpu" and self.host_cores and ranks * self.threads_per_rank > self.host_cores)
+
     def line(self) -> str:
         """The links and memory the estimate assumes, and where they come from."""
         where = f"measured by {self.measured} recent launch(es)" if self.measured else "assumed"
         ranks = self.ranks_per_host or 0
         shared = (f"; up to {ranks} ranks x {self.threads_per_rank} thread(s) share a host's {self.host_cores} cores"
-                  if self.device == "cpu" and self.host_cores and ranks * self.threads_per_rank > self.host_cores
-                  else "")
+                  if self.crowded(ranks) else "")
         return (f"hardware: links {self.p2p_latency * 1e6:.0f} us + {self.p2p_bandwidth / 1e9:.2f} GB/s between "
                 f"stages, {self.device_memory / 1e9:.2f} GB per {self.device} rank ({where}){shared}")
 
@@ -173,9 +176,7 @@ def _scaled(profile: Profile, mbs: int) -> list[float]:
 
 def oversubscribed(stages: int, data_parallel: int, tasks_per_node: int, hw: Hardware) -> bool:
     """Do more CPU ranks (x threads) than cores share a host in this layout?"""
-    ranks = hw.ranks_per_host or tasks_per_node
-    return bool(hw.device == "cpu" and hw.host_cores
-                and min(ranks, stages * data_parallel) * hw.threads_per_rank > hw.host_cores)
+    return hw.crowded(min(hw.ranks_per_host or tasks_per_node, stages * data_parallel))
 
 
 def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: int,
