@@ -29,7 +29,8 @@ from pipeswift_slurm.plan import MAX_RELAYOUTS, RELAYOUT_EXIT
 
 __all__ = ["MAX_RESTARTS_DEFAULT", "RELAYOUT_EXIT", "Allocation", "Budgets", "Death", "Decision", "after_launch",
            "backoff", "first_death", "requeue_left", "restart_left", "srun_deaths"]
-#: seconds to wait before restart k (1-based): 1, 2, 4, ... at most BACKOFF_MAX_S
+#: seconds to wait before restart k (1-based): none before the first (as TorchElastic: a crash
+#: once is the common case and every second of it is lost), then 1, 2, 4, ... at most BACKOFF_MAX_S
 BACKOFF_MAX_S = 30.0
 
 #: exception text of a failed machine or network rather than the model's code (lower case)
@@ -125,7 +126,7 @@ def restart_left(restarts: int, max_restarts: int) -> bool:
 
 def backoff(restart: int) -> float:
     """Seconds before the ``restart``-th restart (1-based)."""
-    return min(BACKOFF_MAX_S, 2.0 ** max(0, restart - 1))
+    return 0.0 if restart <= 1 else min(BACKOFF_MAX_S, 2.0 ** (restart - 2))
 
 
 def first_death(deaths: list[Death]) -> Death | None:
