@@ -16,8 +16,8 @@ trained locally with real DeepSpeed on CPU (`pswift run`, no Slurm needed), ever
 
 Two trainings, each against its own baseline: fp32 (2 stages on 2 nodes; resumes 2 -> 4 and
 4 -> 2 stages) and bf16 + ZeRO-1 (2 stages x 2 data-parallel on 4 nodes: the fp32 master
-weights and Adam state are sharded, gathered by parameter name at save; resumes into 2 x 1 on 2
-nodes and back into 2 x 2 on 4).
+weights and Adam state are sharded, each rank writing its own shard file; resumes into 2 x 1 on
+2 nodes and back into 2 x 2 on 4).
 
 Rounds alternate which goes first (baseline or pswift), and the page cache's dirty data is
 flushed (``sync``) and, when run as root, the clean page cache dropped before each timed write,
@@ -122,7 +122,7 @@ def signal_and_commit(toml: Path, run: Path, ckpt: Path, nodes: int) -> dict:
     steps = [e["step_time"] for e in evs if e["event"] == "step"]
     size = sum(f.stat().st_size for f in (ckpt / f"step_{saved['step']:08d}").glob("stage_*"))
     return {"step": saved["step"], "checkpoint_bytes": size, "signal_to_commit_s": signal_to_commit,
-            "in_job_save_s": saved["seconds"], "stage_write_s": saved["write_s"], "gather_s": saved.get("gather_s", 0.0),
+            "in_job_save_s": saved["seconds"], "stage_write_s": saved["write_s"],
             "commit_s": saved["commit_s"], "step_s": statistics.median(steps),
             "page_cache_dropped": dropped}
 
@@ -160,13 +160,11 @@ def resume_loads(work: Path, ckpt: Path, step: int, hidden: int, mode: str) -> d
 def merged_state(step_dir: Path) -> dict:
     """Every tensor of a committed checkpoint in one dict (the baseline saves and loads this)."""
     sys.path.insert(0, str(ROOT / "launch"))
-    from pipeswift_launch import stagefile
-    merged = {}
-    for f in sorted(step_dir.glob("stage_*.safetensors")):
-        blob = stagefile.read(f)
-        merged.update({"model." + k: v for k, v in blob["model"].items()})
-        merged.update({"master." + k: v for k, v in blob["master"].items()})
-        merged.update({f"optim.{k}.{n}": v for k, s in blob["optim"].items() for n, v in s.items()})
+    from pipeswift_launch import checkpoint
+    state = checkpoint.read_all(step_dir)
+    merged = {"model." + k: v for k, v in state["model"].items()}
+    merged.update({"master." + k: v for k, v in state["master"].items()})
+    merged.update({f"optim.{k}.{n}": v for k, s in state["optim"].items() for n, v in s.items()})
     return merged
 
 

@@ -82,8 +82,9 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
     "step": {"step": (_count, True), "loss": (_num, True), "step_time": (_num, True),
              "loss_hex": (_str, False)},
     "checkpoint": {"step": (_count, False), "path": (_str, False), "seconds": (_num, False),
-                   "reason": (_str, False), "gather_s": (_num, False), "write_s": (_num, False),
-                   "commit_s": (_num, False), "background": (lambda v: isinstance(v, bool), False)},
+                   "reason": (_str, False), "copy_s": (_num, False), "write_s": (_num, False),
+                   "commit_s": (_num, False), "background": (lambda v: isinstance(v, bool), False),
+                   "gather_s": (_num, False)},   # launchers before manifest version 3 gathered ZeRO state
     "checkpoint_discarded": {"names": (_strs, False)},
     "end": {"reason": (_str, True), "step": (_count, False),
             "requeue": (lambda v: isinstance(v, bool), False), "error": (_str, False)},

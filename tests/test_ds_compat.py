@@ -84,9 +84,15 @@ engine.train_batch(data_iter=iter(batches))
 assert float(ds_compat.master_state(engine)[groups[0][1]]["step"]) == 4.0
 assert ds_compat.loss_scale_state(engine) is None   # the bf16 optimizer scales nothing
 from deepspeed.utils import safe_get_full_fp32_param
-master, moments, scalars = ds_compat.gather_master(engine)
+import tempfile
+from pathlib import Path
+from pipeswift_launch import stagefile
+parts = ds_compat.master_parts(engine)   # this rank's partition, written and put together again
+shard = Path(tempfile.mkdtemp()) / "stage_000.zero_000.safetensors"
+stagefile.write_shard(shard, parts, 0)
+master, moments = stagefile.read_shards([shard])
 named = dict(engine.module.named_parameters())
-assert sorted(master) == sorted(named) and float(scalars["step"]) == 4.0
+assert sorted(master) == sorted(named) and float(parts[0][2]["step"]) == 4.0
 for n, p in named.items():
     assert torch.equal(master[n], safe_get_full_fp32_param(p)), n
     assert torch.equal(moments[n]["exp_avg"], safe_get_full_optimizer_state(p, "exp_avg")), n

@@ -53,11 +53,8 @@ def step_losses(run: Path) -> dict[int, str]:
 
 
 def final_weights(ckpt_dir: Path, step: int) -> dict:
-    from pipeswift_launch import stagefile
-    out = {}
-    for f in sorted((ckpt_dir / f"step_{step:08d}").glob("stage_*.safetensors")):
-        out.update(stagefile.read(f)["model"])
-    return out
+    from pipeswift_launch import checkpoint
+    return checkpoint.read_all(ckpt_dir / f"step_{step:08d}")["model"]
 
 
 def assert_same_weights(a: dict, b: dict) -> None:

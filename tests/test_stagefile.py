@@ -98,3 +98,59 @@ def test_state_that_json_cannot_hold_is_refused_by_name(tmp_path):
     blob = dict(blob_of({"0.w": torch.ones(2)}), lr_scheduler={"fn": object()})
     with pytest.raises(stagefile.StageFileError, match="holds a object"):
         stagefile.write(tmp_path / "s.safetensors", blob)
+
+
+def zero_partitions(sizes: list[int], pads: list[int], dp: int) -> tuple[dict, list]:
+    """({name: (master, exp_avg)}, each data-parallel rank's parts) for one parameter group laid
+    out as DeepSpeed's ZeRO-1 does: parameters flattened one after another (``pads`` elements of
+    padding after each), the buffer padded to a multiple of ``dp`` and split into equal
+    partitions; a rank lists a parameter's start only when a piece of it is in its partition."""
+    params, chunks, starts, at = [], [], {}, 0
+    whole = {}
+    for i, (n, pad) in enumerate(zip(sizes, pads)):
+        name = f"{i}.weight"
+        master = torch.arange(n, dtype=torch.float32) + 1000 * i
+        whole[name] = (master.view(n, 1), master.view(n, 1) * 2)
+        params.append((name, torch.Size([n, 1]), n))
+        starts[name] = at
+        chunks += [master, torch.zeros(pad)]
+        at += n + pad
+    flat = torch.cat(chunks + [torch.zeros(-at % dp)])
+    size = flat.numel() // dp
+    parts = []
+    for r in range(dp):
+        lo, hi = r * size, (r + 1) * size
+        mine = {name: s for name, s in starts.items() if s < hi and s + dict((p[0], p[2]) for p in params)[name] > lo}
+        part = flat[lo:hi].clone()
+        parts.append([(params, {None: part, "exp_avg": part * 2}, {"step": torch.tensor(3.0)}, mine)])
+    return whole, parts
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=5), st.integers(1, 4), st.data())
+def test_zero_shards_written_by_each_rank_make_every_parameter_whole_again(tmp_path_factory, sizes, dp, data):
+    pads = data.draw(st.lists(st.integers(0, 3), min_size=len(sizes), max_size=len(sizes)))
+    whole, parts = zero_partitions(sizes, pads, dp)
+    d = tmp_path_factory.mktemp("zero")
+    paths = [d / f"stage_000.zero_{r:03d}.safetensors" for r in range(dp)]
+    for r, path in enumerate(paths):
+        size, crc = stagefile.write_shard(path, parts[r], r)
+        assert path.stat().st_size == size and stagefile.crc32_file(path) == crc
+    master, optim = stagefile.read_shards(paths)
+    assert sorted(master) == sorted(optim) == sorted(whole)
+    for name, (m, avg) in whole.items():
+        assert torch.equal(master[name], m) and torch.equal(optim[name]["exp_avg"], avg), name
+    some = set(sorted(whole)[::2])
+    master, optim = stagefile.read_shards(paths, some)
+    assert set(master) == set(optim) == some
+    held = set(parts[1][0][3]) if dp > 1 else set()
+    if held:   # one rank's file missing: a parameter with a piece there is not whole
+        with pytest.raises(stagefile.StageFileError, match="do not hold .* whole"):
+            stagefile.read_shards(paths[:1] + paths[2:], held)
+
+
+def test_a_stage_file_is_not_a_shard_file(tmp_path):
+    path = tmp_path / "stage_000.safetensors"
+    stagefile.write(path, blob_of({"0.w": torch.ones(3)}))
+    with pytest.raises(stagefile.StageFileError, match="not a readable ZeRO shard file"):
+        stagefile.read_shards([path])

@@ -98,14 +98,13 @@ def run(toml: Path, run_dir: Path, nodes: int, stop_after: int | None = None) ->
 
 
 def final_state(ckpt: Path, step: int) -> dict:
-    """Every stage file's tensors of the checkpoint at ``step``: model, fp32 master, optimizer."""
-    from pipeswift_launch import stagefile
-    out: dict = {}
-    for f in sorted((ckpt / f"step_{step:08d}").glob("stage_*.safetensors")):
-        blob = stagefile.read(f)
-        out.update({f"model/{k}": v for k, v in blob["model"].items()})
-        out.update({f"master/{k}": v for k, v in blob["master"].items()})
-        out.update({f"optim/{k}/{key}": v for k, s in blob["optim"].items() for key, v in s.items()})
+    """Every tensor of the checkpoint at ``step`` (each stage's file and ZeRO shards): model,
+    fp32 master, optimizer."""
+    from pipeswift_launch import checkpoint
+    state = checkpoint.read_all(ckpt / f"step_{step:08d}")
+    out: dict = {f"model/{k}": v for k, v in state["model"].items()}
+    out.update({f"master/{k}": v for k, v in state["master"].items()})
+    out.update({f"optim/{k}/{key}": v for k, s in state["optim"].items() for key, v in s.items()})
     return out
 
 
@@ -163,14 +162,18 @@ def test_bf16_zero1_with_recompute_resumes_in_another_layout(tmp_path, first, th
 
 def test_a_bf16_zero1_background_checkpoint_resumes_bit_for_bit(tmp_path):
     """2 stages x 2 data-parallel, bf16 + ZeRO-1: the periodic checkpoint of step 4 is written in
-    the background, each rank's shard copied at the step and gathered over the checkpoint's own
-    gloo group while training goes on. A job resumed from it ends at step 5 with exactly the
-    state (bf16 weights, fp32 master, Adam moments) of the job that never stopped."""
+    the background, each rank's shard copied at the step and written to its own file while
+    training goes on. A job resumed from it ends at step 5 with exactly the state (bf16 weights,
+    fp32 master, Adam moments) of the job that never stopped."""
     periodic = job(tmp_path / "a", BF16, 2, 2, tmp_path / "ckpt-a", steps=5)
     periodic.write_text(periodic.read_text().replace("checkpoint_interval = 0", "checkpoint_interval = 4"))
     run(periodic, tmp_path / "periodic", 4)
     (bg,) = [e for e in events(tmp_path / "periodic") if e["event"] == "checkpoint" and e["step"] == 4]
-    assert bg["background"] is True and bg["gather_s"] > 0, bg
+    assert bg["background"] is True and bg["copy_s"] > 0, bg
+    man = json.loads((tmp_path / "ckpt-a" / "step_00000004" / "MANIFEST.json").read_text())
+    assert sorted(man["files"]) == ["rng.json", "stage_000.safetensors", "stage_000.zero_000.safetensors",
+                                    "stage_000.zero_001.safetensors", "stage_001.safetensors",
+                                    "stage_001.zero_000.safetensors", "stage_001.zero_001.safetensors"]
     shutil.copytree(tmp_path / "ckpt-a", tmp_path / "ckpt-b")
     shutil.rmtree(tmp_path / "ckpt-b" / "step_00000005")
     run(job(tmp_path / "b", BF16, 2, 2, tmp_path / "ckpt-b", steps=5), tmp_path / "resumed", 4)

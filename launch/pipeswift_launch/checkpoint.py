@@ -3,10 +3,14 @@
 Layout of ``CKPT_DIR/step_00000040/``:
 
 - ``stage_003.safetensors`` per pipeline stage (written by that stage's data-parallel rank 0,
-  see stagefile.py): the stage's module state, fp32 master weights (ZeRO-1, bf16) and optimizer
-  state keyed by **global parameter name** (PipelineModule names layers by global index, so names
-  do not depend on the split; sharded state is gathered whole), plus the LR scheduler and the
-  loss scale;
+  see stagefile.py): the stage's module state and a plain optimizer's state keyed by **global
+  parameter name** (PipelineModule names layers by global index, so names do not depend on the
+  split), plus the LR scheduler and the loss scale;
+- ``stage_003.zero_001.safetensors`` per data-parallel rank of a stage whose optimizer keeps
+  separate fp32 master weights (ZeRO-1, bf16): that rank's own partition of the master weights
+  and optimizer state, with where each parameter lies in it; every rank writes its own at once
+  (nothing is gathered at save, as DeepSpeed's own ``zero_pp_rank_*`` files), and a load puts
+  each parameter it needs together from the pieces, whatever data-parallel degree reads it;
 - ``rng.json``: every rank's random generators (rng.py), written by rank 0;
 - ``MANIFEST.json`` (the commit marker): written by rank 0 after a barrier, via temp file +
   fsync + rename. It lists step, samples, boundaries, P, DP, m, world size, data position and
@@ -18,8 +22,9 @@ the schema check (another version, edited by hand) is moved aside, never deleted
 only the tensors of the stage files that overlap this rank's layers (safetensors: no code runs),
 checks the files' checksums, and refuses a checkpoint of another model (the manifest records the
 model's id and layer count) or whose names or shapes do not match; the launcher then falls back
-to the previous committed checkpoint. Checkpoints of manifest version 1 (``stage_003.pt``,
-``torch.save`` pickles with SHA-256 sums) still load, through ``torch.load(weights_only=True)``.
+to the previous committed checkpoint. Checkpoints of manifest version 2 (ZeRO state gathered
+into the stage file) and 1 (``stage_003.pt``, ``torch.save`` pickles with SHA-256 sums) still
+load, the latter through ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -41,9 +46,11 @@ from . import ds_compat, rng, stagefile
 
 MANIFEST = "MANIFEST.json"
 RNG_FILE = "rng.json"
-MANIFEST_VERSION = 2
+MANIFEST_VERSION = 3
 #: manifest versions this launcher loads, with each one's stage-file suffix and checksum field
-READABLE = {1: (".pt", "sha256"), 2: (stagefile.SUFFIX, "crc32")}
+READABLE = {1: (".pt", "sha256"), 2: (stagefile.SUFFIX, "crc32"), 3: (stagefile.SUFFIX, "crc32")}
+#: the first manifest version with ZeRO shard files (``stage_003.zero_001.safetensors``)
+SHARDED = 3
 #: fault injection for recovery tests: at this step, the last stage's writer SIGKILLs itself
 #: right after writing its file and before the manifest exists (a crash mid-checkpoint), once
 FAULT_ENV = "PSWIFT_FAULT_KILL_IN_CHECKPOINT"
@@ -95,11 +102,21 @@ def _sha256_file(path: Path, chunk: int = 8 << 20) -> str:
 
 
 _STAGE_FILE = re.compile(r"^stage_[0-9]{3}(\.pt|\.safetensors)$")
+_SHARD_FILE = re.compile(r"^stage_([0-9]{3})\.zero_([0-9]{3})\.safetensors$")
 _DIGEST = {"sha256": re.compile(r"^[0-9a-f]{64}$"), "crc32": re.compile(r"^[0-9a-f]{8}$")}
 
 
 def stage_file(stage: int, version: int = MANIFEST_VERSION) -> str:
     return f"stage_{stage:03d}{READABLE[version][0]}"
+
+
+def shard_file(stage: int, dp_rank: int) -> str:
+    return f"stage_{stage:03d}.zero_{dp_rank:03d}{stagefile.SUFFIX}"
+
+
+def shard_files(man: dict[str, Any], stage: int) -> list[str]:
+    """The ZeRO shard files of ``stage`` in a checkpoint's manifest, by data-parallel rank."""
+    return sorted(n for n in man["files"] if (m := _SHARD_FILE.match(n)) and int(m.group(1)) == stage)
 
 
 def _count(v: Any) -> bool:
@@ -125,12 +142,19 @@ def manifest_problem(man: Any) -> str | None:
         return "no file list"
     for name, meta in files.items():
         if not (isinstance(name, str)
-                and ((_STAGE_FILE.match(name) and name.endswith(suffix)) or (name == RNG_FILE and version >= 2))
+                and ((_STAGE_FILE.match(name) and name.endswith(suffix)) or (name == RNG_FILE and version >= 2)
+                     or (_SHARD_FILE.match(name) and version >= SHARDED))
                 and isinstance(meta, dict) and _count(meta.get("size"))
                 and isinstance(meta.get(digest), str) and _DIGEST[digest].match(meta[digest])):
             return f"file entry {str(name)[:40]!r} is malformed"
     if any(stage_file(s, version) not in files for s in range(man["stages"])):
         return "a stage's file is not listed"
+    if any((m := _SHARD_FILE.match(n)) and int(m.group(1)) >= man["stages"] for n in files):
+        return "a ZeRO shard file of a stage the checkpoint does not have"
+    for s in range(man["stages"]):
+        shards = shard_files(man, s)
+        if shards and shards != [shard_file(s, r) for r in range(len(shards))]:
+            return f"stage {s}'s ZeRO shard files are not numbered 0 to {len(shards) - 1}"
     return None
 
 
@@ -207,37 +231,28 @@ def _layer_of(name: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def _optimizer_state(engine: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """({param name: {key: full-size value}}, {param name: fp32 master}) of this stage, whatever
-    the optimizer keeps: a plain torch optimizer's per-parameter state, or the flat partitions
-    of ZeRO-1 / bf16 gathered over the data-parallel group (a collective: every data-parallel
-    rank of the stage calls this). No copies of plain state: every rank is inside save(),
-    nothing updates it meanwhile."""
+def _zero_parts(engine: Any) -> list[stagefile.Part] | None:
+    """This rank's ZeRO-1 / bf16 partitions (live, no copy) for its shard file; None for a
+    plain torch optimizer (its whole state goes into the stage file)."""
+    return ds_compat.master_parts(engine) if ds_compat.master_groups(engine) is not None else None
+
+
+def _stage_blob(engine: Any, parts: list[stagefile.Part] | None) -> dict[str, Any]:
+    """This stage's state for its stage file (references, no copy): a plain optimizer's state
+    per parameter; with ZeRO partitions (``parts``, this rank's: every rank holds the same
+    scalars) only the scalar state per parameter, such as Adam's step (the tensors go into each
+    rank's shard file)."""
     opt = engine.optimizer
-    if ds_compat.master_groups(engine) is None:
+    if parts is None:
         name_of = {p: n for n, p in engine.module.named_parameters()}
-        return {name_of[p]: opt.state[p] for g in opt.param_groups for p in g["params"] if p in opt.state}, {}
-    return _zero_state(*ds_compat.gather_master(engine))
-
-
-def _zero_state(master: dict[str, Any], optim: dict[str, dict[str, Any]],
-                scalars: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    for state in optim.values():
-        state.update(scalars)
-    return optim, master
-
-
-def _stage_blob(engine: Any, optim: dict[str, dict[str, Any]] | None = None,
-                master: dict[str, Any] | None = None) -> dict[str, Any]:
-    """This stage's state (every rank of the stage calls it; data-parallel rank 0 writes it).
-    ``optim`` and ``master``: gathered already (else gathered here)."""
-    if optim is None or master is None:
-        optim, master = _optimizer_state(engine)
+        optim = {name_of[p]: opt.state[p] for g in opt.param_groups for p in g["params"] if p in opt.state}
+    else:
+        optim = {name: dict(scalars) for params, _, scalars, _ in parts for name, _, _ in params}
     return {
         "model": engine.module.state_dict(),
-        "master": master,
+        "master": {},
         "optim": optim,
-        "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups],
+        "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
         "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
         "loss_scaler": ds_compat.loss_scale_state(engine),
         "rng": torch.get_rng_state(),
@@ -245,54 +260,62 @@ def _stage_blob(engine: Any, optim: dict[str, dict[str, Any]] | None = None,
     }
 
 
-def _write_stage(engine: Any, path: Path, step: int, blob: dict[str, Any], t0: float,
-                 t_blob: float) -> tuple[str, int, str, float, float] | None:
-    """Data-parallel rank 0 of each stage writes the stage file: (name, size, checksum, write
-    seconds, gather seconds); other ranks write nothing (None)."""
-    if engine.grid.data_parallel_id != 0:
-        return None
-    name = stage_file(engine.stage_id)
+#: a file this rank wrote into a checkpoint: (name, size, checksum, seconds writing it)
+Written = tuple[str, int, str, float]
+
+
+def _write_files(engine: Any, path: Path, step: int, blob: dict[str, Any] | None,
+                 parts: list[stagefile.Part] | None) -> list[Written]:
+    """This rank's files of the checkpoint: its ZeRO shard file (``parts``), and the stage file
+    when it is the stage's data-parallel rank 0 (``blob``; None elsewhere)."""
+    out: list[Written] = []
+    if parts is not None:
+        t0, dp_rank = time.perf_counter(), engine.grid.data_parallel_id
+        name = shard_file(engine.stage_id, dp_rank)
+        out.append((name, *stagefile.write_shard(path / name, parts, dp_rank), time.perf_counter() - t0))
+    if blob is None:
+        return out
+    t0, name = time.perf_counter(), stage_file(engine.stage_id)
     size, digest = stagefile.write(path / name, blob)
     if os.environ.get(FAULT_ENV) == str(step) and engine.stage_id == engine.num_stages - 1:
         _fault_once(path.parent)
     slow_step, _, slow_s = os.environ.get(FAULT_SLOW_ENV, "").partition(":")
     if slow_step == str(step):
-        time.sleep(float(slow_s or 0))
-    return name, size, digest, time.perf_counter() - t_blob, t_blob - t0
+        time.sleep(float(slow_s or 0))     # a slow disk: the write takes that much longer
+    return [*out, (name, size, digest, time.perf_counter() - t0)]
 
 
-def _commit(path: Path, step: int, meta: dict[str, Any], mine: Any, generators: Any,
+def _commit(path: Path, step: int, meta: dict[str, Any], mine: list[Written], generators: Any,
             gather: Callable[[Any], list[Any]], barrier: Callable[[], None], rank: int) -> dict[str, float]:
-    """Every rank: its file is on disk; rank 0 writes the generators and the manifest (the
+    """Every rank: its files are on disk; rank 0 writes the generators and the manifest (the
     checkpoint counts from here), then all meet. Where the time went (see :func:`save`)."""
-    gathered = gather((mine, generators))  # every stage's file is on disk
-    files = [f for f, _ in gathered if f is not None]
+    gathered = gather((mine, generators))  # every rank's files are on disk
+    files = [f for written, _ in gathered for f in written]
     t_commit = time.perf_counter()
     if rank == 0:
         record = json.dumps({"layout": layout_key(meta), "ranks": [g for _, g in gathered]}).encode()
         _atomic_write(path / RNG_FILE, record)
-        listed = {n: {"size": s, "crc32": h} for n, s, h, _, _ in sorted(files)}
+        listed = {n: {"size": s, "crc32": h} for n, s, h, _ in sorted(files)}
         listed[RNG_FILE] = {"size": len(record), "crc32": f"{zlib.crc32(record):08x}"}
         man = dict(meta, version=MANIFEST_VERSION, step=step, created=time.time(), files=listed)
         _atomic_write(path / MANIFEST, (json.dumps(man, indent=1, sort_keys=True) + "\n").encode())
         _fsync_dir(path)
     barrier()  # committed before anyone moves on (or exits)
-    return {"gather_s": max(f[4] for f in files), "write_s": max(f[3] for f in files),
-            "commit_s": time.perf_counter() - t_commit}
+    return {"write_s": max(f[3] for f in files), "commit_s": time.perf_counter() - t_commit}
 
 
 def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
          gather: Callable[[Any], list[Any]], barrier: Callable[[], None],
          rank: int) -> tuple[Path, dict[str, float]]:
     """Every rank calls this at the same step. Returns the committed directory and where the
-    time went: ``gather_s`` (the slowest stage's state collected: ZeRO-1 / bf16 partitions
-    gathered over its data-parallel ranks), ``write_s`` (the slowest stage file) and ``commit_s``
-    (from the last file on disk to the manifest committed on every rank)."""
+    time went: ``write_s`` (the slowest rank's files: every rank writes its own ZeRO shard, the
+    stage's data-parallel rank 0 the stage file too) and ``commit_s`` (from the last file on
+    disk to the manifest committed on every rank)."""
     path = ckpt_dir / tag_for(step)
     path.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    blob = _stage_blob(engine)
-    mine = _write_stage(engine, path, step, blob, t0, time.perf_counter())
+    parts = _zero_parts(engine)
+    blob = _stage_blob(engine, parts) if engine.grid.data_parallel_id == 0 else None
+    mine = _write_files(engine, path, step, blob, parts)
     return path, _commit(path, step, meta, mine, rng.capture(), gather, barrier, rank)
 
 
@@ -309,46 +332,40 @@ def _snapshot(obj: Any) -> Any:
 
 class Pending:
     """A checkpoint written in the background (as torch.distributed.checkpoint's async save,
-    with CheckFreq's pipelined snapshot): the stage's state is copied to host memory by a thread
-    while the next step's forward and backward run (they read the weights and the optimizer
-    state, never write them), and the next optimizer step waits for that copy
-    (:meth:`wait_copied`, run by the fence :func:`ds_compat.before_optimizer_step` installs);
-    then the thread writes the stage file, and :meth:`commit` writes the manifest once every
-    rank's file is durable -- until then the checkpoint does not count, and a crash leaves a
-    folder without manifest (removed at the next start)."""
+    with CheckFreq's pipelined snapshot): this rank's state (its ZeRO shard; the stage file's
+    state on the stage's data-parallel rank 0) is copied to host memory by a thread while the
+    next step's forward and backward run (they read the weights and the optimizer state, never
+    write them), and the next optimizer step waits for that copy (:meth:`wait_copied`, run by
+    the fence :func:`ds_compat.before_optimizer_step` installs); then the thread writes this
+    rank's files (no collective: nothing is gathered), and :meth:`commit` writes the manifest
+    once every rank's files are durable -- until then the checkpoint does not count, and a
+    crash leaves a folder without manifest (removed at the next start)."""
 
-    def __init__(self, engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
-                 side_group: Any = None) -> None:
+    def __init__(self, engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any]) -> None:
         import threading
         self.path, self.step, self.meta = ckpt_dir / tag_for(step), step, meta
         self.path.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        writer = engine.grid.data_parallel_id == 0
-        # references only, here: ZeRO-1 / bf16 each data-parallel rank's own shard (the thread
-        # gathers the copies over ``side_group``, ds_compat.side_groups), the writer the rest;
-        # what is not a tensor (scheduler, loss scale, generators) is taken as it is now
-        shards = ds_compat.master_parts(engine) if side_group is not None else None
-        state = (_stage_blob(engine, {}, {}) if shards is not None else _stage_blob(engine)) if writer else None
+        # references only, here; what is not a tensor (scheduler, loss scale, generators) is
+        # taken as it is now
+        parts = _zero_parts(engine)
+        state = _stage_blob(engine, parts) if engine.grid.data_parallel_id == 0 else None
         self.generators = rng.capture()
         self.copied = threading.Event()
         self.stall_s = time.perf_counter() - t0
-        self.mine: Any = None
+        self.copy_s = 0.0
+        self.mine: list[Written] = []
         self.error: BaseException | None = None
 
         def write() -> None:
             try:
+                t_copy = time.perf_counter()
                 try:
-                    copies, blob = _snapshot(shards), _snapshot(state)
+                    copies, blob = _snapshot(parts), _snapshot(state)
                 finally:
                     self.copied.set()
-                t_gather = time.perf_counter()
-                if copies is not None:
-                    optim, master = _zero_state(*ds_compat.assemble_master(copies, side_group))
-                    if blob is not None:
-                        blob.update(master=master, optim=optim)
-                t_write = time.perf_counter()
-                self.mine = _write_stage(engine, self.path, step, blob, t_gather, t_write) \
-                    if blob is not None else None
+                self.copy_s = time.perf_counter() - t_copy
+                self.mine = _write_files(engine, self.path, step, blob, copies)
             except BaseException as e:  # noqa: BLE001 - re-raised in the training thread by commit()
                 self.error = e
         self.thread = threading.Thread(target=write, name=f"pswift-save-{step}", daemon=True)
@@ -374,7 +391,7 @@ class Pending:
         t0 = time.perf_counter()
         phases = _commit(self.path, self.step, self.meta, self.mine, self.generators, gather, barrier, rank)
         self.stall_s += time.perf_counter() - t0
-        return phases
+        return dict(phases, copy_s=self.copy_s)
 
 
 def layout_key(meta: dict[str, Any]) -> list[Any]:
@@ -398,19 +415,61 @@ def saved_generators(path: Path, man: dict[str, Any], rank: int, layout: list[An
         raise CheckpointError(f"{path / RNG_FILE} is not a generator record") from None
 
 
-def _read_stage(path: Path, name: str, man: dict[str, Any], wanted: set[str]) -> dict[str, Any]:
-    """One stage file's blob (only ``wanted`` parameters), its checksum checked first."""
+def _check_sum(path: Path, name: str, man: dict[str, Any]) -> None:
     _, digest = READABLE[man["version"]]
     actual = stagefile.crc32_file(path / name) if digest == "crc32" else _sha256_file(path / name)
     if actual != man["files"][name][digest]:
         raise CheckpointError(f"{path / name}: checksum mismatch (corrupt file)")
+
+
+def read_stage(path: Path, man: dict[str, Any], stage: int, wanted: set[str] | None = None) -> dict[str, Any]:
+    """Stage ``stage``'s blob of the committed checkpoint ``path`` (only the ``wanted``
+    parameters; None: all), its ZeRO shards put together into ``master`` and ``optim``; every
+    file's checksum is checked first."""
+    blob = _read_stage(path, stage_file(stage, man["version"]), man, wanted)
+    shards = shard_files(man, stage)
+    if not shards:
+        return blob
+    for name in shards:
+        _check_sum(path, name, man)
+    try:
+        master, optim = stagefile.read_shards([path / n for n in shards], wanted)
+    except stagefile.StageFileError as e:
+        raise CheckpointError(str(e)) from None
+    held = set(blob["optim"]) if wanted is None else set(blob["optim"]) & wanted
+    if held - set(master):
+        raise CheckpointError(f"{path}: stage {stage}'s ZeRO shard files hold no master weights for "
+                              f"{', '.join(sorted(held - set(master))[:5])}")
+    for name, values in optim.items():
+        blob["optim"].setdefault(name, {}).update(values)
+    return dict(blob, master=master)
+
+
+def read_all(path: Path) -> dict[str, Any]:
+    """Every stage's state of the committed checkpoint ``path``, merged: ``{"model": {name:
+    tensor}, "master": {...}, "optim": {name: {key: value}}}`` (benchmarks and tests compare
+    checkpoints with it)."""
+    man, why = _manifest_state(path)
+    if man is None:
+        raise CheckpointError(f"{path} is not a committed checkpoint ({why})")
+    out: dict[str, Any] = {"model": {}, "master": {}, "optim": {}}
+    for s in range(man["stages"]):
+        blob = read_stage(path, man, s)
+        for key in out:
+            out[key].update(blob.get(key) or {})
+    return out
+
+
+def _read_stage(path: Path, name: str, man: dict[str, Any], wanted: set[str] | None) -> dict[str, Any]:
+    """One stage file's blob (only ``wanted`` parameters), its checksum checked first."""
+    _check_sum(path, name, man)
     try:
         if man["version"] >= 2:
             return stagefile.read(path / name, wanted)
         # version 1: torch.save pickles; weights_only: tensors and plain containers, never code
         blob = torch.load(path / name, map_location="cpu", weights_only=True, mmap=True)
-        return dict(blob, model={k: v for k, v in blob["model"].items() if k in wanted},
-                    optim={k: v for k, v in blob["optim"].items() if k in wanted})
+        return dict(blob, model={k: v for k, v in blob["model"].items() if wanted is None or k in wanted},
+                    optim={k: v for k, v in blob["optim"].items() if wanted is None or k in wanted})
     except stagefile.StageFileError as e:
         raise CheckpointError(str(e)) from None
     except Exception as e:  # UnpicklingError (code refused), truncation, a wrong structure
@@ -455,7 +514,7 @@ def load(engine: Any, path: Path, model_id: str | None = None, layers: int | Non
     for s in range(len(old_b) - 1):
         if not (own_layers & set(range(old_b[s], old_b[s + 1])) or None in own_layers):
             continue  # another stage's layers only: not read at all
-        blob = _read_stage(path, stage_file(s, man["version"]), man, set(own))
+        blob = read_stage(path, man, s, set(own))
         model.update(blob["model"])
         master.update(blob.get("master") or {})
         optim.update(blob["optim"])

@@ -35,9 +35,6 @@ class Checkpointer:
         self.pending: ckpt.Pending | None = None
         #: a periodic checkpoint is due (set by the loop; it waits while one is being written)
         self.due = False
-        #: ZeRO-1 / bf16: the gloo group a background checkpoint gathers its shards over (every
-        #: rank makes the groups here, at the same point); None: nothing to gather
-        self.side_group = ds_compat.side_groups(engine)
         # a periodic checkpoint's copy of the state overlaps the next forward and backward; the
         # next optimizer step waits for it (checkpoint.Pending)
         self.fence = ds_compat.before_optimizer_step(engine, self._before_optimizer_step)
@@ -80,7 +77,7 @@ class Checkpointer:
         rank's file is on disk (:meth:`finish_pending`)."""
         self.finish_pending()
         self.due = False
-        self.pending = ckpt.Pending(self.engine, self.dir, step, meta, self.side_group)
+        self.pending = ckpt.Pending(self.engine, self.dir, step, meta)
         self.saved_at = time.time()
 
     def writing(self) -> bool:

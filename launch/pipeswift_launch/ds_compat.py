@@ -15,11 +15,10 @@ DeepSpeed 0.19 has no public API for these, so they live here and nowhere else:
   ``lazy_init_hp_params_optimizer_state``: optimizer state created before the first step, so a
   checkpoint can be loaded into it (writing full per-parameter values goes through DeepSpeed's
   public ``safe_set_full_*``); each parameter's fragment link (``_hp_mapping``'s addresses) places
-  it in the flat buffer when the partitions are gathered at save;
+  it in the stage's whole flat buffer, recorded in each rank's shard file at save;
 - ``optimizer.loss_scaler`` (ZeRO's): fp16's dynamic loss scale continues after a resume;
 - ``PipeEngine.grid.stage_to_global``: the global rank of a neighbouring stage, for the
-  point-to-point probe at start (:mod:`pipeswift_launch.probe`); ``grid.topology()``'s
-  data-parallel rank lists, for the background checkpoint's own gloo groups;
+  point-to-point probe at start (:mod:`pipeswift_launch.probe`);
 - ``optimizer.optimizer`` (the torch optimizer inside ZeRO's and bf16's): the one step that
   changes weights and optimizer state, fenced (torch's public ``register_step_pre_hook``) so a
   background checkpoint copies the state while the next forward and backward run.
@@ -38,6 +37,8 @@ from typing import Any, Callable, Iterable
 import torch
 
 from deepspeed.pipe import PipelineModule
+
+from . import stagefile
 
 #: [lowest, first unsupported) DeepSpeed version
 SUPPORTED = ((0, 19, 8), (0, 20, 0))
@@ -132,21 +133,17 @@ def create_master_state(engine: Any, elementwise: list[str], scalars: dict[str, 
         lazy_init_hp_params_optimizer_state(params, flat, state)
 
 
-#: one parameter group's piece of the ZeRO state on this rank (:func:`master_parts`)
-MasterPart = tuple[list[tuple[str, Any, int]], dict[Any, Any], dict[str, Any], dict[str, int]]
-
-
-def master_parts(engine: Any) -> list[MasterPart]:
+def master_parts(engine: Any) -> list[stagefile.Part]:
     """This rank's share of the fp32 master weights and their optimizer state, per parameter
     group: ([(name, shape, numel) of its parameters], {None: flat partition, state key: its
     flat state}, the scalar state such as Adam's step, {name: where the parameter begins in the
     group's gathered buffer} for the parameters with a piece here). The live tensors, no copy
-    and no collective: :func:`assemble_master` gathers them (after a copy, in the background)."""
+    and no collective: each rank writes its own to a shard file (stagefile.write_shard)."""
     import torch.distributed as tdist
     rank = tdist.get_rank(engine.grid.get_data_parallel_group())
     names = {id(p): n for n, p in engine.module.named_parameters()}
     state = master_state(engine)
-    parts: list[MasterPart] = []
+    parts: list[stagefile.Part] = []
     for params, flat in master_groups(engine) or []:
         flat_state = state.get(flat, {})
         keys = [k for k, v in flat_state.items() if torch.is_tensor(v) and v.shape == flat.shape]
@@ -157,66 +154,6 @@ def master_parts(engine: Any) -> list[MasterPart]:
                 for p in params if getattr(p, "_hp_mapping", None) is not None}
         parts.append(([(names[id(p)], p.shape, p.numel()) for p in params], tensors, scalars, mine))
     return parts
-
-
-def assemble_master(parts: list[MasterPart], group: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]],
-                                                                   dict[str, Any]]:
-    """(fp32 master weights by parameter name, their element-wise optimizer state by name, the
-    scalar state) of this stage, whole, from every data-parallel rank's :func:`master_parts`, on
-    the stage's data-parallel rank 0 (the one that writes the stage file; the others get empty
-    dicts): a collective over ``group`` (the stage's data-parallel ranks, each calling it), one
-    gather to that rank per flat partition and state key (not an all-gather: the other ranks
-    receive nothing they would not use). Each parameter's place in the flat buffer comes from
-    the fragment links of the ranks holding a piece of it (whatever padding DeepSpeed put
-    between parameters)."""
-    import torch.distributed as tdist
-    dp, writer = tdist.get_world_size(group), tdist.get_rank(group) == 0
-    dst = tdist.get_global_rank(group, 0)
-    master: dict[str, Any] = {}
-    optim: dict[str, dict[str, Any]] = {}
-    scalars: dict[str, Any] = {}
-    for params, tensors, group_scalars, mine in parts:
-        scalars.update(group_scalars)
-        every: list[Any] | None = [None] * dp if writer else None
-        tdist.gather_object(mine, every, dst=dst, group=group)
-        full: dict[Any, Any] = {}
-        for key, part in tensors.items():
-            part = part.contiguous()
-            if writer:
-                full[key] = torch.empty(dp * part.numel(), dtype=part.dtype, device=part.device)
-            tdist.gather(part, list(full[key].chunk(dp)) if writer else None, dst=dst, group=group)
-        if not writer or every is None:
-            continue
-        offsets = {n: o for d in every for n, o in d.items()}
-        keys = [k for k in tensors if k is not None]
-        for name, shape, numel in params:
-            at = offsets[name]
-            master[name] = full[None][at:at + numel].view(shape)
-            optim[name] = {k: full[k][at:at + numel].view(shape) for k in keys}
-    return master, optim, scalars
-
-
-def gather_master(engine: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any]]:
-    """:func:`assemble_master` of this rank's live parts over the stage's data-parallel group
-    (every data-parallel rank of the stage calls it)."""
-    return assemble_master(master_parts(engine), engine.grid.get_data_parallel_group())
-
-
-def side_groups(engine: Any) -> Any:
-    """A second process group (gloo, host memory) over this rank's stage's data-parallel ranks,
-    for gathering a checkpoint's ZeRO state in a background thread while training's collectives
-    go on over DeepSpeed's groups; None for a plain torch optimizer (nothing to gather). Every
-    rank calls it at the same point: it makes one group per stage, in stage order."""
-    import torch.distributed as tdist
-    if master_groups(engine) is None:
-        return None
-    topo = engine.grid.topology()
-    mine = None
-    for ranks in topo.get_axis_comm_lists("data"):
-        group = tdist.new_group(ranks=ranks, backend="gloo")
-        if tdist.get_rank() in ranks:
-            mine = group
-    return mine
 
 
 def before_optimizer_step(engine: Any, wait: Callable[[], None]) -> Any:

@@ -10,6 +10,12 @@ A stage blob is ``{"model": {name: tensor}, "master": {param name: fp32 tensor} 
 with separate master weights: ZeRO-1, bf16), "optim": {param name: {key: tensor | number}},
 "param_groups": [...], "lr_scheduler": {...} | None, "loss_scaler": {...} | None, "rng": tensor,
 "stage": int}``.
+
+A ZeRO shard file holds one data-parallel rank's flat fp32 partitions as DeepSpeed keeps them
+(``g{group}/master`` and ``g{group}/{state key}``, no copy into per-parameter tensors), with
+each group's place in the stage's whole buffer and where each parameter begins in it: every
+rank writes its own (nothing is gathered at save), and :func:`read_shards` puts a parameter
+together at load from the pieces of the files that hold one, reading only those pieces.
 """
 
 from __future__ import annotations
@@ -132,7 +138,34 @@ def _fsync_while(fd: int, work: Iterable[Any], crc: int) -> int:
 
 def write(path: Path, blob: dict[str, Any]) -> tuple[int, str]:
     """Write ``blob`` to ``path`` atomically and durably; returns (size, crc32 as 8 hex digits)."""
-    tensors, rest = flatten(blob)
+    return _write_tensors(path, *flatten(blob))
+
+
+#: one parameter group's ZeRO partition on one rank, as ds_compat.master_parts gives it: ([(name,
+#: shape, numel)], {None: flat fp32 partition, state key: its flat state}, scalar state, {name:
+#: where the parameter begins in the group's whole buffer} for the parameters with a piece here)
+Part = tuple[list[tuple[str, Any, int]], dict[Any, Any], dict[str, Any], dict[str, int]]
+
+
+def write_shard(path: Path, parts: list[Part], rank: int) -> tuple[int, str]:
+    """Write data-parallel rank ``rank``'s ZeRO partitions (one :data:`Part` per parameter
+    group) to ``path`` atomically and durably; returns (size, crc32). The scalar state is the
+    stage file's (every rank holds the same)."""
+    tensors: dict[str, torch.Tensor] = {}
+    groups = []
+    for g, (params, flats, _, starts) in enumerate(parts):
+        numel = flats[None].numel()
+        keys = [k for k in flats if k is not None]
+        tensors[f"g{g}/master"] = flats[None]
+        tensors.update({f"g{g}/state/{k}": flats[k] for k in keys})
+        # every parameter of the group, where it begins when a piece of it is here (else null):
+        # a reader then knows what a missing file would have held
+        groups.append({"base": rank * numel, "numel": numel, "keys": keys,
+                       "params": {name: [starts.get(name), n, list(shape)] for name, shape, n in params}})
+    return _write_tensors(path, tensors, {"zero_groups": groups})
+
+
+def _write_tensors(path: Path, tensors: dict[str, torch.Tensor], rest: dict[str, Any]) -> tuple[int, str]:
     head, views = _header(tensors, rest)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
@@ -188,3 +221,48 @@ def read(path: Path, wanted: set[str] | None = None) -> dict[str, Any]:
     return {"model": model, "master": master, "optim": optim, "param_groups": rest.get("param_groups"),
             "lr_scheduler": rest.get("lr_scheduler"), "loss_scaler": rest.get("loss_scaler"),
             "rng": rng, "stage": rest.get("stage")}
+
+
+def read_shards(paths: list[Path], wanted: set[str] | None = None) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """(fp32 master weights by parameter name, their element-wise optimizer state by name) put
+    together from every data-parallel rank's shard file of one stage (:func:`write_shard`), only
+    the parameters in ``wanted`` (None: all), reading only their pieces; raises StageFileError
+    when a file is not a shard file or the pieces do not make a parameter whole."""
+    from safetensors import safe_open
+    pieces: dict[tuple[str, str], list[tuple[int, torch.Tensor]]] = {}
+    shapes: dict[str, tuple[list[int], int]] = {}
+    keys: dict[str, list[str]] = {}
+    for path in paths:
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                groups = json.loads((f.metadata() or {})[_META_KEY])["zero_groups"]
+                for g, group in enumerate(groups):
+                    base, numel = int(group["base"]), int(group["numel"])
+                    for name, (at, n, shape) in group["params"].items():
+                        if wanted is not None and name not in wanted:
+                            continue
+                        shapes[name], keys[name] = (shape, n), ["master", *group["keys"]]
+                        lo, hi = (max(at, base), min(at + n, base + numel)) if at is not None else (0, 0)
+                        if lo >= hi:
+                            continue
+                        for key in keys[name]:
+                            field = f"g{g}/master" if key == "master" else f"g{g}/state/{key}"
+                            pieces.setdefault((name, key), []).append((lo - at, f.get_slice(field)[lo - base:hi - base]))
+        except Exception as e:  # SafetensorError, a missing metadata key, bad JSON or numbers
+            raise StageFileError(f"{path} is not a readable ZeRO shard file ({type(e).__name__}: "
+                                 f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    master: dict[str, Any] = {}
+    optim: dict[str, dict[str, Any]] = {}
+    for (name, key) in ((name, key) for name in shapes for key in keys[name]):
+        shape, n = shapes[name]
+        got = sorted(pieces.get((name, key), []), key=lambda piece: piece[0])
+        if [at for at, _ in got] != [sum(t.numel() for _, t in got[:i]) for i in range(len(got))] \
+                or sum(t.numel() for _, t in got) != n:
+            raise StageFileError(f"the ZeRO shard files {', '.join(p.name for p in paths)} do not hold "
+                                 f"{name} ({key}) whole")
+        whole = torch.cat([t for _, t in got]).view(shape) if got else torch.zeros(shape)
+        if key == "master":
+            master[name] = whole
+        else:
+            optim.setdefault(name, {})[key] = whole
+    return master, optim
