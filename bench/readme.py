@@ -21,12 +21,15 @@ END = "<!-- /bench-figures -->"
 
 
 def load(results: Path = RESULTS) -> dict[str, dict]:
+    """Every benchmark's result, in ORDER, each followed by its runs in another setting
+    (``goodput.slurm-25.11.json``: the same benchmark on another Slurm), one row each."""
     out = {}
     for name in ORDER:
         path = results / f"{name}.json"
         if not path.is_file():
             raise SystemExit(f"{path} is missing: run `{name}`'s benchmark (make bench)")
-        out[name] = json.loads(path.read_text())
+        for each in (path, *sorted(results.glob(f"{name}.*.json"))):
+            out[each.name.removesuffix(".json")] = json.loads(each.read_text())
     return out
 
 
@@ -34,8 +37,7 @@ def table(results: dict[str, dict]) -> str:
     hosts = sorted({r["host"] for r in results.values()})
     lines = [BEGIN, f"Measured on {' and '.join(hosts)}; each row names the command and the date.",
              "", "| command | what | result |", "| --- | --- | --- |"]
-    for name in ORDER:
-        r = results[name]
+    for name, r in results.items():
         if r.get("quick"):
             raise SystemExit(f"bench/results/{name}.json is a --quick run: run the full benchmark")
         lines.append(f"| `{r['command']}` ({r['date']}) | {r['readme']['what']} | {r['readme']['figures']} |")

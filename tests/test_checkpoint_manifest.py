@@ -74,3 +74,17 @@ def test_a_shard_file_that_lost_a_parameter_is_a_checkpoint_error(tmp_path):
     (d / "MANIFEST.json").write_text(json.dumps(man))
     with pytest.raises(checkpoint.CheckpointError, match="not a readable ZeRO shard file"):
         checkpoint.read_all(d)
+
+
+def test_a_background_copy_reuses_the_last_checkpoints_host_memory():
+    state = ({None: torch.arange(6.0), "exp_avg": torch.ones(6)}, [torch.zeros(2, 3)], {"step": 3, "lr": 0.1})
+    first = checkpoint._snapshot(state)
+    state[0][None].add_(1)                     # training changes the originals after the copy
+    assert torch.equal(first[0][None], torch.arange(6.0))
+    again = checkpoint._snapshot(state, first)
+    assert again[0][None] is first[0][None] and torch.equal(again[0][None], torch.arange(6.0) + 1)
+    assert again[1][0] is first[1][0] and again[2] == {"step": 3, "lr": 0.1}
+    grown = ({None: torch.arange(8.0), "exp_avg": torch.ones(6)}, [torch.zeros(2, 3)], {})
+    other = checkpoint._snapshot(grown, first)     # another shape: a fresh copy, the rest reused
+    assert other[0][None] is not first[0][None] and other[0]["exp_avg"] is first[0]["exp_avg"]
+    assert torch.equal(other[0][None], torch.arange(8.0))

@@ -319,14 +319,21 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
     return path, _commit(path, step, meta, mine, rng.capture(), gather, barrier, rank)
 
 
-def _snapshot(obj: Any) -> Any:
-    """A copy of every tensor in ``obj`` (training goes on changing the originals)."""
+def _snapshot(obj: Any, into: Any = None) -> Any:
+    """A copy of every tensor in ``obj`` (training goes on changing the originals), made in the
+    tensors of ``into`` (an earlier snapshot of the same state) where shape and dtype match:
+    host memory touched before takes a copy several times faster than fresh pages."""
     if isinstance(obj, torch.Tensor):
+        if isinstance(into, torch.Tensor) and into.device.type == "cpu" and into.shape == obj.shape \
+                and into.dtype == obj.dtype:
+            return into.copy_(obj.detach())
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
-        return {k: _snapshot(v) for k, v in obj.items()}
+        earlier = into if isinstance(into, dict) else {}
+        return {k: _snapshot(v, earlier.get(k)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_snapshot(v) for v in obj)
+        same = isinstance(into, (list, tuple)) and len(into) == len(obj)
+        return type(obj)(_snapshot(v, into[i] if same else None) for i, v in enumerate(obj))
     return obj
 
 
@@ -337,11 +344,17 @@ class Pending:
     next step's forward and backward run (they read the weights and the optimizer state, never
     write them), and the next optimizer step waits for that copy (:meth:`wait_copied`, run by
     the fence :func:`ds_compat.before_optimizer_step` installs); then the thread writes this
-    rank's files (no collective: nothing is gathered), and :meth:`commit` writes the manifest
-    once every rank's files are durable -- until then the checkpoint does not count, and a
-    crash leaves a folder without manifest (removed at the next start)."""
+    rank's files and the threads of all ranks commit together over ``gather`` / ``barrier``
+    (collectives of a process group of the checkpoints' own: training's go on meanwhile): rank
+    0 writes the manifest once every rank's files are durable -- until then the checkpoint does
+    not count, and a crash leaves a folder without manifest (removed at the next start).
+    Training waits for none of it, only for the copy. ``staging``: the copies of an earlier
+    checkpoint of this launch, committed: the copy reuses their memory (as DCP's staging cache);
+    :attr:`copies` holds this one's for the next."""
 
-    def __init__(self, engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any]) -> None:
+    def __init__(self, engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
+                 gather: Callable[[Any], list[Any]], barrier: Callable[[], None], rank: int,
+                 staging: Any = None) -> None:
         import threading
         self.path, self.step, self.meta = ckpt_dir / tag_for(step), step, meta
         self.path.mkdir(parents=True, exist_ok=True)
@@ -353,19 +366,21 @@ class Pending:
         self.generators = rng.capture()
         self.copied = threading.Event()
         self.stall_s = time.perf_counter() - t0
-        self.copy_s = 0.0
-        self.mine: list[Written] = []
+        self.phases: dict[str, float] = {}
+        self.copies: Any = None
         self.error: BaseException | None = None
 
         def write() -> None:
             try:
                 t_copy = time.perf_counter()
                 try:
-                    copies, blob = _snapshot(parts), _snapshot(state)
+                    self.copies = copies, blob = _snapshot((parts, state), staging)
                 finally:
                     self.copied.set()
-                self.copy_s = time.perf_counter() - t_copy
-                self.mine = _write_files(engine, self.path, step, blob, copies)
+                copy_s = time.perf_counter() - t_copy
+                mine = _write_files(engine, self.path, step, blob, copies)
+                self.phases = dict(_commit(self.path, step, meta, mine, self.generators, gather, barrier, rank),
+                                   copy_s=copy_s)
             except BaseException as e:  # noqa: BLE001 - re-raised in the training thread by commit()
                 self.error = e
         self.thread = threading.Thread(target=write, name=f"pswift-save-{step}", daemon=True)
@@ -381,17 +396,13 @@ class Pending:
     def done(self) -> bool:
         return not self.thread.is_alive()
 
-    def commit(self, gather: Callable[[Any], list[Any]], barrier: Callable[[], None],
-               rank: int) -> dict[str, float]:
-        """Every rank, at the same step: wait for this rank's file, then commit together. The
-        commit counts to this checkpoint's stall, the wait for the file to its caller's."""
+    def commit(self) -> dict[str, float]:
+        """Wait for the thread: files written and the checkpoint committed (a wait its caller
+        counts, as a synchronous save does); where its time went."""
         self.thread.join()
         if self.error is not None:
             raise self.error
-        t0 = time.perf_counter()
-        phases = _commit(self.path, self.step, self.meta, self.mine, self.generators, gather, barrier, rank)
-        self.stall_s += time.perf_counter() - t0
-        return dict(phases, copy_s=self.copy_s)
+        return self.phases
 
 
 def layout_key(meta: dict[str, Any]) -> list[Any]:

@@ -35,6 +35,13 @@ class Checkpointer:
         self.pending: ckpt.Pending | None = None
         #: a periodic checkpoint is due (set by the loop; it waits while one is being written)
         self.due = False
+        #: the host copies of the last background checkpoint, committed: the next one copies
+        #: into them (one stage state's worth of host memory kept between checkpoints)
+        self.staging: Any = None
+        #: the process group background checkpoints commit over, in their writer threads, while
+        #: training's collectives go on (gloo: host memory); every rank makes it here, at once
+        import torch.distributed as tdist
+        self.side_group = tdist.new_group(backend="gloo")
         # a periodic checkpoint's copy of the state overlaps the next forward and backward; the
         # next optimizer step waits for it (checkpoint.Pending)
         self.fence = ds_compat.before_optimizer_step(engine, self._before_optimizer_step)
@@ -61,6 +68,16 @@ class Checkpointer:
         self.dist.all_gather_object(out, obj)
         return out
 
+    def _side_gather(self, obj: Any) -> list[Any]:
+        import torch.distributed as tdist
+        out: list[Any] = [None] * self.world_size
+        tdist.all_gather_object(out, obj, group=self.side_group)
+        return out
+
+    def _side_barrier(self) -> None:
+        import torch.distributed as tdist
+        tdist.barrier(group=self.side_group)
+
     def save(self, step: int, meta: dict[str, Any]) -> None:
         """A stage-consistent checkpoint of ``step``, committed before it returns (after any
         checkpoint still being written), pruned, and its event."""
@@ -72,12 +89,14 @@ class Checkpointer:
         self.saved_at = time.time()
 
     def save_in_background(self, step: int, meta: dict[str, Any]) -> None:
-        """A periodic checkpoint: the state of this step copied and written by a thread (the
-        next optimizer step waits for the copy), committed at a later step's end once every
-        rank's file is on disk (:meth:`finish_pending`)."""
+        """A periodic checkpoint: the state of this step copied, written and committed by a
+        thread on every rank (the next optimizer step waits for the copy only); the loop takes
+        it as committed at the end of a step where no rank's thread is still at work
+        (:meth:`finish_pending`)."""
         self.finish_pending()
         self.due = False
-        self.pending = ckpt.Pending(self.engine, self.dir, step, meta)
+        self.pending = ckpt.Pending(self.engine, self.dir, step, meta, self._side_gather, self._side_barrier,
+                                    self.rank, self.staging)
         self.saved_at = time.time()
 
     def writing(self) -> bool:
@@ -85,11 +104,13 @@ class Checkpointer:
         return self.pending is not None and not self.pending.done()
 
     def finish_pending(self) -> None:
-        """Commit the checkpoint being written (waiting for its write first: a wait the caller
-        counts, such as a synchronous save; the loop commits once every rank's write is done)."""
+        """Take the background checkpoint as committed: prune, its event (waiting for its
+        thread first: a wait the caller counts, such as a synchronous save's; the loop calls
+        this once no rank's thread is at work)."""
         p, self.pending = self.pending, None
         if p is not None:
-            phases = p.commit(self._gather, self.dist.barrier, self.rank)
+            phases = p.commit()
+            self.staging = p.copies
             self._committed(p.path, p.step, "periodic", p.stall_s, phases, True)
 
     def _committed(self, path: Path, step: int, reason: str, stall_s: float,

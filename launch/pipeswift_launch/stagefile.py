@@ -260,7 +260,9 @@ def read_shards(paths: list[Path], wanted: set[str] | None = None) -> tuple[dict
                 or sum(t.numel() for _, t in got) != n:
             raise StageFileError(f"the ZeRO shard files {', '.join(p.name for p in paths)} do not hold "
                                  f"{name} ({key}) whole")
-        whole = torch.cat([t for _, t in got]).view(shape) if got else torch.zeros(shape)
+        # one piece (a parameter within one rank's partition): no copy beyond the file's read
+        whole = (got[0][1] if len(got) == 1 else torch.cat([t for _, t in got])).view(shape) if got \
+            else torch.zeros(shape)
         if key == "master":
             master[name] = whole
         else:
