@@ -458,8 +458,8 @@ def read_stage(path: Path, man: dict[str, Any], stage: int, wanted: set[str] | N
 
 def read_all(path: Path) -> dict[str, Any]:
     """Every stage's state of the committed checkpoint ``path``, merged: ``{"model": {name:
-    tensor}, "master": {...}, "optim": {name: {key: value}}}`` (benchmarks and tests compare
-    checkpoints with it)."""
+    tensor}, "master": {...}, "optim": {name: {key: value}}}``, each tensor owning its memory
+    (benchmarks and tests compare and save checkpoints with it)."""
     man, why = _manifest_state(path)
     if man is None:
         raise CheckpointError(f"{path} is not a committed checkpoint ({why})")
@@ -468,6 +468,9 @@ def read_all(path: Path) -> dict[str, Any]:
         blob = read_stage(path, man, s)
         for key in out:
             out[key].update(blob.get(key) or {})
+    out["master"] = {n: t.clone() for n, t in out["master"].items()}
+    out["optim"] = {n: {k: v.clone() if torch.is_tensor(v) else v for k, v in state.items()}
+                    for n, state in out["optim"].items()}
     return out
 
 

@@ -227,7 +227,9 @@ def read_shards(paths: list[Path], wanted: set[str] | None = None) -> tuple[dict
     """(fp32 master weights by parameter name, their element-wise optimizer state by name) put
     together from every data-parallel rank's shard file of one stage (:func:`write_shard`), only
     the parameters in ``wanted`` (None: all), reading only their pieces; raises StageFileError
-    when a file is not a shard file or the pieces do not make a parameter whole."""
+    when a file is not a shard file or the pieces do not make a parameter whole. A parameter
+    held in one file is a view into that file's mapped data (no copy: a load copies it into
+    its partition at once); clone what is to be kept."""
     from safetensors import safe_open
     pieces: dict[tuple[str, str], list[tuple[int, torch.Tensor]]] = {}
     shapes: dict[str, tuple[list[int], int]] = {}
