@@ -272,3 +272,22 @@ def test_a_periodic_checkpoint_is_written_in_the_background_and_counts_only_once
     got = {e["step"]: e["loss_hex"] for e in events(again) if e["event"] == "step"}
     want = {e["step"]: e["loss_hex"] for e in evs if e["event"] == "step"}
     assert sorted(got) == list(range(newest + 1, 31)) and all(got[s] == want[s] for s in got)
+
+
+def test_a_background_checkpoint_one_rank_cannot_write_fails_every_rank_promptly(tmp_path):
+    """Step 8's checkpoint: the last stage's writer finds the disk full (the fault hook). Its
+    thread still meets the others at the commit, so none waits for it: the checkpoint is not
+    committed and the run ends with the error within a few steps (before, the others' threads
+    waited for it for good: no checkpoint was ever started again, and the error came out only
+    at the end of training), and step 4's checkpoint stays."""
+    ckpt = tmp_path / "ckpt"
+    toml = with_ckpt(copy_example(tmp_path / "ex", {"steps": "100", "checkpoint_interval": "4"}), ckpt)
+    t0 = time.time()
+    proc = pswift("run", "--run-dir", str(tmp_path / "run"), str(toml), env={"PSWIFT_FAULT_FAIL_CHECKPOINT": "8"},
+                  timeout=120)
+    assert proc.returncode != 0 and time.time() - t0 < 120, proc.stderr[-3000:]
+    assert "No space left on device" in proc.stdout + proc.stderr
+    assert (ckpt / "step_00000004" / "MANIFEST.json").is_file()
+    assert not (ckpt / "step_00000008" / "MANIFEST.json").exists()
+    # ended while the others' writes finished (a few steps on a busy host), far from step 100
+    assert max(e["step"] for e in events(tmp_path / "run") if e["event"] == "step") <= 30

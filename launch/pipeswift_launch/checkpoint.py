@@ -29,6 +29,7 @@ load, the latter through ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -54,6 +55,8 @@ SHARDED = 3
 #: fault injection for recovery tests: at this step, the last stage's writer SIGKILLs itself
 #: right after writing its file and before the manifest exists (a crash mid-checkpoint), once
 FAULT_ENV = "PSWIFT_FAULT_KILL_IN_CHECKPOINT"
+#: at this step the last stage's writer fails to write its stage file (a full disk)
+FAULT_FAIL_ENV = "PSWIFT_FAULT_FAIL_CHECKPOINT"
 #: "STEP:SECONDS": at that step every writer waits that long between its stage file and the
 #: manifest, so a test can preempt the job while a checkpoint is half written
 FAULT_SLOW_ENV = "PSWIFT_FAULT_SLOW_CHECKPOINT"
@@ -276,6 +279,8 @@ def _write_files(engine: Any, path: Path, step: int, blob: dict[str, Any] | None
     if blob is None:
         return out
     t0, name = time.perf_counter(), stage_file(engine.stage_id)
+    if os.environ.get(FAULT_FAIL_ENV) == str(step) and engine.stage_id == engine.num_stages - 1:
+        raise OSError(errno.ENOSPC, f"No space left on device ({FAULT_FAIL_ENV})", str(path / name))
     size, digest = stagefile.write(path / name, blob)
     if os.environ.get(FAULT_ENV) == str(step) and engine.stage_id == engine.num_stages - 1:
         _fault_once(path.parent)
@@ -285,11 +290,15 @@ def _write_files(engine: Any, path: Path, step: int, blob: dict[str, Any] | None
     return [*out, (name, size, digest, time.perf_counter() - t0)]
 
 
-def _commit(path: Path, step: int, meta: dict[str, Any], mine: list[Written], generators: Any,
+def _commit(path: Path, step: int, meta: dict[str, Any], mine: list[Written] | None, generators: Any,
             gather: Callable[[Any], list[Any]], barrier: Callable[[], None], rank: int) -> dict[str, float]:
-    """Every rank: its files are on disk; rank 0 writes the generators and the manifest (the
-    checkpoint counts from here), then all meet. Where the time went (see :func:`save`)."""
-    gathered = gather((mine, generators))  # every rank's files are on disk
+    """Every rank: its files are on disk (``mine``; None: this rank could not write them); rank
+    0 writes the generators and the manifest (the checkpoint counts from here), then all meet.
+    Where the time went (see :func:`save`); raises on every rank when a rank could not write."""
+    gathered = gather((mine, generators))  # every rank's files are on disk, or it failed
+    failed = [r for r, (written, _) in enumerate(gathered) if written is None]
+    if failed:   # every rank knows it from the same gather: none waits for another
+        raise CheckpointError(f"rank {failed[0]} could not write its files of {path.name}: not committed")
     files = [f for written, _ in gathered for f in written]
     t_commit = time.perf_counter()
     if rank == 0:
@@ -371,6 +380,7 @@ class Pending:
         self.error: BaseException | None = None
 
         def write() -> None:
+            mine, copy_s = None, 0.0
             try:
                 t_copy = time.perf_counter()
                 try:
@@ -379,10 +389,13 @@ class Pending:
                     self.copied.set()
                 copy_s = time.perf_counter() - t_copy
                 mine = _write_files(engine, self.path, step, blob, copies)
-                self.phases = dict(_commit(self.path, step, meta, mine, self.generators, gather, barrier, rank),
-                                   copy_s=copy_s)
             except BaseException as e:  # noqa: BLE001 - re-raised in the training thread by commit()
                 self.error = e
+            try:   # with the others even when this rank failed: they would wait for it forever
+                self.phases = dict(_commit(self.path, step, meta, mine, self.generators, gather, barrier, rank),
+                                   copy_s=copy_s)
+            except BaseException as e:  # noqa: BLE001 - as above
+                self.error = self.error or e
         self.thread = threading.Thread(target=write, name=f"pswift-save-{step}", daemon=True)
         self.thread.start()
 
