@@ -154,3 +154,13 @@ def test_a_stage_file_is_not_a_shard_file(tmp_path):
     stagefile.write(path, blob_of({"0.w": torch.ones(3)}))
     with pytest.raises(stagefile.StageFileError, match="not a readable ZeRO shard file"):
         stagefile.read_shards([path])
+
+
+def test_a_shard_file_whose_sizes_do_not_add_up_is_refused_before_anything_is_allocated(tmp_path):
+    _, parts = zero_partitions([4], [0], 1)
+    params, flats, scalars, starts = parts[0][0]
+    lying = [([(params[0][0], torch.Size([10**6, 10**6]), 4)], flats, scalars, starts)]
+    path = tmp_path / "stage_000.zero_000.safetensors"
+    stagefile.write_shard(path, lying, 0)
+    with pytest.raises(stagefile.StageFileError, match="does not hold 4 elements"):
+        stagefile.read_shards([path])

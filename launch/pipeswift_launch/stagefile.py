@@ -21,6 +21,7 @@ together at load from the pieces of the files that hold one, reading only those 
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import threading
@@ -223,6 +224,14 @@ def read(path: Path, wanted: set[str] | None = None) -> dict[str, Any]:
             "rng": rng, "stage": rest.get("stage")}
 
 
+def _shape_of(name: str, shape: Any, n: Any) -> tuple[list[int], int]:
+    """A shard file's record of a parameter's shape and size, checked (the size is the shape's)."""
+    dims, numel = [int(d) for d in shape], int(n)
+    if any(d < 0 for d in dims) or math.prod(dims) != numel:
+        raise ValueError(f"{name}: shape {dims} does not hold {numel} elements")
+    return dims, numel
+
+
 def read_shards(paths: list[Path], wanted: set[str] | None = None) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """(fp32 master weights by parameter name, their element-wise optimizer state by name) put
     together from every data-parallel rank's shard file of one stage (:func:`write_shard`), only
@@ -243,7 +252,7 @@ def read_shards(paths: list[Path], wanted: set[str] | None = None) -> tuple[dict
                     for name, (at, n, shape) in group["params"].items():
                         if wanted is not None and name not in wanted:
                             continue
-                        shapes[name], keys[name] = (shape, n), ["master", *group["keys"]]
+                        shapes[name], keys[name] = _shape_of(name, shape, n), ["master", *group["keys"]]
                         lo, hi = (max(at, base), min(at + n, base + numel)) if at is not None else (0, 0)
                         if lo >= hi:
                             continue
