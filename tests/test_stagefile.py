@@ -104,7 +104,8 @@ def zero_partitions(sizes: list[int], pads: list[int], dp: int) -> tuple[dict, l
     """({name: (master, exp_avg)}, each data-parallel rank's parts) for one parameter group laid
     out as DeepSpeed's ZeRO-1 does: parameters flattened one after another (``pads`` elements of
     padding after each), the buffer padded to a multiple of ``dp`` and split into equal
-    partitions; a rank lists a parameter's start only when a piece of it is in its partition."""
+    partitions; a rank lists a parameter's start, from its partition's first element, only when
+    a piece of it is in its partition."""
     params, chunks, starts, at = [], [], {}, 0
     whole = {}
     for i, (n, pad) in enumerate(zip(sizes, pads)):
@@ -120,7 +121,7 @@ def zero_partitions(sizes: list[int], pads: list[int], dp: int) -> tuple[dict, l
     parts = []
     for r in range(dp):
         lo, hi = r * size, (r + 1) * size
-        mine = {name: s for name, s in starts.items() if s < hi and s + dict((p[0], p[2]) for p in params)[name] > lo}
+        mine = {name: s - lo for name, s in starts.items() if s < hi and s + dict((p[0], p[2]) for p in params)[name] > lo}
         part = flat[lo:hi].clone()
         parts.append([(params, {None: part, "exp_avg": part * 2}, {"step": torch.tensor(3.0)}, mine)])
     return whole, parts

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+import torch.distributed as tdist
+
 from . import checkpoint as ckpt
 from . import ds_compat
 from .dist_env import log0 as _log
@@ -40,7 +42,6 @@ class Checkpointer:
         self.staging: Any = None
         #: the process group background checkpoints commit over, in their writer threads, while
         #: training's collectives go on (gloo: host memory); every rank makes it here, at once
-        import torch.distributed as tdist
         self.side_group = tdist.new_group(backend="gloo")
         # a periodic checkpoint's copy of the state overlaps the next forward and backward; the
         # next optimizer step waits for it (checkpoint.Pending)
@@ -69,13 +70,11 @@ class Checkpointer:
         return out
 
     def _side_gather(self, obj: Any) -> list[Any]:
-        import torch.distributed as tdist
         out: list[Any] = [None] * self.world_size
         tdist.all_gather_object(out, obj, group=self.side_group)
         return out
 
     def _side_barrier(self) -> None:
-        import torch.distributed as tdist
         tdist.barrier(group=self.side_group)
 
     def save(self, step: int, meta: dict[str, Any]) -> None:

@@ -136,11 +136,10 @@ def create_master_state(engine: Any, elementwise: list[str], scalars: dict[str, 
 def master_parts(engine: Any) -> list[stagefile.Part]:
     """This rank's share of the fp32 master weights and their optimizer state, per parameter
     group: ([(name, shape, numel) of its parameters], {None: flat partition, state key: its
-    flat state}, the scalar state such as Adam's step, {name: where the parameter begins in the
-    group's gathered buffer} for the parameters with a piece here). The live tensors, no copy
-    and no collective: each rank writes its own to a shard file (stagefile.write_shard)."""
-    import torch.distributed as tdist
-    rank = tdist.get_rank(engine.grid.get_data_parallel_group())
+    flat state}, the scalar state such as Adam's step, {name: where the parameter begins,
+    counted from this partition's first element (negative: in an earlier rank's)} for the
+    parameters with a piece here). The live tensors, no copy and no collective: each rank
+    writes its own to a shard file (stagefile.write_shard)."""
     names = {id(p): n for n, p in engine.module.named_parameters()}
     state = master_state(engine)
     parts: list[stagefile.Part] = []
@@ -149,8 +148,7 @@ def master_parts(engine: Any) -> list[stagefile.Part]:
         keys = [k for k, v in flat_state.items() if torch.is_tensor(v) and v.shape == flat.shape]
         tensors = {key: (flat if key is None else flat_state[key]).detach() for key in (None, *keys)}
         scalars = {k: v for k, v in flat_state.items() if k not in keys}
-        mine = {names[id(p)]: rank * flat.numel() + p._hp_mapping.hp_fragment_address.start
-                - p._hp_mapping.lp_fragment_address.start
+        mine = {names[id(p)]: p._hp_mapping.hp_fragment_address.start - p._hp_mapping.lp_fragment_address.start
                 for p in params if getattr(p, "_hp_mapping", None) is not None}
         parts.append(([(names[id(p)], p.shape, p.numel()) for p in params], tensors, scalars, mine))
     return parts

@@ -144,25 +144,29 @@ def write(path: Path, blob: dict[str, Any]) -> tuple[int, str]:
 
 #: one parameter group's ZeRO partition on one rank, as ds_compat.master_parts gives it: ([(name,
 #: shape, numel)], {None: flat fp32 partition, state key: its flat state}, scalar state, {name:
-#: where the parameter begins in the group's whole buffer} for the parameters with a piece here)
+#: where the parameter begins, counted from the partition's first element} for the parameters
+#: with a piece here)
 Part = tuple[list[tuple[str, Any, int]], dict[Any, Any], dict[str, Any], dict[str, int]]
 
 
 def write_shard(path: Path, parts: list[Part], rank: int) -> tuple[int, str]:
     """Write data-parallel rank ``rank``'s ZeRO partitions (one :data:`Part` per parameter
     group) to ``path`` atomically and durably; returns (size, crc32). The scalar state is the
-    stage file's (every rank holds the same)."""
+    stage file's (every rank holds the same). The partition's place in the group's whole buffer
+    is ``rank`` partitions from its start (ZeRO's partitions are of equal size)."""
     tensors: dict[str, torch.Tensor] = {}
     groups = []
     for g, (params, flats, _, starts) in enumerate(parts):
         numel = flats[None].numel()
+        base = rank * numel
         keys = [k for k in flats if k is not None]
         tensors[f"g{g}/master"] = flats[None]
         tensors.update({f"g{g}/state/{k}": flats[k] for k in keys})
         # every parameter of the group, where it begins when a piece of it is here (else null):
         # a reader then knows what a missing file would have held
-        groups.append({"base": rank * numel, "numel": numel, "keys": keys,
-                       "params": {name: [starts.get(name), n, list(shape)] for name, shape, n in params}})
+        at = {name: base + start for name, start in starts.items()}
+        groups.append({"base": base, "numel": numel, "keys": keys,
+                       "params": {name: [at.get(name), n, list(shape)] for name, shape, n in params}})
     return _write_tensors(path, tensors, {"zero_groups": groups})
 
 
