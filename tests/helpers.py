@@ -32,6 +32,30 @@ def pswift(*args: str, env: dict | None = None, timeout: float = 600, cwd: str |
     return proc
 
 
+#: a child's script runs inside this: a raise prints its traceback and exits 1, the end exits 0,
+#: both through the launcher's exit_now (the group destroyed, no interpreter teardown)
+_DIST_CHILD = """\
+import sys, traceback
+from pipeswift_launch.hardexit import exit_now
+try:
+    exec(compile(sys.argv.pop(1), "<child>", "exec"), {"__name__": "__main__"})
+except SystemExit as e:
+    exit_now(e.code if isinstance(e.code, int) else 1)
+except BaseException:
+    traceback.print_exc()
+    exit_now(1)
+exit_now(0)
+"""
+
+
+def run_dist_child(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -c code args...`` for a child that builds a process group or a DeepSpeed engine:
+    it ends as every rank of a job does (pipeswift_launch.hardexit), so gloo's threads cannot
+    abort it after its answer is printed (issue 43)."""
+    return subprocess.run([sys.executable, "-c", _DIST_CHILD, code, *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
 def copy_example(dst: Path, replace: dict[str, str] | None = None) -> Path:
     """Copy the tiny-gpt example to ``dst``; rewrite ``key = ...`` lines (``section.key`` if ambiguous).
     The copy takes the fastest layout (``jct_slack = 0``) unless ``replace`` says otherwise: the

@@ -4,10 +4,8 @@ here with its name rather than deep in an end-to-end run."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from helpers import run_dist_child
 
 pytestmark = [pytest.mark.deepspeed]
 
@@ -117,7 +115,7 @@ print("canary ok")
 
 
 def test_every_private_deepspeed_access_still_works():
-    proc = subprocess.run([sys.executable, "-c", CANARY], capture_output=True, text=True, timeout=300)
+    proc = run_dist_child(CANARY)
     assert proc.returncode == 0 and "canary ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 

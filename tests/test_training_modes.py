@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PSWIFT, copy_example, run_events
+from helpers import EXAMPLE, PSWIFT, copy_example, run_dist_child, run_events
 
 pytestmark = [pytest.mark.deepspeed]
 
@@ -249,10 +249,7 @@ print("checkpointed calls", len(calls))
 
 @pytest.mark.parametrize("interval,calls", [(0, 0), (1, 8), (2, 4)])
 def test_activation_checkpoint_interval_recomputes_that_many_layers_at_a_time(tmp_path, interval, calls):
-    import sys
-    from helpers import EXAMPLE
-    proc = subprocess.run([sys.executable, "-c", ACTIVATION_COUNT, str(interval), str(EXAMPLE)],
-                          capture_output=True, text=True, timeout=300)
+    proc = run_dist_child(ACTIVATION_COUNT, str(interval), str(EXAMPLE))
     assert proc.returncode == 0, proc.stderr[-3000:]
     # 4 layers, 2 micro-batches: one checkpointed forward per chunk of `interval` layers
     assert f"checkpointed calls {calls}" in proc.stdout, proc.stdout[-500:]

@@ -55,10 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
     # Everything is committed by now (events closed, checkpoints fsynced, process group
-    # destroyed). Skip the interpreter's teardown: gloo's C++ threads finalised there can abort
-    # the rank ("terminate called without an active exception", seen once in ~80 runs here).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    # destroyed): end without the interpreter's teardown, which gloo's threads can abort.
+    from .hardexit import exit_now
+    exit_now(main())
