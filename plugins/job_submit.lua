@@ -1,36 +1,41 @@
 --[[
 pswift job_submit.lua: slurmctld runs slurm_job_submit() for every submission, under its locks,
-so this is fast and does no I/O.
+so this is fast, does no I/O, and its work is bounded whatever a script holds.
 
-For pswift jobs (batch scripts that start `pipeswift_launch`):
+A pswift job is a batch script pswift rendered: its second line (the first line ending within
+MARK_BYTES) starts with pswift's marker, "# Rendered by pipeswift-slurm ". A script that merely
+mentions pipeswift_launch, in a comment or a command, is not one. For pswift jobs:
   * adds --requeue when the request did not say (preemption in REQUEUE mode and the job's own
     `scontrol requeue` need it);
   * rejects contradictions, with a message the user sees at sbatch time:
       --no-requeue                    (a preempted pswift job must come back),
       --signal with SIGUSR1           (NCCL may catch it; pswift listens to USR2),
-      --open-mode=truncate            (a requeued attempt would erase the earlier attempts' log).
-Slurm 22.05's Lua interface cannot read or set open_mode, warn_signal or warn_time
+      --open-mode=truncate            (a requeued attempt would erase the earlier attempts' log);
+  * rejects a script whose lines before its first command (sbatch's directive header) run past
+    MAX_HEADER bytes: pswift renders a few KiB there, and nothing longer is read.
+Slurm's Lua interface (22.05 and 25.11) cannot read open_mode, warn_signal or warn_time
 ("_set_job_field: unrecognized field"), so those two checks read the #SBATCH lines of the
 script the way sbatch does: only the lines before the first command; arguments split and quoted
 as sbatch's get_argument() splits them; options matched as getopt_long matches them (a unique
 prefix of a long option is that option, "--opt=V" and "--opt V", an option that takes a value
-consumes the next argument, short options and their clusters); signals by name or number. The
-
-defaults for them come from the script pswift renders (it always has --open-mode=append, and
---signal=USR2@T whenever there is a time limit).
+consumes the next argument, short options and their clusters); values read as Slurm reads them
+(--open-mode by its first letter, a signal number by strtol and cast to 16 bits, a name with or
+without SIG in any case). The defaults for them come from the script pswift renders (it always
+has --open-mode=append, and --signal=USR2@T whenever there is a time limit).
 Other jobs pass untouched.
 ]]
 
 local NO_VAL16 = 65534
 
--- Bounds: every step below is linear in the script's size (string.find spans, table buffers,
--- never a string grown one character at a time), and the work is capped: a #SBATCH line longer
--- than MAX_LINE bytes is skipped; quoted or escaped lines (the slow path) are read up to
--- MAX_QUOTED bytes in all, and at most MAX_ARGS arguments. Past a cap the rest of the directives
--- go unchecked (one log line; sbatch still applies them): the checks guard a user against a
--- mistake in their own job, and no script can hold slurmctld for more than a few milliseconds.
--- pswift's own scripts are far below every cap (bench/job_submit.py measures the time).
-local MAX_LINE, MAX_QUOTED, MAX_ARGS = 65536, 16384, 4096
+-- Bounds, linear by construction: the marker is looked for in the script's first MARK_BYTES
+-- only, and everything else reads a copy of its first MAX_HEADER bytes (never the whole
+-- script, whatever its size). Inside that copy each line is found with a plain string.find,
+-- blank lines and leading blanks with one anchored pattern each, and #SBATCH lines are split by
+-- string.find between pieces: every step is linear in the header, so the work of any script is
+-- bounded by 16 KiB of it. tests/test_job_submit_lua.py holds the time flat over a grammar of
+-- script shapes up to 4 MiB; bench/job_submit.py measures it.
+local MARK, MARK_BYTES = "# Rendered by pipeswift-slurm ", 1024
+local MAX_HEADER = 16384
 
 -- sbatch's long options (Slurm 25.11.7's `sbatch --autocomplete=--`; 22.05's are a subset).
 -- Those that take a value read it from "--opt=V" or from the next argument.
@@ -83,24 +88,27 @@ for _, name in ipairs(TAKES_VALUE) do LONG[name] = name end
 for _, name in ipairs(FLAGS) do LONG[name] = name end
 
 local function is_pswift(job_desc)
-   return job_desc.script ~= nil and string.find(job_desc.script, "pipeswift_launch", 1, true) ~= nil
+   local script = job_desc.script
+   if type(script) ~= "string" then return false end
+   local eol = string.find(string.sub(script, 1, MARK_BYTES), "\n", 1, true)   -- after the #! line
+   return eol ~= nil and string.sub(script, eol + 1, eol + #MARK) == MARK
 end
 
 -- A line where only spaces separate arguments (no quote, backslash, #, tab...): split with
--- plain string.find, which is memchr-fast (a character class costs ~40 ns a character in Lua).
-local SPECIAL = {"\\", "'", '"', "#", "\t", "\r", "\v", "\f"}
+-- plain string.find, which is memchr-fast (a character class costs ~10-40 ns a character in Lua).
 local function is_simple(line)
-   for _, c in ipairs(SPECIAL) do
-      if string.find(line, c, 1, true) then return false end
-   end
-   return true
+   return string.find(line, "[\\'\"#\t\r\v\f]") == nil
 end
 
 local function add_simple_arguments(line, args)
    local pos, n, k = 1, #line, #args
-   while pos <= n and k <= MAX_ARGS do
+   while pos <= n do
+      local _, spaces = string.find(line, "^ *", pos)   -- a run of spaces in one anchored step
+      pos = spaces + 1
+      if pos > n then return end
       local stop = string.find(line, " ", pos, true) or (n + 1)
-      if stop > pos then k = k + 1; args[k] = string.sub(line, pos, stop - 1) end
+      k = k + 1
+      args[k] = string.sub(line, pos, stop - 1)
       pos = stop + 1
    end
 end
@@ -111,7 +119,7 @@ end
 -- string.find hits, so the work is linear in the line.
 local function add_quoted_arguments(line, args)
    local pos, n = 1, #line
-   while #args <= MAX_ARGS do
+   while true do
       pos = string.find(line, "%S", pos)
       if pos == nil then return end
       local buf, quote = {}, nil
@@ -146,39 +154,37 @@ local function add_quoted_arguments(line, args)
    end
 end
 
--- The arguments sbatch reads from the script: those of the #SBATCH lines up to the first line
--- that is neither blank nor a comment. Lines are found with plain string.find; only #SBATCH
--- lines are copied, each at most MAX_LINE bytes.
-local function script_arguments(script, job_name)
-   local args, pos, n, quoted = {}, 1, #script, 0
-   local function over(what)
-      slurm.log_info("pswift job_submit: job %s: %s; the rest of its #SBATCH lines go unchecked",
-                     tostring(job_name), what)
-   end
+-- The arguments sbatch reads from `header` (the script's first MAX_HEADER bytes): those of the
+-- #SBATCH lines up to the first line that is neither blank nor a comment (sbatch: a line whose
+-- first character that is not a space is not "#"). Blank lines and leading blanks go in one
+-- anchored step each; every other line is found with a plain string.find. Returns nil when no
+-- command starts inside the header and the script goes on past it.
+local function script_arguments(header, whole)
+   local args, pos, n = {}, 1, #header
    while pos <= n do
-      local stop = string.find(script, "\n", pos, true) or (n + 1)
-      if string.sub(script, pos, pos + 6) == "#SBATCH" then
-         local line = stop - pos <= MAX_LINE and string.sub(script, pos + 7, stop - 1)
-         if not line then
-            slurm.log_info("pswift job_submit: job %s: skipped a #SBATCH line of %d bytes (over %d)",
-                           tostring(job_name), stop - pos, MAX_LINE)
-         elseif is_simple(line) then
+      local _, blanks = string.find(header, "^[ \t\r\v\f\n]*", pos)
+      pos = blanks + 1
+      if pos > n then break end
+      local stop = string.find(header, "\n", pos, true)
+      local cut = stop == nil and whole > n   -- this line goes on past the header
+      stop = stop or n + 1
+      local at_line_start = pos == 1 or string.byte(header, pos - 1) == 10
+      if at_line_start and string.sub(header, pos, pos + 6) == "#SBATCH" then
+         if cut then return nil end
+         local line = string.sub(header, pos + 7, stop - 1)
+         if is_simple(line) then
             add_simple_arguments(line, args)
-         elseif quoted + #line > MAX_QUOTED then
-            over(string.format("quoted or escaped #SBATCH lines over %d bytes", MAX_QUOTED)); break
          else
-            quoted = quoted + #line
             add_quoted_arguments(line, args)
          end
-         if #args > MAX_ARGS then
-            over(string.format("over %d #SBATCH arguments", MAX_ARGS)); break
-         end
-      else
-         local first = string.find(script, "%S", pos)   -- blank line, comment, or the first command
-         if first ~= nil and first < stop and string.byte(script, first) ~= 35 then break end
+      elseif string.byte(header, pos) ~= 35 then
+         return args   -- the first command
+      elseif cut then
+         return nil    -- a comment that goes on past the header
       end
       pos = stop + 1
    end
+   if whole > n then return nil end   -- blank or comment lines up to the header's end, and more
    return args
 end
 
@@ -217,12 +223,50 @@ local function option_values(args, wanted)
    return out
 end
 
--- --signal=[{R|B}:]<sig>[@time]: SIGUSR1 by name or number (10 on Linux)
+-- Slurm's get_signal_opts(): [R][B][R][:]<sig>[@time], R and B in any case
+local function signal_part(spec)
+   local pos = 1
+   for _, flag in ipairs({"r", "b", "r"}) do
+      if string.lower(string.sub(spec, pos, pos)) == flag then pos = pos + 1 end
+   end
+   if string.sub(spec, pos, pos) == ":" then pos = pos + 1 end
+   local at = string.find(spec, "@", pos, true)
+   return string.sub(spec, pos, at and at - 1 or #spec)
+end
+
+local SPACE = "^[ \t\n\v\f\r]*$"
+
+-- Slurm's sig_name2num() then the (uint16_t) cast: a number as strtol reads it (leading blanks, a
+-- sign, digits saturating at the long's range, then only blanks), or a name with an optional
+-- SIG in any case; 0 for anything else
+local function signal_number(sig)
+   local _, e, sign, digits = string.find(sig, "^[ \t\n\v\f\r]*([+-]?)(%d+)")
+   if digits then
+      if not string.find(sig, SPACE, e + 1) then return 0 end
+      local v, saturated = 0, false
+      for i = 1, #digits do
+         local d = string.byte(digits, i) - 48
+         if v > (math.maxinteger - d) // 10 then saturated = true; break end
+         v = v * 10 + d
+      end
+      if saturated then v = sign == "-" and math.mininteger or math.maxinteger
+      elseif sign == "-" then v = -v end
+      return v & 0xFFFF
+   end
+   local name = string.upper((string.gsub(sig, "^[ \t\n\v\f\r]*", "")))
+   if string.sub(name, 1, 3) == "SIG" then name = string.sub(name, 4) end
+   if string.sub(name, 1, 4) == "USR1" and string.find(name, SPACE, 5) then return 10 end
+   return -1   -- another name, or none: not SIGUSR1 (sbatch refuses what it cannot read)
+end
+
 local function is_usr1(spec)
-   local sig = string.upper(spec)
-   sig = (string.gsub(sig, "^[RB]+:", ""))
-   sig = (string.gsub(sig, "@.*$", ""))
-   return sig == "USR1" or sig == "SIGUSR1" or sig == "10"
+   return signal_number(signal_part(spec)) == 10   -- SIGUSR1 on Linux
+end
+
+-- Slurm's arg_set_open_mode(): the first letter decides (a/A append, t/T truncate)
+local function is_truncate(mode)
+   local c = string.sub(mode, 1, 1)
+   return c == "t" or c == "T"
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
@@ -233,8 +277,13 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
       slurm.log_user("pswift: this pipeswift job asks --no-requeue, but a preempted or timed-out pswift job must be requeued to resume from its checkpoint; drop --no-requeue")
       return slurm.ERROR
    end
-   local given = option_values(script_arguments(job_desc.script, job_desc.name),
-                               {["signal"] = true, ["open-mode"] = true})
+   local script = job_desc.script
+   local args = script_arguments(string.sub(script, 1, MAX_HEADER), #script)
+   if args == nil then
+      slurm.log_user("pswift: this pipeswift job's lines before its first command (its #SBATCH header) run past %d bytes; pswift renders a few KiB there: render the script again with `pswift sbatch`, and put long text after the first command", MAX_HEADER)
+      return slurm.ERROR
+   end
+   local given = option_values(args, {["signal"] = true, ["open-mode"] = true})
    for _, spec in ipairs(given["signal"]) do
       if is_usr1(spec) then
          slurm.log_user("pswift: --signal with SIGUSR1 conflicts with NCCL; pswift checkpoints on USR2 (use --signal=USR2@SECONDS)")
@@ -242,7 +291,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
       end
    end
    for _, mode in ipairs(given["open-mode"]) do
-      if string.lower(mode) == "truncate" then
+      if is_truncate(mode) then
          slurm.log_user("pswift: --open-mode=truncate would erase the log of earlier attempts when the job is requeued; use --open-mode=append")
          return slurm.ERROR
       end

@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from pipeswift_slurm.config import load_config
+from pipeswift_slurm.errors import ConfigError
+from pipeswift_slurm.slurm import sbatch
 from pipeswift_slurm.slurm.sbatch import SBATCH_FLAGS, SBATCH_SHORT, SBATCH_TAKES_VALUE, planned_option, sbatch_options
 
 ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "tiny-gpt"
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -65,3 +69,22 @@ def test_the_job_submit_plugin_knows_the_same_options():
     assert table("TAKES_VALUE") == SBATCH_TAKES_VALUE and table("FLAGS") == SBATCH_FLAGS
     short = dict(re.findall(r'(\w) = "([a-z-]+)"', re.search(r"local SHORT_VALUE = {(.*?)}", lua, re.S).group(1)))
     assert short == SBATCH_SHORT
+
+
+def test_the_job_submit_plugin_knows_pswifts_marker_and_header_size():
+    """The plugin knows a pswift job by the template's marker line and reads HEADER_MAX bytes
+    of its directives: the Lua constants are the renderer's, and a rendered script has both."""
+    lua = (ROOT / "plugins" / "job_submit.lua").read_text()
+    mark, mark_bytes = re.search(r'local MARK, MARK_BYTES = "([^"]*)", (\d+)', lua).groups()
+    header_max = int(re.search(r"local MAX_HEADER = (\d+)\n", lua).group(1))
+    assert (mark, header_max) == (sbatch.MARK, sbatch.HEADER_MAX)
+    script = sbatch.render(sbatch.options_for(load_config(EXAMPLE / "train.toml"), "/r", 60), "/r", "/py")
+    first, second = script.split("\n")[:2]
+    assert len(first) < int(mark_bytes) and second.startswith(sbatch.MARK)
+
+
+def test_a_header_the_plugin_would_not_read_is_refused_at_render():
+    cfg = load_config(EXAMPLE / "train.toml")
+    opts = sbatch.options_for(cfg, "/r", 60)._replace(extra=tuple(f"--comment={'x' * 900}{i}" for i in range(20)))
+    with pytest.raises(ConfigError, match=r"#SBATCH lines take \d+ bytes, but the site's job_submit.lua reads the first 16384"):
+        sbatch.render(opts, "/r", "/py")

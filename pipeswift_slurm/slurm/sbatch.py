@@ -23,6 +23,11 @@ from pipeswift_slurm.config import TrainConfig
 from pipeswift_slurm.errors import ConfigError
 
 TEMPLATE = "job.sbatch.tmpl"
+#: plugins/job_submit.lua knows a pswift job by this start of its script's second line (as the
+#: template renders it), and reads at most HEADER_MAX bytes of a script for its directives:
+#: the lines before the first command must fit (tests/test_sbatch_options.py keeps them equal)
+MARK = "# Rendered by pipeswift-slurm "
+HEADER_MAX = 16384
 
 
 #: ``@name`` placeholders in the template (bash's own ``$`` stays as written)
@@ -127,7 +132,13 @@ def render(options: SbatchOptions, run_dir: str, python: str) -> str:
         tasks_per_node=str(int(options.ntasks_per_node)),
         cpus_per_task=str(int(options.cpus_per_task)),
     )
-    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)   # KeyError: a template typo
+    script = _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)   # KeyError: a template typo
+    header = len(script.split("\nset -uo pipefail\n", 1)[0].encode())
+    if header > HEADER_MAX:
+        raise ConfigError(f"the batch script's #SBATCH lines take {header} bytes, but the site's "
+                          f"job_submit.lua reads the first {HEADER_MAX}: shorten [job] sbatch_options "
+                          f"or the job name")
+    return script
 
 
 #: sbatch's long options (Slurm 25.11.7's `sbatch --autocomplete=--`; 22.05's are a subset),
