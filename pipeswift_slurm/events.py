@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from pipeswift_slurm.numbers import finite
+from pipeswift_slurm.settings import LIMITS
 
 FILE = "events.jsonl"
 #: every number in a line lies within +-MAX_NUMBER (10^13: epoch seconds, step counts and bytes
@@ -21,6 +22,11 @@ FILE = "events.jsonl"
 MAX_NUMBER = 10**13
 MAX_STR = 4096
 MAX_ITEMS = 100_000
+#: layers, and so stages and boundaries, within train.toml's cap: a reader's loop over a layer
+#: range or the stages is bounded by it, whatever a line says
+MAX_LAYERS = LIMITS["layers"]
+#: instruction names a stage's timer records (DeepSpeed has about a dozen, and "step")
+MAX_INSTRUCTIONS = 32
 
 
 def _int(v: Any) -> bool:
@@ -44,26 +50,32 @@ def _str(v: Any) -> bool:
     return isinstance(v, str) and len(v) <= MAX_STR
 
 
-def _ints(v: Any) -> bool:
-    return isinstance(v, list) and len(v) <= MAX_ITEMS and all(_count(x) for x in v)
-
-
 def _strs(v: Any) -> bool:
     return isinstance(v, list) and len(v) <= MAX_ITEMS and all(_str(x) for x in v)
 
 
+def _boundaries(v: Any) -> bool:
+    """A stage cut: 2 to MAX_LAYERS + 1 non-decreasing layer indices from 0 to MAX_LAYERS."""
+    return (isinstance(v, list) and 2 <= len(v) <= MAX_LAYERS + 1
+            and all(_count(x) and x <= MAX_LAYERS for x in v) and all(a <= b for a, b in zip(v, v[1:])))
+
+
+def _layer_key(k: Any) -> bool:
+    """A layer (or stage) index as a string: "0" to "511"."""
+    return isinstance(k, str) and 0 < len(k) <= 3 and k.isdigit() and int(k) < MAX_LAYERS
+
+
 def _by_layer(value: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    """{"0": x, "1": y, ...}: layer indices as strings."""
-    return lambda v: (isinstance(v, dict) and len(v) <= MAX_ITEMS
-                      and all(isinstance(k, str) and k.isdigit() and len(k) < 10 and value(x)
-                              for k, x in v.items()))
+    """{"0": x, "1": y, ...}: layer indices as strings, within the layer cap."""
+    return lambda v: (isinstance(v, dict) and len(v) <= MAX_LAYERS
+                      and all(_layer_key(k) and value(x) for k, x in v.items()))
 
 
 def _instructions(v: Any) -> bool:
-    """{"stage": {"InstructionName": seconds}}"""
-    return isinstance(v, dict) and len(v) <= 4096 and all(
-        isinstance(k, str) and len(k) < 10 and isinstance(d, dict) and len(d) <= 256
-        and all(_str(n) and _num(x) for n, x in d.items()) for k, d in v.items())
+    """{"stage": {"InstructionName": seconds}}: at most a stage a layer, MAX_INSTRUCTIONS names each."""
+    return isinstance(v, dict) and len(v) <= MAX_LAYERS and all(
+        _layer_key(k) and isinstance(d, dict) and len(d) <= MAX_INSTRUCTIONS
+        and all(isinstance(n, str) and len(n) <= 64 and _num(x) for n, x in d.items()) for k, d in v.items())
 
 
 Check = Callable[[Any], bool]
@@ -73,7 +85,7 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
     "start": {"nodes": (_count, True), "world_size": (_count, True), "stages": (_count, True),
               "data_parallel": (_count, True), "micro_batches": (_count, True),
               "micro_batch_size": (_count, True), "step": (_count, True), "partition": (_str, False),
-              "boundaries": (_ints, False), "resumed_from": (_str, False), "setup_s": (_num, False),
+              "boundaries": (_boundaries, False), "resumed_from": (_str, False), "setup_s": (_num, False),
               "load_s": (_num, False),
               # the hardware the launch measured (pipeswift_launch.probe)
               "device": (_str, False), "p2p_latency_s": (_positive, False), "p2p_bandwidth": (_positive, False),
@@ -90,14 +102,14 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
             "requeue": (lambda v: isinstance(v, bool), False), "error": (_str, False)},
     "crash": {"how": (_str, True), "action": (_str, True), "rank": (_count, False), "node": (_str, False),
               "step": (_count, False), "error": (_str, False), "restart": (_count, False), "why": (_str, False)},
-    "relayout": {"step": (_count, True), "nodes": (_count, False), "boundaries_from": (_ints, True),
-                 "boundaries_to": (_ints, True), "step_s": (_num, False), "predicted_step_s": (_num, False),
+    "relayout": {"step": (_count, True), "nodes": (_count, False), "boundaries_from": (_boundaries, True),
+                 "boundaries_to": (_boundaries, True), "step_s": (_num, False), "predicted_step_s": (_num, False),
                  "gain_s": (_num, False), "cost_s": (_num, False), "remaining": (_count, False)},
     "grow": {"step": (_count, True), "nodes_from": (_count, True), "nodes_to": (_count, True),
              "free": (_count, False), "step_s": (_num, False), "predicted_step_s": (_num, False),
              "remaining": (_count, False), "gain_s": (_num, False), "cost_s": (_num, False)},
     "layer_profile": {"micro_batch_size": (_count, True), "seconds": (_by_layer(_num), True),
-                      "micro_batches": (_count, False), "boundaries": (_ints, False),
+                      "micro_batches": (_count, False), "boundaries": (_boundaries, False),
                       "samples": (_count, False), "param_bytes": (_by_layer(_count), False),
                       "activation_bytes": (_by_layer(_count), False),
                       "saved_bytes": (_by_layer(_count), False),

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from pipeswift_slurm import events
 from pipeswift_slurm.history import eventfold
@@ -120,16 +120,38 @@ def test_attempts_beyond_the_cap_keep_the_newest_and_count_the_rest():
     assert late.dropped == 50 * 2 + 1
 
 
-def test_non_step_events_are_kept_within_their_bytes_and_per_kind_bounds():
-    ckpt = b'{"event": "checkpoint", "time": 5.0, "attempt": 0, "step": 3, "seconds": 0.5, "reason": "periodic"}\n'
-    n = eventfold.MAX_KEPT_BYTES // len(ckpt) + 100
-    fold = folded(ckpt * n, [])
+def test_non_step_events_are_kept_within_their_count_bytes_and_per_kind_bounds():
+    crash = b'{"event": "crash", "time": 5.0, "attempt": %d, "how": "signal", "action": "restart"}\n'
+    n = eventfold.MAX_KEPT_EVENTS + 100
+    fold = folded(b"".join(crash % (i // 200) for i in range(n)), [])
+    assert sum(len(a["crashes"]) for a in fold.attempts()) == eventfold.MAX_KEPT_EVENTS and fold.dropped == 100
+    ckpt = b'{"event": "checkpoint", "time": 5.0, "attempt": 0, "step": 3, "seconds": 0.5, "reason": "grow"}\n'
+    fold = folded(ckpt * 500, [])
     (a,) = fold.attempts()
-    assert len(a["checkpoints"]) == n - fold.dropped and 0 < fold.dropped <= 100
-    assert a["checkpoint_s"] == 0.5 * n                  # the seconds of every checkpoint still count
+    assert len(a["checkpoints"]) == eventfold.PER_ATTEMPT["checkpoints"] and fold.dropped == 300
+    assert a["checkpoint_s"] == 0.5 * 500                  # the seconds of every checkpoint still count
     grow = (b'{"event": "grow", "time": 5.0, "attempt": 0, "step": 3, "nodes_from": 2, "nodes_to": 4}\n')
     fold = folded(grow * 500, [])
     assert len(fold.attempts()[0]["grows"]) == eventfold.PER_ATTEMPT["grows"] and fold.dropped == 400
+
+
+def profile_line(attempt: int, mbs: int, t: float, instructions: bool) -> bytes:
+    return (json.dumps({"event": "layer_profile", "time": t, "attempt": attempt, "micro_batch_size": mbs,
+                        "seconds": {"0": t, "1": t}, "boundaries": [0, 1, 2], "micro_batches": 4,
+                        **({"instructions": {"0": {"ForwardPass": t}}} if instructions else {})}) + "\n").encode()
+
+
+def test_only_the_newest_profile_of_each_micro_batch_size_is_kept():
+    """The history keeps one profile a micro-batch size (the newest) and the overheads of the
+    newest with instruction times: the fold holds those, whatever the file repeats."""
+    lines = [profile_line(a, mbs, 100.0 * a + mbs + i, instructions=(mbs == 2 and i == 0))
+             for a in range(3) for mbs in (1, 2) for i in range(50)]
+    fold = folded(b"".join(lines), [])
+    kept = [(a["attempt"], p["micro_batch_size"], p["time"]) for a in fold.attempts() for p in a["profiles"]]
+    assert kept == [(2, 1, 250.0), (2, 2, 202.0), (2, 2, 251.0)] and fold.kept_events == 3
+    assert fold.dropped == 0
+    many = folded(b"".join(profile_line(0, mbs, 1.0, False) for mbs in range(1, 40)), [])
+    assert many.kept_events == eventfold.MAX_PROFILES and many.dropped == 39 - eventfold.MAX_PROFILES
 
 
 def test_a_line_over_the_cap_is_skipped_to_its_end():
@@ -186,21 +208,105 @@ def test_the_plugin_as_root_folds_a_log_at_the_cap_within_256_mb(tmp_path, publi
     assert row == (other_user.pw_name, "77", steps - 1, steps)
 
 
-def test_only_the_first_re_layouts_of_an_attempt_are_measured():
-    """Each measured re-layout reads the attempt's steps once: past MEASURED_RELAYOUTS (a hostile
-    log's 100) the outcome keeps the prediction and says measured None, so a file at the caps
-    is not read 100 times over."""
-    n = eventfold.MEASURED_RELAYOUTS + 2
+def test_every_re_layout_is_measured_from_the_steps_under_its_own_cut():
+    """One pass over the steps measures every re-layout (a hostile log's 100 included): each
+    from the launch that followed it until the next re-layout, each with its own median."""
+    n = 12
     lines = [start_line(0, 0.0)]
     for k in range(n):
         lines.append((json.dumps({"event": "relayout", "time": 10.0 * k + 1, "attempt": 0, "step": 10 * k,
                                   "boundaries_from": [0, 3, 6], "boundaries_to": [0, 2, 6], "step_s": 1.0,
                                   "predicted_step_s": 0.5, "gain_s": 9.0, "cost_s": 1.0}) + "\n").encode())
         lines.append(start_line(0, 10.0 * k + 2, step=10 * k))
-        lines += [step_line(0, 10 * k + j, 10.0 * k + 2 + j * 0.1, 1.0, 0.5) for j in range(1, 10)]
+        lines += [step_line(0, 10 * k + j, 10.0 * k + 2 + j * 0.1, 1.0, 0.5 + k / 100) for j in range(1, 10)]
     (a,) = eventfold.read_attempts(b"".join(lines)).attempts()
     out = eventfold.relayout_outcomes(a)
-    assert len(out) == n
-    assert all(o["measured_step_s"] == 0.5 for o in out[:-2])
-    assert [o["measured_step_s"] for o in out[-2:]] == [None, None]
-    assert [o["predicted_step_s"] for o in out[-2:]] == [0.5, 0.5]
+    assert [o["measured_step_s"] for o in out] == [0.5 + k / 100 for k in range(n)]
+    assert [o["measured_gain_s"] for o in out] == [pytest.approx((0.5 - k / 100) * 9) for k in range(n)]
+    assert [o["measured_cost_s"] for o in out] == [1.0] * n
+
+
+def test_checkpoints_are_summed_and_only_a_re_layouts_or_growths_kept():
+    """The fold's memory follows what readers use: the smallest checkpoint lines, as many as
+    are read through the schema, become one sum, not a dict each; a re-layout's checkpoint is
+    still found; past the schema's budget lines are counted unread (16 MiB of them: 479k)."""
+    small = b'{"event":"checkpoint","attempt":0}\n'
+    relayout_ckpt = b'{"event": "checkpoint", "attempt": 0, "step": 4, "seconds": 2.0, "reason": "relayout"}\n'
+    fold = folded(small * (eventfold.MAX_SLOW_LINES - 1) + relayout_ckpt, [])
+    (a,) = fold.attempts()
+    assert a["checkpoints"] == [events.validate(json.loads(relayout_ckpt))] and fold.dropped == 0
+    assert a["checkpoint_s"] == 2.0 and fold.kept_events == 1
+    n = (16 << 20) // len(small)
+    fold = folded(small * n + step_line(0, 1, 1.0, 1.0, 0.1), [])
+    (a,) = fold.attempts()
+    assert fold.dropped == n - eventfold.MAX_SLOW_LINES and len(a["steps"]) == 1 and fold.kept_events == 0
+
+
+# ----------------------------------------------------------------------------- at the cap, any mix
+def _hostile_lines() -> dict:
+    """Legal lines of every kind, each the largest or most numerous the schema allows."""
+    n = events.MAX_LAYERS
+    by_layer = {str(i): 1000 for i in range(n)}
+    profile = {"event": "layer_profile", "time": 1.0, "micro_batch_size": 1, "micro_batches": 4,
+               "seconds": {str(i): 0.001 for i in range(n)}, "param_bytes": by_layer, "activation_bytes": by_layer,
+               "saved_bytes": by_layer, "boundaries": list(range(n + 1)),
+               "instructions": {str(s): {f"I{k}": 0.5 for k in range(events.MAX_INSTRUCTIONS)} for s in range(n)}}
+    return {
+        "step": lambda i: step_line(0, i, 1.0 + i, 1.5, 0.1),
+        "compact step": lambda i: b'{"event":"step","step":%d,"loss":1,"step_time":1}\n' % i,
+        "small checkpoint": lambda i: b'{"event":"checkpoint","attempt":%d}\n' % (i % 1000),
+        "crash": lambda i: (json.dumps({"event": "crash", "attempt": i % 1000, "how": "x" * 100, "action": "restart",
+                                        "why": "y" * 4000}) + "\n").encode(),
+        "start": lambda i: (json.dumps({"event": "start", "time": 1.0 * i, "attempt": i % 1000, "nodes": 1,
+                                        "world_size": 1, "stages": n, "data_parallel": 1, "micro_batches": 1,
+                                        "micro_batch_size": 1, "step": 0, "boundaries": list(range(n + 1)),
+                                        "partition": "p" * 4000}) + "\n").encode(),
+        "relayout": lambda i: (json.dumps({"event": "relayout", "time": 1.0 * i, "attempt": i % 1000, "step": i,
+                                           "boundaries_from": list(range(n + 1)),
+                                           "boundaries_to": list(range(n + 1))}) + "\n").encode(),
+        "profile": lambda i: (json.dumps({**profile, "micro_batch_size": 1 + i % 40, "attempt": i % 1000}) + "\n").encode(),
+        "discarded": lambda i: (json.dumps({"event": "checkpoint_discarded", "attempt": 0,
+                                            "names": ["n" * 4000] * 1000}) + "\n").encode(),
+    }
+
+
+def _write_mix(path: Path, mix: list[tuple[str, int]], size: int) -> None:
+    """events.jsonl of ``size`` bytes: one 4 MiB block of the kinds in ``mix`` (by weight), repeated."""
+    gens, total, block, i = _hostile_lines(), sum(w for _, w in mix), [], 0
+    for kind, weight in mix:
+        got = 0
+        while got < (4 << 20) * weight // total:
+            line = gens[kind](i)
+            block.append(line)
+            got, i = got + len(line), i + 1
+    blob = b"".join(block)
+    with open(path, "wb") as fh:
+        for _ in range(size // len(blob)):
+            fh.write(blob)
+
+
+INGEST = ("import sys, time; from pipeswift_slurm.history.store import History; h = History(sys.argv[2]); "
+          "t0 = time.perf_counter(); h.ingest_run_dir(sys.argv[1]); print(time.perf_counter() - t0)")
+
+
+@settings(max_examples=3, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.sampled_from(sorted(_hostile_lines())), st.integers(1, 30)), min_size=1, max_size=4))
+@example([("step", 9), ("small checkpoint", 1)])
+@example([("step", 30), ("start", 1)])
+@example([("step", 30), ("relayout", 1), ("compact step", 1)])
+def test_the_ingest_of_a_log_at_the_cap_stays_within_8_s_and_256_mb_whatever_its_mix(mix):
+    """Any mix of legal lines at the readers' 256 MiB cap: `history ingest` of the run
+    directory (read, fold, rows, database) ends within 8 s and 256 MB. Before, 16 MiB of the
+    smallest checkpoint lines took 252 MB, and every re-layout re-read the attempt's steps."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        run.mkdir()
+        (run / "plan.json").write_text(json.dumps({"version": 1, "job_name": "cap", "partition": "low",
+                                                   "training": {"steps": 10**7}, "model": {"entry": "m:f"}}))
+        _write_mix(run / "events.jsonl", mix, 256 << 20)
+        proc = subprocess.run([sys.executable, "-c", PEAK, sys.executable, "-c", INGEST, str(run), str(Path(tmp) / "h.db")],
+                              capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seconds, peak_kib = (float(x) for x in proc.stdout.split())
+    assert seconds <= 8.0 and peak_kib / 1024 <= 256, (mix, seconds, peak_kib / 1024)

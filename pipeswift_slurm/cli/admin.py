@@ -71,9 +71,9 @@ def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file:
         if h.skipped_events:
             msgs.append(f"{h.skipped_events} bad event line(s) skipped")
         if h.dropped_events:
-            msgs.append(f"{h.dropped_events} event(s) beyond one job's bounds left out "
-                        f"(over {eventfold.MAX_ATTEMPTS} attempts or {eventfold.MAX_KEPT_BYTES >> 20} MiB of "
-                        "non-step events)")
+            msgs.append(f"{h.dropped_events} event line(s) past one job's bounds left out (over "
+                        f"{eventfold.MAX_ATTEMPTS} attempts, {eventfold.MAX_KEPT_EVENTS:,} kept events or "
+                        f"{eventfold.MAX_SLOW_LINES:,} lines besides the steps: docs/admin.md)")
         if jobcomp_file is not None:
             if not jobcomp_file.is_file():
                 raise CLIError(f"{jobcomp_file}: no such file", 2)

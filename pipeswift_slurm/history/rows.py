@@ -214,8 +214,8 @@ def _attempt_row(a: dict[str, Any], mkey: str, profiles: list[dict[str, Any]],
     learns each configuration's own step time); setup and load add up over the launches."""
     row: dict[str, Any] = {"attempt": a["attempt"], "ended": a["ended"], "relayouts": len(a["relayouts"]),
                            "checkpoint_s": a["checkpoint_s"],
-                           "restarts": sum(1 for c in a["crashes"] if c["action"] == "restart"),
-                           "last_crash": a["crashes"][-1]["why"] if a["crashes"] else None}
+                           "restarts": a["restarts"],
+                           "last_crash": a["last_crash"]["why"] if a["last_crash"] else None}
     if a["starts"]:
         _start(row, a["starts"][-1], mkey)
         first = a["starts"][0]
@@ -234,8 +234,8 @@ def _attempt_row(a: dict[str, Any], mkey: str, profiles: list[dict[str, Any]],
             row["end_step"] = a["end"]["step"]
     for ev in a["profiles"]:
         _profile(ev, mkey, profiles, overheads)
-    last = a["starts"][-1] if a["starts"] else None
-    mine = log.times_since(None if last is None else last["time"])
+    starts_at = a["logged_at"]["starts"]
+    mine = log.times_from(starts_at[-1] if starts_at else 0)   # the last launch's steps
     # the first step of a launch includes warm-up: statistics use the rest when there is one
     xs = mine[1:] if len(mine) > 1 else mine
     row["step_count"] = len(xs)

@@ -10,6 +10,7 @@ and skipped while its events file is unchanged. Schema changes are numbered migr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,7 +18,7 @@ import sqlite3
 import stat
 import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Iterator, TypeVar
 
 from pipeswift_slurm import events as events_mod
 from pipeswift_slurm import userfiles
@@ -280,7 +281,8 @@ class History(Queries):
         for f in files:
             advance(1)
             try:
-                problem = self.ingest_spool_file(f, timeout)
+                with _deadline(timeout, f"merging took over {timeout:g} s"):   # reading and folding
+                    problem = self.ingest_spool_file(f, timeout)
                 merged += 1
                 if problem:
                     problems.append(f"{f.name}: merged the Slurm record only; {problem}")
@@ -291,6 +293,32 @@ class History(Queries):
             except Exception as e:   # whatever one file does, the others still merge
                 problems.append(_set_aside(d, f, e))
         return merged, problems
+
+
+class _Overtime(IngestRefused):
+    """One spool file's merge ran past its deadline (it is set aside; the others go on)."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float, why: str) -> Iterator[None]:
+    """Raise _Overtime(why) in the block after ``seconds`` of wall time (a real-time timer: the
+    main thread only; elsewhere the block runs unbounded, as userfiles' reader is still killed
+    at its own deadline)."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def fire(*_: Any) -> None:
+        raise _Overtime(why)
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def _unsafe_spool(d: Path) -> str | None:
