@@ -12,6 +12,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from deepspeed.pipe import LayerSpec
 
+from pipeswift_slurm.settings import LIMITS
+
 from .ds_compat import ExplicitPipe
 
 if TYPE_CHECKING:
@@ -42,6 +44,9 @@ def build_pipe(plan: Plan, layout: LayoutSpec) -> ExplicitPipe:
     model = plan["model"]
     layers = list(resolve(model["entry"], model["dir"])(**model["kwargs"]))
     n_expected = model["num_layers"]
+    if len(layers) > LIMITS["layers"]:   # the planner, the events and the history stop there
+        raise RuntimeError(f"{model['entry']} returned {len(layers)} layers; pswift plans at most "
+                           f"{LIMITS['layers']}: group layers into blocks (a LayerSpec of a Sequential)")
     if n_expected is not None and len(layers) != n_expected:
         raise RuntimeError(f"{model['entry']} returned {len(layers)} layers but train.toml says "
                            f"{n_expected}; fix [model] num_layers/layer_costs")
