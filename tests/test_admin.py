@@ -15,6 +15,7 @@ import pytest
 
 from helpers import CLUSTER_DB, CLUSTER_SPOOL, ROOT, pswift, wait_state
 from pipeswift_slurm.history.store import History
+from pipeswift_slurm.slurm import filetxt
 
 PLUGIN = ROOT / "plugins" / "jobcomp_pswift.py"
 ENV = {"JOBID": "777", "JOBNAME": "plain job", "JOBSTATE": "COMPLETED", "PARTITION": "low",
@@ -101,15 +102,15 @@ def test_jobcomp_filetxt_parsing_of_recorded_lines(tmp_path):
         "Partition=low TimeLimit=15 StartTime=2026-11-29T15:05:27 EndTime=2026-11-29T15:05:31 "
         "NodeList=node[1-2] NodeCnt=2 ProcCnt=2 WorkDir=/tmp/run dir 'quoted' ReservationName= "
         "Tres=cpu=2,mem=125G,node=2,billing=2 Account= QOS= WcKey= Cluster=unknown "
-        "SubmitTime=2026-11-29T15:05:26 EligibleTime=2026-11-29T15:05:26 DerivedExitCode=0:0 ExitCode=0:0\n"
+        "SubmitTime=2026-11-29T15:05:26 EligibleTime=2026-11-29T15:05:26 DerivedExitCode=0:0 ExitCode=0:0 \n"
         "JobId=10 UserId=bob(1001) GroupId=bob(1001) Name=wrap JobState=PREEMPTED Partition=low "
         "TimeLimit=UNLIMITED StartTime=2026-11-29T15:06:00 EndTime=2026-11-29T15:07:00 NodeList=node3 "
         "NodeCnt=1 ProcCnt=1 WorkDir=/home/bob ReservationName= Tres=cpu=1,node=1 Account= QOS= WcKey= "
         "Cluster=unknown SubmitTime=2026-11-29T15:05:59 EligibleTime=2026-11-29T15:05:59 DerivedExitCode=0:0 "
-        "ExitCode=0:15\n")
+        "ExitCode=0:15 \n")
     db = tmp_path / "h.db"
     out = pswift("history", "ingest", "--jobcomp-file", str(f), "--db", str(db), "--no-registered", check=True)
-    assert "2 jobcomp line(s)" in out.stdout
+    assert "2 jobcomp record(s)" in out.stdout
     rows = sorted(slurm_rows(db), key=lambda r: int(r["job_id"]))
     assert rows[0]["name"] == "it's \"$(touch PWNED)\" x" and rows[0]["work_dir"] == "/tmp/run dir 'quoted'"
     assert (rows[1]["user"], rows[1]["state"], rows[1]["node_count"]) == ("bob", "PREEMPTED", 1)
@@ -119,7 +120,8 @@ def test_jobcomp_filetxt_parsing_of_recorded_lines(tmp_path):
 
 def test_jobcomp_filetxt_identity_is_read_by_position_not_from_a_name(tmp_path):
     """Slurm writes Name= and WorkDir= unescaped: a job of alice named like a record of bob's job
-    9001, whose work directory mimics the fields Slurm writes after it, stays alice's job 12."""
+    9001, whose work directory mimics the fields Slurm writes after it, repeats Slurm's keys: the
+    record is refused whole (never a guess at which value is Slurm's), and counted."""
     f = tmp_path / "jobcomp.txt"
     f.write_text(
         "JobId=12 UserId=alice(1001) GroupId=alice(1001) Name=train UserId=bob(2002) JobId=9001 "
@@ -127,14 +129,29 @@ def test_jobcomp_filetxt_identity_is_read_by_position_not_from_a_name(tmp_path):
         "StartTime=2026-11-29T15:05:27 EndTime=2026-11-29T15:05:31 NodeList=node1 NodeCnt=1 ProcCnt=2 "
         "WorkDir=/home/alice/x ReservationName= Tres=cpu=2 Account=evil QOS=evil Cluster=evil "
         "ReservationName= Tres=cpu=2,node=1 Account=research QOS=normal WcKey= Cluster=c "
-        "SubmitTime=2026-11-29T15:05:26 EligibleTime=2026-11-29T15:05:26 DerivedExitCode=0:0 ExitCode=1:0\n")
+        "SubmitTime=2026-11-29T15:05:26 EligibleTime=2026-11-29T15:05:26 DerivedExitCode=0:0 ExitCode=1:0 \n")
     db = tmp_path / "h.db"
-    pswift("history", "ingest", "--jobcomp-file", str(f), "--db", str(db), "--no-registered", check=True)
-    (row,) = slurm_rows(db)
-    assert (row["job_id"], row["user"]) == ("12", "alice")
-    assert row["name"] == "train UserId=bob(2002) JobId=9001 JobState=FAILED Partition=high"
-    assert (row["state"], row["partition"], row["account"], row["cluster"]) == ("COMPLETED", "low", "research", "c")
-    assert row["work_dir"] == "/home/alice/x ReservationName= Tres=cpu=2 Account=evil QOS=evil Cluster=evil"
+    proc = pswift("history", "ingest", "--jobcomp-file", str(f), "--db", str(db), "--no-registered", check=True)
+    assert slurm_rows(db) == [] and "1 record(s) refused" in proc.stderr
+
+
+def test_jobcomp_filetxt_of_real_slurm_forges_nothing_and_loses_no_neighbour(tmp_path):
+    """Slurm 22.05's own filetxt output (tests/slurm_json/22.05/jobcomp.txt, recorded on the dev
+    cluster): job 4's 1,000-byte name cut its record at 1,023 bytes and job 5's record joined its
+    line; job 6 is named "x JobState=COMPLETED Partition=gpu NodeCnt=512 StartTime=... EndTime=...";
+    job 8's name holds a newline and then "JobId=999 UserId=alice(1000) GroupId=alice(1000)
+    Name=y", so Slurm's rest of job 8's record follows that on the next line. The neighbours 5,
+    7 and 9 are read whole; 4, 6 and both lines of 8 are refused; no field of theirs is taken."""
+    text = (ROOT / "tests" / "slurm_json" / "22.05" / "jobcomp.txt").read_text()
+    got = filetxt.parse(text, filetxt.cuts_records((22, 5, 8)))
+    assert [(r["JOBID"], r["JOBNAME"], r["JOBSTATE"], r["PARTITION"], r["NODECNT"]) for r in got.records] == [
+        ("5", "neighbour-of-long", "COMPLETED", "low", "1"), ("7", "neighbour-of-forger", "COMPLETED", "low", "1"),
+        ("9", "neighbour-of-newline", "COMPLETED", "low", "1")]
+    assert got.refused == 4
+    # from a Slurm that writes long records whole, the cut line is one record that is not whole:
+    # refused with job 5, which it holds (a neighbour lost, nothing forged)
+    later = filetxt.parse(text, filetxt.cuts_records((25, 11, 7)))
+    assert [r["JOBID"] for r in later.records] == ["7", "9"] and later.refused == 4
 
 
 # ----------------------------------------------------------------------------- job_submit.lua

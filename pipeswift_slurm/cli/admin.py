@@ -12,7 +12,7 @@ from pipeswift_slurm.history import rundir
 from pipeswift_slurm.slurm import client as slurm
 from pipeswift_slurm.cli.common import (CLIError, _db_option, _errors, _nothing_selected, _open, _output, _print,
                          _quiet_on_closed_pipe, _renderer, _select, _warn, history)
-from pipeswift_slurm.errors import PswiftError
+from pipeswift_slurm.errors import PswiftError, SlurmError
 from pipeswift_slurm.fmt import duration
 
 
@@ -44,7 +44,8 @@ def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file:
     """
     from pipeswift_slurm.history import eventfold
     from pipeswift_slurm.fmt import progress
-    from pipeswift_slurm.history.store import History, IngestRefused, parse_jobcomp_filetxt
+    from pipeswift_slurm.history.store import History, IngestRefused
+    from pipeswift_slurm.slurm import filetxt
 
     h = History(db)
     try:
@@ -77,8 +78,17 @@ def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file:
         if jobcomp_file is not None:
             if not jobcomp_file.is_file():
                 raise CLIError(f"{jobcomp_file}: no such file", 2)
-            recs = parse_jobcomp_filetxt(jobcomp_file.read_text(encoding="utf-8", errors="replace"))
-            msgs.append(f"{len(recs)} jobcomp line(s) ({h.add_slurm_records(recs, 'filetxt')} new)")
+            try:
+                version: tuple[int, int, int] | None = slurm.slurm_version()
+            except SlurmError:
+                version = None
+            got = filetxt.parse(jobcomp_file.read_text(encoding="utf-8", errors="replace"),
+                                filetxt.cuts_records(version))
+            msgs.append(f"{len(got.records)} jobcomp record(s) ({h.add_slurm_records(got.records, 'filetxt')} new)")
+            if got.refused:
+                _warn(f"warning: {jobcomp_file}: {got.refused} record(s) refused: a key repeated, a record cut "
+                      f"or continued on the next line (Slurm writes job names unescaped; prefer the "
+                      f"jobcomp/script plugin or --sacct, docs/admin.md)")
         if use_sacct:
             cluster = slurm.cluster_name()
             sacct_recs = slurm.sacct_jobs(since=h.sacct_since(cluster))

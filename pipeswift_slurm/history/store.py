@@ -474,56 +474,6 @@ def normalise_record(r: dict[str, Any], source: str) -> dict[str, Any] | None:
             "eligible": _epoch(r.get("ELIGIBLE"))}
 
 
-#: jobcomp/filetxt's line (Slurm's JOB_FORMAT, the same in 22.05 and 25.11) up to the user's
-#: WorkDir: identity first and by position, then the job's name (free text the user chose), the
-#: fields Slurm writes without spaces, and the work directory (free text again)
-_FILETXT_HEAD = (r"JobId=(?P<JobId>\d+) UserId=(?P<UserId>[^\s(]*)\(\d+\) GroupId=[^\s(]*\(\d+\) "
-                 r"Name=(?P<Name>.*?) JobState=(?P<JobState>\S+) Partition=(?P<Partition>\S*) "
-                 r"TimeLimit=(?P<TimeLimit>\S+) StartTime=(?P<StartTime>\S+) EndTime=(?P<EndTime>\S+) "
-                 r"NodeList=(?P<NodeList>\S*) NodeCnt=(?P<NodeCnt>\d+) ProcCnt=(?P<ProcCnt>\d+) "
-                 r"WorkDir=(?P<WorkDir>.*)")
-
-
-def parse_jobcomp_filetxt(text: str) -> list[dict[str, Any]]:
-    """Records of a jobcomp/filetxt file ('JobId=1 UserId=root(0) GroupId=... Name=... ' lines).
-
-    Slurm writes the job's name and work directory unescaped, so a name may hold ``UserId=bob``:
-    the job id and the user are read by position at the start of the line, the fields after the
-    work directory from its last ``ReservationName=`` (only Slurm's own values follow it), and
-    a name that mimics the fields in between can only misstate its own job. Lines of another
-    shape are skipped."""
-    import re
-    head_re = re.compile(_FILETXT_HEAD)
-    out = []
-    for line in text.splitlines():
-        head, sep, tail = line.strip().rpartition(" ReservationName=")
-        m = head_re.fullmatch(head) if sep else None
-        if m is None:
-            continue
-        f = dict(p.partition("=")[::2] for p in ("ReservationName=" + tail).split() if "=" in p)
-        f.update(m.groupdict())
-        out.append({"JOBID": f["JobId"], "USERNAME": f["UserId"] or None,
-                    "JOBNAME": f.get("Name"), "JOBSTATE": f.get("JobState"),
-                    "PARTITION": f.get("Partition"), "LIMIT": f.get("TimeLimit"),
-                    "START": f.get("StartTime"), "END": f.get("EndTime"), "NODES": f.get("NodeList"),
-                    "NODECNT": f.get("NodeCnt"), "PROCS": f.get("ProcCnt"),
-                    "WORK_DIR": f.get("WorkDir"), "SUBMIT": f.get("SubmitTime"),
-                    "EXITCODE": f.get("ExitCode"), "CLUSTER": f.get("Cluster"),
-                    "ACCOUNT": f.get("Account"), "QOS": f.get("QOS"),
-                    "DERIVED_EC": f.get("DerivedExitCode"), "ELIGIBLE": f.get("EligibleTime"),
-                    **_filetxt_tres(f.get("Tres", ""))})
-    return out
-
-
-def _filetxt_tres(text: str) -> dict[str, Any]:
-    """filetxt's allocated ``Tres=cpu=2,mem=125G,node=2,gres/gpu=1`` as record fields."""
-    tres = dict(p.partition("=")[::2] for p in text.split(",") if "=" in p)
-    mem = tres.get("mem", "")
-    scale = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}.get(mem[-1:], None)
-    return {"ALLOC_GPUS": tres.get("gres/gpu"),
-            "ALLOC_MEM_MB": float(mem[:-1]) * scale if scale and mem[:-1].replace(".", "", 1).isdigit() else None}
-
-
 def _db_error(path: Path, e: sqlite3.Error) -> HistoryError:
     if "locked" in str(e) or "busy" in str(e):
         return HistoryError(f"history database {path} is locked by another writer; try again "

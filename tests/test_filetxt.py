@@ -1,0 +1,54 @@
+"""jobcomp/filetxt read as hostile text (issue 37): records written as Slurm writes them
+(JOB_FORMAT, with 22.05's cut at 1,023 bytes) with any job name and work directory a user can
+choose (no newline: that case is in test_admin.py on real output): a record taken is the one
+Slurm wrote, field for field, and a plain neighbour is never lost."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from pipeswift_slurm.slurm import filetxt
+
+FORMAT = ("JobId={job} UserId={user}({uid}) GroupId={user}({uid}) Name={name} JobState={state} Partition={part} "
+          "TimeLimit=15 StartTime=2026-11-29T15:05:27 EndTime=2026-11-29T15:05:31 NodeList=node1 NodeCnt={nodes} "
+          "ProcCnt=2 WorkDir={work} ReservationName= Tres=cpu=2,mem=1G,node=1 Account=research QOS=normal WcKey= "
+          "Cluster=c SubmitTime=2026-11-29T15:05:26 EligibleTime=2026-11-29T15:05:26 DerivedExitCode=0:0 "
+          "ExitCode=0:0 \n")
+
+
+def written(job: int, user: str, name: str, work: str, state: str = "COMPLETED", part: str = "low",
+            nodes: int = 1, cut: bool = True) -> str:
+    """One record as Slurm writes it (22.05: cut to 1,023 bytes, without its newline)."""
+    rec = FORMAT.format(job=job, user=user, uid=1000 + job, name=name, state=state, part=part, nodes=nodes, work=work)
+    raw = rec.encode()
+    return raw[:filetxt.CUT_AT].decode("utf-8", "ignore") if cut and len(raw) > filetxt.CUT_AT + 1 else rec
+
+
+text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r\x00"), max_size=1100)
+fieldish = st.sampled_from(["JobState=COMPLETED", "Partition=gpu", "NodeCnt=512", "UserId=bob(2)", "JobId=9",
+                            " ExitCode=0:0 ", "WorkDir=/x", "ReservationName= Tres=cpu=1", "JobId=5 UserId=x(1) "])
+hostile = st.lists(st.one_of(text, fieldish), max_size=6).map(" ".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(hostile, hostile, st.booleans()), min_size=1, max_size=6), st.booleans())
+def test_a_record_taken_is_slurms_and_plain_neighbours_are_never_lost(jobs, cutting):
+    """As a 22.05 writes them (``cutting``: long records cut) and as 25.11 does (whole)."""
+    lines, truth = [], {}
+    for i, (name, work, plain) in enumerate(jobs):
+        job = 100 + 2 * i
+        lines.append(written(job, "mallory", name, work, state="FAILED", part="evil", nodes=7, cut=cutting))
+        truth[str(job)] = (name, work)
+        if plain:   # a plain neighbour of another user right after it
+            lines.append(written(job + 1, "alice", "train", "/home/alice", cut=cutting))
+    got = filetxt.parse("".join(lines), cutting=cutting)
+    for r in got.records:
+        if r["USERNAME"] == "alice":
+            assert (r["JOBNAME"], r["WORK_DIR"], r["JOBSTATE"], r["PARTITION"], r["NODECNT"]) == (
+                "train", "/home/alice", "COMPLETED", "low", "1")
+        else:
+            assert r["USERNAME"] == "mallory" and (r["JOBNAME"], r["WORK_DIR"]) == truth[r["JOBID"]]
+            assert (r["JOBSTATE"], r["PARTITION"], r["NODECNT"]) == ("FAILED", "evil", "7")
+    neighbours = sum(plain for _, _, plain in jobs)
+    assert sum(r["USERNAME"] == "alice" for r in got.records) == neighbours
+    assert len(got.records) + got.refused == len(lines)
