@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
+import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pipeswift_slurm.plan import Plan
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_local(plan: Plan, plan_path: str, nodes: int, grace_s: float = 60.0) -> int:
@@ -41,13 +35,15 @@ def _launch_once(plan: Plan, plan_path: str, nodes: int, grace_s: float, relayou
     """One launch of every rank; their exit codes."""
     layout = plan["layouts"][str(nodes)]
     world = int(layout["world_size"])
-    port = str(_free_port())
+    # the launch's own folder, where rank 0 publishes the rendezvous (pipeswift_launch.rendezvous)
+    folder = tempfile.mkdtemp(prefix=f"local.{os.getpid()}.", dir=_launches(plan))
     procs: list[subprocess.Popen[bytes]] = []
     for r in range(world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world),
                    LOCAL_RANK=str(r % layout["tasks_per_node"]), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, PSWIFT_NODES=str(nodes),
+                   PSWIFT_LAUNCH_DIR=folder, PSWIFT_NODES=str(nodes),
                    OMP_NUM_THREADS=str(plan.get("cpus_per_task") or 1))
+        env.pop("MASTER_PORT", None)
         for k in [k for k in env if k.startswith("SLURM_")]:
             del env[k]  # a local run inside an allocation must not pick up Slurm's ranks
         procs.append(subprocess.Popen([plan["python"], "-m", "pipeswift_launch", plan_path], env=env))
@@ -71,6 +67,12 @@ def _launch_once(plan: Plan, plan_path: str, nodes: int, grace_s: float, relayou
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _launches(plan: Plan) -> str:
+    path = os.path.join(plan["run_dir"], "launches")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
 
 
 def _stop(procs: list[subprocess.Popen[bytes]], grace_s: float) -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch.distributed as tdist
 
 from . import checkpoint as ckpt
-from . import ds_compat
+from . import collectives, ds_compat
 from .dist_env import log0 as _log
 
 if TYPE_CHECKING:
@@ -65,14 +65,10 @@ class Checkpointer:
             _log(self.rank, f"moved aside checkpoint(s) with an unusable manifest: {'; '.join(aside)}")
 
     def _gather(self, obj: Any) -> list[Any]:
-        out: list[Any] = [None] * self.world_size
-        self.dist.all_gather_object(out, obj)
-        return out
+        return collectives.all_gather(obj, self.world_size, device=self.engine.device)
 
     def _side_gather(self, obj: Any) -> list[Any]:
-        out: list[Any] = [None] * self.world_size
-        tdist.all_gather_object(out, obj, group=self.side_group)
-        return out
+        return collectives.all_gather(obj, self.world_size, group=self.side_group)
 
     def _side_barrier(self) -> None:
         tdist.barrier(group=self.side_group)

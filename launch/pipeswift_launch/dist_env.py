@@ -11,11 +11,6 @@ from dataclasses import dataclass
 from typing import Mapping
 
 
-#: the rendezvous port of a Slurm attempt: from its job id, attempt and step, below Linux's ephemeral
-#: range (32768 and up), where any process's outgoing connection may already hold a port
-PORT_BASE, PORT_SPAN = 20000, 12000
-
-
 def log0(rank: int, msg: str) -> None:
     """A line of the job's log, said once: by rank 0."""
     if rank == 0:
@@ -40,7 +35,7 @@ class DistEnv:
     def exports(self) -> dict[str, str]:
         return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size),
                 "LOCAL_RANK": str(self.local_rank), "MASTER_ADDR": self.master_addr,
-                "MASTER_PORT": str(self.master_port)}
+                **({"MASTER_PORT": str(self.master_port)} if self.master_port else {})}
 
 
 def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int:
@@ -65,17 +60,18 @@ def derive(env: Mapping[str, str]) -> DistEnv:
         local = _int(env, "SLURM_LOCALID", default=0)
         nodes = _int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES", default=1)
         addr = env.get("MASTER_ADDR") or env.get("SLURM_LAUNCH_NODE_IPADDR") or "127.0.0.1"
-        jid = _int(env, "SLURM_JOB_ID", default=0)
-        step = _int(env, "SLURM_STEP_ID", default=0)   # a re-layout launches a new step
-        port = _int(env, "MASTER_PORT", default=PORT_BASE + (jid * 13 + attempt * 7 + step * 3) % PORT_SPAN)
+        port = _int(env, "MASTER_PORT", default=0)   # 0: rank 0 chooses it (rendezvous.py)
     else:
         rank = _int(env, "RANK")
         world = _int(env, "WORLD_SIZE")
         local = _int(env, "LOCAL_RANK", default=rank)
         nodes = _int(env, "PSWIFT_NODES", default=1)
         addr = env.get("MASTER_ADDR") or "127.0.0.1"
-        port = _int(env, "MASTER_PORT", default=29500)
+        port = _int(env, "MASTER_PORT", default=0)
     if not 0 <= rank < world:
         raise LaunchEnvError(f"rank {rank} is outside world size {world}")
+    if not port and not env.get("PSWIFT_LAUNCH_DIR"):
+        raise LaunchEnvError("no $PSWIFT_LAUNCH_DIR (the batch script and `pswift run` set one a launch, where "
+                             "rank 0 publishes the rendezvous) and no $MASTER_PORT: set one of them")
     return DistEnv(rank=rank, world_size=world, local_rank=local, master_addr=addr,
                    master_port=port, nodes=nodes, attempt=attempt, job_id=job_id)

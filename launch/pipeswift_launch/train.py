@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +15,7 @@ from pipeswift_slurm import events as events_schema
 from pipeswift_slurm.planning.decide import requeue_left
 from pipeswift_slurm.plan import RELAYOUT_EXIT
 
-from . import data
+from . import collectives, data, launchrec, rendezvous
 from .checkpointer import Checkpointer
 from .dist_env import DistEnv, log0 as _log
 from .pipe import build_pipe
@@ -163,9 +163,14 @@ def _setup(att: Attempt) -> None:
         ds_compat.skip_shm_build()
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     torch.set_num_threads(int(plan["cpus_per_task"]))
+    backend, device = "gloo", torch.device("cpu")
     if plan["device"] == "cuda":
         torch.cuda.set_device(denv.local_rank % max(1, torch.cuda.device_count()))
-    deepspeed.init_distributed(dist_backend="nccl" if plan["device"] == "cuda" else "gloo")
+        backend, device = "nccl", torch.device("cuda", torch.cuda.current_device())
+    # this launch's own store and secret (rendezvous.py); every rank proves it before anything else
+    secret = rendezvous.init_group(backend, denv.rank, denv.world_size, denv.master_addr, os.environ.get(launchrec.ENV))
+    rendezvous.prove(secret, denv.rank, denv.world_size, device)
+    deepspeed.init_distributed(dist_backend=backend)
     from . import rng
     seed = int(plan["training"]["seed"])
     rng.reseed(seed, 0, 0)  # every rank builds the same weights, whatever the model's code draws
@@ -331,8 +336,7 @@ def _finish(att: Attempt, stop_code: int) -> int:
         decision: list[Any] = [("relayout", None, RELAYOUT_EXIT)]
     else:
         decision = [_ending(att.plan, denv, att.step, steps, stop_code) if att.rank == 0 else None]
-    att.dist.broadcast_object_list(decision, src=0)
-    reason, requeue_by, rc = decision[0]
+    reason, requeue_by, rc = collectives.broadcast(decision[0], 0, att.rank, device=att.engine.device)
     rc = int(rc)
     att.events.emit("end", reason=reason, step=att.step, requeue=requeue_by is not None)
     att.events.close()
@@ -392,8 +396,7 @@ def _emit_profile(profiler: LayerProfiler, timer: InstructionTimer, att: Attempt
         mine["instructions"] = {str(engine.stage_id): timer.result()}
     profiler.remove()
     timer.remove()
-    allp: list[Any] = [None] * world
-    att.dist.all_gather_object(allp, mine)
+    allp = collectives.all_gather(mine, world, device=engine.device)
     merged: dict[str, Any] = {"seconds": {}, "param_bytes": {}, "activation_bytes": {}, "saved_bytes": {},
                               "instructions": {}}
     samples = []
@@ -416,13 +419,13 @@ def _relayout_proposal(att: Attempt, profiled: dict[str, Any], step_times: list[
         return None
     done = sum(1 for r in att.plan["relayouts"]
                if r.get("job_id") == att.denv.job_id and r.get("attempt") == att.denv.attempt)
-    got: list[Any] = [None]
+    mine = None
     if att.rank == 0:
-        got[0] = relayout.propose(att.plan, att.layout, att.boundaries, profiled, step_times, att.step,
-                                  att.setup_s + att.load_s, att.checkpoints.last_s, done)
-        _log(att.rank, f"re-layout {'to ' + str(got[0].boundaries) if got[0].go else 'not needed'}: {got[0].why}")
-    att.dist.broadcast_object_list(got, src=0)
-    return got[0]
+        mine = relayout.propose(att.plan, att.layout, att.boundaries, profiled, step_times, att.step,
+                                att.setup_s + att.load_s, att.checkpoints.last_s, done)
+        _log(att.rank, f"re-layout {'to ' + str(mine.boundaries) if mine.go else 'not needed'}: {mine.why}")
+    got = collectives.broadcast(asdict(mine) if mine is not None else None, 0, att.rank, device=att.engine.device)
+    return relayout.Proposal(**got)
 
 
 def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str, Any]) -> Any:

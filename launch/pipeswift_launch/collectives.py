@@ -1,0 +1,57 @@
+"""Collectives of plain data (JSON in uint8 tensors) instead of torch's object collectives,
+which pickle what they send and unpickle what they receive: a rank takes nothing from another
+but numbers, strings, lists and dicts. Sizes are all-gathered first, so every rank knows how
+much comes; one message is at most MAX_BYTES."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+#: the largest message (a profile of 512 layers with instruction times is well under 2 MiB)
+MAX_BYTES = 64 << 20
+
+
+def _encode(obj: Any, device: Any) -> Any:
+    import torch
+    blob = json.dumps(obj, separators=(",", ":"), allow_nan=True).encode()
+    if len(blob) > MAX_BYTES:
+        raise ValueError(f"a collective message of {len(blob)} bytes (over {MAX_BYTES})")
+    return torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device) if blob else \
+        torch.zeros(0, dtype=torch.uint8, device=device)
+
+
+def _decode(t: Any, n: int) -> Any:
+    return json.loads(bytes(t[:n].cpu().tolist()).decode())
+
+
+def all_gather(obj: Any, world_size: int, group: Any = None, device: Any = "cpu") -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    import torch
+    import torch.distributed as dist
+    mine = _encode(obj, device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world_size)]
+    dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.int64, device=device), group=group)
+    n = [int(s.item()) for s in sizes]
+    if max(n) > MAX_BYTES:
+        raise ValueError(f"a rank sent a collective message of {max(n)} bytes (over {MAX_BYTES})")
+    padded = torch.zeros(max(n), dtype=torch.uint8, device=device)
+    padded[:mine.numel()] = mine
+    out = [torch.empty_like(padded) for _ in range(world_size)]
+    dist.all_gather(out, padded, group=group)
+    return [_decode(t, k) for t, k in zip(out, n)]
+
+
+def broadcast(obj: Any, src: int, rank: int, group: Any = None, device: Any = "cpu") -> Any:
+    """``src``'s ``obj`` on every rank (the others pass anything, e.g. None)."""
+    import torch
+    import torch.distributed as dist
+    mine = _encode(obj if rank == src else None, device)
+    size = torch.tensor([mine.numel()], dtype=torch.int64, device=device)
+    dist.broadcast(size, src, group=group)
+    n = int(size.item())
+    if n > MAX_BYTES:
+        raise ValueError(f"rank {src} sent a collective message of {n} bytes (over {MAX_BYTES})")
+    buf = mine if rank == src else torch.empty(n, dtype=torch.uint8, device=device)
+    dist.broadcast(buf, src, group=group)
+    return _decode(buf, n)
