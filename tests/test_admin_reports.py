@@ -399,3 +399,15 @@ def test_long_commands_show_progress_on_a_terminal_and_nothing_when_piped(db, tm
     rc, out, tty = _stderr_on_a_terminal(["history", "ingest", "--no-registered", "--spool", str(spool),
                                           "--db", str(tmp_path / "new.db")])
     assert rc == 0 and "spooled records" in tty, tty
+
+
+def test_a_queue_wait_counts_from_eligibility_not_from_a_begin_time_or_a_hold(tmp_path):
+    """A job submitted with --begin two hours ahead (or held) waited for its user, not for the
+    queue: its wait, which the planner's queue estimate reads for everyone, starts at ELIGIBLE."""
+    h = History(tmp_path / "h.db")
+    h.add_slurm_records([rec("20", T0 + 2 * H + 60, T0 + 3 * H, SUBMIT=T0, ELIGIBLE=T0 + 2 * H),
+                         rec("21", T0 + 600, T0 + H, SUBMIT=T0)], "jobcomp")
+    waits = dict(h.conn.execute("SELECT job_id, queue_s FROM job_rollup").fetchall())
+    assert waits == {"20": 60.0, "21": 600.0}
+    assert sorted(h.partition_waits("low", 1)) == [60.0, 600.0]
+    h.close()

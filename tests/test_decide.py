@@ -4,12 +4,14 @@ cases, no torch and no Slurm; the batch script's helper over real record files; 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from helpers import plan_with
 from pipeswift_slurm.planning import decide
 from pipeswift_slurm.config import MAX_RESTARTS_DEFAULT
+from pipeswift_slurm.slurm.records import expand_hostlist
 from pipeswift_slurm.planning.decide import Budgets, Death, after_launch
 
 KILLED = Death("signal 9", 1, "node2")
@@ -235,8 +237,9 @@ def test_the_helper_asks_slurm_which_nodes_are_left(tmp_path, monkeypatch):
     from pipeswift_slurm.slurm import client as slurm
     plan = _plan(tmp_path, layouts={"2": {"stages": 2}, "3": {"stages": 3}, "4": {"stages": 4}})
     env = {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node[1-4]"}
-    answer = {"JobState": "RUNNING", "NodeList": "node[1-2,4]", "NumNodes": "3"}
-    monkeypatch.setattr(slurm, "show_job", lambda job: answer)
+    answer = {"state": "RUNNING", "nodes": "node[1-2,4]"}
+    monkeypatch.setattr(slurm, "job_info", lambda job: SimpleNamespace(
+        **answer, node_names=expand_hostlist(answer["nodes"]) if answer["state"] == "RUNNING" else ()))
     monkeypatch.setattr(afterlaunch.time, "sleep", lambda s: None)
     folder = _launch(tmp_path, 0, [], "srun: error: Node failure on node3\nsrun: error: node3: task 2: Unknown\n")
     d, last = afterlaunch.decide_after(plan, 143, folder, 0, 0, env)
@@ -245,6 +248,6 @@ def test_the_helper_asks_slurm_which_nodes_are_left(tmp_path, monkeypatch):
     assert (crash["how"], crash["node"], crash["action"]) == ("lost", "node3", "restart")
     assert "on the 3 node(s) left, 4 -> 3 stage(s)" in crash["why"]
     # a job Slurm has requeued or is ending has no node list to go on with: no shrink
-    for state, nodes in (("PENDING", "(null)"), ("COMPLETING", "node[1-2,4]")):
-        answer.update(JobState=state, NodeList=nodes)
+    for state, nodes in (("PENDING", ""), ("COMPLETING", "node[1-2,4]")):
+        answer.update(state=state, nodes=nodes)
         assert afterlaunch.allocation(plan, env, lost_seen=False) is None

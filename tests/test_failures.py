@@ -14,6 +14,7 @@ import pytest
 
 from helpers import pswift, wait_state
 from pipeswift_slurm.slurm import client as slurm
+from pipeswift_slurm.slurm.records import expand_hostlist
 from test_preemption import (events, rank_process, reference, slow_example, slurm_log, step_losses,
                              wait_steps)
 
@@ -30,7 +31,7 @@ def test_a_rank_killed_mid_run_restarts_in_the_allocation_and_ends_bitwise_equal
     os.kill(pid, signal.SIGKILL)
     t_kill = time.time()
     assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240) == "COMPLETED", slurm_log(run)[-3000:]
-    assert slurm.show_job(job)["Restarts"] == "0"            # the same Slurm job: no requeue
+    assert slurm.job_info(job).restarts == 0            # the same Slurm job: no requeue
     evs = events(run)
     (crash,) = [e for e in evs if e["event"] == "crash"]
     assert (crash["how"], crash["rank"], crash["node"], crash["action"], crash["restart"]) == (
@@ -72,7 +73,7 @@ def test_a_model_that_raises_at_the_same_step_fails_after_two_launches_without_a
     run = tmp_path / "run"
     job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
     assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180) == "FAILED", slurm_log(run)[-3000:]
-    assert slurm.show_job(job)["Restarts"] == "0"
+    assert slurm.job_info(job).restarts == 0
     evs = events(run)
     assert len([e for e in evs if e["event"] == "start"]) == 2          # two launches, no more
     crashes = [e for e in evs if e["event"] == "crash"]
@@ -111,8 +112,8 @@ def test_with_no_restart_left_a_crash_requeues_the_job_without_the_dead_ranks_no
     pid, node = rank_process(run, 1)
     os.kill(pid, signal.SIGKILL)
     assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240) == "COMPLETED", slurm_log(run)[-3000:]
-    fields = slurm.show_job(job)
-    assert fields["Restarts"] == "1" and node in fields["ExcNodeList"], fields
+    info = slurm.job_info(job)
+    assert info.restarts == 1 and node in expand_hostlist(info.excluded), info
     (crash,) = [e for e in events(run) if e["event"] == "crash"]
     assert (crash["how"], crash["node"], crash["action"]) == ("signal 9", node, "requeue")
     assert "max_restarts = 0 spent in this attempt: requeueing the job without " + node in crash["why"]
@@ -175,7 +176,7 @@ def test_a_lost_node_ends_nothing_the_ranks_go_on_with_fewer_stages(cluster, tmp
         subprocess.run(["scancel", job], capture_output=True)
         _bring_back(node)
     assert state == "COMPLETED", slurm_log(run)[-4000:]
-    assert slurm.show_job(job)["Restarts"] == "0"            # the same Slurm job: no requeue
+    assert slurm.job_info(job).restarts == 0            # the same Slurm job: no requeue
     evs = events(run)
     crash = [e for e in evs if e["event"] == "crash"]
     assert [(c["how"], c["node"], c["action"]) for c in crash] == [("lost", node, "restart")], crash

@@ -148,16 +148,22 @@ def test_a_preempted_plain_job_loses_its_whole_attempts_and_doctor_says_so(tmp_p
     h.add_slurm_records([
         {**rec, "JOBID": "7", "START": 100, "END": 1900, "JOBSTATE": "PREEMPTED"},
         {**rec, "JOBID": "7", "START": 2000, "END": 2600, "JOBSTATE": "COMPLETED"},
-        {**rec, "JOBID": "8", "START": 100, "JOBSTATE": "REQUEUED"},
-        {**rec, "JOBID": "8", "START": 300, "END": 400, "JOBSTATE": "COMPLETED"}], "test")
+        {**rec, "JOBID": "8", "START": 100, "JOBSTATE": "PREEMPTED"},
+        {**rec, "JOBID": "8", "START": 300, "END": 400, "JOBSTATE": "COMPLETED"},
+        {**rec, "JOBID": "9", "START": 100, "END": 200, "JOBSTATE": "REQUEUED"},
+        {**rec, "JOBID": "9", "START": 300, "END": 400, "JOBSTATE": "COMPLETED"}], "test")
     by_id = {r.job_id: r for r in job_reports(h)}
-    seven, eight = by_id["7"], by_id["8"]
+    seven, eight, nine = by_id["7"], by_id["8"], by_id["9"]
     assert (seven.pswift, seven.preemptions, seven.cpu_hours_wasted) == (False, 1, 1800 * 4 / 3600)
     (finding,) = [f for f in diagnose(seven) if f.startswith("preemption:")]
     assert "no checkpoints pswift knows of: each stop lost its whole attempt, 2 CPU-hours" in finding
     assert "each stop checkpointed" not in finding
     assert eight.preemptions == 1 and eight.cpu_hours_wasted is None
     assert "an unknown amount of work" in " ".join(diagnose(eight))
+    # `scontrol requeue` (the job's own, an admin's) is REQUEUED: its attempt's work is lost, but
+    # it is no preemption (the partition's rate, which steers every user's plan, leaves it out)
+    assert (nine.preemptions, nine.cpu_hours_wasted) == (0, 100 * 4 / 3600)
+    assert h.preemptions_per_hour("low", now=2000) == pytest.approx(2 / ((1800 + 600 + 100 + 100 + 100) / 3600))
 
 
 def test_a_pswift_jobs_waste_is_cpu_hours_on_slurms_count_of_each_attempts_cpus(tmp_path):

@@ -300,7 +300,7 @@ def test_kill_9_mid_checkpoint_restarts_in_the_allocation_from_the_previous_comm
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip()
     assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}) == "COMPLETED", slurm_log(run)[-3000:]
-    assert slurm.show_job(job)["Restarts"] == "0"
+    assert slurm.job_info(job).restarts == 0
     log = slurm_log(run)
     assert "removed half-written checkpoint(s) step_00000008" in log
     assert "resumed from step_00000004" in log and "restart 1: launching again" in log
@@ -341,7 +341,7 @@ def test_max_requeues_stops_a_job_preempted_twice_with_a_clear_reason(cluster, t
         # a preempted job itself, so the launcher forbids it and the job ends PREEMPTED
         final = "PREEMPTED" if slurm.requeues_preempted_jobs() else "FAILED"
         assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "PREEMPTED"}, timeout=120) == final
-        assert slurm.show_job(job)["Restarts"] == "1"
+        assert slurm.job_info(job).restarts == 1
     finally:
         subprocess.run(["scancel", *highs])
     log = slurm_log(run)
@@ -385,7 +385,7 @@ def test_a_stopped_rank_is_found_and_the_ranks_restart_in_the_allocation(cluster
     assert (crash["how"], crash["rank"], crash["node"], crash["action"]) == ("hung", 2, node, "restart"), crash
     assert f"rank 2 on node {node} stopped running" in crash["error"]
     assert crash["time"] - t_stop < 8 + 15        # the limit, the watchdog's 1 s ticks, srun's kill, slack
-    assert slurm.show_job(job)["Restarts"] == "0"            # the same Slurm job: no requeue
+    assert slurm.job_info(job).restarts == 0            # the same Slurm job: no requeue
     st = json.loads(pswift("status", job, "--json", check=True).stdout)
     (a0,) = st["attempts"]
     assert (a0["nodes"], a0["ended"]) == (4, "completed") and [c["how"] for c in a0["crashes"]] == ["hung"]

@@ -73,9 +73,17 @@ def test_sacct_records(version):
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_scontrol_job_fields(version):
-    f = slurm_json.scontrol_fields((DATA / version / "scontrol_job.txt").read_text())
-    assert (f["JobName"], f["JobState"], f["NodeList"], f["PreemptTime"]) == ("holder", "RUNNING", "node[2-4]", "None")
+def test_a_jobs_exclusions_and_preemption_come_from_squeue_json(version):
+    """What the launcher asks of its own job (state, nodes, partition, ExcNodeList, PreemptTime)
+    comes from squeue's JSON on both versions: no text a job's comment could shape."""
+    (j,) = [j for j in slurm_json.jobs(doc(version, "squeue.json")) if j.name == "holder"][:1]
+    assert (j.state, j.nodes, j.excluded, j.preempt_time) == ("RUNNING", "node[2-4]", "", None)
+    raw = doc(version, "squeue.json")
+    for rec in raw["jobs"]:
+        rec["excluded_nodes"], rec["comment"] = "node[1,3]", "x JobState=COMPLETED NodeList=node9"
+        rec["preempt_time"] = 1796092180 if version == "22.05" else {"set": True, "infinite": False, "number": 1796092180}
+    (j,) = [j for j in slurm_json.jobs(raw) if j.name == "holder"][:1]
+    assert (j.state, j.nodes, j.excluded, j.preempt_time) == ("RUNNING", "node[2-4]", "node[1,3]", 1796092180)
 
 
 def test_version_from_meta():

@@ -84,15 +84,15 @@ def allocation(plan: Plan, env: dict[str, str], lost_seen: bool) -> decide.Alloc
     deadline = time.monotonic() + (LOST_WAIT_S if lost_seen else 0.0)
     while True:
         try:
-            fields = slurm.show_job(job)
-            if fields.get("JobState") != "RUNNING" or fields.get("NodeList") in (None, "", "(null)", "None"):
+            info = slurm.job_info(job)   # squeue --json: a job's comment cannot pose as its fields
+            if info is None or info.state != "RUNNING" or not info.node_names:
                 return None    # requeued or ending: not a node list to go on with
-            now = expand_hostlist(fields["NodeList"])
+            now = info.node_names
         except PswiftError:
             return None
         lost = tuple(n for n in launched if n not in now)
         if lost or time.monotonic() >= deadline:
-            return decide.Allocation(len(launched), len(now), lost, stages, fields["NodeList"])
+            return decide.Allocation(len(launched), len(now), lost, stages, info.nodes)
         time.sleep(2.0)
 
 

@@ -12,18 +12,22 @@ COLS = ("cluster", "job_id", "start", "name", "user", "partition", "state", "nod
 
 #: an attempt Slurm stopped and put back in the queue (its work is lost unless it checkpointed)
 STOPPED = "('PREEMPTED', 'REQUEUED')"
+#: of those, a preemption (a requeue by `scontrol requeue`, the job's own or an admin's, is
+#: REQUEUED: it is not the partition preempting anyone, and must not raise every user's rate)
+PREEMPTED = "('PREEMPTED')"
 
 
 def _rollup(touched: str) -> str:
     """Recompute job_rollup's row of every (cluster, job_id) in ``touched``: totals over the
     attempts, and what the newest attempt says (name, state, exit codes, size, limit). A plain
     job's waste is every stopped attempt's elapsed time x its CPUs (else nodes); NULL (unknown)
-    when one of them lacks its end or size."""
+    when one of them lacks its end or size. Its queue wait counts from when it was first
+    eligible (a `--begin` or a hold is the user's choice, not the queue's)."""
     return f"""
     WITH agg AS (
         SELECT s.cluster, s.job_id, MAX(s.start) AS last_start, MIN(s.submit) AS submit,
-            MAX(s.end) AS end, COUNT(*) AS attempts,
-            SUM(CASE WHEN s.state IN {STOPPED} THEN 1 ELSE 0 END) AS preempted,
+            MIN(s.eligible) AS eligible, MAX(s.end) AS end, COUNT(*) AS attempts,
+            SUM(CASE WHEN s.state IN {PREEMPTED} THEN 1 ELSE 0 END) AS preempted,
             SUM(s.end - s.start) AS run_s,
             SUM((s.end - s.start) * s.node_count) AS node_s,
             SUM((s.end - s.start) * s.procs) AS cpu_s,
@@ -43,7 +47,7 @@ def _rollup(touched: str) -> str:
         cpu_time_s, max_rss_mb, req_mem_mb, wasted_s)
     SELECT a.cluster, a.job_id, CAST(a.job_id AS INTEGER), l.name, l.partition, l.user, l.account,
         l.qos, l.node_count, l.procs, l.gpus, l.work_dir, a.submit, a.end, a.attempts, a.preempted,
-        a.run_s, a.end - a.submit, a.end - a.submit - a.run_s, l.state, l.exit_code,
+        a.run_s, a.end - a.submit, a.end - MAX(a.submit, COALESCE(a.eligible, a.submit)) - a.run_s, l.state, l.exit_code,
         l.derived_exit_code, l.limit_s, l.end - l.start, a.node_s, a.cpu_s, a.gpu_s, a.cpu_time_s,
         a.max_rss_mb, a.req_mem_mb, a.wasted_s
     FROM agg a JOIN slurm_jobs l ON l.cluster = a.cluster AND l.job_id = a.job_id
@@ -216,6 +220,9 @@ MIGRATIONS: list[str] = [
     ALTER TABLE attempts ADD COLUMN ranks_per_host INTEGER;
     ALTER TABLE attempts ADD COLUMN host_cores INTEGER;
     """,
+    # 13: a preemption is a PREEMPTED attempt only (not a REQUEUED one), a queue wait counts
+    #     from eligibility: every roll-up row recomputed
+    _rollup("(SELECT DISTINCT cluster, job_id FROM slurm_jobs)"),
 ]
 
 #: upsert one attempt: a source that does not know a field (the plugin knows no MaxRSS, sacct

@@ -103,7 +103,6 @@ class Backend(Protocol):
     def nodes(self) -> list[NodeState]: ...
     def jobs(self, job_id: str | None = None) -> list[JobInfo]: ...
     def active_jobs(self) -> list[JobInfo]: ...
-    def preempt_time_set(self, job_id: str) -> bool: ...
 
 
 class CliBackend:
@@ -135,9 +134,6 @@ class CliBackend:
         cmd = ["squeue", "--noheader", "--states=PENDING,RUNNING", f"--format={records.ACTIVE_FORMAT}"]
         env = {**os.environ, "SLURM_TIME_FORMAT": "standard"}   # whatever the user prefers
         return records.squeue_active(_run(cmd, timeout=QUERY_TIMEOUT, env=env).stdout)
-
-    def preempt_time_set(self, job_id: str) -> bool:
-        return show_job(job_id).get("PreemptTime", "None") not in ("None", "Unknown", "")
 
 
 def backend() -> Backend:
@@ -221,15 +217,10 @@ def job_info(job_id: str) -> JobInfo | None:
     return None
 
 
-def show_job(job_id: str) -> dict[str, str]:
-    """``scontrol show job -o JOBID`` as a dict (values may hold spaces)."""
-    return records.scontrol_fields(_run(["scontrol", "show", "job", "-o", str(job_id)],
-                                           timeout=QUERY_TIMEOUT).stdout)
-
-
 def being_preempted(job_id: str) -> bool:
     """True while Slurm is preempting the job (PreemptTime is set; a plain scancel leaves it unset)."""
-    return backend().preempt_time_set(str(job_id))
+    job = job_info(job_id)
+    return job is not None and job.preempt_time is not None
 
 
 def cluster_state(now: float | None = None) -> "ClusterState":
@@ -407,9 +398,9 @@ def requeue(job_id: str, exclude: str | None = None, nodes_needed: int = 1) -> b
     old: list[str] = []
     new_exc = None
     if exclude:
-        fields = show_job(job_id)
-        usable = {n.name for n in usable_nodes(cluster_state(), fields.get("Partition") or None, 1)}
-        old = [x for x in (fields.get("ExcNodeList") or "").split(",") if x and x != "(null)"]
+        job = job_info(job_id)
+        usable = {n.name for n in usable_nodes(cluster_state(), (job.partition if job else "") or None, 1)}
+        old = list(records.expand_hostlist(job.excluded)) if job is not None else []
         new_exc = exclusions(old, exclude, usable, nodes_needed)
     # the requeue SIGTERMs every process of the job, this command too: it must outlive that
     _run(["scontrol", "requeue", str(job_id)], survive_term=True)

@@ -98,8 +98,6 @@ class PyslurmBackend:
                        node_count=int(j.num_nodes or 0), restarts=int(j.requeue_count or 0),
                        submit_time=_epoch(j.submit_time), start_time=_epoch(j.start_time),
                        end_time=_epoch(j.end_time), time_limit_min=j.time_limit,
-                       priority=int(j.priority or 0), qos=str(j.qos or ""))
-
-    def preempt_time_set(self, job_id: str) -> bool:
-        job = _call(f"Job.load({job_id})", self._ps.Job.load, int(job_id))
-        return bool(job.preempt_time)
+                       priority=int(j.priority or 0), qos=str(j.qos or ""),
+                       excluded=str(getattr(j, "excluded_nodes", None) or ""),
+                       preempt_time=_epoch(getattr(j, "preempt_time", None)))

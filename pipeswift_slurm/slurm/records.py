@@ -52,6 +52,8 @@ class JobInfo(NamedTuple):
     time_limit_min: int | None
     priority: int
     qos: str
+    excluded: str = ""               # ExcNodeList, a hostlist ("" for none)
+    preempt_time: int | None = None  # set while Slurm is preempting the job
 
     @property
     def terminal(self) -> bool:
@@ -189,7 +191,8 @@ def jobs(doc: dict[str, Any]) -> list[JobInfo]:
             node_count=number(j.get("node_count")) or 0, restarts=number(j.get("restart_cnt")) or 0,
             submit_time=epoch(j.get("submit_time")), start_time=epoch(j.get("start_time")),
             end_time=epoch(j.get("end_time")), time_limit_min=number(j.get("time_limit")),
-            priority=number(j.get("priority")) or 0, qos=str(j.get("qos") or "")))
+            priority=number(j.get("priority")) or 0, qos=str(j.get("qos") or ""),
+            excluded=str(j.get("excluded_nodes") or ""), preempt_time=epoch(j.get("preempt_time"))))
     return out
 
 
@@ -223,16 +226,6 @@ def squeue_active(text: str) -> list[JobInfo]:
             start_time=None, end_time=end_time, time_limit_min=limit_min,
             priority=int(prio) if prio.isdigit() else 0, qos=""))
     return out
-
-
-def scontrol_fields(text: str) -> dict[str, str]:
-    """``scontrol show job -o JOBID`` as a dict (values may hold spaces)."""
-    fields: dict[str, str] = {}
-    for part in re.split(r" (?=[A-Za-z][A-Za-z:/_]*=)", text.strip()):
-        key, sep, value = part.partition("=")
-        if sep:
-            fields[key] = value
-    return fields
 
 
 def _exit_code(v: Any) -> str | None:
