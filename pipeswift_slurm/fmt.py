@@ -4,10 +4,21 @@ progress bar of long admin commands."""
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from typing import Any, Callable, Iterator
 
 from pipeswift_slurm.errors import PswiftError
+
+#: a control character (C0, DEL, C1): a terminal escape starts with one
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def inert(text: str, lines: bool = False) -> str:
+    """Text a user wrote (a job name, a crash's message, a log), safe to print: its control
+    characters, terminal escapes among them, each a ``?`` (``lines``: newlines and tabs kept)."""
+    return (_CONTROL_BUT_LINES if lines else CONTROL).sub("?", text)
 
 
 def duration(s: float | None, compact: bool = False) -> str:
@@ -60,7 +71,8 @@ def growth_line(g: dict[str, Any]) -> str:
 
 def crash_line(c: dict[str, Any]) -> str:
     """One crash of an attempt's ranks and what followed (``pswift status`` and ``pswift doctor``)."""
-    return f"crashed after step {c.get('step')}: {c.get('why') or c.get('how')}"
+    when = "crashed" if c.get("step") is None else f"crashed after step {c['step']}"
+    return f"{when}: {c.get('why') or c.get('how')}"
 
 
 def relayout_line(r: dict[str, Any]) -> str:

@@ -226,27 +226,91 @@ ADMIN_READS = {"plan.json": 4 << 20, "events.jsonl": 256 << 20, "slurm-*.out": 4
                "JOB_ID": 64}
 
 
-def read_for_command(path: str, names: tuple[str, ...], timeout: float = 30.0) -> dict[str, bytes]:
+def read_for_command(path: str, names: tuple[str, ...], timeout: float = 30.0,
+                     events_sink: Callable[[bytes], None] | None = None) -> dict[str, bytes]:
     """Files of the run directory ``path`` for a command that anyone may run, root included
     (``names``: keys of ADMIN_READS): the directory and each file opened without following a
     link and without blocking, regular files of the directory's owner only, each bounded (logs
     read from their end); as that owner, in a child SIGKILLed after ``timeout`` seconds, when
     this process is root and the owner is not. Absent files are left out; a refused file
-    raises UnsafeFile saying why."""
+    raises UnsafeFile saying why. ``events_sink``: given events.jsonl in chunks as it is read,
+    never held whole (its entry is then empty)."""
     dfd, owner = _open_dir(path, None)
     os.close(dfd)
     if os.geteuid() != 0 or owner == 0:
-        return _read_named(path, names, owner)
+        return _read_named(path, names, owner, events_sink)
     import pwd
     try:
         gid = pwd.getpwuid(owner).pw_gid
     except KeyError:
         gid = os.stat(path, follow_symlinks=False).st_gid
     cap = sum(ADMIN_READS[n] for n in names) * 2 + 4096
-    return _unpack(_as_user(owner, gid, timeout, path, cap, lambda emit: _pack(_read_named(path, names, owner))))
+    return _unpack(_as_user(owner, gid, timeout, path, cap,
+                            lambda emit: _pack(_read_named(path, names, owner, None if events_sink is None else emit)),
+                            events_sink))
 
 
-def _read_named(path: str, names: tuple[str, ...], owner: int) -> dict[str, bytes]:
+def become_owner(path: str) -> int:
+    """The UID owning the run directory ``path`` (opened without following a link); when this
+    process is root and the owner is not, this process becomes the owner for good (a command
+    that only reads the user's files, such as `pswift logs -f`, then reads nothing the owner
+    could not)."""
+    dfd, owner = _open_dir(path, None)
+    os.close(dfd)
+    if os.geteuid() == 0 and owner != 0:
+        import pwd
+        try:
+            gid = pwd.getpwuid(owner).pw_gid
+        except KeyError:
+            gid = os.stat(path, follow_symlinks=False).st_gid
+        _drop_to(owner, gid)
+    return owner
+
+
+def write_for_command(path: str, name: str, blob: bytes, timeout: float = 30.0) -> None:
+    """Write ``name`` into the run directory ``path`` whole (a temporary file renamed over it),
+    for a command anyone may run: the directory opened without following a link, the file
+    created new beside it without following one, and, when this process is root and the
+    directory's owner is not, by a child dropped to that owner (so root writes nothing the owner
+    could not, through any link the owner planted). Raises UnsafeFile or OSError."""
+    dfd, owner = _open_dir(path, None)
+    os.close(dfd)
+    if os.geteuid() != 0 or owner == 0:
+        _write_named(path, name, blob, owner)
+        return
+    import pwd
+    try:
+        gid = pwd.getpwuid(owner).pw_gid
+    except KeyError:
+        gid = os.stat(path, follow_symlinks=False).st_gid
+    _as_user(owner, gid, timeout, path, 4096, lambda emit: _write_named(path, name, blob, owner))
+
+
+def _write_named(path: str, name: str, blob: bytes, owner: int) -> bytes:
+    """Write ``name`` in ``path`` (of ``owner``) whole; returns b"" (the child's answer)."""
+    dfd, _ = _open_dir(path, owner)
+    tmp = f".{name}.{os.urandom(6).hex()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        try:
+            os.write(fd, blob)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except OSError as e:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        raise UnsafeFile(f"{path}/{name} not written: {e.strerror or e}") from None
+    finally:
+        os.close(dfd)
+    return b""
+
+
+def _read_named(path: str, names: tuple[str, ...], owner: int,
+                events_sink: Callable[[bytes], None] | None = None) -> dict[str, bytes]:
     import fnmatch
     dfd, _ = _open_dir(path, owner)
     out: dict[str, bytes] = {}
@@ -256,7 +320,7 @@ def _read_named(path: str, names: tuple[str, ...], owner: int) -> dict[str, byte
             limit = ADMIN_READS[pattern]
             for name in (n for n in present if fnmatch.fnmatchcase(n, pattern)):
                 got = _read_checked(f"{path}/{name}", name, limit, dir_fd=dfd, owner=owner,
-                                    tail="*" in pattern)
+                                    tail="*" in pattern, sink=events_sink if name == "events.jsonl" else None)
                 if got is not None:
                     out[name] = got[0]
     finally:

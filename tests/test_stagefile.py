@@ -165,3 +165,41 @@ def test_a_shard_file_whose_sizes_do_not_add_up_is_refused_before_anything_is_al
     stagefile.write_shard(path, lying, 0)
     with pytest.raises(stagefile.StageFileError, match="does not hold 4 elements"):
         stagefile.read_shards([path])
+
+
+def _rewrite_shard(path, change_meta=None, change_tensors=None):
+    """Rewrite a shard file with its metadata or tensors changed (a hostile or damaged file)."""
+    import json as _json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    key = next(k for k in meta if "zero_groups" in meta[k])
+    doc = _json.loads(meta[key])
+    if change_meta:
+        change_meta(doc)
+    if change_tensors:
+        change_tensors(tensors)
+    save_file(tensors, str(path), {**meta, key: _json.dumps(doc)})
+
+
+@pytest.mark.parametrize("change_meta,change_tensors,why", [
+    (lambda d: d["zero_groups"][0]["params"]["0.weight"].__setitem__(2, "41"), None, "are not integers"),
+    (lambda d: d["zero_groups"][0]["params"]["0.weight"].__setitem__(0, 0.5), None, "is not an integer"),
+    (None, lambda t: t.update({k: v.view(2, -1) for k, v in t.items() if k.endswith("/master")}),
+     "is not a flat field of 4 elements"),
+    (None, lambda t: t.update({k: v.view(4, 1).expand(4, 2).contiguous().view(-1)[:4].view(2, 2)
+                               for k, v in t.items() if k.endswith("exp_avg")}), "is not a flat field"),
+])
+def test_a_shard_whose_shapes_lie_is_refused_not_raised(tmp_path, change_meta, change_tensors, why):
+    """A string shape ("41" was read as [4, 1]), a fractional offset, a 2-D field (it passed the
+    offset checks and raised RuntimeError outside the loader's handler): each is a
+    StageFileError, so the load falls back to the previous checkpoint."""
+    _, parts = zero_partitions([4], [0], 1)
+    path = tmp_path / "stage_000.zero_000.safetensors"
+    stagefile.write_shard(path, parts[0], 0)
+    assert stagefile.read_shards([path])[0]["0.weight"].shape == (4, 1)
+    _rewrite_shard(path, change_meta, change_tensors)
+    with pytest.raises(stagefile.StageFileError, match=why):
+        stagefile.read_shards([path])

@@ -228,9 +228,16 @@ def read(path: Path, wanted: set[str] | None = None) -> dict[str, Any]:
             "rng": rng, "stage": rest.get("stage")}
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _shape_of(name: str, shape: Any, n: Any) -> tuple[list[int], int]:
-    """A shard file's record of a parameter's shape and size, checked (the size is the shape's)."""
-    dims, numel = [int(d) for d in shape], int(n)
+    """A shard file's record of a parameter's shape and size, checked (a list of integers, the
+    size the shape's: a string "23" is no shape)."""
+    if not isinstance(shape, list) or not all(_is_int(d) for d in [*shape, n]):
+        raise ValueError(f"{name}: shape {shape!r} and size {n!r} are not integers")
+    dims, numel = list(shape), int(n)
     if any(d < 0 for d in dims) or math.prod(dims) != numel:
         raise ValueError(f"{name}: shape {dims} does not hold {numel} elements")
     return dims, numel
@@ -253,10 +260,16 @@ def read_shards(paths: list[Path], wanted: set[str] | None = None) -> tuple[dict
                 groups = json.loads((f.metadata() or {})[_META_KEY])["zero_groups"]
                 for g, group in enumerate(groups):
                     base, numel = int(group["base"]), int(group["numel"])
+                    for key in ["master", *group["keys"]]:   # every field flat, the group's size
+                        field = f"g{g}/master" if key == "master" else f"g{g}/state/{key}"
+                        if list(f.get_slice(field).get_shape()) != [numel]:
+                            raise ValueError(f"{field} is not a flat field of {numel} elements")
                     for name, (at, n, shape) in group["params"].items():
                         if wanted is not None and name not in wanted:
                             continue
                         shapes[name], keys[name] = _shape_of(name, shape, n), ["master", *group["keys"]]
+                        if at is not None and not _is_int(at):
+                            raise ValueError(f"{name}: offset {at!r} is not an integer")
                         lo, hi = (max(at, base), min(at + n, base + numel)) if at is not None else (0, 0)
                         if lo >= hi:
                             continue
@@ -276,8 +289,12 @@ def read_shards(paths: list[Path], wanted: set[str] | None = None) -> tuple[dict
             raise StageFileError(f"the ZeRO shard files {', '.join(p.name for p in paths)} do not hold "
                                  f"{name} ({key}) whole")
         # one piece (a parameter within one rank's partition): no copy beyond the file's read
-        whole = (got[0][1] if len(got) == 1 else torch.cat([t for _, t in got])).view(shape) if got \
-            else torch.zeros(shape)
+        try:
+            whole = (got[0][1] if len(got) == 1 else torch.cat([t for _, t in got])).view(shape) if got \
+                else torch.zeros(shape)
+        except (RuntimeError, ValueError) as e:   # a dtype or layout a shard never has
+            raise StageFileError(f"{name} ({key}) cannot be put together from its pieces: "
+                                 f"{str(e).splitlines()[0][:200]}") from None
         if key == "master":
             master[name] = whole
         else:

@@ -168,7 +168,8 @@ def history_show(job_id: str, db: Path | None, as_json: bool) -> None:
 
 
 def _show_text(r: Any, row: dict[str, Any]) -> None:
-    from pipeswift_slurm.reports.tabular import hms, inert
+    from pipeswift_slurm.fmt import inert
+    from pipeswift_slurm.reports.tabular import hms
 
     def pct(v: float | None) -> str:
         return "unknown" if v is None else f"{100 * v:.1f}%"
@@ -307,24 +308,24 @@ def doctor(job_id: str | None, db: Path | None, as_json: bool) -> None:
         raise CLIError(f"job {job_id} is not in the history; run `pswift history ingest` first", 1)
     rep = reps[-1]
     run = Path(rep.run_dir) if rep.run_dir else rundir.lookup_job(job_id)
+    from pipeswift_slurm.fmt import inert
     plan = log = None
     crashes: list[dict[str, Any]] = []
     if run is not None:
-        from pipeswift_slurm import events
         from pipeswift_slurm import userfiles
         from pipeswift_slurm.plan import parse_plan
         try:   # a user's files, read by anyone (root too): no link, no FIFO, bounded, as their owner
-            files = userfiles.read_for_command(str(run), ("plan.json", "events.jsonl", "slurm-*.out"))
-        except (userfiles.UnsafeFile, OSError) as e:
-            files = {}
-            click.echo(f"note: run directory {run} not read: {e}", err=True)
+            files = userfiles.read_for_command(str(run), ("plan.json", "slurm-*.out"))
+            summary = rundir.summarize(run)   # events folded as they are read
+        except (userfiles.UnsafeFile, OSError, PswiftError) as e:
+            files, summary = {}, {"attempts": []}
+            click.echo(inert(f"note: run directory {run} not read: {e}"), err=True)
         try:
             plan = parse_plan(files["plan.json"], str(run / "plan.json")) if "plan.json" in files else None
         except PswiftError:
             plan = None   # another version's or a damaged plan: the findings that need it are skipped
-        log = "".join(b.decode("utf-8", "replace") for n, b in files.items()
-                      if n not in ("plan.json", events.FILE))
-        crashes = [c for c in events.parse(files.get(events.FILE, b"").splitlines())[0] if c["event"] == "crash"]
+        log = "".join(b.decode("utf-8", "replace") for n, b in files.items() if n != "plan.json")
+        crashes = [{**c, "attempt": a["attempt"]} for a in summary["attempts"] for c in a["crashes"]]
     from pipeswift_slurm.fmt import crash_line, growth_line, relayout_line
     findings = diagnose(rep, plan, log or "") + [
         growth_line(r) if r["kind"] == "grow" else f"attempt {r['attempt']} {relayout_line(r)}" for r in relayouts
@@ -333,9 +334,9 @@ def doctor(job_id: str | None, db: Path | None, as_json: bool) -> None:
         click.echo(json.dumps({"job_id": job_id, "name": rep.name, "state": rep.state,
                                "attempts": rep.attempts, "findings": findings}, indent=2))
         return
-    click.echo(f"job {job_id} ({rep.name}): {rep.state}, {rep.attempts} attempt(s)")
+    click.echo(inert(f"job {job_id} ({rep.name}): {rep.state}, {rep.attempts} attempt(s)"))
     for finding in findings:
-        click.echo(f"- {finding}")
+        click.echo(inert(f"- {finding}"))
 
 
 def _environment_checkup(db: Path | None, as_json: bool = False) -> None:

@@ -122,9 +122,10 @@ def _learn(run: Path, db: Path | None) -> None:
 
 
 def _wait(job_id: str, run: Path, timeout: float | None, quiet: bool = False, db: Path | None = None) -> int:
+    from pipeswift_slurm.fmt import inert
     from pipeswift_slurm.history import rundir
     from pipeswift_slurm.reports.watch import TIMEOUT_EXIT, JobRef, state, wait
-    watched = wait(job_id, run, (lambda line: None) if quiet else click.echo, timeout)
+    watched = wait(job_id, run, (lambda line: None) if quiet else (lambda line: click.echo(inert(line))), timeout)
     if watched.timed_out:
         _warn(f"job {job_id} still {watched.state} after {timeout:.0f} s; it goes on: "
               f"`pswift status {job_id}`, `pswift logs {job_id} -f`")
@@ -197,8 +198,10 @@ def logs(job: str, follow: bool, lines: int | None) -> None:
         pswift logs 42 -n 20
     """
     from pipeswift_slurm.slurm import client as slurm
+    from pipeswift_slurm.fmt import inert
     from pipeswift_slurm.reports.logs import log_path, show
     from pipeswift_slurm.reports.watch import resolve
+    from pipeswift_slurm.userfiles import UnsafeFile, become_owner
     ref = resolve(job)
     if ref.run is None:
         raise CLIError(f"job {job} is not in pswift's registry; pass its run directory instead", 1)
@@ -212,7 +215,15 @@ def logs(job: str, follow: bool, lines: int | None) -> None:
         return info is None or info.terminal
 
     path = log_path(run, job_id)
-    if not show(path, lambda text: click.echo(text, nl=False), lines, follow, ended):
+    # the job's user's file: read as its owner when root asks; escapes never reach a terminal
+    try:
+        owner = become_owner(str(run))
+    except UnsafeFile as e:
+        raise CLIError(f"run directory not read: {e}", 1) from None
+    tty = sys.stdout.isatty()
+    # at a terminal, control characters are inert; to a pipe, the log as written (click keeps colours)
+    if not show(path, lambda text: click.echo(inert(text, lines=True) if tty else text, nl=False, color=not tty),
+                lines, follow, ended, owner):
         raise CLIError(f"no log yet at {path}" + ("" if follow else "; -f waits for it"), 1)
 
 
@@ -232,37 +243,41 @@ def status(job: str, as_json: bool, db: Path | None) -> None:
 
         pswift status 42 --json
     """
-    from pipeswift_slurm.fmt import crash_line, growth_line, relayout_line
+    from pipeswift_slurm.fmt import crash_line, growth_line, inert, relayout_line
     from pipeswift_slurm.reports.watch import resolve, status_of
     ref = resolve(job)
     out = status_of(ref, db)
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
+
+    def say(line: str) -> None:   # a job's name, a crash's message: the user's text, made inert
+        click.echo(inert(line))
+
     source = {"slurm": "", "sacct": " (from sacct: Slurm has forgotten the job)",
               "history": " (from the history: Slurm has forgotten the job)",
               "events": " (from its events)", "none": " (no record of its state)"}[out["source"]]
     reason = f" ({out['reason']})" if out["reason"] else ""
     who = f"job {ref.job_id}" if ref.job_id else f"local run {ref.key}"
-    click.echo(f"{who}: {out['state']}{reason}{source}")
-    click.echo(f"run directory: {out['run_dir'] or 'none known (not submitted by pswift from this account)'}")
+    say(f"{who}: {out['state']}{reason}{source}")
+    say(f"run directory: {out['run_dir'] or 'none known (not submitted by pswift from this account)'}")
     if out["progress"]:
-        click.echo(f"{out['progress']}, last loss {out['last_loss']:.6f}")
+        say(f"{out['progress']}, last loss {out['last_loss']:.6f}")
     if out["log"]:
-        click.echo(f"log: {out['log']}")
+        say(f"log: {out['log']}")
     if out["cancelled"]:
         c = out["cancelled"]
-        click.echo(f"cancelled by {c['user']} with `pswift cancel` at {_iso(c['time'])}")
+        say(f"cancelled by {c['user']} with `pswift cancel` at {_iso(c['time'])}")
     for a in out["attempts"]:
-        click.echo(f"  attempt {a['attempt']}: {a['nodes']} node(s), {a['stages']} stage(s) "
-                   f"{a['boundaries']}, steps {a['start_step']} -> {a['end_step']}, {a['ended']}"
-                   + (f", resumed from {Path(a['resumed_from']).name}" if a["resumed_from"] else ""))
+        say(f"  attempt {a['attempt']}: {a['nodes']} node(s), {a['stages']} stage(s) "
+            f"{a['boundaries']}, steps {a['start_step']} -> {a['end_step']}, {a['ended']}"
+            + (f", resumed from {Path(a['resumed_from']).name}" if a["resumed_from"] else ""))
         for r in a["relayouts"]:
-            click.echo(f"    {relayout_line(r)}")
+            say(f"    {relayout_line(r)}")
         for c in a["crashes"]:
-            click.echo(f"    {crash_line(c)}")
+            say(f"    {crash_line(c)}")
     for g in out.get("growths") or []:
-        click.echo(f"  {growth_line(g)}")
+        say(f"  {growth_line(g)}")
 
 
 def _iso(t: float) -> str:

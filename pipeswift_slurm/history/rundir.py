@@ -90,13 +90,13 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     from pipeswift_slurm.stats import median
 
     from pipeswift_slurm import userfiles
+    fold = eventfold.Fold()   # events.jsonl folded as it is read, never held whole
     try:   # a user's file, read by anyone (root too): no link followed, no FIFO waited on, bounded
-        files = (userfiles.read_for_command(str(run_dir), ("events.jsonl", "plan.json", CANCEL))
+        files = (userfiles.read_for_command(str(run_dir), (events.FILE, "plan.json", CANCEL), events_sink=fold.feed)
                  if os.path.lexists(run_dir) else {})
     except userfiles.UnsafeFile as e:
         raise RunDirError(f"run directory not read: {e}") from None
-    blob = files.get(events.FILE, b"")
-    attempts = eventfold.read_attempts(blob).attempts()
+    attempts = fold.attempts()
     out = []
     for a in attempts:
         start, end = a["start"] or {}, a["end"] or {}
@@ -136,14 +136,15 @@ def _planned_steps(plan_json: bytes) -> int | None:
 
 
 def record_cancel(run_dir: Path, job_id: str, user: str, when: float) -> None:
-    """Keep who cancelled the job with `pswift cancel`, and when (status shows it); a run
-    directory that cannot be written loses only the note."""
-    tmp = run_dir / f".{CANCEL}.{os.urandom(3).hex()}"
+    """Keep who cancelled the job with `pswift cancel`, and when (status shows it), written as
+    the run directory's owner (userfiles.write_for_command); a run directory that cannot be
+    written loses only the note."""
+    from pipeswift_slurm import userfiles
+    blob = (json.dumps({"job_id": job_id, "user": user, "time": when}) + "\n").encode()
     try:
-        tmp.write_text(json.dumps({"job_id": job_id, "user": user, "time": when}) + "\n")
-        os.replace(tmp, run_dir / CANCEL)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+        userfiles.write_for_command(str(run_dir), CANCEL, blob)
+    except (userfiles.UnsafeFile, OSError):
+        pass
 
 
 def _cancel_record(blob: bytes) -> dict[str, Any] | None:

@@ -86,8 +86,10 @@ def job_reports(h: History, sel: Selection = Selection()) -> list[JobReport]:
         if sel.states and (rep.state or "").upper() not in sel.states:
             continue
         out.append(rep)
+    recorded = {jid for _, jid in groups}
     for run in runs.values():
-        if run["id"] not in seen_runs and _run_selected(run, sel):
+        # a run whose JOB_ID (its owner's word) names a job Slurm recorded elsewhere is not that job
+        if run["id"] not in seen_runs and run["job_id"] not in recorded and _run_selected(run, sel):
             rep = _report(h, run["job_id"] or f"local:{run['id']}", [], run)
             if not sel.states or (rep.state or "").upper() in sel.states:
                 out.append(rep)

@@ -23,6 +23,7 @@ import sqlite3
 import sys
 from typing import Any, Callable, Container, Iterable, Iterator, NamedTuple, Sequence, TextIO
 
+from pipeswift_slurm.fmt import CONTROL, inert
 from pipeswift_slurm.history.selection import SelectionError
 
 
@@ -35,13 +36,8 @@ class Col(NamedTuple):
 
 
 _UNIT = {"s": "", "h": " (h)", "ratio": " (%)", "mb": " (MB)"}
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _FORMULA = ("=", "+", "-", "@")
 _CONTROL_BUT_TAB = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
-
-
-def inert(text: str) -> str:
-    return _CONTROL.sub("?", text)
 
 
 #: sacct's field names (``sacct -o``, any case) for the columns that hold the same figure
@@ -207,7 +203,7 @@ class Renderer:
             return False
         if self.form != "csv":
             return _CONTROL_BUT_TAB.search(text) is None
-        if _CONTROL.search(text) or '"' in text:   # a tab too: first in a cell, a formula (OWASP)
+        if CONTROL.search(text) or '"' in text:   # a tab too: first in a cell, a formula (OWASP)
             return False
         if not (text[:1] in _FORMULA or ",=" in text or ",+" in text or ",-" in text or ",@" in text):
             return True

@@ -184,6 +184,13 @@ def cancel(ref: JobRef) -> None:
     from pipeswift_slurm.slurm import client as slurm
     if not ref.job_id:
         raise NotAJob(f"{ref.key} is a local run: stop it with Ctrl-C (TERM) where it runs")
+    if ref.run is not None:   # the run directory's JOB_ID is its owner's word: Slurm must agree
+        owner = os.stat(ref.run, follow_symlinks=False).st_uid
+        job = slurm.job_info(ref.job_id)
+        if job is not None and job.user_id is not None and job.user_id != owner:
+            raise NotAJob(f"job {ref.job_id} belongs to uid {job.user_id}, but run directory {ref.run} "
+                          f"belongs to uid {owner}: not cancelled (its JOB_ID names another user's job); "
+                          f"cancel that job by its id if you mean it")
     slurm.cancel(ref.job_id)
     if ref.run is not None:
         rundir.record_cancel(ref.run, ref.job_id, getpass.getuser(), time.time())

@@ -100,4 +100,5 @@ class PyslurmBackend:
                        end_time=_epoch(j.end_time), time_limit_min=j.time_limit,
                        priority=int(j.priority or 0), qos=str(j.qos or ""),
                        excluded=str(getattr(j, "excluded_nodes", None) or ""),
-                       preempt_time=_epoch(getattr(j, "preempt_time", None)))
+                       preempt_time=_epoch(getattr(j, "preempt_time", None)),
+                       user_id=getattr(j, "user_id", None))

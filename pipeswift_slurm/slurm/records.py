@@ -53,6 +53,7 @@ class JobInfo(NamedTuple):
     priority: int
     qos: str
     excluded: str = ""               # ExcNodeList, a hostlist ("" for none)
+    user_id: int | None = None       # whose job it is
     preempt_time: int | None = None  # set while Slurm is preempting the job
 
     @property
@@ -192,7 +193,8 @@ def jobs(doc: dict[str, Any]) -> list[JobInfo]:
             submit_time=epoch(j.get("submit_time")), start_time=epoch(j.get("start_time")),
             end_time=epoch(j.get("end_time")), time_limit_min=number(j.get("time_limit")),
             priority=number(j.get("priority")) or 0, qos=str(j.get("qos") or ""),
-            excluded=str(j.get("excluded_nodes") or ""), preempt_time=epoch(j.get("preempt_time"))))
+            excluded=str(j.get("excluded_nodes") or ""), preempt_time=epoch(j.get("preempt_time")),
+            user_id=number(j.get("user_id"))))
     return out
 
 
