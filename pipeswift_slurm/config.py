@@ -114,6 +114,8 @@ class TrainingSection(NamedTuple):
     checkpoint_dir: Path | None
     #: steps, or "auto" (pipeswift_slurm.planning.interval)
     checkpoint_interval: int | str
+    #: the most of its time a job spends writing checkpoints (pipeswift_slurm.planning.interval)
+    checkpoint_io_share: float
     keep_checkpoints: int
     hang_timeout_factor: float
     hang_timeout_min_s: float

@@ -64,6 +64,7 @@ class TrainingSpec(TypedDict):
     checkpoint_dir: str
     #: steps between periodic checkpoints (0: none by step count; see Plan.checkpoint_auto)
     checkpoint_interval: int
+    checkpoint_io_share: float
     keep_checkpoints: int
     hang_timeout_factor: float
     hang_timeout_min_s: float

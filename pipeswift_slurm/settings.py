@@ -144,6 +144,10 @@ SETTINGS: tuple[Setting, ...] = (
     S("training", "checkpoint_interval", "int|auto", "auto", "steps between periodic "
       "checkpoints; `\"auto\"`: the Young/Daly interval; 0: only on a signal and at the end",
       lo=0, plan="training"),
+    S("training", "checkpoint_io_share", "float", 0.1, "the most of its time a job spends writing "
+      "checkpoints: `\"auto\"`'s interval is at least the last write's seconds ÷ this (never shorter "
+      "than the write itself), however little a background write stalls training", lo=0.01, hi=1.0,
+      plan="training"),
     S("training", "keep_checkpoints", "int", 2, "complete checkpoints kept", lo=2, plan="training"),
     S("training", "hang_timeout_factor", "float", 10.0, "a rank that finishes no step for "
       "max(hang_timeout_min_s, factor × p95 step time) ends the attempt", lo=2.0, plan="training"),

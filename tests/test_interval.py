@@ -16,14 +16,30 @@ from pipeswift_slurm.history.store import History
 
 
 def test_young_daly_is_the_square_root_of_twice_cost_times_mtbf():
-    assert interval.every_s(2.0, 3600.0) == pytest.approx(120.0)
-    assert interval.every_s(0.0001, 60.0) == interval.MIN_EVERY_S     # never a save every second
-    assert interval.every_s(5.0, math.inf) == math.inf
+    def yd(cost: float, mtbf: float) -> float:   # a write that costs the file system nothing
+        return interval.every(cost, 0.0, mtbf, 1.0).seconds
+    assert yd(2.0, 3600.0) == pytest.approx(120.0)
+    assert yd(0.0001, 60.0) == interval.MIN_EVERY_S     # never a save every second
+    assert yd(5.0, math.inf) == math.inf
     calm = interval.Interruptions()
     assert calm.mtbf_s(1) == pytest.approx(3600 / interval.PRIOR_FAILURES_PER_NODE_HOUR)
     assert calm.mtbf_s(8) == pytest.approx(calm.mtbf_s(1) / 8)        # more nodes, more failures
     stormy = interval.Interruptions(preemptions_per_hour=2.0)
-    assert interval.every_s(2.0, stormy.mtbf_s(2)) < interval.every_s(2.0, calm.mtbf_s(2)) / 10
+    assert yd(2.0, stormy.mtbf_s(2)) < yd(2.0, calm.mtbf_s(2)) / 10
+
+
+def test_a_write_takes_at_most_its_share_of_the_time_however_little_it_stalls():
+    """The issue's case: a background checkpoint stalls training ~1 ms, its write takes 2.05 s;
+    Young/Daly alone said every 2.85 s (writing back to back); the share says every 20.5 s."""
+    mtbf = 3600 / 2.0
+    rule = interval.every(0.001, 2.05, mtbf, 0.1)
+    assert rule.seconds == pytest.approx(20.5) and rule.decided_by == "the file system's share"
+    assert rule.young_daly_s == pytest.approx(math.sqrt(2 * 0.001 * mtbf))
+    assert "the file system's share decided" in rule.line()
+    assert interval.every(0.001, 2.05, mtbf, 1.0).seconds == pytest.approx(interval.MIN_EVERY_S)
+    assert interval.every(0.001, 30.0, mtbf, 1.0).seconds == 30.0     # never before the last write ended
+    slow = interval.every(30.0, 30.0, 3600.0 * 50, 0.1)
+    assert slow.decided_by == "Young/Daly" and slow.seconds > slow.io_s
 
 
 def test_the_history_moves_the_rate_from_the_prior_by_its_exposure():
@@ -41,14 +57,15 @@ def test_the_history_moves_the_rate_from_the_prior_by_its_exposure():
 
 def test_expected_terms_count_checkpoints_losses_and_the_requeue_wait():
     inter = interval.Interruptions(preemptions_per_hour=1.0, failures_per_node_hour=0.5)
-    x = interval.expected(7200, 2.0, 2, 30.0, 600.0, inter, every=600.0)
+    x = interval.expected(7200, 2.0, 2, 30.0, 600.0, inter, interval_s=600.0)
     assert x.every_s == 600 and x.checkpoints == 13
     assert x.interruptions == pytest.approx(2 + 2)            # 1/h preemptions, 0.5 x 2 nodes / h failures
     assert x.loss_s == pytest.approx(2 * (30 + 300) + 2 * (30 + 300 + 600))
-    never = interval.expected(7200, 2.0, 2, 30.0, 0.0, inter, every=math.inf)
+    never = interval.expected(7200, 2.0, 2, 30.0, 0.0, inter, interval_s=math.inf)
     assert never.checkpoints == 1 and never.loss_s == pytest.approx(4 * (30 + 3600))
     auto = interval.expected(7200, 2.0, 2, 30.0, 0.0, inter)
-    assert auto.every_s == pytest.approx(interval.every_s(2.0, 3600 / 2.0)) and auto.loss_s < never.loss_s
+    assert auto.every_s == pytest.approx(max(20.0, math.sqrt(2 * 2.0 * 3600 / 2.0))) and auto.loss_s < never.loss_s
+    assert "Young/Daly" in auto.why and "the file system's share" in auto.why
 
 
 def _history_with_failures(db, failures: int, node_hours: float) -> None:
@@ -149,3 +166,28 @@ def test_the_launcher_checkpoints_by_time_when_interruptions_are_frequent(tmp_pa
     assert len(periodic) >= 1 and len(periodic) <= (end - start) / interval.MIN_EVERY_S + 1, periodic
     gaps = [b["time"] - a["time"] for a, b in zip([{"time": start}] + periodic, periodic)]
     assert all(g >= interval.MIN_EVERY_S - 0.5 for g in gaps), gaps
+
+
+@pytest.mark.deepspeed
+def test_a_slow_file_system_spaces_the_checkpoints_by_the_io_share(tmp_path):
+    """Interruptions every ~9 s (Young/Daly: the 10 s floor) and every checkpoint's write slowed
+    to 1.5 s (a fault hook): with checkpoint_io_share = 0.1 the job writes at most every
+    1.5 / 0.1 = 15 s of training, never back to back; what decided is the file system's share."""
+    db = tmp_path / "h.db"
+    _history_with_failures(db, 20_000, 2.0)
+    toml = copy_example(tmp_path / "ex", {"steps": "200"})
+    (toml.parent / "slow.py").write_text(SLOW)
+    toml.write_text(toml.read_text().replace("checkpoint_interval = 20", "")
+                    .replace('data = "model:batch"', 'data = "slow:batch"'))
+    run = tmp_path / "run"
+    proc = pswift("run", "--db", str(db), "--run-dir", str(run), str(toml),
+                  env={"PSWIFT_FAULT_SLOW_CHECKPOINT": "*:1.5"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    evs = run_events(run)
+    at = {e["step"]: e["time"] for e in evs if e["event"] == "step"}
+    periodic = [e["step"] for e in evs if e["event"] == "checkpoint" and e["reason"] == "periodic"]
+    starts = [next(e["time"] for e in evs if e["event"] == "start")] + [at[s] for s in periodic]
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert len(periodic) >= 1 and all(g >= 15.0 - 0.5 for g in gaps[1:]), (periodic, gaps)
+    span = at[max(at)] - starts[0]
+    assert len(periodic) <= span / 15.0 + 1, (periodic, span)

@@ -57,7 +57,7 @@ SHARDED = 3
 FAULT_ENV = "PSWIFT_FAULT_KILL_IN_CHECKPOINT"
 #: at this step the last stage's writer fails to write its stage file (a full disk)
 FAULT_FAIL_ENV = "PSWIFT_FAULT_FAIL_CHECKPOINT"
-#: "STEP:SECONDS": at that step every writer waits that long between its stage file and the
+#: "STEP:SECONDS" ("*" for every step): at that step every writer waits that long between its stage file and the
 #: manifest, so a test can preempt the job while a checkpoint is half written
 FAULT_SLOW_ENV = "PSWIFT_FAULT_SLOW_CHECKPOINT"
 
@@ -285,7 +285,7 @@ def _write_files(engine: Any, path: Path, step: int, blob: dict[str, Any] | None
     if os.environ.get(FAULT_ENV) == str(step) and engine.stage_id == engine.num_stages - 1:
         _fault_once(path.parent)
     slow_step, _, slow_s = os.environ.get(FAULT_SLOW_ENV, "").partition(":")
-    if slow_step == str(step):
+    if slow_step in (str(step), "*"):      # "*": every checkpoint's
         time.sleep(float(slow_s or 0))     # a slow disk: the write takes that much longer
     return [*out, (name, size, digest, time.perf_counter() - t0)]
 

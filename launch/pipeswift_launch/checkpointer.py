@@ -31,6 +31,8 @@ class Checkpointer:
         self.keep, self.model_id = keep, model_id
         #: seconds the last checkpoint of this launch stalled training (None: none yet)
         self.last_s: float | None = None
+        #: seconds it took to write, start to commit (a background one's copy, write and commit)
+        self.last_write_s: float | None = None
         #: when the last checkpoint (or training) started, time.time()
         self.saved_at = time.time()
         #: a periodic checkpoint being written (checkpoint.Pending)
@@ -114,6 +116,7 @@ class Checkpointer:
         if self.rank == 0:
             ckpt.prune(self.dir, self.keep)
         self.last_s = stall_s
+        self.last_write_s = max(stall_s, sum(phases.get(k, 0.0) for k in ("copy_s", "write_s", "commit_s")))
         self.events.emit("checkpoint", step=step, path=str(path), seconds=round(stall_s, 3), reason=reason,
                          background=background, **{k: round(v, 4) for k, v in phases.items()})
         _log(self.rank, f"checkpoint {path.name} committed ({reason}) in {stall_s:.2f} s"

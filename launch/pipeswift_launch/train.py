@@ -282,15 +282,19 @@ def _train(att: Attempt) -> int:
 
 
 def _checkpoint_every_s(att: Attempt) -> float:
-    """checkpoint_interval = "auto": Young/Daly's seconds between periodic checkpoints on this
-    node count, from the checkpoint cost measured in this launch (else the planner's estimate)."""
+    """checkpoint_interval = "auto": seconds between periodic checkpoints on this node count
+    (planning.interval.every), from what this launch's last checkpoint cost training and how
+    long it took to write (else the planner's estimate for both)."""
     rec = att.plan["checkpoint_auto"]
     if not rec:
         return float("inf")
     from pipeswift_slurm.planning import interval
-    last = att.checkpoints.last_s
-    cost = last if last is not None else float(rec.get("cost_s") or 0.0)
-    return interval.every_s(cost, interval.from_record(rec).mtbf_s(att.denv.nodes))
+    cp = att.checkpoints
+    planned = float(rec.get("cost_s") or 0.0)
+    stall = cp.last_s if cp.last_s is not None else planned
+    write = cp.last_write_s if cp.last_write_s is not None else planned
+    return interval.every(stall, write, interval.from_record(rec).mtbf_s(att.denv.nodes),
+                          float(att.plan["training"]["checkpoint_io_share"])).seconds
 
 
 def _profilers(att: Attempt) -> LayerProfiler:

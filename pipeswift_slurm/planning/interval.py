@@ -1,6 +1,12 @@
 """How often a job checkpoints when ``[training] checkpoint_interval = "auto"`` (the default):
-Young's and Daly's first-order optimum, every ``sqrt(2 * C * M)`` seconds of training, for a
-checkpoint that costs ``C`` seconds and interruptions ``M`` seconds apart on average.
+the later of two bounds, and never more often than MIN_EVERY_S:
+
+- Young's and Daly's first-order optimum, every ``sqrt(2 * C * M)`` seconds of training, for a
+  checkpoint that costs training ``C`` seconds and interruptions ``M`` seconds apart on average;
+- the file system's share: a write that takes ``W`` seconds (in the background, it costs
+  training almost nothing, so Young/Daly alone would write back to back) comes at most every
+  ``W / checkpoint_io_share`` seconds (10 W by default), so a job spends at most that share of
+  its time writing, and never starts a write before the last one could have ended.
 
 ``M`` is the job's: its partition's preemptions per hour of run time plus failures (crashes,
 hangs, lost nodes) per node-hour times its node count, both from the history. Failures are few,
@@ -61,11 +67,33 @@ def smoothed(failures: float, node_hours: float, preemptions_per_hour: float) ->
     return Interruptions(max(0.0, preemptions_per_hour), rate, src)
 
 
-def every_s(cost_s: float, mtbf_s: float) -> float:
-    """Young/Daly: seconds of training between two checkpoints (inf: never worth one)."""
+@dataclass(frozen=True)
+class Every:
+    """How often to checkpoint, and which bound decided (for `pswift plan` and the launcher)."""
+    seconds: float       # inf: never worth one (no interruption expected)
+    young_daly_s: float
+    io_s: float          # the write's seconds / the I/O share
+    decided_by: str
+
+    def line(self) -> str:
+        from pipeswift_slurm.fmt import duration
+        if math.isinf(self.seconds):
+            return "no interruption expected"
+        return (f"the later of Young/Daly's {duration(self.young_daly_s)} and the file system's share's "
+                f"{duration(self.io_s)}: {self.decided_by} decided")
+
+
+def every(stall_s: float, write_s: float, mtbf_s: float, io_share: float) -> Every:
+    """Seconds of training between two checkpoints: the later of Young/Daly's interval for what a
+    checkpoint costs training (``stall_s``) and ``write_s / io_share`` for what it costs the file
+    system, at least MIN_EVERY_S (see the module)."""
+    io = max(write_s, stall_s) / max(io_share, 1e-6)
     if math.isinf(mtbf_s):
-        return math.inf
-    return max(MIN_EVERY_S, math.sqrt(2.0 * max(cost_s, 1e-3) * mtbf_s))
+        return Every(math.inf, math.inf, io, "no interruption expected")
+    yd = math.sqrt(2.0 * max(stall_s, 1e-3) * mtbf_s)
+    seconds = max(MIN_EVERY_S, yd, io)
+    by = "Young/Daly" if seconds == yd else "the file system's share" if seconds == io else "the floor"
+    return Every(seconds, yd, io, by)
 
 
 @dataclass(frozen=True)
@@ -76,15 +104,22 @@ class Expected:
     checkpoints: int
     interruptions: float
     loss_s: float
+    why: str = ""
 
 
 def expected(train_s: float, cost_s: float, nodes: int, setup_s: float, requeue_wait_s: float,
-             inter: Interruptions, every: float | None = None) -> Expected:
-    """The checkpoint terms of ``train_s`` seconds of training on ``nodes`` nodes. ``every``:
-    the interval in seconds (None: Young/Daly's). Each interruption costs a setup and half an
-    interval of work (all of it without periodic checkpoints); a preemption also waits in the
-    queue again (``requeue_wait_s``); a failure restarts inside the allocation."""
-    e = every_s(cost_s, inter.mtbf_s(nodes)) if every is None else every
+             inter: Interruptions, interval_s: float | None = None, io_share: float = 0.1) -> Expected:
+    """The checkpoint terms of ``train_s`` seconds of training on ``nodes`` nodes, for a
+    checkpoint that costs ``cost_s`` (to training and to the file system alike, as planned).
+    ``interval_s``: the interval in seconds (None: :func:`every`'s). Each interruption costs a
+    setup and half an interval of work (all of it without periodic checkpoints); a preemption
+    also waits in the queue again (``requeue_wait_s``); a failure restarts inside the allocation."""
+    why = ""
+    if interval_s is None:
+        rule = every(cost_s, cost_s, inter.mtbf_s(nodes), io_share)
+        e, why = rule.seconds, rule.line()
+    else:
+        e = interval_s
     # the small epsilon: a step interval (k x step) divides steps x step exactly on paper
     n = math.floor(train_s / e * (1 + 1e-9)) + 1 if e > 0 and not math.isinf(e) else 1
     hours = train_s / 3600.0
@@ -92,4 +127,4 @@ def expected(train_s: float, cost_s: float, nodes: int, setup_s: float, requeue_
     failures = inter.failures_per_node_hour * max(1, nodes) * hours
     preemptions = inter.preemptions_per_hour * hours
     loss = failures * (setup_s + lost) + preemptions * (setup_s + lost + requeue_wait_s)
-    return Expected(e, n, failures + preemptions, loss)
+    return Expected(e, n, failures + preemptions, loss, why)

@@ -42,6 +42,8 @@ class Estimate:
     queue_why: str = ""
     #: seconds of training between periodic checkpoints (inf: none; pipeswift_slurm.planning.interval)
     checkpoint_every_s: float = math.inf
+    #: which bound decided that interval, with both ("" when the TOML gave one)
+    checkpoint_why: str = ""
     #: expected interruptions over the run
     interruptions: float = 0.0
     #: the JCT's 10th / 50th / 90th percentiles (pipeswift_slurm.planning.risk)
@@ -350,8 +352,9 @@ def _complete(cfg: TrainConfig, c: Candidate, w: WaitEstimate, setup: float, ckp
     e.train_s = t.steps * e.step_s
     every = (None if t.checkpoint_interval == "auto" else
              int(t.checkpoint_interval) * e.step_s if t.checkpoint_interval else math.inf)
-    x = interval.expected(e.train_s, ckpt_s, c.nodes, setup, w.seconds, history.interruptions, every)
-    e.checkpoint_every_s, e.interruptions = x.every_s, x.interruptions
+    x = interval.expected(e.train_s, ckpt_s, c.nodes, setup, w.seconds, history.interruptions, every,
+                          t.checkpoint_io_share)
+    e.checkpoint_every_s, e.interruptions, e.checkpoint_why = x.every_s, x.interruptions, x.why
     e.checkpoint_s = x.checkpoints * ckpt_s
     e.interruption_s = x.loss_s
     e.jct_s = e.queue_s + e.setup_s + e.train_s + e.checkpoint_s + e.interruption_s
@@ -391,6 +394,8 @@ def checkpoint_line(res: PlanResult, c: Candidate) -> str:
     e, inter = c.est, res.interruptions
     every = "only on a signal and at the end" if math.isinf(e.checkpoint_every_s) else \
         f"every {duration(e.checkpoint_every_s)} of training (~{max(1, round(e.checkpoint_every_s / e.step_s))} steps)"
+    if e.checkpoint_why:
+        every += f" ({e.checkpoint_why})"
     mtbf = inter.mtbf_s(c.nodes)
     return (f"checkpoints: {every}; a checkpoint ~{duration(res.checkpoint_cost_s)}, an interruption every "
             f"{'never' if math.isinf(mtbf) else duration(mtbf)} on {c.nodes} node(s) ({inter.source}); "
