@@ -251,6 +251,48 @@ def test_job_submit_takes_constant_time_on_4_mib_of_blank_lines(cluster, tmp_pat
     assert "run past 16384 bytes" in sbatch_script(tmp_path, one_mb_line).stderr
 
 
+SITE_LUA = """-- a site's own job_submit.lua that calls pswift's rules, as docs/admin.md shows
+package.path = "{etc}/?.lua;" .. package.path
+local pswift = require("pswift_job_submit")
+function slurm_job_submit(job_desc, part_list, submit_uid)
+   local rc = pswift.check(job_desc, part_list, submit_uid); if rc ~= slurm.SUCCESS then return rc end
+   if job_desc.name == "forbidden" then
+      slurm.log_user("site rule: no job may be called forbidden")
+      return slurm.ERROR
+   end
+   return slurm.SUCCESS
+end
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+   return slurm.SUCCESS
+end
+return slurm.SUCCESS
+"""
+
+
+@pytest.mark.slurm
+@pytest.mark.every_version
+def test_a_sites_own_job_submit_lua_calls_pswifts_rules_and_keeps_its_own(cluster, tmp_path):
+    """The three documented lines in a site's job_submit.lua: pswift's rules (a truncating open
+    mode refused, --requeue added) and the site's own rule both apply through real sbatch."""
+    etc = Path(os.environ["SLURM_CONF"]).parent
+    ours = (etc / "job_submit.lua").read_text()
+    try:
+        (etc / "job_submit.lua").write_text(SITE_LUA.format(etc=etc))
+        subprocess.run(["scontrol", "reconfigure"], check=True, timeout=60)
+        time.sleep(1)
+        p = sbatch_script(tmp_path, PSWIFT_LIKE.format(extra="#SBATCH --open-mode=truncate"))
+        assert p.returncode != 0 and "would erase the log of earlier attempts" in p.stderr, p.stderr
+        site = sbatch_script(tmp_path, "#!/bin/bash\ntrue\n", "-J", "forbidden")
+        assert site.returncode != 0 and "site rule: no job may be called forbidden" in site.stderr, site.stderr
+        ok = sbatch_script(tmp_path, PSWIFT_LIKE.format(extra=""))
+        assert ok.returncode == 0, ok.stderr
+        assert requeue_flag(ok.stdout.strip()) == "1"
+    finally:
+        (etc / "job_submit.lua").write_text(ours)
+        subprocess.run(["scontrol", "reconfigure"], timeout=60)
+        time.sleep(1)
+
+
 @pytest.mark.slurm
 @pytest.mark.every_version
 def test_job_submit_message_reaches_a_user_of_pswifts_script(cluster, example, tmp_path):

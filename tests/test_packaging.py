@@ -87,3 +87,48 @@ def test_install_plugins_refuses_a_link_or_relative_paths_in_one_line(tmp_path):
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert list((tmp_path / "real").iterdir()) == []
+
+
+def test_install_plugins_never_replaces_a_sites_own_job_submit_silently(tmp_path):
+    """A site's job_submit.lua there: the install stops, naming it and the diff to look at, the
+    file byte for byte the same and nothing else written; --force replaces it and keeps the old
+    one beside it; a second install of the same files changes nothing."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    site = "-- the site's own rules\nfunction slurm_job_submit() return slurm.SUCCESS end\n"
+    (etc / "job_submit.lua").write_text(site)
+    pswift = [sys.executable, "-m", "pipeswift_slurm.cli.main", "admin", "install-plugins", "--prefix", str(etc),
+              "--spool", str(tmp_path / "spool"), "--db", str(tmp_path / "h.db")]
+    proc = subprocess.run(pswift, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"{etc / 'job_submit.lua'} exists and differs" in proc.stderr and "diff " in proc.stderr
+    assert (etc / "job_submit.lua").read_text() == site and sorted(p.name for p in etc.iterdir()) == ["job_submit.lua"]
+    assert not (tmp_path / "spool").exists()
+    out = subprocess.run([*pswift, "--force"], capture_output=True, text=True, check=True).stdout
+    (backup,) = etc.glob("job_submit.lua.pswift-backup-*")
+    assert backup.read_text() == site and f"kept the old one as {backup}" in out
+    assert (etc / "job_submit.lua").read_text() == (ROOT / "plugins" / "job_submit.lua").read_text()
+    assert (etc / "pswift_job_submit.lua").read_text() == (ROOT / "plugins" / "pswift_job_submit.lua").read_text()
+    assert os.stat(tmp_path / "spool").st_mode & 0o7777 == 0o750
+    again = subprocess.run(pswift, capture_output=True, text=True)
+    assert again.returncode == 0 and len(list(etc.glob("*.pswift-backup-*"))) == 1, again.stderr
+
+
+def test_install_plugins_refuses_an_interpreter_root_should_not_run(tmp_path):
+    """slurmctld runs the wrapper's interpreter as root: one in a folder others can write to (a
+    user's venv, a shared scratch) is refused, and nothing is written."""
+    import pytest
+    from pipeswift_slurm.errors import UsageError
+    from pipeswift_slurm.slurm.plugins_install import install, root_safe
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)                                  # writable by all, no sticky bit
+    py = shared / "python"
+    py.symlink_to(sys.executable)
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    with pytest.raises(UsageError, match=r"slurmctld would run the interpreter .* as root, but .* is writable by other users"):
+        install(etc, tmp_path / "spool", tmp_path / "h.db", python=str(py))
+    assert list(etc.iterdir()) == []
+    assert root_safe(Path(sys.executable)) is None and root_safe(Path("/tmp")) is None   # /tmp is sticky
+    assert "writable by other users" in root_safe(shared)

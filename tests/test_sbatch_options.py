@@ -60,7 +60,7 @@ def test_options_are_named_as_sbatch_names_them():
 def test_the_job_submit_plugin_knows_the_same_options():
     """plugins/job_submit.lua reads #SBATCH lines with its own copy of the option table (Lua
     cannot import Python): both copies are the same."""
-    lua = (ROOT / "plugins" / "job_submit.lua").read_text()
+    lua = (ROOT / "plugins" / "pswift_job_submit.lua").read_text()
 
     def table(name: str) -> list[str]:
         body = re.search(rf"local {name} = {{(.*?)}}", lua, re.S).group(1)
@@ -74,7 +74,7 @@ def test_the_job_submit_plugin_knows_the_same_options():
 def test_the_job_submit_plugin_knows_pswifts_marker_and_header_size():
     """The plugin knows a pswift job by the template's marker line and reads HEADER_MAX bytes
     of its directives: the Lua constants are the renderer's, and a rendered script has both."""
-    lua = (ROOT / "plugins" / "job_submit.lua").read_text()
+    lua = (ROOT / "plugins" / "pswift_job_submit.lua").read_text()
     mark, mark_bytes = re.search(r'local MARK, MARK_BYTES = "([^"]*)", (\d+)', lua).groups()
     header_max = int(re.search(r"local MAX_HEADER = (\d+)\n", lua).group(1))
     assert (mark, header_max) == (sbatch.MARK, sbatch.HEADER_MAX)

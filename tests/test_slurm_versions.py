@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import pswift, wait_state
+from helpers import PSWIFT, pswift, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_version]
 
@@ -191,6 +191,36 @@ def test_ingest_sacct_reads_a_real_slurmdbd_incrementally(acct_cluster, tmp_path
     sacct_has(third)
     read3, new3 = ingest(db)
     assert new3 == 1 and read3 <= 3, (read3, read)   # from the last end time on, not from 1970
+    count = sqlite3.connect(db).execute("SELECT COUNT(*), COUNT(DISTINCT job_id || start) FROM slurm_jobs").fetchone()
+    assert count[0] == count[1]
+
+
+def test_ingest_follow_fills_the_history_from_sacct_as_a_service(acct_cluster, tmp_path, monkeypatch):
+    """Where the jobcomp plugin is not installed (a site's own JobCompType): `history ingest
+    --sacct --follow` keeps the history current from slurmdbd, each job once, until TERM."""
+    import signal
+    import sqlite3
+    import time
+    monkeypatch.setenv("SLURM_CONF", acct_cluster)
+    db = tmp_path / "history.db"
+    service = subprocess.Popen([*PSWIFT, "history", "ingest", "--sacct", "--follow", "--interval", "1",
+                                "--db", str(db)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job = sbatch("-J", "followed", "--wrap", "true")
+        sacct_has(job)
+        deadline = time.monotonic() + 60
+        rows: list = []
+        while time.monotonic() < deadline and not rows:
+            time.sleep(1)
+            if db.exists():
+                rows = sqlite3.connect(db).execute("SELECT name, state FROM slurm_jobs WHERE job_id = ?",
+                                                   (job,)).fetchall()
+        assert rows == [("followed", "COMPLETED")], rows
+    finally:
+        service.send_signal(signal.SIGTERM)
+        out, err = service.communicate(timeout=30)
+    assert service.returncode == 0 and "Traceback" not in err, err
+    assert out.count("ingested 0 changed run directories") >= 2, out
     count = sqlite3.connect(db).execute("SELECT COUNT(*), COUNT(DISTINCT job_id || start) FROM slurm_jobs").fetchone()
     assert count[0] == count[1]
 

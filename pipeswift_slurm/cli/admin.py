@@ -9,10 +9,9 @@ from typing import Any
 import click
 
 from pipeswift_slurm.history import rundir
-from pipeswift_slurm.slurm import client as slurm
 from pipeswift_slurm.cli.common import (CLIError, _db_option, _errors, _nothing_selected, _open, _output, _print,
                          _quiet_on_closed_pipe, _renderer, _select, _warn, history)
-from pipeswift_slurm.errors import PswiftError, SlurmError
+from pipeswift_slurm.errors import PswiftError
 from pipeswift_slurm.fmt import duration
 
 
@@ -27,81 +26,49 @@ from pipeswift_slurm.fmt import duration
                    "`--sacct` ingest of this cluster stopped.")
 @click.option("--no-registered", is_flag=True,
               help="Without RUN_DIRS, skip the jobs pswift submitted (merge only the sources named).")
+@click.option("--follow", is_flag=True,
+              help="Keep merging --spool and --sacct every --interval seconds until stopped (a service: "
+                   "fills the history from sacct where the jobcomp plugin is not installed).")
+@click.option("--interval", type=click.FloatRange(min=1.0), default=60.0, show_default=True,
+              help="Seconds between two merges with --follow.")
 @_db_option
 @_errors
 def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file: Path | None,
-                   use_sacct: bool, no_registered: bool, db: Path | None) -> None:
+                   use_sacct: bool, no_registered: bool, follow: bool, interval: float, db: Path | None) -> None:
     """Merge run directories, plugin records and Slurm accounting into the history.
 
     Without RUN_DIRS: every job pswift submitted. Idempotent: one row per attempt, replaced,
-    never duplicated; a run directory is skipped while unchanged.
+    never duplicated; a run directory is skipped while unchanged. With --follow, the spool and
+    sacct are merged again every --interval seconds (sacct from where it stopped) until TERM or
+    Ctrl-C.
 
     Examples:
 
         pswift history ingest
 
         pswift history ingest --spool /var/spool/pswift --jobcomp-file /var/log/slurm/jobcomp.txt
-    """
-    from pipeswift_slurm.history import eventfold
-    from pipeswift_slurm.fmt import progress
-    from pipeswift_slurm.history.store import History, IngestRefused
-    from pipeswift_slurm.slurm import filetxt
 
+        pswift history ingest --sacct --follow --interval 300 --db /var/lib/pswift/history.db
+    """
+    from pipeswift_slurm.fmt import progress
+    from pipeswift_slurm.history import ingest as ingesting
+    from pipeswift_slurm.history.store import History
+
+    if follow:
+        if run_dirs or jobcomp_file is not None or not (spool or use_sacct):
+            raise CLIError("--follow merges --spool and --sacct again and again: name one of them, and no "
+                           "run directory or --jobcomp-file", 2)
+        ingesting.follow(lambda: History(db), interval, lambda line: click.echo(line, err=line.startswith("warning")),
+                         spool, use_sacct)
+        return
     h = History(db)
     try:
-        if run_dirs:
-            for d in run_dirs:
-                if not (d / "plan.json").is_file():
-                    raise CLIError(f"{d} is not a run directory (no plan.json)", 2)
-            n = 0
-            with progress("run directories", len(run_dirs)) as advance:
-                for d in run_dirs:
-                    try:
-                        n += h.ingest_run_dir(d)
-                    except IngestRefused as e:
-                        _warn(f"warning: {d}: {e}")
-                    advance(1)
-        else:
-            n = 0 if no_registered else h.ingest_registered(progress=progress)
-        msgs = [f"{n} changed run director{'y' if n == 1 else 'ies'}"]
-        if spool is not None:
-            merged, problems = h.ingest_spool(spool, progress=progress)
-            msgs.append(f"{merged} spooled record(s)")
-            for p in problems:
-                _warn(f"warning: spool file {p}")
-        if h.skipped_events:
-            msgs.append(f"{h.skipped_events} bad event line(s) skipped")
-        if h.dropped_events:
-            msgs.append(f"{h.dropped_events} event line(s) past one job's bounds left out (over "
-                        f"{eventfold.MAX_ATTEMPTS} attempts, {eventfold.MAX_KEPT_EVENTS:,} kept events or "
-                        f"{eventfold.MAX_SLOW_LINES:,} lines besides the steps: docs/admin.md)")
-        if jobcomp_file is not None:
-            if not jobcomp_file.is_file():
-                raise CLIError(f"{jobcomp_file}: no such file", 2)
-            try:
-                version: tuple[int, int, int] | None = slurm.slurm_version()
-            except SlurmError:
-                version = None
-            got = filetxt.parse(jobcomp_file.read_text(encoding="utf-8", errors="replace"),
-                                filetxt.cuts_records(version))
-            msgs.append(f"{len(got.records)} jobcomp record(s) ({h.add_slurm_records(got.records, 'filetxt')} new)")
-            if got.refused:
-                _warn(f"warning: {jobcomp_file}: {got.refused} record(s) refused: a key repeated, a record cut "
-                      f"or continued on the next line (Slurm writes job names unescaped; prefer the "
-                      f"jobcomp/script plugin or --sacct, docs/admin.md)")
-        if use_sacct:
-            cluster = slurm.cluster_name()
-            sacct_recs = slurm.sacct_jobs(since=h.sacct_since(cluster))
-            if sacct_recs is None:
-                _warn("warning: `sacct --json` gave nothing (no slurmdbd here?); use --jobcomp-file")
-            else:
-                new = h.add_sacct(cluster, sacct_recs)
-                msgs.append(f"{len(sacct_recs)} sacct record(s) of cluster {cluster} ({new} new)")
-        total = h.db["slurm_jobs"].count, h.db["jobs"].count
+        got = ingesting.ingest(h, run_dirs, spool, jobcomp_file, use_sacct, not no_registered, progress)
     finally:
         h.close()
-    click.echo(f"ingested {', '.join(msgs)}; {total[0]} Slurm attempt(s), {total[1]} pswift job(s) "
-               f"in {h.path}")
+    for w in got.warnings:
+        _warn(w)
+    click.echo(got.summary(h.path))
 
 
 @history.command("jobs")
@@ -367,23 +334,29 @@ def admin() -> None:
 @click.option("--prefix", type=click.Path(file_okay=False, path_type=Path),
               help="The folder of slurm.conf (default: $SLURM_CONF's folder, else /etc/slurm).")
 @click.option("--spool", type=click.Path(file_okay=False, path_type=Path), default=Path("/var/spool/pswift"),
-              show_default=True, help="Where the jobcomp plugin spools each record first.")
+              show_default=True, help="Where the jobcomp plugin spools each record first (created 0750).")
 @click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=Path("/var/lib/pswift/history.db"),
               show_default=True, help="The site's history database the plugin merges into.")
+@click.option("--force", is_flag=True, help="Replace files there that differ (each kept as NAME.pswift-backup-TIME).")
 @_errors
-def admin_install_plugins(prefix: Path | None, spool: Path, db: Path) -> None:
-    """Install job_submit.lua and the jobcomp plugin's wrapper from this installation into
-    PREFIX, and print the slurm.conf lines to add (slurm.conf itself is not edited).
+def admin_install_plugins(prefix: Path | None, spool: Path, db: Path, force: bool) -> None:
+    """Install pswift's submit rules (pswift_job_submit.lua, and job_submit.lua calling them) and
+    the jobcomp plugin's wrapper from this installation into PREFIX, create the spool folder, and
+    print the slurm.conf lines to add (slurm.conf itself is not edited).
 
-    The wrapper runs this Python on the plugin shipped in the package; both files are written
-    whole and renamed into place.
+    A file there that differs (a site's own job_submit.lua) stops the install unless --force; a
+    site with its own job_submit.lua calls pswift's rules from it instead (docs/admin.md). The
+    wrapper runs this Python on the plugin shipped in the package, as root: both must be root's
+    and writable by no one else. Files are written whole and renamed into place.
 
     Example:
 
         pswift admin install-plugins --prefix /etc/slurm
     """
     from pipeswift_slurm.slurm.plugins_install import default_prefix, install
-    done = install(prefix or default_prefix(), spool, db)
+    done = install(prefix or default_prefix(), spool, db, force=force)
+    for b in done.backups:
+        click.echo(f"kept the old one as {b}")
     for f in done.files:
         click.echo(f"installed {f}")
     click.echo("add to slurm.conf, then `scontrol reconfigure`:")

@@ -1,20 +1,28 @@
 """`pswift admin install-plugins`: the Slurm-side plugins that ship in the wheel
 (``pipeswift_plugins``: jobcomp_pswift.py and job_submit.lua), put where slurmctld looks for them.
 
-- ``job_submit.lua`` goes next to slurm.conf (Slurm reads it from there, ``JobSubmitPlugins=lua``);
+- ``pswift_job_submit.lua`` (the rules, a Lua module a site's own job_submit.lua can require)
+  and ``job_submit.lua`` (for a site without one: it calls the module) go next to slurm.conf
+  (Slurm reads job_submit.lua from there, ``JobSubmitPlugins=lua``);
 - ``pswift-jobcomp``, a two-line wrapper slurmctld runs for every job attempt
   (``JobCompType=jobcomp/script``), execs this interpreter on the installed jobcomp_pswift.py with
-  the spool folder and the history database.
+  the spool folder and the history database. slurmctld runs it as root: the interpreter, the
+  package and every folder above them must be root's and writable by no one else, or nothing is
+  installed;
+- the spool folder is created (0750) when it does not exist.
 
-Each file is written whole to a temporary name in the folder and renamed over the old one (a
-link there is replaced, never followed); nothing else is touched. slurm.conf is not edited: the
-lines to add are returned, for the admin to review.
+A file already there that differs (a site's own job_submit.lua) is never replaced silently: the
+install stops, naming it and the diff to look at; ``force`` replaces it, keeping the old one as
+``NAME.pswift-backup-YYYYmmddTHHMMSS``. Each file is written whole to a temporary name in the
+folder and renamed over the old one (a link there is replaced, never followed). slurm.conf is
+not edited: the lines to add are returned, for the admin to review.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import stat
 import sys
 from importlib import resources
 from pathlib import Path
@@ -24,12 +32,14 @@ from pipeswift_slurm.errors import UsageError
 
 WRAPPER = "pswift-jobcomp"
 LUA = "job_submit.lua"
+LUA_MODULE = "pswift_job_submit.lua"
 JOBCOMP = "jobcomp_pswift.py"
 
 
 class Installed(NamedTuple):
     files: list[Path]
     conf_lines: list[str]
+    backups: list[Path]
 
 
 def plugin_dir() -> Path:
@@ -56,8 +66,54 @@ def _write(path: Path, text: str, mode: int) -> None:
         raise
 
 
-def install(prefix: Path, spool: Path, db: Path, python: str | None = None) -> Installed:
-    """Write job_submit.lua and the jobcomp wrapper into ``prefix``; the slurm.conf lines."""
+def root_safe(path: Path) -> str | None:
+    """Why a file root will run is not safe to run, or None: the path as given (its links too)
+    and the file it resolves to, with every folder above each, must be root's and writable by
+    no one else (a sticky world-writable folder such as /tmp passes: nobody can rename what is
+    not theirs in it)."""
+    given = Path(os.path.abspath(path))
+    for p in dict.fromkeys([given, *given.parents, *(lambda r: [r, *r.parents])(given.resolve())]):
+        try:
+            st = p.lstat()
+        except OSError as e:
+            return f"{p}: {e.strerror}"
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid != 0:
+                return f"{p} is a link of uid {st.st_uid}, not root's"
+            continue
+        sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+        if st.st_uid != 0:
+            return f"{p} belongs to uid {st.st_uid}, not root"
+        if st.st_mode & 0o022 and not sticky:
+            return f"{p} is writable by {'other users' if st.st_mode & 0o002 else 'its group'} (mode {st.st_mode & 0o7777:o})"
+    return None
+
+
+def _planned(prefix: Path, files: dict[str, tuple[str, int]], force: bool) -> list[str]:
+    """The backups ``force`` will make; raises UsageError for a file that differs without it."""
+    backups = []
+    for name, (text, _) in files.items():
+        path = prefix / name
+        try:
+            old = path.read_text() if not path.is_symlink() else None
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise UsageError(f"{path}: {e.strerror}") from None
+        if old == text:
+            continue
+        if not force:
+            raise UsageError(f"{path} exists and differs from pswift's (a site's own?): nothing installed; "
+                             f"compare with `diff {path} {plugin_dir() / name}`, call pswift's rules from your own "
+                             f"job_submit.lua (docs/admin.md), or pass --force to replace it (the old one is kept)")
+        backups.append(name)
+    return backups
+
+
+def install(prefix: Path, spool: Path, db: Path, python: str | None = None, force: bool = False) -> Installed:
+    """Write pswift_job_submit.lua, job_submit.lua and the jobcomp wrapper into ``prefix`` and
+    create the spool folder; the slurm.conf lines (see the module for what is refused)."""
+    import time
     python = python or sys.executable
     if not prefix.is_dir() or prefix.is_symlink():
         raise UsageError(f"--prefix {prefix} is not a folder (a link is not followed); pass the folder "
@@ -67,18 +123,31 @@ def install(prefix: Path, spool: Path, db: Path, python: str | None = None) -> I
             raise UsageError(f"{name} {p}: give an absolute path (slurmctld runs the plugin from its own folder)")
     src = plugin_dir()
     try:
-        lua = (src / LUA).read_text()
+        files = {LUA_MODULE: ((src / LUA_MODULE).read_text(), 0o644), LUA: ((src / LUA).read_text(), 0o644)}
         (src / JOBCOMP).stat()
     except OSError as e:
         raise UsageError(f"the plugins are not in this installation ({src}: {e.strerror}); "
                          f"reinstall pipeswift-slurm") from None
-    wrapper = (f"#!/bin/sh\n# written by `pswift admin install-plugins`: slurmctld runs this once per job attempt\n"
-               f"exec {shlex.quote(python)} {shlex.quote(str(src / JOBCOMP))} "
-               f"--spool {shlex.quote(str(spool))} --db {shlex.quote(str(db))}\n")
+    for what, path in (("the interpreter", Path(python)), ("the jobcomp plugin", src / JOBCOMP)):
+        why = root_safe(path)
+        if why is not None:
+            raise UsageError(f"slurmctld would run {what} ({path}) as root, but {why}: install pipeswift-slurm "
+                             f"in a root-owned environment (e.g. python3 -m venv /opt/pswift) and run this from it")
+    files[WRAPPER] = ((f"#!/bin/sh\n# written by `pswift admin install-plugins`: slurmctld runs this once per job attempt\n"
+                       f"exec {shlex.quote(python)} {shlex.quote(str(src / JOBCOMP))} "
+                       f"--spool {shlex.quote(str(spool))} --db {shlex.quote(str(db))}\n"), 0o755)
+    backups = _planned(prefix, files, force)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
     try:
-        _write(prefix / LUA, lua, 0o644)
-        _write(prefix / WRAPPER, wrapper, 0o755)
+        for name in backups:
+            os.replace(prefix / name, prefix / f"{name}.pswift-backup-{stamp}")
+        for name, (text, mode) in files.items():
+            _write(prefix / name, text, mode)
+        if not spool.exists():
+            spool.mkdir(mode=0o750, parents=True)
+            spool.chmod(0o750)
     except OSError as e:
-        raise UsageError(f"cannot write into {prefix}: {e.strerror}; run as the owner of slurm.conf's folder") from None
-    return Installed([prefix / LUA, prefix / WRAPPER],
-                     ["JobSubmitPlugins=lua", "JobCompType=jobcomp/script", f"JobCompLoc={prefix / WRAPPER}"])
+        raise UsageError(f"cannot write into {prefix} or create {spool}: {e.strerror}; run as the owner of "
+                         f"slurm.conf's folder") from None
+    return Installed([prefix / name for name in files], ["JobSubmitPlugins=lua", "JobCompType=jobcomp/script",
+                     f"JobCompLoc={prefix / WRAPPER}"], [prefix / f"{n}.pswift-backup-{stamp}" for n in backups])
