@@ -27,6 +27,11 @@ class SlurmError(PswiftError):
     exit_code = 1
 
 
+class SlurmUnreachable(SlurmError):
+    """slurmctld did not answer (down, restarting, failing over): an outage, not a failure of
+    the job; callers that can go on without Slurm's word say so and carry on."""
+
+
 class RunDirError(PswiftError):
     """The run directory cannot be created or read."""
 

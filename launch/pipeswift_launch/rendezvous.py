@@ -33,6 +33,9 @@ from .dist_env import LaunchEnvError
 FILE = "rendezvous.json"
 #: how long the other ranks wait for rank 0's file, and the store for every rank
 TIMEOUT_S = 600.0
+#: a collective's timeout: longer than rank 0 may ask Slurm through an outage of slurmctld
+#: (PSWIFT_SLURM_OUTAGE_S, 600 s in a job) while the others wait for its decision
+GROUP_TIMEOUT = datetime.timedelta(seconds=1800)
 _READ_MAX = 4096
 #: a test hook: the rank that reads a wrong secret (a process that does not know it)
 FAULT_WRONG_SECRET_ENV = "PSWIFT_FAULT_WRONG_SECRET"
@@ -93,7 +96,7 @@ def init_group(backend: str, rank: int, world_size: int, master_addr: str, folde
     import torch.distributed as dist
     timeout = datetime.timedelta(seconds=TIMEOUT_S)
     if not folder:
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=GROUP_TIMEOUT)
         return None
     path = Path(folder) / FILE
     if rank == 0:
@@ -109,7 +112,7 @@ def init_group(backend: str, rank: int, world_size: int, master_addr: str, folde
     prefix = hashlib.sha256(f"pswift-store:{rec['secret']}".encode()).hexdigest()[:32]
     os.environ["MASTER_PORT"] = str(rec["port"])
     dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world_size,
-                            timeout=timeout)
+                            timeout=GROUP_TIMEOUT)
     return secret
 
 

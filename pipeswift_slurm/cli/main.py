@@ -244,11 +244,13 @@ def status(job: str, as_json: bool, db: Path | None) -> None:
         pswift status 42 --json
     """
     from pipeswift_slurm.fmt import crash_line, growth_line, inert, relayout_line
-    from pipeswift_slurm.reports.watch import resolve, status_of
+    from pipeswift_slurm.reports.watch import UNREACHABLE_EXIT, resolve, status_of
     ref = resolve(job)
     out = status_of(ref, db)
     if as_json:
         click.echo(json.dumps(out, indent=2))
+        if out["slurm_unreachable"]:
+            raise SystemExit(UNREACHABLE_EXIT)
         return
 
     def say(line: str) -> None:   # a job's name, a crash's message: the user's text, made inert
@@ -278,6 +280,10 @@ def status(job: str, as_json: bool, db: Path | None) -> None:
             say(f"    {crash_line(c)}")
     for g in out.get("growths") or []:
         say(f"  {growth_line(g)}")
+    if out["slurm_unreachable"]:   # an outage, not the job's failure: a code of its own
+        raise CLIError(f"Slurm unreachable ({out['slurm_unreachable']}): the state above is "
+                       f"{'the last one ' + out['source'] + ' knew' if out['source'] != 'none' else 'unknown'}",
+                       UNREACHABLE_EXIT)
 
 
 def _iso(t: float) -> str:

@@ -21,6 +21,9 @@ from pipeswift_slurm.errors import PswiftError
 
 #: `--wait`'s exit code when --timeout passes first (as timeout(1)): the job goes on
 TIMEOUT_EXIT = 124
+#: `status`'s exit code while slurmctld does not answer (sysexits' EX_UNAVAILABLE): an outage,
+#: not the job's failure
+UNREACHABLE_EXIT = 69
 #: Slurm is asked about the job after 1 s, then each time twice as late, at most every 30 s;
 #: the job's events (a local file) are read every few seconds in between, and never for more
 #: than 1/EVENTS_SHARE of the time (a long job's file takes a while to fold)
@@ -90,6 +93,8 @@ class Seen(NamedTuple):
     reason: str = ""
     restarts: int | None = None
     nodes: str = ""
+    #: slurmctld did not answer (its outage, said; the state is then the best the rest knew)
+    unreachable: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -120,21 +125,33 @@ def _from_events(summary: dict[str, Any]) -> Seen | None:
 
 def state(ref: JobRef, summary: dict[str, Any] | None, db: Path | None = None) -> Seen:
     """The job's state from the first that knows it: Slurm's queue, slurmdbd, the history, the
-    run's own events (a local run has only those); ``Seen("UNKNOWN", "none")`` when none does."""
+    run's own events (a local run has only those); ``Seen("UNKNOWN", "none")`` when none does.
+    While slurmctld does not answer, the others are asked and ``unreachable`` says why."""
+    from pipeswift_slurm.errors import SlurmUnreachable
     from pipeswift_slurm.slurm import client as slurm
+    down = ""
     if ref.job_id:
-        info = slurm.job_info(ref.job_id)
+        try:
+            info = slurm.job_info(ref.job_id)
+        except SlurmUnreachable as e:
+            info, down = None, str(e)
         if info is not None:
             return Seen(info.state, "slurm", info.reason if info.reason not in ("None",) else "",
                         info.restarts, info.nodes)
-        acct = slurm.sacct_state(ref.job_id)
-        if acct is not None:
-            return Seen(acct[0], "sacct", restarts=acct[1])
+        try:
+            acct = slurm.sacct_state(ref.job_id)
+        except SlurmUnreachable:
+            acct = None
+        if acct is not None and not (down and acct[0] == "PENDING"):
+            return Seen(acct[0], "sacct", restarts=acct[1], unreachable=down)
         seen = _from_history(ref, db)
-        if seen is not None:
+        if seen is not None and not down:
             return seen
     seen = _from_events(summary) if summary is not None else None
-    return seen if seen is not None else Seen("UNKNOWN", "none")
+    if seen is None and ref.job_id:
+        seen = _from_history(ref, db)
+    seen = seen if seen is not None else Seen("UNKNOWN", "none")
+    return seen._replace(unreachable=down)
 
 
 class Progress(NamedTuple):
@@ -171,6 +188,7 @@ def status_of(ref: JobRef, db: Path | None = None) -> dict[str, Any]:
     log = log_path(ref.run, ref.job_id) if ref.run is not None and ref.job_id else None
     return {
         "job_id": ref.job_id, "key": ref.key, "state": seen.state, "source": seen.source,
+        "slurm_unreachable": seen.unreachable or None,
         "reason": seen.reason or None, "restarts": seen.restarts, "nodes": seen.nodes or None,
         "eta_s": p.eta_s if p else None, "progress": p.line() if p else None,
         "log": str(log) if log is not None and os.path.lexists(log) else None,
@@ -209,6 +227,7 @@ def wait(job_id: str, run: Path, say: Callable[[str], None], timeout: float | No
     attempt's start and restarts, and every ``PROGRESS_EVERY_S`` its step N/M and ETA, through
     ``say``. Slurm is asked at 1, 2, 4 ... 30 s intervals (back to 1 s when the job's events
     change, so its end is seen at once); the events are read every ``EVENTS_EVERY_S``."""
+    from pipeswift_slurm.errors import SlurmUnreachable
     from pipeswift_slurm.slurm import client as slurm
     query = query or slurm.job_info
     start = clock()
@@ -219,7 +238,14 @@ def wait(job_id: str, run: Path, say: Callable[[str], None], timeout: float | No
     while True:
         now = clock()
         if now >= next_query:
-            info = query(job_id)
+            try:
+                info = query(job_id)
+            except SlurmUnreachable as e:   # an outage is not an end: say it once, ask again later
+                if last_state != "UNREACHABLE":
+                    say(f"job {job_id}: Slurm unreachable ({e}); still following it")
+                    last_state = "UNREACHABLE"
+                next_query = now + POLL_MAX_S
+                continue
             st = info.state if info is not None else "GONE"
             if st != last_state:
                 reason = info.reason if info is not None and info.reason not in ("", "None") else ""

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Sequence, cast
 if TYPE_CHECKING:
     from pipeswift_slurm.slurm.queue import ClusterState
 
-from pipeswift_slurm.slurm import records
-from pipeswift_slurm.errors import SlurmError
+from pipeswift_slurm.slurm import outage, records
+from pipeswift_slurm.errors import SlurmError, SlurmUnreachable
 from pipeswift_slurm.slurm.records import JobInfo, NodeState
 
 TERMINAL_STATES = records.TERMINAL_STATES
@@ -36,10 +36,21 @@ def _one_line(text: str, limit: int = 400) -> str:
 
 
 def _run(cmd: Sequence[str], timeout: float = 60.0, check: bool = True,
-         survive_term: bool = False, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+         survive_term: bool = False, env: dict[str, str] | None = None,
+         retry: bool = True) -> subprocess.CompletedProcess[str]:
     """Run a Slurm command; on failure raise SlurmError with command, exit code, stdout, stderr.
+    While slurmctld does not answer, the command is tried again (:mod:`.outage`), then
+    SlurmUnreachable; not with ``retry=False`` (a submission whose answer was lost may have
+    been taken: it is not sent twice).
     ``survive_term``: the command ignores SIGTERM (a job's own requeue sends it to every process
     of the job, the commands that follow the requeue included)."""
+    if not retry:
+        return _run_once(cmd, timeout, check, survive_term, env)
+    return outage.outlast(f"`{shlex.join(cmd)}`", _run_once, cmd, timeout, check, survive_term, env)
+
+
+def _run_once(cmd: Sequence[str], timeout: float, check: bool, survive_term: bool,
+              env: dict[str, str] | None) -> subprocess.CompletedProcess[str]:
     exe = cmd[0]
     if shutil.which(exe) is None:
         raise SlurmError(f"{exe}: command not found; install Slurm's client tools (slurm-client) or "
@@ -56,7 +67,9 @@ def _run(cmd: Sequence[str], timeout: float = 60.0, check: bool = True,
         hint = ("SLURM_CONF is not set, and Slurm may be looking for a configless server: "
                 "export SLURM_CONF=/path/to/slurm.conf" if not os.environ.get("SLURM_CONF")
                 else "is slurmctld running (scontrol ping)?")
-        raise SlurmError(f"`{shlex.join(cmd)}` did not answer within {timeout:.0f} s; {hint}") from None
+        raise SlurmUnreachable(f"`{shlex.join(cmd)}` did not answer within {timeout:.0f} s; {hint}") from None
+    if proc.returncode != 0 and outage.unreachable(proc.stderr + proc.stdout):
+        raise SlurmUnreachable(f"`{shlex.join(cmd)}`: {_one_line(proc.stderr or proc.stdout)}")
     if check and proc.returncode != 0:
         said = _one_line(proc.stderr or proc.stdout or "no output")
         raise SlurmError(f"`{shlex.join(cmd)}` failed (exit {proc.returncode}): {said}")
@@ -73,7 +86,7 @@ def submit(script: str, extra_args: Sequence[str] = (), cwd: str | None = None) 
     cmd = ["sbatch", "--parsable", *extra_args, script]
     if cwd is not None:
         cmd[1:1] = [f"--chdir={cwd}"]
-    out = _run(cmd).stdout.strip()
+    out = _run(cmd, retry=False).stdout.strip()
     job_id = out.split(";")[0].strip()
     if not job_id.isdigit():
         raise SlurmError(f"`{shlex.join(cmd)}` printed {out!r}, not a job id")

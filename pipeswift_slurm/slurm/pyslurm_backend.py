@@ -14,7 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pipeswift_slurm.errors import SlurmError
+from pipeswift_slurm.errors import SlurmError, SlurmUnreachable
+from pipeswift_slurm.slurm import outage
 from pipeswift_slurm.slurm.records import JobInfo, NodeState, expand_hostlist
 
 
@@ -49,10 +50,14 @@ def unusable(slurm_version: tuple[int, int, int]) -> tuple[str, bool] | None:
 
 
 def _call(what: str, fn: Any, *a: Any) -> Any:
-    try:
-        return fn(*a)
-    except Exception as e:  # pyslurm.RPCError and friends: one line, the library's error type
-        raise SlurmError(f"pyslurm {what} failed: {e}") from None
+    """``fn(*a)``, outlasting an outage of slurmctld (:mod:`.outage`); any other error one line."""
+    def once() -> Any:
+        try:
+            return fn(*a)
+        except Exception as e:  # pyslurm.RPCError and friends: one line, the library's error type
+            kind = SlurmUnreachable if outage.unreachable(str(e)) else SlurmError
+            raise kind(f"pyslurm {what} failed: {e}") from None
+    return outage.outlast(f"pyslurm {what}", once)
 
 
 def _epoch(v: Any) -> int | None:

@@ -1,0 +1,62 @@
+"""A controller outage is not a failure: while slurmctld does not answer (a restart, an upgrade,
+a failover), what asks Slurm tries again with a growing wait, for up to :func:`budget_s`
+seconds, says so once, and only then gives up with SlurmUnreachable (which callers that can go
+on without Slurm's word catch). Retrying is tenacity's, imported only when an outage happens."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Any, Callable, TypeVar
+
+from pipeswift_slurm.errors import SlurmUnreachable
+
+T = TypeVar("T")
+#: $PSWIFT_SLURM_OUTAGE_S: 10 s for a command a user waits on; the batch script gives its job
+#: (the launcher, the after-launch helper, the growth watcher, the requeue) 600 s, more than
+#: Slurm's default SlurmctldTimeout (120 s)
+ENV, DEFAULT_S = "PSWIFT_SLURM_OUTAGE_S", 10.0
+#: what Slurm's clients and pyslurm say when slurmctld does not answer
+_UNREACHABLE = re.compile(r"Unable to contact slurm controller|Socket timed out on send/recv|"
+                          r"Zero Bytes were transmitted or received|Connection refused|"
+                          r"Communication connection failure|backup controller in standby mode|"
+                          r"Transport endpoint is not connected")
+
+
+def unreachable(text: str) -> bool:
+    """Whether Slurm's words say slurmctld did not answer (rather than refused)."""
+    return _UNREACHABLE.search(text) is not None
+
+
+def budget_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get(ENV, DEFAULT_S)))
+    except ValueError:
+        return DEFAULT_S
+
+
+def _stderr(msg: str) -> None:
+    print(f"pswift: {msg}", file=sys.stderr, flush=True)
+
+
+#: who hears "Slurm unreachable, retrying" (stderr: the user's terminal, or the job's log)
+notice: Callable[[str], None] = _stderr
+
+
+def outlast(what: str, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, tried again while it raises SlurmUnreachable, for up to :func:`budget_s`."""
+    try:
+        return fn(*args)
+    except SlurmUnreachable as e:
+        budget = budget_s()
+        if budget <= 0:
+            raise
+        notice(f"Slurm unreachable ({e}); retrying for up to {budget:.0f} s")
+    import tenacity
+    retrying = tenacity.Retrying(retry=tenacity.retry_if_exception_type(SlurmUnreachable),
+                                 wait=tenacity.wait_exponential(multiplier=1, max=15),
+                                 stop=tenacity.stop_after_delay(budget), reraise=True)
+    result = retrying(fn, *args)
+    notice(f"Slurm answers again ({what})")
+    return result
