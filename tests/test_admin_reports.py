@@ -411,3 +411,25 @@ def test_a_queue_wait_counts_from_eligibility_not_from_a_begin_time_or_a_hold(tm
     assert waits == {"20": 60.0, "21": 600.0}
     assert sorted(h.partition_waits("low", 1)) == [60.0, 600.0]
     h.close()
+
+
+def test_two_clusters_jobs_with_one_id_are_never_merged(tmp_path):
+    """One slurmdbd serves several clusters, so one history holds job 1 of c1 and job 1 of c2:
+    `show 1 -M c2` is c2's alone; without -M the ambiguity is one line with the fix; listings
+    take -M as sacct does."""
+    db = tmp_path / "h.db"
+    h = History(db)
+    h.add_slurm_records([rec("1", T0, T0 + H, CLUSTER="c1", JOBNAME="first", USERNAME="alice"),
+                         rec("1", T0 + 2 * H, T0 + 3 * H, CLUSTER="c2", JOBNAME="second", USERNAME="bob",
+                             JOBSTATE="FAILED", EXITCODE="1:0")], "jobcomp")
+    h.close()
+    ambiguous = pswift("history", "show", "1", "--db", str(db))
+    assert ambiguous.returncode == 2 and ambiguous.stderr.count("\n") == 1, ambiguous.stderr
+    assert "job 1 is in the history of 2 clusters (c1, c2): say which with -M CLUSTER" in ambiguous.stderr
+    two = json.loads(run(db, "show", "1", "-M", "c2", "--json"))
+    assert (two["name"], two["user"], two["state"]) == ("second", "bob", "FAILED")
+    one = run(db, "show", "1", "--clusters", "c1")
+    assert "'first'" in one and "alice" in one and "second" not in one
+    rows = parsable(db, "jobs", "-M", "c2", "-o", "job_id,name,state")
+    assert [(r["job_id"], r["name"], r["state"]) for r in rows] == [("1", "second", "FAILED")]
+    assert pswift("history", "show", "1", "-M", "c3", "--db", str(db)).returncode == 1

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from pipeswift_slurm.history import rundir
-from pipeswift_slurm.cli.common import (CLIError, _db_option, _errors, _nothing_selected, _open, _output, _print,
+from pipeswift_slurm.cli.common import (CLIError, _clusters_option, _db_option, _errors, _nothing_selected, _open, _output, _print,
                          _quiet_on_closed_pipe, _renderer, _select, _warn, history)
 from pipeswift_slurm.errors import PswiftError
 from pipeswift_slurm.fmt import duration
@@ -31,10 +31,13 @@ from pipeswift_slurm.fmt import duration
                    "fills the history from sacct where the jobcomp plugin is not installed).")
 @click.option("--interval", type=click.FloatRange(min=1.0), default=60.0, show_default=True,
               help="Seconds between two merges with --follow.")
+@click.option("-M", "--clusters", help="With --sacct: these clusters' accounting (comma list; one slurmdbd "
+                                        "may serve several), each from its own read mark; default: this one.")
 @_db_option
 @_errors
 def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file: Path | None,
-                   use_sacct: bool, no_registered: bool, follow: bool, interval: float, db: Path | None) -> None:
+                   use_sacct: bool, no_registered: bool, follow: bool, interval: float, clusters: str | None,
+                   db: Path | None) -> None:
     """Merge run directories, plugin records and Slurm accounting into the history.
 
     Without RUN_DIRS: every job pswift submitted. Idempotent: one row per attempt, replaced,
@@ -52,18 +55,22 @@ def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file:
     """
     from pipeswift_slurm.fmt import progress
     from pipeswift_slurm.history import ingest as ingesting
+    from pipeswift_slurm.history.selection import comma_list
     from pipeswift_slurm.history.store import History
+    named = comma_list(clusters)
+    if named and not use_sacct:
+        raise CLIError("-M/--clusters names whose accounting --sacct reads: add --sacct", 2)
 
     if follow:
         if run_dirs or jobcomp_file is not None or not (spool or use_sacct):
             raise CLIError("--follow merges --spool and --sacct again and again: name one of them, and no "
                            "run directory or --jobcomp-file", 2)
         ingesting.follow(lambda: History(db), interval, lambda line: click.echo(line, err=line.startswith("warning")),
-                         spool, use_sacct)
+                         spool, use_sacct, clusters=named)
         return
     h = History(db)
     try:
-        got = ingesting.ingest(h, run_dirs, spool, jobcomp_file, use_sacct, not no_registered, progress)
+        got = ingesting.ingest(h, run_dirs, spool, jobcomp_file, use_sacct, not no_registered, progress, named)
     finally:
         h.close()
     for w in got.warnings:
@@ -104,27 +111,35 @@ def history_jobs(db: Path | None, sel: Any, out: Any, limit: int | None) -> None
 @history.command("show")
 @click.argument("job_id")
 @_db_option
+@_clusters_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_errors
-def history_show(job_id: str, db: Path | None, as_json: bool) -> None:
+def history_show(job_id: str, db: Path | None, as_json: bool, clusters: str | None) -> None:
     """One job: its JCT breakdown, accounting (account, QOS, TRES, efficiency, exit codes) and
-    every attempt (layout, steps, how it ended).
+    every attempt (layout, steps, how it ended). Where several clusters share the history and
+    each has a job JOB_ID, say which with -M.
 
     Example:
 
-        pswift history show 42
+        pswift history show 42 -M c2
     """
     from pipeswift_slurm.reports.jct import LISTING, job_reports, job_rows
-    from pipeswift_slurm.history.selection import Selection
-    sel = Selection(job_ids=(job_id,))
+    from pipeswift_slurm.history.selection import Selection, comma_list
+    sel = Selection(job_ids=(job_id,), clusters=comma_list(clusters))
     h = _open(db)
     try:
+        found = h.clusters_of(job_id, sel.clusters)
+        if len(found) > 1:
+            raise CLIError(f"job {job_id} is in the history of {len(found)} clusters ({', '.join(found)}): "
+                           f"say which with -M CLUSTER", 2)
+        sel = sel._replace(clusters=tuple(found) or sel.clusters)
         reps = job_reports(h, sel)
         values = next(job_rows(h, sel), None)
     finally:
         h.close()
     if not reps or values is None:
-        raise CLIError(f"job {job_id} is not in the history; run `pswift history ingest` first", 1)
+        raise CLIError(f"job {job_id} is not in the history" + (f" of cluster {clusters}" if clusters else "")
+                       + "; run `pswift history ingest` first", 1)
     row = dict(zip((c.key for c in LISTING), values))
     row["pswift"] = bool(row["pswift"])
     r = reps[-1]

@@ -54,6 +54,10 @@ _db_option = click.option("--db", type=click.Path(dir_okay=False, path_type=Path
                           help="History database (default $PSWIFT_HOME/history.db).")
 
 
+#: sacct's -M: one history may hold several clusters' jobs (one slurmdbd serves several)
+_clusters_option = click.option("-M", "--clusters", help="Only these clusters' jobs (comma list; sacct's -M).")
+
+
 def _select(f: Callable[..., Any]) -> Callable[..., Any]:
     """sacct's selection options (comma lists everywhere), and --db; the command gets ``sel``."""
     opts = [
@@ -68,6 +72,7 @@ def _select(f: Callable[..., Any]) -> Callable[..., Any]:
                           "today, now-7days) or an age (7d, 12h)."),
         click.option("-E", "--endtime", "--until", "end", help="Submitted before (forms as -S)."),
         click.option("-j", "--jobs", help="Only these job ids (comma list)."),
+        _clusters_option,
         click.option("--pswift-only", is_flag=True, help="Only jobs pswift submitted."),
         _db_option,
     ]
@@ -75,10 +80,10 @@ def _select(f: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(f)
     def wrapper(user: str | None, account: str | None, partition: str | None, qos: str | None,
                 state: str | None, start: str | None, end: str | None, jobs: str | None,
-                pswift_only: bool, **kw: Any) -> Any:
+                clusters: str | None, pswift_only: bool, **kw: Any) -> Any:
         from pipeswift_slurm.history.selection import SelectionError, build
         try:
-            sel = build(user, account, partition, qos, state, jobs, start, end, pswift_only)
+            sel = build(user, account, partition, qos, state, jobs, start, end, pswift_only, clusters)
         except SelectionError as e:
             raise CLIError(str(e), e.exit_code) from None
         return f(sel=sel, **kw)

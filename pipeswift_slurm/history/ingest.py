@@ -25,7 +25,7 @@ class Ingested:
     run_dirs: int = 0
     spooled: int | None = None
     jobcomp: tuple[int, int] | None = None     # (records read, new)
-    sacct: tuple[str, int, int] | None = None  # (cluster, records read, new)
+    sacct: list[tuple[str, int, int]] = field(default_factory=list)   # (cluster, records read, new) each
     skipped_events: int = 0
     dropped_events: int = 0
     attempts: int = 0                          # Slurm attempts in the history after it
@@ -44,16 +44,18 @@ class Ingested:
                         f"{eventfold.MAX_SLOW_LINES:,} lines besides the steps: docs/admin.md)")
         if self.jobcomp is not None:
             msgs.append(f"{self.jobcomp[0]} jobcomp record(s) ({self.jobcomp[1]} new)")
-        if self.sacct is not None:
-            msgs.append(f"{self.sacct[1]} sacct record(s) of cluster {self.sacct[0]} ({self.sacct[2]} new)")
+        for cluster, read, new in self.sacct:
+            msgs.append(f"{read} sacct record(s) of cluster {cluster} ({new} new)")
         return (f"ingested {', '.join(msgs)}; {self.attempts} Slurm attempt(s), {self.pswift_jobs} pswift "
                 f"job(s) in {where}")
 
 
 def ingest(h: History, run_dirs: Sequence[Path] = (), spool: Path | None = None, jobcomp_file: Path | None = None,
-           use_sacct: bool = False, registered: bool = True, progress: Any = no_progress) -> Ingested:
+           use_sacct: bool = False, registered: bool = True, progress: Any = no_progress,
+           clusters: Sequence[str] = ()) -> Ingested:
     """Merge the named sources into ``h`` (without ``run_dirs``: every job pswift submitted,
-    unless not ``registered``). Raises UsageError for a source that is not there."""
+    unless not ``registered``; sacct: each of ``clusters``, else this one, each from its own read
+    mark). Raises UsageError for a source that is not there."""
     got = Ingested()
     for d in run_dirs:
         if not (d / "plan.json").is_file():
@@ -76,7 +78,8 @@ def ingest(h: History, run_dirs: Sequence[Path] = (), spool: Path | None = None,
     if jobcomp_file is not None:
         _jobcomp(h, jobcomp_file, got)
     if use_sacct:
-        _sacct(h, got)
+        for cluster in clusters or [slurm.cluster_name()]:
+            _sacct(h, got, cluster)
     got.skipped_events, got.dropped_events = h.skipped_events, h.dropped_events
     got.attempts, got.pswift_jobs = h.db["slurm_jobs"].count, h.db["jobs"].count
     return got
@@ -95,17 +98,18 @@ def _jobcomp(h: History, path: Path, got: Ingested) -> None:
                             f"jobcomp/script plugin or --sacct, docs/admin.md)")
 
 
-def _sacct(h: History, got: Ingested) -> None:
-    cluster = slurm.cluster_name()
-    records = slurm.sacct_jobs(since=h.sacct_since(cluster))
+def _sacct(h: History, got: Ingested, cluster: str) -> None:
+    here = cluster == slurm.cluster_name()
+    records = slurm.sacct_jobs(since=h.sacct_since(cluster), cluster=None if here else cluster)
     if records is None:
-        got.warnings.append("warning: `sacct --json` gave nothing (no slurmdbd here?); use --jobcomp-file")
+        got.warnings.append(f"warning: `sacct --json` gave nothing for cluster {cluster} (no slurmdbd here, or "
+                            f"another cluster's name?); use --jobcomp-file")
     else:
-        got.sacct = (cluster, len(records), h.add_sacct(cluster, records))
+        got.sacct.append((cluster, len(records), h.add_sacct(cluster, records)))
 
 
 def follow(open_history: Callable[[], History], interval_s: float, say: Callable[[str], None],
-           spool: Path | None, use_sacct: bool, rounds: int | None = None) -> None:
+           spool: Path | None, use_sacct: bool, rounds: int | None = None, clusters: Sequence[str] = ()) -> None:
     """Ingest ``spool`` and/or sacct every ``interval_s`` seconds until stopped (TERM, INT) or
     ``rounds`` are done; sacct resumes from the history's read mark each time, so a stop or a
     restart loses nothing. A round that fails (Slurm unreachable, a locked database) is said
@@ -122,7 +126,7 @@ def follow(open_history: Callable[[], History], interval_s: float, say: Callable
             try:
                 h = open_history()
                 try:
-                    got = ingest(h, spool=spool, use_sacct=use_sacct, registered=False)
+                    got = ingest(h, spool=spool, use_sacct=use_sacct, registered=False, clusters=clusters)
                 finally:
                     h.close()
                 for w in got.warnings:

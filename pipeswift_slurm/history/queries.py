@@ -65,6 +65,14 @@ class Queries:
         cur.row_factory = sqlite3.Row
         return cur.execute(sql, params)
 
+    def clusters_of(self, job_id: str, among: tuple[str, ...] = ()) -> list[str]:
+        """The clusters whose job ``job_id`` the history holds (Slurm's records or pswift's
+        runs), of ``among`` when given: one history may serve several clusters."""
+        rows = self.conn.execute(
+            "SELECT cluster FROM job_rollup WHERE job_id = ? UNION SELECT cluster FROM jobs WHERE job_id = ?",
+            [job_id, job_id])
+        return sorted({r[0] for r in rows if r[0] is not None and (not among or r[0] in among)})
+
     # ------------------------------------------------------------------------- the planner
     def layer_profile(self, mkey: str) -> tuple[int, list[float], list[int], list[int], list[int | None]] | None:
         """(micro_batch_size, seconds, param bytes, activation bytes, saved bytes per layer),
@@ -225,9 +233,9 @@ class Queries:
     def pswift_runs(self) -> dict[tuple[str, str | None], sqlite3.Row]:
         """Every pswift run by its directory and job id (a shared scratch may hold several jobs
         at one path): run_dir, id, job_id, name, user, partition, state, submit_time,
-        predicted_jct_s."""
+        predicted_jct_s, cluster."""
         return {(r["run_dir"], r["job_id"]): r for r in self._named(
-            "SELECT run_dir, id, job_id, name, user, partition, state, submit_time, predicted_jct_s "
+            "SELECT run_dir, id, job_id, name, user, partition, state, submit_time, predicted_jct_s, cluster "
             "FROM jobs ORDER BY id")}
 
     def run_dirs(self) -> set[str]:

@@ -44,6 +44,7 @@ class Selection(NamedTuple):
     start: float | None = None      # submitted at or after
     end: float | None = None        # submitted before
     pswift_only: bool = False
+    clusters: tuple[str, ...] = ()  # several clusters may share one history (one slurmdbd)
 
     def where(self, t: str = "r", state_col: str = "last_state") -> tuple[str, list[Any]]:
         """SQL conditions on table alias ``t`` (roll-up column names) and their parameters."""
@@ -51,7 +52,7 @@ class Selection(NamedTuple):
         params: list[Any] = []
         for col, vals in (("user", self.users), ("account", self.accounts),
                           ("partition", self.partitions), ("qos", self.qos),
-                          (state_col, self.states), ("job_id", self.job_ids)):
+                          (state_col, self.states), ("job_id", self.job_ids), ("cluster", self.clusters)):
             if vals:
                 conds.append(f"{t}.{col} IN ({', '.join('?' * len(vals))})")
                 params.extend(vals)
@@ -70,7 +71,7 @@ class Selection(NamedTuple):
         2026-11-01 to 2026-12-01"; "all jobs" when it selects everything."""
         parts = [f"{word} {','.join(vals)}" for word, vals in (
             ("partition", self.partitions), ("user", self.users), ("account", self.accounts),
-            ("QOS", self.qos), ("state", self.states), ("job", self.job_ids)) if vals]
+            ("QOS", self.qos), ("state", self.states), ("job", self.job_ids), ("cluster", self.clusters)) if vals]
         def day(t: float) -> str:
             return _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M")
         if self.start is not None or self.end is not None:
@@ -162,7 +163,9 @@ def _parsed(text: str, make: Any) -> float:
 
 def build(user: str | None = None, account: str | None = None, partition: str | None = None,
           qos: str | None = None, state: str | None = None, jobs: str | None = None,
-          start: str | None = None, end: str | None = None, pswift_only: bool = False) -> Selection:
+          start: str | None = None, end: str | None = None, pswift_only: bool = False,
+          clusters: str | None = None) -> Selection:
     """A selection from the command line's texts, each checked here with its fix."""
     return Selection(comma_list(user), comma_list(account), comma_list(partition), comma_list(qos),
-                     states(state), job_ids(jobs), parse_time(start), parse_time(end), pswift_only)
+                     states(state), job_ids(jobs), parse_time(start), parse_time(end), pswift_only,
+                     comma_list(clusters))

@@ -89,7 +89,8 @@ def job_reports(h: History, sel: Selection = Selection()) -> list[JobReport]:
     recorded = {jid for _, jid in groups}
     for run in runs.values():
         # a run whose JOB_ID (its owner's word) names a job Slurm recorded elsewhere is not that job
-        if run["id"] not in seen_runs and run["job_id"] not in recorded and _run_selected(run, sel):
+        if run["id"] not in seen_runs and run["job_id"] not in recorded and _run_selected(run, sel) \
+                and (not sel.clusters or run["cluster"] in sel.clusters):
             rep = _report(h, run["job_id"] or f"local:{run['id']}", [], run)
             if not sel.states or (rep.state or "").upper() in sel.states:
                 out.append(rep)

@@ -323,10 +323,11 @@ def prefetch() -> None:
 ENDED_STATES = "BF,CA,CD,DL,F,NF,OOM,PR,RQ,TO"
 
 
-def sacct_jobs(since: float | None = None) -> list[dict[str, Any]] | None:
+def sacct_jobs(since: float | None = None, cluster: str | None = None) -> list[dict[str, Any]] | None:
     """Every job attempt slurmdbd knows that ended at or after ``since`` (epoch seconds; None:
-    all), requeued attempts included (``--duplicates``), as history records; None where there
-    is no slurmdbd (sacct then refuses or prints no JSON)."""
+    all), requeued attempts included (``--duplicates``), of ``cluster`` (sacct's ``-M``; None:
+    this one), as history records; None where there is no slurmdbd (sacct then refuses or prints
+    no JSON)."""
     import datetime as _dt
 
     if shutil.which("sacct") is None:
@@ -335,7 +336,8 @@ def sacct_jobs(since: float | None = None) -> list[dict[str, Any]] | None:
     start = "1971-01-01T00:00:00" if since is None else \
         _dt.datetime.fromtimestamp(max(86400.0 * 366, since)).strftime("%Y-%m-%dT%H:%M:%S")
     proc = _run(["sacct", "--json", "--allusers", "--duplicates", f"--state={ENDED_STATES}",
-                 f"--starttime={start}", "--endtime=now"], timeout=120.0, check=False)
+                 f"--starttime={start}", "--endtime=now", *([f"--clusters={cluster}"] if cluster else [])],
+                timeout=120.0, check=False)
     if proc.returncode != 0 or not proc.stdout.lstrip().startswith("{"):
         return None
     return records.sacct_records(records.load(proc.stdout, "sacct --json"))
