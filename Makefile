@@ -14,7 +14,7 @@ ARTIFACTS ?= test-artifacts
 # pytest's options in every phase: the slowest 25 tests printed, results kept for the summary
 PYTEST_CI = -q -p no:cacheprovider --durations=25 --junitxml=$(ARTIFACTS)/junit-$@.xml
 
-.PHONY: setup tools cluster demo test test-fast test-22.05 test-new slurm-new pyslurm bench stop
+.PHONY: setup tools cluster demo test test-fast test-22.05 test-new slurm-new pyslurm bench stop gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -98,6 +98,11 @@ bench: setup tools
 	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) start
 	scripts/with-slurm $(NEW_SLURM) $(PY) bench/slurm_backends.py
 	$(PY) bench/readme.py
+
+# what only a GPU machine can check (nccl, bf16/fp16 with ZeRO-1, the memory model, a 2 -> 1 stage
+# resume), one table, within 8 minutes; one line and exit 0 where there is no GPU
+gpu-check: setup
+	$(PY) scripts/gpu-check
 
 # every dev cluster of both versions, the tests' accounting clusters (*-acct) too
 stop:

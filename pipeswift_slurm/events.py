@@ -60,6 +60,11 @@ def _boundaries(v: Any) -> bool:
             and all(_count(x) and x <= MAX_LAYERS for x in v) and all(a <= b for a, b in zip(v, v[1:])))
 
 
+def _counts(v: Any) -> bool:
+    """A count a rank, in rank order (at most 4096 x 16 ranks)."""
+    return isinstance(v, list) and len(v) <= 4096 * 16 and all(_count(x) for x in v)
+
+
 def _layer_key(k: Any) -> bool:
     """A layer (or stage) index as a string: "0" to "511"."""
     return isinstance(k, str) and 0 < len(k) <= 3 and k.isdigit() and int(k) < MAX_LAYERS
@@ -99,7 +104,9 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
                    "gather_s": (_num, False)},   # launchers before manifest version 3 gathered ZeRO state
     "checkpoint_discarded": {"names": (_strs, False)},
     "end": {"reason": (_str, True), "step": (_count, False),
-            "requeue": (lambda v: isinstance(v, bool), False), "error": (_str, False)},
+            "requeue": (lambda v: isinstance(v, bool), False), "error": (_str, False),
+            # on CUDA: each rank's torch.cuda.max_memory_allocated() (make gpu-check reads it)
+            "device_peak_bytes": (_counts, False)},
     "crash": {"how": (_str, True), "action": (_str, True), "rank": (_count, False), "node": (_str, False),
               "step": (_count, False), "error": (_str, False), "restart": (_count, False), "why": (_str, False)},
     "relayout": {"step": (_count, True), "nodes": (_count, False), "boundaries_from": (_boundaries, True),

@@ -342,7 +342,12 @@ def _finish(att: Attempt, stop_code: int) -> int:
         decision = [_ending(att.plan, denv, att.step, steps, stop_code) if att.rank == 0 else None]
     reason, requeue_by, rc = collectives.broadcast(decision[0], 0, att.rank, device=att.engine.device)
     rc = int(rc)
-    att.events.emit("end", reason=reason, step=att.step, requeue=requeue_by is not None)
+    peaks = None
+    if att.plan["device"] == "cuda":   # every rank's peak device memory, for the memory model's check
+        peaks = collectives.all_gather(int(torch.cuda.max_memory_allocated()), denv.world_size,
+                                       device=att.engine.device)
+    att.events.emit("end", reason=reason, step=att.step, requeue=requeue_by is not None,
+                    **({"device_peak_bytes": peaks} if peaks is not None else {}))
     att.events.close()
     _log(att.rank, f"attempt {denv.attempt} ended: {reason} at step {att.step}")
     att.dist.barrier()
