@@ -27,12 +27,14 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 # Debian's Chromium (the headless browser the dashboard test drives), the sqlite3 command (the
-# baseline bench/history_scale.py measures the admin commands against) and Lua 5.3 (the language
-# slurmctld's job_submit/lua embeds: the fast tier runs plugins/job_submit.lua in it)
+# baseline bench/history_scale.py measures the admin commands against) and Lua 5.1 and 5.3 (the
+# languages slurmctld's job_submit/lua embeds: Debian's 22.05 links 5.1, the 25.11 build 5.3; the
+# fast tier runs plugins/job_submit.lua in both)
 tools:
-	@command -v chromium >/dev/null && command -v sqlite3 >/dev/null && command -v lua5.3 >/dev/null || \
+	@command -v chromium >/dev/null && command -v sqlite3 >/dev/null && command -v lua5.3 >/dev/null && \
+	  command -v lua5.1 >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    chromium sqlite3 lua5.3 >/dev/null; }
+	    chromium sqlite3 lua5.1 lua5.3 >/dev/null; }
 
 cluster: setup
 	PSWIFT_PYTHON=$(abspath $(PY)) $(CLUSTER) start
@@ -54,7 +56,7 @@ test:
 # the edit loop: every test that needs neither a Slurm cluster nor DeepSpeed across processes
 # (no daemon is started: a test that asks for a cluster fails here); a few minutes
 test-fast: setup
-	@command -v lua5.3 >/dev/null || $(MAKE) --no-print-directory tools
+	@command -v lua5.3 >/dev/null && command -v lua5.1 >/dev/null || $(MAKE) --no-print-directory tools
 	PSWIFT_TEST_TIER=fast SLURM_CONF=/nonexistent/slurm.conf $(PY) -m pytest -q -p no:cacheprovider --durations=10 -n 2 -m "not slurm and not deepspeed"
 
 # every test: the fast tier first, on both cores (pytest-xdist: its tests share no daemon, port

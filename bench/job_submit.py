@@ -1,4 +1,4 @@
-"""job_submit.lua benchmark: the plugin's time per submission inside a real Lua 5.3 interpreter
+"""job_submit.lua benchmark: the plugin's time per submission inside real Lua 5.1 and 5.3 interpreters
 (the one slurmctld's job_submit/lua embeds; tests/lua/job_submit_harness.lua calls it as
 slurmctld does) against the script's size, for every shape of the grammar below (blank lines,
 whitespace runs, CR/CRLF, comments, long and short directives, the pswift marker's text, long
@@ -67,9 +67,9 @@ def script(shape: str, size: int, pswift: bool = True) -> str:
     return (MARK if pswift else "#!/bin/bash\n") + head + COMMAND + body
 
 
-def per_call(plugin: Path, path: Path, repeats: int, lua: str | None = None) -> tuple[float, int, list[str]]:
+def per_call(plugin: Path, path: Path, repeats: int, lua: str) -> tuple[float, int, list[str]]:
     """(seconds a call, the plugin's return code, its messages) for the script at ``path``."""
-    out = subprocess.run([lua or shutil.which("lua5.3") or "lua5.3", str(HARNESS), str(plugin), str(path),
+    out = subprocess.run([lua, str(HARNESS), str(plugin), str(path),
                           str(repeats)], capture_output=True, text=True, timeout=600, check=True).stdout.splitlines()
     fields = dict(kv.split("=", 1) for kv in out[-1].split())
     return float(fields["seconds_per_call"]), int(fields["rc"]), out[:-1]
@@ -93,38 +93,41 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "job_submit.json"))
     ap.add_argument("--quick", action="store_true", help="sizes up to 64 KiB, 1 round (CI: the bench still runs)")
     args = ap.parse_args()
-    lua = shutil.which("lua5.3")
-    if lua is None:
-        raise SystemExit("bench/job_submit.py needs lua5.3 (apt-get install lua5.3; make tools installs it)")
+    luas = {v: shutil.which(v) for v in ("lua5.1", "lua5.3")}   # Debian's 22.05 embeds 5.1, a 25.11 build 5.3
+    if None in luas.values():
+        raise SystemExit("bench/job_submit.py needs lua5.1 and lua5.3 (apt-get install lua5.1 lua5.3; "
+                         "make tools installs them)")
     sizes = [1024, 65536] if args.quick else [65536, 524288, 4194304]
     rounds = 1 if args.quick else 5
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         floor = Path(tmp) / "floor.lua"
         floor.write_text(FLOOR)
-        for shape in SHAPES:
-            for pswift in (True, False):
-                for size in sizes:
-                    path = Path(tmp) / "job.sh"
-                    path.write_text(script(shape, size, pswift))
-                    row = {"shape": shape, "job": "pswift" if pswift else "other", **measure(lua, floor, path, rounds)}
-                    rows.append(row)
-                    print(f"{shape:18s} {row['job']:6s} {row['bytes']:>9,d} B  plugin {row['plugin_ms']:8.3f} ms"
-                          f"  floor {row['floor_ms']:7.3f} ms")
+        for version, lua in luas.items():
+            for shape in SHAPES:
+                for pswift in (True, False):
+                    for size in sizes:
+                        path = Path(tmp) / "job.sh"
+                        path.write_text(script(shape, size, pswift))
+                        row = {"lua": version, "shape": shape, "job": "pswift" if pswift else "other",
+                               **measure(str(lua), floor, path, rounds)}
+                        rows.append(row)
+                        print(f"{version} {shape:18s} {row['job']:6s} {row['bytes']:>9,d} B  plugin "
+                              f"{row['plugin_ms']:8.3f} ms  floor {row['floor_ms']:7.3f} ms")
     big = max(r["bytes"] for r in rows)
     at_big = [r for r in rows if r["bytes"] >= big * 0.9]
     worst = max(at_big, key=lambda r: r["plugin_ms"])
     flat = max(b["plugin_ms"] / a["plugin_ms"] for a, b in zip(rows, rows[1:])
-               if a["shape"] == b["shape"] and a["job"] == b["job"] and b["bytes"] > a["bytes"])
-    figures = (f"{len(SHAPES)} shapes x (pswift, other job), medians of {rounds} alternated rounds: at "
-               f"~{big / 2**20:.2g} MiB the slowest is {worst['shape']} ({worst['job']}) at "
+               if a["lua"] == b["lua"] and a["shape"] == b["shape"] and a["job"] == b["job"] and b["bytes"] > a["bytes"])
+    figures = (f"{len(SHAPES)} shapes x (pswift, other job) x (Lua 5.1, 5.3), medians of {rounds} alternated rounds: at "
+               f"~{big / 2**20:.2g} MiB the slowest is {worst['shape']} ({worst['job']}, {worst['lua']}) at "
                f"{worst['plugin_ms']:.2f} ms = {worst['ms_per_mib']:.2f} ms/MiB (a plain scan of the whole "
                f"script: {worst['floor_ms']:.2f} ms); the largest growth from one size to the next "
                f"{flat:.2f}x (sizes {', '.join(f'{s // 1024} KiB' for s in sizes)})")
     benchlib.save(args.out, {"rows": rows, "worst_ms": worst["plugin_ms"], "worst_ms_per_mib": worst["ms_per_mib"],
                              "largest_growth": flat, "rounds": rounds}, quick=args.quick,
-                  what="`plugins/job_submit.lua` per submission in a real Lua 5.3 (slurmctld's job_submit/lua "
-                       "interpreter) over a grammar of script shapes and sizes, pswift jobs and others; vs a "
+                  what="`plugins/job_submit.lua` per submission in real Lua 5.1 and 5.3 (slurmctld's job_submit/lua "
+                       "interpreters) over a grammar of script shapes and sizes, pswift jobs and others; vs a "
                        "plugin that does one plain scan of the whole script, same run",
                   figures=figures)
 

@@ -245,20 +245,22 @@ local SPACE = "^[ \t\n\v\f\r]*$"
 
 -- Slurm's sig_name2num() then the (uint16_t) cast: a number as strtol reads it (leading blanks, a
 -- sign, digits saturating at the long's range, then only blanks), or a name with an optional
--- SIG in any case; 0 for anything else
+-- SIG in any case; 0 for anything else. Plain Lua 5.1 arithmetic (Debian's slurmctld embeds 5.1,
+-- a source build 5.3): the low 16 bits are kept digit by digit, saturation decided on the digits.
+local LONG_MAX_DIGITS = "9223372036854775807"
 local function signal_number(sig)
    local _, e, sign, digits = string.find(sig, "^[ \t\n\v\f\r]*([+-]?)(%d+)")
    if digits then
       if not string.find(sig, SPACE, e + 1) then return 0 end
-      local v, saturated = 0, false
+      digits = string.gsub(digits, "^0+", "")
+      local saturated = #digits > #LONG_MAX_DIGITS or (#digits == #LONG_MAX_DIGITS and digits > LONG_MAX_DIGITS)
+      if saturated then return sign == "-" and 0 or 65535 end   -- LONG_MIN, LONG_MAX: their low 16 bits
+      local low = 0
       for i = 1, #digits do
-         local d = string.byte(digits, i) - 48
-         if v > (math.maxinteger - d) // 10 then saturated = true; break end
-         v = v * 10 + d
+         low = (low * 10 + string.byte(digits, i) - 48) % 65536
       end
-      if saturated then v = sign == "-" and math.mininteger or math.maxinteger
-      elseif sign == "-" then v = -v end
-      return v & 0xFFFF
+      if sign == "-" then low = (65536 - low) % 65536 end
+      return low
    end
    local name = string.upper((string.gsub(sig, "^[ \t\n\v\f\r]*", "")))
    if string.sub(name, 1, 3) == "SIG" then name = string.sub(name, 4) end

@@ -1,4 +1,4 @@
-"""plugins/job_submit.lua's reading of a batch script, run by a real Lua 5.3 interpreter (the
+"""plugins/job_submit.lua's reading of a batch script, run by real Lua 5.1 and 5.3 interpreters (the
 language slurmctld's job_submit/lua embeds) through tests/lua/job_submit_harness.lua: options
 matched as sbatch's getopt_long matches them (unique prefixes, values in the next argument,
 short options), quoting as sbatch's get_argument(), and the caps that bound its work. The same
@@ -18,19 +18,27 @@ sys.path.insert(0, str(ROOT / "bench"))
 import job_submit as job_submit_bench  # noqa: E402  (the grammar of script shapes)
 PLUGIN = ROOT / "plugins" / "job_submit.lua"
 HARNESS = ROOT / "tests" / "lua" / "job_submit_harness.lua"
-LUA = shutil.which("lua5.3")
+#: the Lua slurmctld embeds: Debian's Slurm 22.05 links Lua 5.1, a source build of 25.11 Lua 5.3
+LUAS = ("lua5.1", "lua5.3")
+
+
+@pytest.fixture(params=LUAS)
+def lua(request) -> str:
+    path = shutil.which(request.param)
+    if path is None:
+        pytest.fail(f"no {request.param} interpreter: apt-get install {request.param} (make tools installs it)",
+                    pytrace=False)
+    return path
 MARK = "#!/bin/bash\n# Rendered by pipeswift-slurm TEST for job x; edit train.toml\n"
 PSWIFT_LIKE = MARK + "{extra}\nsrun python -m pipeswift_launch plan.json\n"
 USR1 = "SIGUSR1 conflicts with NCCL"
 TRUNCATE = "would erase the log of earlier attempts"
 
 
-def submit(tmp_path: Path, script: str, requeue: int | None = None) -> tuple[int, list[str]]:
-    if LUA is None:
-        pytest.fail("no lua5.3 interpreter: apt-get install lua5.3 (make tools installs it)", pytrace=False)
+def submit(tmp_path: Path, script: str, lua: str, requeue: int | None = None) -> tuple[int, list[str]]:
     f = tmp_path / "job.sh"
     f.write_bytes(script.encode())
-    args = [LUA, str(HARNESS), str(PLUGIN), str(f), "1"] + ([str(requeue)] if requeue is not None else [])
+    args = [lua, str(HARNESS), str(PLUGIN), str(f), "1"] + ([str(requeue)] if requeue is not None else [])
     out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
     rc = int(out[-1].split()[0].split("=")[1])
     return rc, out[:-1]
@@ -58,8 +66,8 @@ def submit(tmp_path: Path, script: str, requeue: int | None = None) -> tuple[int
     ("#SBATCH --signal=BR:sigusr1@5", USR1),
     ("#SBATCH --comment='a b' --open-mode=truncate", TRUNCATE),
 ])
-def test_options_are_matched_as_getopt_long_matches_them(tmp_path, extra, needle):
-    rc, messages = submit(tmp_path, PSWIFT_LIKE.format(extra=extra))
+def test_options_are_matched_as_getopt_long_matches_them(tmp_path, extra, needle, lua):
+    rc, messages = submit(tmp_path, PSWIFT_LIKE.format(extra=extra), lua)
     assert rc == -1 and any(needle in m for m in messages), messages
 
 
@@ -81,16 +89,16 @@ def test_options_are_matched_as_getopt_long_matches_them(tmp_path, extra, needle
     "#SBATCH --open-mode=A",
     "  #SBATCH --open-mode=truncate",          # indented: a comment to sbatch
 ])
-def test_what_sbatch_does_not_read_as_those_options_passes(tmp_path, extra):
-    rc, messages = submit(tmp_path, PSWIFT_LIKE.format(extra=extra))
+def test_what_sbatch_does_not_read_as_those_options_passes(tmp_path, extra, lua):
+    rc, messages = submit(tmp_path, PSWIFT_LIKE.format(extra=extra), lua)
     assert rc == 0 and "user:" not in " ".join(messages), messages
 
 
-def test_requeue_is_added_to_pswift_jobs_only_and_no_requeue_refused(tmp_path):
-    assert submit(tmp_path, PSWIFT_LIKE.format(extra=""))[0] == 0
-    rc, messages = submit(tmp_path, PSWIFT_LIKE.format(extra=""), requeue=0)
+def test_requeue_is_added_to_pswift_jobs_only_and_no_requeue_refused(tmp_path, lua):
+    assert submit(tmp_path, PSWIFT_LIKE.format(extra=""), lua)[0] == 0
+    rc, messages = submit(tmp_path, PSWIFT_LIKE.format(extra=""), lua, requeue=0)
     assert rc == -1 and "asks --no-requeue" in messages[0]
-    rc, messages = submit(tmp_path, "#!/bin/bash\n#SBATCH --open-mode=truncate\ntrue\n", requeue=0)
+    rc, messages = submit(tmp_path, "#!/bin/bash\n#SBATCH --open-mode=truncate\ntrue\n", lua, requeue=0)
     assert rc == 0 and messages == []
 
 
@@ -101,10 +109,10 @@ def test_requeue_is_added_to_pswift_jobs_only_and_no_requeue_refused(tmp_path):
     "#!/bin/" + "x" * 1100 + "\n# Rendered by pipeswift-slurm 1 for job x\n#SBATCH --open-mode=truncate\ntrue\n",
     "# Rendered by pipeswift-slurm 1 for job x\n#SBATCH --open-mode=truncate\ntrue\n",
 ])
-def test_only_a_script_pswift_rendered_is_a_pswift_job(tmp_path, script):
+def test_only_a_script_pswift_rendered_is_a_pswift_job(tmp_path, script, lua):
     """Mentioning pipeswift_launch, in a comment or a command, does not make a job pswift's, nor
     does pswift's marker anywhere but on the second line: such jobs pass untouched."""
-    rc, messages = submit(tmp_path, script, requeue=0)
+    rc, messages = submit(tmp_path, script, lua, requeue=0)
     assert rc == 0 and messages == [], messages
 
 
@@ -112,10 +120,10 @@ def test_only_a_script_pswift_rendered_is_a_pswift_job(tmp_path, script):
     "#SBATCH " + "a " * 5000 + "\n#SBATCH --open-mode=truncate",
     "#SBATCH " + "\\\\" * 3000 + "\n#SBATCH " + "\\\\" * 3000 + "\n#SBATCH '--open-mode=truncate'",
 ])
-def test_every_directive_within_the_header_is_checked(tmp_path, extra):
+def test_every_directive_within_the_header_is_checked(tmp_path, extra, lua):
     """No cap on arguments or quoted lines leaves a directive unchecked: the header's 16 KiB
     bound all the work, so everything inside it is read."""
-    rc, messages = submit(tmp_path, PSWIFT_LIKE.format(extra=extra))
+    rc, messages = submit(tmp_path, PSWIFT_LIKE.format(extra=extra), lua)
     assert rc == -1 and TRUNCATE in messages[0], messages
 
 
@@ -125,32 +133,30 @@ def test_every_directive_within_the_header_is_checked(tmp_path, extra):
     "# note\n" * 3000,
     "#SBATCH --comment=" + "x" * 16_400 + "\n#SBATCH --open-mode=append",
 ])
-def test_a_header_longer_than_the_plugin_reads_is_refused(tmp_path, extra):
+def test_a_header_longer_than_the_plugin_reads_is_refused(tmp_path, extra, lua):
     """Nothing past the script's first 16 KiB is read: a pswift job whose lines before its first
     command go further is refused with the fix (pswift renders a few KiB; its renderer refuses to
     write more, tests/test_sbatch_options.py)."""
-    rc, messages = submit(tmp_path, PSWIFT_LIKE.format(extra=extra))
+    rc, messages = submit(tmp_path, PSWIFT_LIKE.format(extra=extra), lua)
     assert rc == -1 and "run past 16384 bytes" in messages[0] and "pswift sbatch" in messages[0], messages
-    assert submit(tmp_path, PSWIFT_LIKE.format(extra="#SBATCH --comment=" + "x" * 16_000))[0] == 0
+    assert submit(tmp_path, PSWIFT_LIKE.format(extra="#SBATCH --comment=" + "x" * 16_000), lua)[0] == 0
 
 
 # ----------------------------------------------------------------------------- linear by construction
 @pytest.mark.parametrize("shape", list(job_submit_bench.SHAPES))
 @pytest.mark.parametrize("marked", [True, False], ids=["pswift", "other"])
-def test_the_plugins_time_per_byte_is_flat_for_every_shape(tmp_path, shape, marked):
+def test_the_plugins_time_per_byte_is_flat_for_every_shape(tmp_path, shape, marked, lua):
     """Each shape of bench/job_submit.py's grammar at n = 512 KiB and 8n = 4 MiB (Slurm's default
-    max_script_size) through a real Lua 5.3: time(8n) <= 12 time(n), and at most 5 ms a MiB at
+    max_script_size) through real Lua 5.1 and 5.3: time(8n) <= 12 time(n), and at most 5 ms a MiB at
     4 MiB (the plugin reads a bounded head of any script, so its time does not grow with the size
     at all); a pswift job whose directives run past what is read is refused, one whose body is
     large is accepted with --requeue, and another job passes untouched."""
-    if LUA is None:
-        pytest.fail("no lua5.3 interpreter: apt-get install lua5.3 (make tools installs it)", pytrace=False)
     n = 512 * 1024
     times, verdicts = [], []
     for size in (n, 8 * n):
         f = tmp_path / "shape.sh"
         f.write_bytes(job_submit_bench.script(shape, size, marked).encode())
-        t, rc, messages = job_submit_bench.per_call(PLUGIN, f, 20, LUA)
+        t, rc, messages = job_submit_bench.per_call(PLUGIN, f, 20, lua)
         times.append(t)
         verdicts.append((rc, messages))
     assert times[1] <= 0.005 * 8 * n / (1 << 20), f"{shape} at 4 MiB: {times[1] * 1e3:.2f} ms a call"

@@ -9,7 +9,7 @@ slurm = {SUCCESS = 0, ERROR = -1,
          log_info = function(fmt, ...) messages[#messages + 1] = "info: " .. string.format(fmt, ...) end}
 dofile(plugin)
 local f = assert(io.open(script_file, "rb"))
-local script = f:read("a")
+local script = f:read("*a")   -- "*a": Lua 5.1 (Debian's slurmctld) and 5.3 (a source build) alike
 f:close()
 local rc, desc
 local t0 = os.clock()
