@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -96,16 +98,16 @@ def test_a_job_completes_while_another_user_holds_every_port_a_formula_could_giv
     the port) and torch's 29500 before the job starts: the job completes on a port rank 0 chose.
     Then a job one of whose ranks reads a wrong secret (the test hook): refused, nothing trained."""
     holder = subprocess.Popen(["runuser", "-u", other_user.pw_name, "--", "/usr/bin/python3", "-c", HOLD],
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert int(holder.stdout.readline()) >= 11_900, "the other user could not hold the ports"
         toml = copy_example(tmp_path / "ex", {"steps": "6", "checkpoint_interval": "0"})
         run = tmp_path / "run"
         proc = pswift("sbatch", "--wait", "--run-dir", str(run), str(toml))
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        (rdv,) = run.glob("launches/*/rendezvous.json")
-        port = json.loads(rdv.read_text())["port"]
-        assert not 20000 <= port < 32000 and rdv.stat().st_mode & 0o077 == 0
+        log = next(run.glob("slurm-*.out")).read_text()
+        port = int(re.search(r"pswift: rendezvous at \S+:(\d+) \(rank 0's choice", log).group(1))
+        assert not 20000 <= port < 32000 and port != 29500, log[-2000:]
         assert [e["step"] for e in run_events(run) if e["event"] == "step"] == list(range(1, 7))
 
         bad = tmp_path / "bad"
@@ -116,5 +118,5 @@ def test_a_job_completes_while_another_user_holds_every_port_a_formula_could_giv
         assert "did not prove its secret" in log, log[-3000:]
         assert [e for e in run_events(bad) if e["event"] == "step"] == []
     finally:
-        holder.kill()
+        os.killpg(holder.pid, signal.SIGKILL)    # runuser and the holder it started
         holder.wait()

@@ -103,6 +103,8 @@ def init_group(backend: str, rank: int, world_size: int, master_addr: str, folde
         store = dist.TCPStore("0.0.0.0", 0, world_size, True, timeout=timeout, wait_for_workers=False)
         rec = {"host": master_addr, "port": int(store.port), "secret": secrets.token_hex(32)}
         _publish(Path(folder), rec)
+        print(f"pswift: rendezvous at {master_addr}:{rec['port']} (rank 0's choice; its secret in {path})",
+              flush=True)
     else:
         rec = _read(path, time.monotonic() + TIMEOUT_S)
         store = dist.TCPStore(rec["host"], rec["port"], world_size, False, timeout=timeout)
