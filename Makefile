@@ -112,3 +112,5 @@ stop:
 	-PSWIFT_CLUSTER_DIR=$(PSWIFT_DEV_DIR)$(PSWIFT_DEV_ACCT_SUFFIX) scripts/with-slurm 22.05 $(CLUSTER) stop
 	-[ ! -x $(NEW_PREFIX)/sbin/slurmctld ] || scripts/with-slurm $(NEW_SLURM) $(CLUSTER) stop
 	-[ ! -x $(NEW_PREFIX)/sbin/slurmctld ] || PSWIFT_CLUSTER_DIR=$(PSWIFT_DEV_DIR)-$(NEW_SLURM)$(PSWIFT_DEV_ACCT_SUFFIX) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) stop
+	-PSWIFT_CLUSTER_DIR=$(PSWIFT_DEV_DIR)$(PSWIFT_DEV_CONFIGLESS_SUFFIX) scripts/with-slurm 22.05 $(CLUSTER) stop
+	-[ ! -x $(NEW_PREFIX)/sbin/slurmctld ] || PSWIFT_CLUSTER_DIR=$(PSWIFT_DEV_DIR)-$(NEW_SLURM)$(PSWIFT_DEV_CONFIGLESS_SUFFIX) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) stop

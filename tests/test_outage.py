@@ -58,11 +58,46 @@ def test_a_job_and_its_wait_ride_out_sixty_seconds_without_slurmctld(cluster, tm
     finally:
         if waiting.poll() is None:
             waiting.kill()
-        if not (CLUSTER_DIR / "run" / "slurmctld.pid").exists() or subprocess.run(
-                ["scontrol", "ping"], capture_output=True, timeout=30).returncode != 0:
+        if subprocess.run(["scontrol", "ping"], capture_output=True, timeout=30).returncode != 0:
             subprocess.run(["slurmctld", "-f", os.environ["SLURM_CONF"]], timeout=60)
+        if (run / "JOB_ID").exists():   # never leave the job holding the nodes the next tests need
+            subprocess.run(["scancel", (run / "JOB_ID").read_text().strip()], capture_output=True)
     assert waiting.returncode == 0, out[-3000:] + err[-3000:]
     assert f"job {job}: Slurm unreachable" in out and f"job {job}: COMPLETED" in out, out[-3000:]
     assert "FAILED" not in out and "Traceback" not in err
     assert _steps(run) == 400
     assert [e["reason"] for e in run_events(run) if e["event"] == "end"] == ["completed"]
+
+
+def test_a_preempted_job_is_requeued_through_sixty_seconds_without_slurmctld(cluster, tmp_path):
+    """Preempted (a 2-node job in the high partition; the job holds all 4 nodes), the job checkpoints and asks for its
+    requeue while slurmctld is down: the requeue waits for the controller (the launcher's
+    Slurm calls outlast it), and the job comes back and COMPLETES with every step run once."""
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "60", "checkpoint_interval": "0"})
+    run = tmp_path / "run"
+    job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
+    high = None
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and _steps(run) < 10:
+            time.sleep(0.5)
+        assert _steps(run) >= 10, "the job did not start training"
+        high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", "--exclusive", "-o", "/dev/null",
+                               "--wrap", "sleep 20"], capture_output=True, text=True, check=True).stdout.strip()
+        while time.monotonic() < deadline and not any(
+                e["event"] == "checkpoint" and e["reason"] == "signal" for e in run_events(run, torn_ok=True)):
+            time.sleep(0.2)
+        os.kill(_ctld_pid(), signal.SIGTERM)                 # down while the job asks to be requeued
+        time.sleep(60)
+        subprocess.run(["slurmctld", "-f", os.environ["SLURM_CONF"]], check=True, timeout=60)
+        from helpers import wait_state
+        state = wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=400)
+    finally:
+        if subprocess.run(["scontrol", "ping"], capture_output=True, timeout=30).returncode != 0:
+            subprocess.run(["slurmctld", "-f", os.environ["SLURM_CONF"]], timeout=60)
+        subprocess.run(["scancel", job, *([high] if high else [])], capture_output=True)
+    assert state == "COMPLETED", "".join(p.read_text() for p in run.glob("slurm-*.out"))[-4000:]
+    steps = [e["step"] for e in run_events(run) if e["event"] == "step"]
+    assert sorted(set(steps)) == list(range(1, 61))
+    ends = [e["reason"] for e in run_events(run) if e["event"] == "end"]
+    assert ends[0] == "preempted" and ends[-1] == "completed", ends

@@ -112,6 +112,10 @@ def test_install_plugins_never_replaces_a_sites_own_job_submit_silently(tmp_path
     assert os.stat(tmp_path / "spool").st_mode & 0o7777 == 0o750
     again = subprocess.run(pswift, capture_output=True, text=True)
     assert again.returncode == 0 and len(list(etc.glob("*.pswift-backup-*"))) == 1, again.stderr
+    moved = [*pswift[:-4], "--spool", str(tmp_path / "spool2"), "--db", str(tmp_path / "h2.db")]
+    upgrade = subprocess.run(moved, capture_output=True, text=True)   # pswift's own files: replaced
+    assert upgrade.returncode == 0 and len(list(etc.glob("*.pswift-backup-*"))) == 1, upgrade.stderr
+    assert f"--spool {tmp_path / 'spool2'} --db {tmp_path / 'h2.db'}" in (etc / "pswift-jobcomp").read_text()
 
 
 def test_install_plugins_refuses_an_interpreter_root_should_not_run(tmp_path):

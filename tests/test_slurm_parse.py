@@ -3,6 +3,7 @@
 60-minute job, a 4-node job pending, one job finished with exit 3). The live twin of these tests,
 on whichever Slurm is running, is test_slurm_versions.py."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -147,6 +148,7 @@ def test_a_slurm_conf_that_is_no_file_is_one_line_at_once(monkeypatch, tmp_path)
 
 def test_a_hung_command_is_bounded_and_names_slurm_conf(monkeypatch):
     monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.setenv("PSWIFT_SLURM_OUTAGE_S", "0")     # no retrying of the outage it looks like
     with pytest.raises(SlurmError, match="did not answer within 1 s; SLURM_CONF is not set"):
         slurm._run(["sleep", "5"], timeout=1)
 
@@ -197,3 +199,35 @@ def test_exclusions_never_leave_a_requeued_job_too_few_nodes():
     assert exclusions(["node1", "node2", "node3"], "node4", usable, 4) == []
     assert exclusions(["node1"], "node4", {"node1", "node2", "node4"}, 2) == ["node4"]
     assert exclusions(["node1"], "node4", {"node1", "node2", "node4"}, 3) == []
+
+
+def test_the_configuration_is_found_as_slurm_finds_it(monkeypatch, tmp_path):
+    """$SLURM_CONF, then the clients' built-in default (a prefix's etc/ for a source build), then
+    a configless slurmd's or sackd's copy, else DNS; nothing here runs a client."""
+    prefix = tmp_path / "slurm"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "etc").mkdir()
+    (prefix / "bin" / "scontrol").write_text("#!/bin/sh\nexit 0\n")
+    (prefix / "bin" / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{prefix / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_CONF", "/somewhere/slurm.conf")
+    assert slurm.config_source() == slurm.ConfigSource("SLURM_CONF", "/somewhere/slurm.conf")
+    monkeypatch.delenv("SLURM_CONF")
+    cache = tmp_path / "run-slurm-conf" / "slurm.conf"
+    monkeypatch.setattr(slurm, "CONFIGLESS_CACHE", str(cache))
+    assert slurm.config_source() == slurm.ConfigSource("dns", None)
+    cache.parent.mkdir()
+    cache.write_text("")
+    assert slurm.config_source() == slurm.ConfigSource("configless", str(cache))
+    (prefix / "etc" / "slurm.conf").write_text("")
+    assert slurm.config_source() == slurm.ConfigSource("default", str(prefix / "etc" / "slurm.conf"))
+
+
+def test_a_json_answer_that_could_not_load_is_an_outage_not_an_empty_queue():
+    """Slurm 22.05's squeue --json while slurmctld is down: exit 0, no jobs, and this error
+    (recorded on the dev cluster): SlurmUnreachable, retried, never "the job is gone"."""
+    down = {"errors": [{"description": "Failed while looking for jobs", "error_number": -1,
+                        "error": "Unspecified error", "source": "slurm_load_jobs"}], "jobs": []}
+    assert slurm_json.failed_loads(down) == "slurm_load_jobs: Failed while looking for jobs"
+    assert slurm_json.failed_loads({"errors": [], "jobs": []}) is None        # a purged job id
+    assert slurm_json.failed_loads(doc("25.11", "squeue.json")) is None

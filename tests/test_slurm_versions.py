@@ -128,10 +128,10 @@ def test_doctor_checks_the_environment(cluster, tmp_path):
     from pipeswift_slurm.slurm import client as slurm
     v = ".".join(map(str, slurm.slurm_version()))
     assert f"ok  Slurm: {v}, cluster pswiftdev" in proc.stdout
-    assert "ok  SLURM_CONF: " + os.environ["SLURM_CONF"] in proc.stdout
+    assert f"ok  Slurm configuration: {os.environ['SLURM_CONF']} ($SLURM_CONF)" in proc.stdout
     assert "history DB: " in proc.stdout and "accounting: off (no slurmdbd)" in proc.stdout
     bad = pswift("doctor", env={"SLURM_CONF": str(tmp_path / "nope.conf")})
-    assert bad.returncode == 1 and "BAD SLURM_CONF" in bad.stdout
+    assert bad.returncode == 1 and "BAD Slurm configuration" in bad.stdout
     assert bad.stderr.count("\n") == 1 and "point SLURM_CONF at an existing slurm.conf" in bad.stderr
 
 

@@ -15,8 +15,9 @@ from pipeswift_slurm.errors import PswiftError
 
 #: Slurm's own words -> what to do about them
 KNOWN_FIXES = (
-    ("Could not establish a configuration source", "set SLURM_CONF to the cluster's slurm.conf"),
-    ("configless", "set SLURM_CONF to the cluster's slurm.conf"),
+    ("Could not establish a configuration source", "set SLURM_CONF to the cluster's slurm.conf, or run sackd "
+     "(configless: it fetches it), or publish the controller's DNS SRV record"),
+    ("configless", "set SLURM_CONF to the cluster's slurm.conf, or run sackd (configless)"),
     ("Unable to contact slurm controller", "start slurmctld, or point SLURM_CONF at a running cluster"),
     ("Connection refused", "start slurmctld, or point SLURM_CONF at a running cluster"),
     ("command not found", "install Slurm's client tools (Debian: slurm-client) or put them on PATH"),
@@ -43,16 +44,15 @@ def _fix_for(message: str) -> str:
 
 
 def _slurm_conf() -> Finding:
-    conf = os.environ.get("SLURM_CONF")
-    if not conf:
-        if Path("/etc/slurm/slurm.conf").is_file():
-            return Finding("SLURM_CONF", "unset (/etc/slurm/slurm.conf is used)")
-        return Finding("SLURM_CONF", "unset, and no /etc/slurm/slurm.conf",
-                       "set SLURM_CONF to the cluster's slurm.conf (Slurm 23.02+ otherwise looks "
-                       "for a configless server and can hang)")
-    if not Path(conf).is_file():
-        return Finding("SLURM_CONF", f"{conf} (no such file)", "point SLURM_CONF at an existing slurm.conf")
-    return Finding("SLURM_CONF", conf)
+    """Where this machine's clients read Slurm's configuration, found as Slurm finds it."""
+    src = slurm.config_source()
+    if src.kind == "SLURM_CONF" and not Path(src.path or "").is_file():
+        return Finding("Slurm configuration", f"$SLURM_CONF = {src.path} (no such file)",
+                       "point SLURM_CONF at an existing slurm.conf, or unset it (Slurm then looks itself)")
+    where = {"SLURM_CONF": f"{src.path} ($SLURM_CONF)", "default": f"{src.path} (the clients' default)",
+             "configless": f"{src.path} (configless: the copy a slurmd or sackd fetched)",
+             "dns": "no file here: configless, the controller found through DNS (its SRV record)"}[src.kind]
+    return Finding("Slurm configuration", where)
 
 
 #: a preempted job needs at least this long to finish its step and checkpoint (a small model)
@@ -129,12 +129,17 @@ def _job_python() -> Finding:
 
 
 def environment(db: Path | None = None) -> list[Finding]:
+    """Each check of this machine's set-up. Slurm is asked (``scontrol ping``, bounded) before
+    anything is judged of its configuration: a configless site has no file to judge."""
     conf = _slurm_conf()
-    if not conf.ok and not os.environ.get("SLURM_CONF"):
-        # Slurm 23.02+ clients without a configuration wait for a configless server: don't ask
-        probes = [Finding("Slurm", "not asked (no configuration to reach it with)")]
+    if not conf.ok:
+        probes = [Finding("Slurm", "not asked (its configuration file is missing)")]
     else:
-        probes = _slurm()
-        if probes and probes[0].ok:
-            probes += _preemption()
+        down = slurm.ping()
+        if down is not None:
+            probes = [Finding("Slurm", f"no controller answered `scontrol ping`: {down}", _fix_for(down))]
+        else:
+            probes = _slurm()
+            if probes and probes[0].ok:
+                probes += _preemption()
     return [conf, *probes, _job_python(), _history(db)]

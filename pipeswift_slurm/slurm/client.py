@@ -118,6 +118,23 @@ class Backend(Protocol):
     def active_jobs(self) -> list[JobInfo]: ...
 
 
+def _json(cmd: list[str], job_id: str | None) -> dict[str, Any]:
+    """A query's JSON answer, once. Slurm 22.05's squeue/sinfo answer a controller that does not
+    answer with exit 0 and a JSON "errors" list (slurm_load_jobs: "Unspecified error") and no
+    data: that is SlurmUnreachable (retried by the caller), not an empty queue."""
+    proc = _run(cmd, timeout=QUERY_TIMEOUT, check=False, retry=False)
+    if proc.returncode != 0:
+        if job_id is not None and "Invalid job id" in (proc.stderr + proc.stdout):
+            return {"jobs": []}
+        raise SlurmError(f"`{shlex.join(cmd)}` failed (exit {proc.returncode}): "
+                         f"{_one_line(proc.stderr or proc.stdout or 'no output')}")
+    doc = records.load(proc.stdout, shlex.join(cmd[:2]))
+    failed = records.failed_loads(doc)
+    if failed:
+        raise SlurmUnreachable(f"`{shlex.join(cmd)}`: {failed}")
+    return doc
+
+
 class CliBackend:
     """Queries through Slurm's commands and their JSON (``--json`` needs Slurm 21.08+)."""
 
@@ -128,19 +145,13 @@ class CliBackend:
             cmd = ["scontrol", "show", "nodes", "--json"]
         else:
             cmd = ["sinfo", "--json"]
-        return records.nodes(records.load(_run(cmd, timeout=QUERY_TIMEOUT).stdout, cmd[0]))
+        return records.nodes(outage.outlast(shlex.join(cmd), _json, cmd, None))
 
     def jobs(self, job_id: str | None = None) -> list[JobInfo]:
         cmd = ["squeue", "--json"]
         if job_id is not None:
             cmd += ["--states=all", "--jobs", str(job_id)]
-        proc = _run(cmd, timeout=QUERY_TIMEOUT, check=False)
-        if proc.returncode != 0:
-            if job_id is not None and "Invalid job id" in (proc.stderr + proc.stdout):
-                return []
-            raise SlurmError(f"`{shlex.join(cmd)}` failed (exit {proc.returncode}): "
-                             f"{_one_line(proc.stderr or proc.stdout or 'no output')}")
-        return records.jobs(records.load(proc.stdout, "squeue --json"))
+        return records.jobs(outage.outlast(shlex.join(cmd), _json, cmd, job_id))
 
     def active_jobs(self) -> list[JobInfo]:
         """Pending and running jobs only (see :func:`records.squeue_active`)."""
@@ -171,6 +182,57 @@ def backend() -> Backend:
 
 
 # ----------------------------------------------------------------------------- queries
+#: where a configless Slurm's slurmd or sackd keeps the configuration it fetched (22.05 and 25.11)
+CONFIGLESS_CACHE = "/run/slurm/conf/slurm.conf"
+
+
+class ConfigSource(NamedTuple):
+    """Where this machine's Slurm clients read their configuration, as Slurm looks: ``kind``
+    "SLURM_CONF", "default" (the path built into the clients), "configless" (a slurmd's or
+    sackd's cache) or "dns" (none here: the clients ask DNS for the controller's SRV record);
+    ``path`` the file (None for dns)."""
+    kind: str
+    path: str | None
+
+
+def config_source() -> ConfigSource:
+    """$SLURM_CONF, then the clients' built-in default (``/etc/slurm/slurm.conf`` for a
+    system install, ``PREFIX/etc/slurm.conf`` for one under a prefix), then the configless
+    cache; else DNS. Reads files only: nothing here waits on a network."""
+    env = os.environ.get("SLURM_CONF")
+    if env:
+        return ConfigSource("SLURM_CONF", env)
+    exe = shutil.which("scontrol")
+    prefix = os.path.dirname(os.path.dirname(os.path.realpath(exe))) if exe else "/usr"
+    default = "/etc/slurm/slurm.conf" if prefix in ("/usr", "/") else os.path.join(prefix, "etc", "slurm.conf")
+    if os.path.isfile(default):
+        return ConfigSource("default", default)
+    if os.path.isfile(CONFIGLESS_CACHE):
+        return ConfigSource("configless", CONFIGLESS_CACHE)
+    return ConfigSource("dns", None)
+
+
+def ping() -> str | None:
+    """None when a controller answers ``scontrol ping`` (found however Slurm finds it: its
+    file, the configless cache or DNS), else Slurm's words; bounded, not retried."""
+    try:
+        proc = _run(["scontrol", "ping"], timeout=15.0, check=False, retry=False)
+    except SlurmError as e:
+        return str(e)
+    if proc.returncode == 0 and "UP" in proc.stdout:
+        return None
+    return _one_line(proc.stderr or proc.stdout or "no answer")
+
+
+def controller_conf() -> str | None:
+    """The slurm.conf the controller reads (``scontrol show config``'s SLURM_CONF, which a
+    configless client learns from the controller too); None when Slurm cannot be asked."""
+    try:
+        return config().get("SLURM_CONF") or None
+    except SlurmError:
+        return None
+
+
 def config() -> dict[str, str]:
     """``scontrol show config`` as a dict (ClusterName, SLURM_VERSION, AccountingStorageType...)."""
     if "config" not in _cache:
@@ -311,10 +373,11 @@ def prefetch() -> None:
     """Start asking Slurm now, in background threads, what planning and submitting will ask
     (the nodes, the queue, the requeue limit), so that the queries overlap with loading the
     config and the planner; the next :func:`cluster_state` call takes the answer. Only where
-    Slurm's configuration is there to read (a client without one may wait for a configless
-    server: that is left to the query that needs it, with its timeout and its hint)."""
-    conf = os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-    if "prefetch" not in _cache and os.path.isfile(conf):
+    Slurm's configuration is there to read (:func:`config_source`: its file, the default or
+    the configless cache; a client with none may wait on DNS: that is left to the query that
+    needs it, with its timeout and its hint)."""
+    conf = config_source().path
+    if "prefetch" not in _cache and conf is not None and os.path.isfile(conf):
         _cache["prefetch"] = _Prefetch()
 
 #: every state an attempt ends in (requeued attempts too). With explicit states, sacct's -S/-E

@@ -11,8 +11,9 @@
   installed;
 - the spool folder is created (0750) when it does not exist.
 
-A file already there that differs (a site's own job_submit.lua) is never replaced silently: the
-install stops, naming it and the diff to look at; ``force`` replaces it, keeping the old one as
+A file pswift installed before (same first two lines: an older version, another spool or
+database) is replaced. Any other file that differs (a site's own job_submit.lua) is never
+replaced silently: the install stops, naming it and the diff to look at; ``force`` replaces it, keeping the old one as
 ``NAME.pswift-backup-YYYYmmddTHHMMSS``. Each file is written whole to a temporary name in the
 folder and renamed over the old one (a link there is replaced, never followed). slurm.conf is
 not edited: the lines to add are returned, for the admin to review.
@@ -48,8 +49,11 @@ def plugin_dir() -> Path:
 
 
 def default_prefix() -> Path:
-    """The folder of the slurm.conf in use ($SLURM_CONF, else /etc/slurm)."""
-    conf = os.environ.get("SLURM_CONF")
+    """The folder of the slurm.conf the controller reads: $SLURM_CONF's, else the one Slurm
+    says (``scontrol show config``: a configless site's login node learns it from the
+    controller), else /etc/slurm."""
+    from pipeswift_slurm.slurm import client
+    conf = os.environ.get("SLURM_CONF") or client.controller_conf()
     return Path(conf).parent if conf else Path("/etc/slurm")
 
 
@@ -89,6 +93,11 @@ def root_safe(path: Path) -> str | None:
     return None
 
 
+def _head(text: str) -> list[str]:
+    """The first two lines: each file pswift installs names itself there."""
+    return text.split("\n", 2)[:2]
+
+
 def _planned(prefix: Path, files: dict[str, tuple[str, int]], force: bool) -> list[str]:
     """The backups ``force`` will make; raises UsageError for a file that differs without it."""
     backups = []
@@ -100,8 +109,8 @@ def _planned(prefix: Path, files: dict[str, tuple[str, int]], force: bool) -> li
             continue
         except OSError as e:
             raise UsageError(f"{path}: {e.strerror}") from None
-        if old == text:
-            continue
+        if old == text or (old is not None and _head(old) == _head(text)):
+            continue                            # the same, or pswift's own from an earlier install
         if not force:
             raise UsageError(f"{path} exists and differs from pswift's (a site's own?): nothing installed; "
                              f"compare with `diff {path} {plugin_dir() / name}`, call pswift's rules from your own "

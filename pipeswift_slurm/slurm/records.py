@@ -72,6 +72,15 @@ def load(text: str, what: str) -> dict[str, Any]:
     return doc
 
 
+def failed_loads(doc: dict[str, Any]) -> str | None:
+    """What a JSON answer's "errors" say of the controller's data that it could not load
+    (22.05: ``{"source": "slurm_load_jobs", "description": "Failed while looking for jobs"}``
+    while slurmctld does not answer), or None when it loaded."""
+    errs = [e for e in (doc.get("errors") or []) if isinstance(e, dict)
+            and str(e.get("source") or "").startswith("slurm_load")]
+    return "; ".join(f"{e.get('source')}: {e.get('description') or e.get('error')}" for e in errs) or None
+
+
 def state(v: Any) -> str:
     """A state as one upper-case word: the first flag of a list (newer layouts) or the string."""
     if isinstance(v, dict):             # sacct: {"current": ..., "reason": ...}
