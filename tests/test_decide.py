@@ -251,3 +251,69 @@ def test_the_helper_asks_slurm_which_nodes_are_left(tmp_path, monkeypatch):
     for state, nodes in (("PENDING", ""), ("COMPLETING", "node[1-2,4]")):
         answer.update(state=state, nodes=nodes)
         assert afterlaunch.allocation(plan, env, lost_seen=False) is None
+
+
+# ----------------------------------------------------------------------------- a node that died silently
+def test_a_node_whose_every_rank_stayed_silent_is_lost_after_the_grace():
+    began = {0: "node1", 1: "node2", 2: "node3", 3: "node4", 4: "node4"}
+    assert decide.silent_nodes(began, {0, 1, 2}, decide.SILENT_GRACE_S - 1) == ()
+    assert decide.silent_nodes(began, {0, 1, 2}, decide.SILENT_GRACE_S) == ("node4",)
+    assert decide.silent_nodes(began, {0, 1, 2, 4}, 60.0) == ()       # one of node4's ranks was heard
+    assert decide.silent_nodes(began, {0, 1}, 60.0) == ("node3", "node4")
+
+
+def test_srun_hears_every_rank_it_names_and_a_launch_it_could_not_make_is_a_lost_node():
+    report = ("srun: error: node2: tasks 0-1,3: Terminated\nsrun: error: node1: task 5: Killed\n"
+              "srun: error: Task launch for StepId=32.1 failed on node node4: Communication connection failure\n")
+    assert decide.srun_heard(report) == {0, 1, 3, 5}
+    lost = [d for d in decide.srun_deaths(report) if d.how == "lost"]
+    assert lost == [Death("lost", None, "node4", None, "Communication connection failure")]
+
+
+def test_a_silent_node_restarts_the_ranks_at_once_on_the_others_and_blames_no_healthy_node(tmp_path, monkeypatch):
+    """The issue's case: node4's slurmd, step daemon and rank killed, Slurm not told. The ranks on
+    node1-3 broke their collectives (connection reset) and srun killed one of them; launchwatch
+    found node4 silent. The helper restarts on node1-3 at once, leaving node4 out itself; with
+    no layout for 3 nodes it requeues without node4, never without a healthy node."""
+    from pipeswift_launch import afterlaunch, launchrec
+    from pipeswift_slurm.slurm import client as slurm
+    given_back: list = []
+    monkeypatch.setattr(slurm, "shrink_job", lambda job, nodes: given_back.append((job, nodes)))
+    plan = _plan(tmp_path, layouts={"2": {"stages": 2}, "3": {"stages": 3}, "4": {"stages": 4}})
+    env = {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node[1-4]"}
+    reset = "DistBackendError: Connection reset by peer"
+    folder = _launch(tmp_path, 0, [{"rank": r, "node": f"node{r + 1}", "step": 7, "error": reset} for r in (0, 2)],
+                     "srun: error: node2: task 1: Killed\n")
+    for r in range(4):
+        (folder / f"began_{r}.json").write_text(json.dumps({"rank": r, "node": f"node{r + 1}"}))
+    (folder / launchrec.LOST).write_text(json.dumps({"nodes": ["node4"], "why": "silent"}))
+    d, _ = afterlaunch.decide_after(plan, 137, folder, 0, 0, env)
+    assert (d.action, d.nodes, d.nodelist, d.exclude, d.backoff_s) == ("shrink", 3, "node1,node2,node3", "node4", 0.0)
+    assert d.death.node == "node4" and "node4 lost (silent, before Slurm knew)" in d.why
+    assert afterlaunch.carry_out(plan, d, 7, 0, env) == "shrink 3 node1,node2,node3 node4"
+    assert given_back == [("9", "node1,node2,node3")]      # Slurm no longer counts node4 in the job
+    no_three = _plan(tmp_path, layouts={"2": {"stages": 2}, "4": {"stages": 4}})
+    d, _ = afterlaunch.decide_after(no_three, 137, folder, 0, 0, env)
+    assert (d.action, d.exclude) == ("requeue", "node4"), d
+
+
+def test_launchwatch_stops_srun_when_a_nodes_ranks_stay_silent(tmp_path):
+    import subprocess
+    import time
+    from pipeswift_launch import launchrec, launchwatch
+    folder = tmp_path / "launch"
+    folder.mkdir()
+    for r in range(3):
+        (folder / f"began_{r}.json").write_text(json.dumps({"rank": r, "node": f"node{r + 1}"}))
+    srun = subprocess.Popen(["sleep", "60"])
+    (folder / "rank_0.json").write_text(json.dumps({"rank": 0, "node": "node1", "step": 3, "error": "x: reset"}))
+    (folder / "srun.err").write_text("srun: error: node2: task 1: Terminated\n")
+    t0 = time.monotonic()
+    assert launchwatch.watch(folder, srun.pid, grace_s=1.0) == ("node3",)
+    assert srun.wait(timeout=10) == -9 and time.monotonic() - t0 < 10
+    assert launchrec.lost(folder) == ("node3",)
+    quiet = tmp_path / "fine"
+    quiet.mkdir()
+    done = subprocess.Popen(["true"])
+    done.wait()
+    assert launchwatch.watch(quiet, done.pid, grace_s=0.5) == ()    # ended by itself: nothing to say

@@ -188,3 +188,46 @@ def test_a_lost_node_ends_nothing_the_ranks_go_on_with_fewer_stages(cluster, tmp
     text = pswift("status", job, check=True).stdout
     assert f"{node} lost: restart 1 of 3 on the 3 node(s) left" in text, text
     assert sorted(step_losses(run)) == list(range(1, 41))
+
+
+@pytest.mark.every_version
+def test_a_node_that_dies_before_slurm_knows_is_left_out_within_a_minute(cluster, tmp_path):
+    """The issue's real case (38): node4's slurmd, step daemon and rank killed, Slurm NOT told (it
+    still calls the node up for SlurmdTimeout). The ranks on the other nodes break their
+    collectives, srun waits for node4's, launchwatch finds node4 silent and stops srun, and the
+    ranks start again at once on node1-3 (a step that leaves node4 out): the same Slurm job
+    COMPLETES within a minute of the loss, no healthy node excluded, no requeue, and node4 given back
+    to Slurm (scontrol update NodeList=) so the scheduler no longer counts it as the job's."""
+    import subprocess
+    from helpers import CLUSTER_DIR
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "60", "checkpoint_interval": "5"})
+    run = tmp_path / "run"
+    job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
+    wait_steps(run, 12)
+    (first,) = [e for e in events(run) if e["event"] == "start"]
+    assert first["nodes"] == 4, first
+    pid, node = rank_process(run, first["world_size"] - 1)    # the last node: not the batch script's
+    stepd = _parent(pid)
+    slurmd = int((CLUSTER_DIR / "run" / f"slurmd-{node}.pid").read_text())
+    try:
+        lost_at = time.time()
+        for p in (slurmd, stepd, pid):
+            os.kill(p, signal.SIGKILL)
+        state = wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
+        took = time.time() - lost_at
+        info = slurm.job_info(job)
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+        _bring_back(node)
+    assert state == "COMPLETED", slurm_log(run)[-4000:]
+    assert info.restarts == 0 and info.excluded == ""           # the same Slurm job, nothing excluded
+    assert node not in expand_hostlist(info.nodes)              # given back to Slurm at the restart
+    evs = events(run)
+    crash = [e for e in evs if e["event"] == "crash"]
+    assert [(c["how"], c["node"], c["action"]) for c in crash] == [("lost", node, "restart")], crash
+    starts = [e for e in evs if e["event"] == "start"]
+    assert [(s["attempt"], s["nodes"]) for s in starts] == [(0, 4), (0, 3)], starts
+    restarted = starts[1]["time"] - starts[1]["setup_s"]
+    assert restarted - lost_at <= 60, (restarted - lost_at, took)
+    text = pswift("status", job, check=True).stdout
+    assert f"{node} lost (silent, before Slurm knew): restart 1 of 3 on the 3 node(s) left" in text, text

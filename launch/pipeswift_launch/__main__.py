@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from . import launchrec
     rank = int(os.environ.get("SLURM_PROCID") or os.environ.get("RANK") or 0)
+    launchrec.began(rank)   # the node this rank runs on, for launchwatch
     try:
         from pipeswift_slurm.errors import PswiftError
         from pipeswift_slurm.plan import for_partition, read_plan, runnable

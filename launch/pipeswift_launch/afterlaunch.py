@@ -55,7 +55,13 @@ def decide_after(plan: Plan, rc: int, folder: Path, restarts: int, relayouts: in
                              relayouts=relayouts, attempt=attempt, max_requeues=int(plan["max_requeues"]),
                              in_slurm=job_id is not None)
     deaths = deaths_of(records, report)
-    alloc = allocation(plan, env, any(x.how == "lost" for x in deaths)) if rc != 0 and not ended_itself else None
+    # nodes lost before Slurm knew: launchwatch found them silent, or srun could not reach them
+    silent = tuple(dict.fromkeys([*launchrec.lost(folder), *(x.node for x in deaths
+                                                             if x.how == "lost" and x.rank is None and x.node)]))
+    alloc = None
+    if rc != 0 and not ended_itself:
+        alloc = (unannounced(plan, env, silent) if silent
+                 else allocation(plan, env, any(x.how == "lost" for x in deaths)))
     d = decide.after_launch(rc, ended_itself, deaths, _job_failures(evs, job_id), budgets, alloc)
     steps = [e["step"] for e in evs if e["event"] == "step" and e["attempt"] == attempt
              and e.get("job_id") == job_id]
@@ -64,6 +70,23 @@ def decide_after(plan: Plan, rc: int, folder: Path, restarts: int, relayouts: in
 
 #: how long a launch that lost a node waits for Slurm to drop it from the allocation
 LOST_WAIT_S = 60.0
+
+
+def unannounced(plan: Plan, env: dict[str, str], silent: tuple[str, ...]) -> decide.Allocation | None:
+    """The launch's nodes less ``silent`` ones Slurm still counts in the allocation: the next
+    launch leaves them out itself. None when the launch's nodes are not known."""
+    from pipeswift_slurm.errors import PswiftError
+    from pipeswift_slurm.slurm.records import expand_hostlist
+    try:
+        launched = expand_hostlist(env.get("SLURM_JOB_NODELIST") or "")
+    except PswiftError:
+        return None
+    left = [n for n in launched if n not in silent]
+    if not launched or len(left) == len(launched):
+        return None
+    stages = {int(n): int(lay["stages"]) for n, lay in plan["layouts"].items()}
+    return decide.Allocation(len(launched), len(left), tuple(n for n in silent if n in launched), stages,
+                             ",".join(left), unannounced=True)
 
 
 def allocation(plan: Plan, env: dict[str, str], lost_seen: bool) -> decide.Allocation | None:
@@ -117,8 +140,15 @@ def carry_out(plan: Plan, d: decide.Decision, last_step: int | None, restarts: i
     job = env.get("SLURM_JOB_ID", "?")
     if d.action == "shrink":
         print(f"pswift: job {job}: {d.why}; launching again in {d.backoff_s:g} s", file=sys.stderr, flush=True)
+        if d.exclude and d.nodelist:   # Slurm still counts the silent node: give it back
+            from pipeswift_slurm.slurm import client as slurm
+            try:
+                slurm.shrink_job(job, d.nodelist)
+            except Exception as e:   # noqa: BLE001 - the launches leave it out all the same
+                print(f"pswift: could not give {d.exclude} back to Slurm ({e}); the job's end waits "
+                      f"for Slurm to find it down", file=sys.stderr, flush=True)
         time.sleep(d.backoff_s)
-        return f"shrink {d.nodes} {d.nodelist}"
+        return f"shrink {d.nodes} {d.nodelist}" + (f" {d.exclude}" if d.exclude else "")
     if d.action == "relaunch":
         if d.counts_as_restart:
             print(f"pswift: job {job}: {d.why}; launching again in {d.backoff_s:g} s", file=sys.stderr, flush=True)
@@ -154,7 +184,11 @@ def main(argv: list[str]) -> int:
     d, last_step = decide_after(plan, rc, folder, restarts, relayouts, env)
     if d.death is None and d.action != "fail":   # nothing went wrong: nothing to keep
         shutil.rmtree(folder, ignore_errors=True)
-    print(carry_out(plan, d, last_step, restarts, env))
+    line = carry_out(plan, d, last_step, restarts, env)
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:   # the batch script is gone (cancelled while this decided): nothing to tell
+        pass
     return 0
 
 

@@ -15,6 +15,12 @@ The rule, as docs/design.md states it:
   allocation instead of ending it) is a fault too: the ranks start again on the nodes left,
   with plan.json's layout for that many nodes (fewer stages); with no layout for them, the job
   is requeued without the lost node;
+- a node that died *before Slurm knows* (for SlurmdTimeout, Slurm still calls it up) is found by
+  its silence: every rank on it began and none ended or was reported by srun, SILENT_GRACE_S
+  after the launch's first failure (:func:`silent_nodes`; pipeswift_launch.launchwatch stops
+  srun, which would wait for it), or srun could not launch on it. The ranks start again at once
+  on the nodes that answer (a step that excludes it); the ranks srun killed because of it are
+  not faults of their nodes, and a requeue leaves out the silent node, never a healthy one;
 - a *bug* (an exception of the model's or data's code) is tried once more; the same error at
   the same step in a second launch fails the job at once, no restart or requeue spent.
 """
@@ -28,10 +34,13 @@ from pipeswift_slurm.config import MAX_RESTARTS_DEFAULT
 from pipeswift_slurm.plan import MAX_RELAYOUTS, RELAYOUT_EXIT
 
 __all__ = ["MAX_RESTARTS_DEFAULT", "RELAYOUT_EXIT", "Allocation", "Budgets", "Death", "Decision", "after_launch",
-           "backoff", "first_death", "requeue_left", "restart_left", "srun_deaths"]
+           "backoff", "first_death", "requeue_left", "restart_left", "silent_nodes", "srun_deaths", "srun_heard"]
 #: seconds to wait before restart k (1-based): none before the first (as TorchElastic: a crash
 #: once is the common case and every second of it is lost), then 1, 2, 4, ... at most BACKOFF_MAX_S
 BACKOFF_MAX_S = 30.0
+#: seconds after a launch's first failure that a node's ranks may stay silent before the node
+#: counts as lost (a healthy rank whose peer died raises within a second or two)
+SILENT_GRACE_S = 15.0
 
 #: exception text of a failed machine or network rather than the model's code (lower case)
 _FAULT_TEXT = re.compile(
@@ -94,6 +103,9 @@ class Allocation:
     lost: tuple[str, ...] = ()             # the nodes it no longer holds
     stages: dict[int, int] = field(default_factory=dict)   # plan.json's layouts: nodes -> stages
     nodelist: str = ""                     # what it holds now, as Slurm writes it
+    #: the lost nodes died before Slurm knew: the allocation still holds them, so the next launch
+    #: leaves them out itself (srun --exclude, --overlap with the dead step)
+    unannounced: bool = False
 
 
 @dataclass(frozen=True)
@@ -190,9 +202,11 @@ def _on_survivors(death: Death, b: Budgets, alloc: Allocation, rc: int) -> Decis
     if will is not None and alloc.now > 0 and restart_left(b.restarts, b.max_restarts):
         n = b.restarts + 1
         change = f", {was} -> {will} stage(s)" if was is not None and was != will else ""
-        return Decision("shrink", f"{lost} lost: restart {n} of {b.max_restarts} on the {alloc.now} node(s) "
-                                  f"left{change}", backoff_s=backoff(n), death=gone, counts_as_restart=True,
-                        nodes=alloc.now, nodelist=alloc.nodelist)
+        silent = " (silent, before Slurm knew)" if alloc.unannounced else ""
+        return Decision("shrink", f"{lost} lost{silent}: restart {n} of {b.max_restarts} on the {alloc.now} "
+                                  f"node(s) left{change}", backoff_s=backoff(n), death=gone, counts_as_restart=True,
+                        nodes=alloc.now, nodelist=alloc.nodelist,
+                        exclude=",".join(alloc.lost) if alloc.unannounced else None)
     why = (f"no layout for the {alloc.now} node(s) left" if will is None or alloc.now == 0
            else f"max_restarts = {b.max_restarts} spent in this attempt")
     if b.in_slurm and requeue_left(b.attempt, b.max_requeues):
@@ -206,11 +220,43 @@ def _on_survivors(death: Death, b: Budgets, alloc: Allocation, rc: int) -> Decis
 _SRUN_TASK = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<ranks>[\d,\-]+): (?P<what>.+?)\s*$")
 
 
+_LAUNCH_FAILED = re.compile(r"^srun: error: Task launch for \S+ failed on node (?P<node>[^\s:]+): (?P<what>.+?)\s*$")
+
+
+def silent_nodes(began: dict[int, str], ended: set[int], waited_s: float,
+                 grace_s: float = SILENT_GRACE_S) -> tuple[str, ...]:
+    """The nodes every one of whose ranks began and then gave no sign (no record of its end, no
+    word from srun, in ``ended``) ``waited_s`` after the launch's first failure; none before
+    ``grace_s``. A node with one rank heard from is not lost (a rank's own trouble)."""
+    if waited_s < grace_s:
+        return ()
+    nodes: dict[str, list[bool]] = {}
+    for rank, node in began.items():
+        nodes.setdefault(node, []).append(rank in ended)
+    return tuple(sorted(n for n, heard in nodes.items() if not any(heard)))
+
+
+def srun_heard(text: str) -> set[int]:
+    """Every rank srun reported the end of ("node2: tasks 0-3,5: Terminated"), however it ended."""
+    heard: set[int] = set()
+    for line in text.splitlines():
+        m = _SRUN_TASK.match(line)
+        for part in (m.group("ranks").split(",") if m else []):
+            lo, _, hi = part.partition("-")
+            if lo.isdigit() and (hi.isdigit() or not hi):
+                heard.update(range(int(lo), int(hi or lo) + 1))
+    return heard
+
+
 def srun_deaths(text: str) -> list[Death]:
     """The ranks srun reports ended badly ("srun: error: node2: task 1: Killed"), in its order;
     ranks it merely terminated after the first (kill-on-bad-exit) are left out."""
     out: list[Death] = []
     for line in text.splitlines():
+        launch = _LAUNCH_FAILED.match(line)   # srun could not reach the node: it is lost
+        if launch is not None:
+            out.append(Death(how="lost", node=launch.group("node"), error=launch.group("what")))
+            continue
         m = _SRUN_TASK.match(line)
         if m is None:
             continue

@@ -487,6 +487,13 @@ def requeue(job_id: str, exclude: str | None = None, nodes_needed: int = 1) -> b
     return new_exc is not None and exclude in new_exc
 
 
+def shrink_job(job_id: str, nodelist: str) -> None:
+    """Give the running job's nodes outside ``nodelist`` back (``scontrol update JobId=
+    NodeList=``, which a user may do to their own job): a node that died before Slurm knew then
+    no longer holds the job in COMPLETING at its end. Raises SlurmError with Slurm's word."""
+    _run(["scontrol", "update", f"JobId={job_id}", f"NodeList={nodelist}"], timeout=QUERY_TIMEOUT)
+
+
 def set_node_range(job_id: str, node_range: str) -> None:
     """A pending job's node request (``min-max``): only while pending (a requeued job is, even
     while its old attempt is still completing). Slurm then starts it on the range's minimum,
