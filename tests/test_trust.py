@@ -169,10 +169,13 @@ def test_doctor_folds_a_big_log_rather_than_parse_it_whole(tmp_path):
             fh.write(line * ((1 << 20) // len(line)))
     db = tmp_path / "h.db"
     pswift("history", "ingest", str(run), "--db", str(db), check=True)
-    code = ("import resource, runpy, sys; sys.argv = ['pswift', 'doctor', '4242', '--db', sys.argv[1]]\n"
+    # VmHWM, not ru_maxrss: Linux carries a forked child's high-water mark (the pytest worker's,
+    # torch and all) across exec into ru_maxrss; VmHWM is this process's own
+    code = ("import runpy, sys; sys.argv = ['pswift', 'doctor', '4242', '--db', sys.argv[1]]\n"
             "try:\n    runpy.run_module('pipeswift_slurm.cli.main', run_name='__main__')\n"
             "except SystemExit:\n    pass\n"
-            "print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, file=sys.stderr)")
+            "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
+            "print('peak', int(hwm.split()[1]) // 1024, file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True, timeout=300)
     assert "job 4242" in proc.stdout, proc.stdout + proc.stderr
     peak = int(proc.stderr.rsplit("peak", 1)[1])

@@ -67,11 +67,12 @@ class Queries:
 
     def clusters_of(self, job_id: str, among: tuple[str, ...] = ()) -> list[str]:
         """The clusters whose job ``job_id`` the history holds (Slurm's records or pswift's
-        runs), of ``among`` when given: one history may serve several clusters."""
+        runs), of ``among`` when given: one history may serve several clusters. An unknown
+        cluster ('': a run an older pswift recorded) is none of them."""
         rows = self.conn.execute(
             "SELECT cluster FROM job_rollup WHERE job_id = ? UNION SELECT cluster FROM jobs WHERE job_id = ?",
             [job_id, job_id])
-        return sorted({r[0] for r in rows if r[0] is not None and (not among or r[0] in among)})
+        return sorted({r[0] for r in rows if r[0] and (not among or r[0] in among)})
 
     # ------------------------------------------------------------------------- the planner
     def layer_profile(self, mkey: str) -> tuple[int, list[float], list[int], list[int], list[int | None]] | None:
