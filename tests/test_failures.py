@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -149,6 +150,21 @@ def _bring_back(node: str) -> None:
     raise AssertionError(f"{node} did not come back: {state}")
 
 
+def _on_four_nodes(tmp_path: Path, steps: int) -> tuple[str, Path, dict, str, tuple[int, int, int]]:
+    """A slow example training on all 4 nodes, 12 steps in: (job id, run dir, its start event,
+    its last node (not the batch script's), that node's slurmd, step daemon and rank pids)."""
+    from helpers import CLUSTER_DIR
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": str(steps), "checkpoint_interval": "5"})
+    run = tmp_path / "run"
+    job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
+    wait_steps(run, 12)
+    (first,) = [e for e in events(run) if e["event"] == "start"]
+    assert first["nodes"] == 4, first
+    pid, node = rank_process(run, first["world_size"] - 1)
+    slurmd = int((CLUSTER_DIR / "run" / f"slurmd-{node}.pid").read_text())
+    return job, run, first, node, (slurmd, _parent(pid), pid)
+
+
 @pytest.mark.every_version
 def test_a_lost_node_ends_nothing_the_ranks_go_on_with_fewer_stages(cluster, tmp_path):
     """A node lost mid-run (its slurmd, its step daemon and its rank killed; marked DOWN at once,
@@ -156,18 +172,9 @@ def test_a_lost_node_ends_nothing_the_ranks_go_on_with_fewer_stages(cluster, tmp
     allocation less that node, and the ranks restart on the nodes left with plan.json's layout
     for them, from the last committed checkpoint: the same Slurm job COMPLETES (issue 23)."""
     import subprocess
-    from helpers import CLUSTER_DIR
-    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "40", "checkpoint_interval": "5"})
-    run = tmp_path / "run"
-    job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
-    wait_steps(run, 12)
-    (first,) = [e for e in events(run) if e["event"] == "start"]
-    assert first["nodes"] == 4, first
-    pid, node = rank_process(run, first["world_size"] - 1)    # the last node: not the batch script's
-    stepd = _parent(pid)
-    slurmd = int((CLUSTER_DIR / "run" / f"slurmd-{node}.pid").read_text())
+    job, run, first, node, doomed = _on_four_nodes(tmp_path, 40)
     try:
-        for p in (slurmd, stepd, pid):
+        for p in doomed:
             os.kill(p, signal.SIGKILL)
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=pswift test: node lost"],
                        check=True, timeout=30)
@@ -199,19 +206,10 @@ def test_a_node_that_dies_before_slurm_knows_is_left_out_within_a_minute(cluster
     COMPLETES within a minute of the loss, no healthy node excluded, no requeue, and node4 given back
     to Slurm (scontrol update NodeList=) so the scheduler no longer counts it as the job's."""
     import subprocess
-    from helpers import CLUSTER_DIR
-    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "60", "checkpoint_interval": "5"})
-    run = tmp_path / "run"
-    job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
-    wait_steps(run, 12)
-    (first,) = [e for e in events(run) if e["event"] == "start"]
-    assert first["nodes"] == 4, first
-    pid, node = rank_process(run, first["world_size"] - 1)    # the last node: not the batch script's
-    stepd = _parent(pid)
-    slurmd = int((CLUSTER_DIR / "run" / f"slurmd-{node}.pid").read_text())
+    job, run, first, node, doomed = _on_four_nodes(tmp_path, 60)
     try:
         lost_at = time.time()
-        for p in (slurmd, stepd, pid):
+        for p in doomed:
             os.kill(p, signal.SIGKILL)
         state = wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
         took = time.time() - lost_at

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 
 import pytest
 
@@ -144,17 +145,23 @@ def batch(**kw):
 '''
 
 
+def _frequent_failures(tmp_path: Path, steps: int) -> tuple[Path, Path, Path]:
+    """(a history of 20,000 failures in 2 node-hours, the slow example of ``steps`` steps with
+    checkpoint_interval "auto", its run directory)."""
+    db = tmp_path / "h.db"
+    _history_with_failures(db, 20_000, 2.0)
+    toml = copy_example(tmp_path / "ex", {"steps": str(steps)})
+    (toml.parent / "slow.py").write_text(SLOW)
+    toml.write_text(toml.read_text().replace("checkpoint_interval = 20", "")
+                    .replace('data = "model:batch"', 'data = "slow:batch"'))
+    return db, toml, tmp_path / "run"
+
+
 @pytest.mark.deepspeed
 def test_the_launcher_checkpoints_by_time_when_interruptions_are_frequent(tmp_path):
     """A history of 20,000 failures in 2 node-hours: an interruption every ~9 s on 2 nodes, so
     Young/Daly says save every 10 s (the floor); ~20 s of training saves once or twice by time."""
-    db = tmp_path / "h.db"
-    _history_with_failures(db, 20_000, 2.0)
-    toml = copy_example(tmp_path / "ex", {"steps": "80"})
-    (toml.parent / "slow.py").write_text(SLOW)
-    toml.write_text(toml.read_text().replace("checkpoint_interval = 20", "")
-                    .replace('data = "model:batch"', 'data = "slow:batch"'))
-    run = tmp_path / "run"
+    db, toml, run = _frequent_failures(tmp_path, 80)
     proc = pswift("run", "--db", str(db), "--run-dir", str(run), str(toml))
     assert proc.returncode == 0, proc.stderr[-2000:]
     plan = json.loads((run / "plan.json").read_text())
@@ -173,13 +180,7 @@ def test_a_slow_file_system_spaces_the_checkpoints_by_the_io_share(tmp_path):
     """Interruptions every ~9 s (Young/Daly: the 10 s floor) and every checkpoint's write slowed
     to 1.5 s (a fault hook): with checkpoint_io_share = 0.1 the job writes at most every
     1.5 / 0.1 = 15 s of training, never back to back; what decided is the file system's share."""
-    db = tmp_path / "h.db"
-    _history_with_failures(db, 20_000, 2.0)
-    toml = copy_example(tmp_path / "ex", {"steps": "200"})
-    (toml.parent / "slow.py").write_text(SLOW)
-    toml.write_text(toml.read_text().replace("checkpoint_interval = 20", "")
-                    .replace('data = "model:batch"', 'data = "slow:batch"'))
-    run = tmp_path / "run"
+    db, toml, run = _frequent_failures(tmp_path, 200)
     proc = pswift("run", "--db", str(db), "--run-dir", str(run), str(toml),
                   env={"PSWIFT_FAULT_SLOW_CHECKPOINT": "*:1.5"}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
