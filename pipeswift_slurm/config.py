@@ -47,6 +47,8 @@ class JobSection(NamedTuple):
     #: every partition the TOML lists, in its order (empty: Slurm's default; derived from partition)
     partitions: tuple[str, ...]
     time: str | None
+    #: "predicted": ask Slurm for the planner's predicted time; "as_written": [job] time
+    time_policy: str
     account: str | None
     qos: str | None
     sbatch_options: tuple[str, ...]

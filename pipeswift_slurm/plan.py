@@ -22,6 +22,7 @@ from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.layouts import rule_layouts
 
 if TYPE_CHECKING:
+    from pipeswift_slurm.planning.limits import Limits
     from pipeswift_slurm.planning.planner import Candidate, PlanResult
 
 PLAN_VERSION = 1
@@ -96,12 +97,19 @@ class Plan(TypedDict):
     max_restarts: int
     #: seconds between rank 0's checks whether growing to more nodes pays (0: never)
     grow_check_s: int
+    #: [job] time_policy: "predicted" limits (a requeue asks for what remains) or "as_written"
+    time_policy: str
     #: [job] jct_slack: growing must beat it too, or it would undo the planner's cheaper choice
     jct_slack: float
     #: whether the job may re-cut its stages in place from measured layer times
     rebalance: bool
+    #: the limits asked of Slurm (pipeswift_slurm.planning.limits): --time, --time-min, the
+    #: USR2 lead before the limit, why; [job] time as the TOML writes it (a requeue's cap)
     time_limit_s: int | None
+    time_min_s: int | None
     signal_lead_s: int | None
+    time_why: str
+    time_written_s: int | None
     model: ModelSpec
     training: TrainingSpec
     layouts: dict[str, LayoutSpec]
@@ -136,20 +144,35 @@ _NEEDED: dict[str, tuple[type, ...]] = {
     "partition_layouts": (dict,), "nodes_request": (str,),
     "revision": (int,), "relayouts": (list,), "checkpoint_auto": (dict, _NONE),
     "device_memory": (int, float, _NONE), "host_cores": (int, _NONE), "ranks_per_host": (int, _NONE),
-    "p2p_latency": (int, float), "p2p_bandwidth": (int, float)}
-#: Slurm checks time limits periodically: --signal may arrive up to about a minute off
-SIGNAL_SLACK_S = 60
+    "p2p_latency": (int, float), "p2p_bandwidth": (int, float),
+    "time_limit_s": (int, _NONE), "time_min_s": (int, _NONE), "signal_lead_s": (int, _NONE),
+    "time_written_s": (int, _NONE)}
 
 
-def signal_lead_s(cfg: TrainConfig) -> int | None:
-    """Seconds before the time limit to send USR2: the checkpoint estimate plus Slurm's slack,
-    at least 10 s and at most half the limit (None without a time limit)."""
-    limit = cfg.job.time_seconds
-    if limit is None:
-        return None
+def time_limits(cfg: TrainConfig, planned: "PlanResult | None" = None) -> "Limits":
+    """--time, --time-min and the USR2 lead ([job] time_policy): from the chosen layout's
+    prediction, or [job] time as written (always without a prediction)."""
+    from pipeswift_slurm.planning import limits
     from pipeswift_slurm.planning.costmodel import checkpoint_seconds
-    want = math.ceil(checkpoint_seconds(cfg.model.layer_memory, unknown=10.0) + SIGNAL_SLACK_S)
-    return max(10, min(want, limit // 2))
+    written = cfg.job.time_seconds
+    ckpt_s = checkpoint_seconds(cfg.model.layer_memory, unknown=10.0)   # the lead's: the safer one
+    chosen = planned.chosen if planned is not None else None
+    if chosen is None:
+        note = "" if cfg.job.time_policy == "as_written" or written is None else \
+            f"[job] time as written ({cfg.job.time}): no prediction, the TOML fixes the split"
+        return limits.as_written(written, limits.lead_wanted(ckpt_s), note)
+    e = chosen.est
+    lead = limits.lead_wanted(ckpt_s, e.step_s)
+    if cfg.job.time_policy == "as_written":
+        return limits.as_written(written, lead)
+    held = e.run_p90_s if e.run_p90_s is not None else e.jct_s - e.queue_s
+    return limits.predicted(written, held, e.setup_s, lead, e.checkpoint_every_s)
+
+
+def limits_of(plan: Plan) -> "Limits":
+    """The limits plan.json holds (what the batch script asks for)."""
+    from pipeswift_slurm.planning.limits import Limits
+    return Limits(plan["time_limit_s"], plan["time_min_s"], plan["signal_lead_s"], plan["time_why"])
 
 
 def _chosen(cfg: TrainConfig, planned: "PlanResult") -> dict[str, Any]:
@@ -271,9 +294,9 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         "max_restarts": j.max_restarts,
         "grow_check_s": j.grow_check_s,
         "jct_slack": j.jct_slack,
+        "time_policy": j.time_policy,
         "rebalance": cfg.pipeline.rebalance,
-        "time_limit_s": j.time_seconds,
-        "signal_lead_s": signal_lead_s(cfg),
+        **_limits_section(time_limits(cfg, planned), j.time_seconds),
         **_sections(cfg, run_dir),
         **chosen,
         "revision": 0,
@@ -282,6 +305,11 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         "checkpoint_auto": _checkpoint_auto(cfg, planned),
     }
     return cast(Plan, doc)   # its keys: tests/test_settings.py and runnable()
+
+
+def _limits_section(lim: "Limits", written_s: int | None) -> dict[str, Any]:
+    return {"time_limit_s": lim.time_s, "time_min_s": lim.time_min_s, "signal_lead_s": lim.signal_lead_s,
+            "time_why": lim.why, "time_written_s": written_s}
 
 
 def _checkpoint_auto(cfg: TrainConfig, planned: "PlanResult | None") -> dict[str, Any] | None:

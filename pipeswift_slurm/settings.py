@@ -75,6 +75,10 @@ SETTINGS: tuple[Setting, ...] = (
       "estimated and the job is submitted to all, the soonest-finishing first (default: Slurm's default)"),
     S("job", "time", "special", None, "time limit: `M`, `H:MM:SS` or `D-HH:MM:SS`; USR2 comes "
       "early enough to checkpoint before it"),
+    S("job", "time_policy", "choice", "predicted", "the limit asked of Slurm: the planner's predicted "
+      "time (p90 x 1.25 + the USR2 lead, capped by `time`) with a `--time-min` backfill may shorten "
+      "it to, each requeue asking for what remains; or `time` as written (\"Time limits\" in "
+      "docs/design.md)", choices=("predicted", "as_written"), plan="top"),
     S("job", "account", "str", None, "the Slurm account"),
     S("job", "qos", "str", None, "the QOS (`standby` for a preemptible one)"),
     S("job", "sbatch_options", "special", (), "more sbatch options, e.g. `[\"--mail-type=END\"]`, "

@@ -20,7 +20,7 @@ from pipeswift_slurm.slurm import client as slurm
 from pipeswift_slurm.config import TrainConfig, load_config
 from pipeswift_slurm.errors import ConfigError, PswiftError, RunDirError, UsageError
 from pipeswift_slurm.layouts import rule_layouts
-from pipeswift_slurm.plan import Plan, build_plan, write_plan
+from pipeswift_slurm.plan import Plan, build_plan, limits_of, write_plan
 from pipeswift_slurm.slurm.sbatch import options_for, planned_option, render
 
 Warn = Callable[[str], None]
@@ -90,7 +90,7 @@ def prepare(toml: Path | str, run_dir: Path | str | None = None, db: Path | str 
     if why:
         raise ConfigError(why)
     plan["submitted_at"] = time.time()
-    opts = options_for(cfg, str(target), plan["signal_lead_s"], nodes=plan["nodes_request"])
+    opts = options_for(cfg, str(target), limits_of(plan), nodes=plan["nodes_request"])
     return Prepared(cfg, target, plan, render(opts, str(target), plan["python"]), tuple(sbatch_args))
 
 

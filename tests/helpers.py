@@ -58,13 +58,15 @@ def run_dist_child(code: str, *args: str, timeout: float = 300) -> subprocess.Co
 
 def copy_example(dst: Path, replace: dict[str, str] | None = None) -> Path:
     """Copy the tiny-gpt example to ``dst``; rewrite ``key = ...`` lines (``section.key`` if ambiguous).
-    The copy takes the fastest layout (``jct_slack = 0``) unless ``replace`` says otherwise: the
-    tests of node ranges, growth and preemption are about those, not about the cost-aware choice,
-    which tests/test_planner.py and tests/test_cost_choice.py test."""
+    The copy takes the fastest layout (``jct_slack = 0``) and [job] time as written
+    (``time_policy = "as_written"``) unless ``replace`` says otherwise: the tests of node ranges,
+    growth and preemption are about those, not about the cost-aware choice or predicted limits
+    (their slowed data makes the prediction wrong on purpose), which tests/test_planner.py,
+    tests/test_cost_choice.py and tests/test_limits.py test."""
     shutil.copytree(EXAMPLE, dst, ignore=shutil.ignore_patterns("__pycache__"))
     toml = dst / "train.toml"
     text = toml.read_text()
-    for key, value in {"jct_slack": "0", **(replace or {})}.items():
+    for key, value in {"jct_slack": "0", "time_policy": '"as_written"', **(replace or {})}.items():
         section, _, name = key.rpartition(".")
         start = text.index(f"[{section}]") if section else 0
         end = text.find("\n[", start + 1) if section else len(text)

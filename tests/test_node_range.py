@@ -15,7 +15,7 @@ from pipeswift_slurm import events as events_mod
 from pipeswift_slurm import submit
 from pipeswift_slurm.slurm import client as slurm
 from pipeswift_slurm.config import load_config
-from pipeswift_slurm.plan import nodes_request
+from pipeswift_slurm.plan import limits_of, nodes_request, time_limits
 from pipeswift_slurm.slurm.queue import ClusterState, NodeState, PendingJob, RunningJob
 from pipeswift_slurm.slurm.sbatch import options_for, render
 from test_preemption import slow_example, slurm_log, wait_steps
@@ -29,8 +29,8 @@ def test_a_ranged_toml_always_asks_in_range_form(tmp_path):
     assert nodes_request(ranged, 4, waiting=True) == "4-4"               # exactly 4, widenable
     assert nodes_request(ranged, 3, waiting=False) == "1-3"              # starts on what is there
     assert nodes_request(ranged, 1, waiting=False) == "1-1"
-    assert "#SBATCH --nodes=4-4" in render(options_for(ranged, "/r", None, nodes="4-4"), "/r", "/py")
-    assert "#SBATCH --ntasks-per-node" not in render(options_for(ranged, "/r", None, nodes="4-4"), "/r", "/py")
+    assert "#SBATCH --nodes=4-4" in render(options_for(ranged, "/r", time_limits(ranged), nodes="4-4"), "/r", "/py")
+    assert "#SBATCH --ntasks-per-node" not in render(options_for(ranged, "/r", time_limits(ranged), nodes="4-4"), "/r", "/py")
 
 
 def cluster_of(idle: list[str], mine: list[str], pending: list[tuple[str, int]]) -> ClusterState:
@@ -78,7 +78,7 @@ def test_a_requeued_job_with_a_1_node_layout_restarts_on_the_one_free_node(clust
                                           "data_parallel": "1"})
     p = submit.prepare(toml, tmp_path / "run")
     assert set(p.plan["layouts"]) == {"1", "2"}
-    script = render(options_for(p.config, str(p.run_dir), p.plan["signal_lead_s"], nodes="2-2"),
+    script = render(options_for(p.config, str(p.run_dir), limits_of(p.plan), nodes="2-2"),
                     str(p.run_dir), p.plan["python"])
     job = submit.submit(p._replace(plan={**p.plan, "nodes_request": "2-2"}, script=script)).job_id
     run = p.run_dir

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers import CLUSTER_DIR, PSWIFT, pswift, run_events
-from test_preemption import slow_example
+from test_preemption import all_idle, slow_example
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_version, pytest.mark.deepspeed]
 
@@ -75,6 +75,7 @@ def test_a_preempted_job_is_requeued_through_sixty_seconds_without_slurmctld(clu
     Slurm calls outlast it), and the job comes back and COMPLETES with every step run once."""
     toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "60", "checkpoint_interval": "0"})
     run = tmp_path / "run"
+    all_idle(120)   # the job must hold all 4 nodes, so that the high job preempts it (not an earlier test's)
     job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
     high = None
     try:
@@ -87,6 +88,8 @@ def test_a_preempted_job_is_requeued_through_sixty_seconds_without_slurmctld(clu
         while time.monotonic() < deadline and not any(
                 e["event"] == "checkpoint" and e["reason"] == "signal" for e in run_events(run, torn_ok=True)):
             time.sleep(0.2)
+        assert any(e["event"] == "checkpoint" and e["reason"] == "signal" for e in run_events(run, torn_ok=True)), \
+            "the job was not preempted: " + subprocess.run(["squeue"], capture_output=True, text=True).stdout
         os.kill(_ctld_pid(), signal.SIGTERM)                 # down while the job asks to be requeued
         time.sleep(60)
         subprocess.run(["slurmctld", "-f", os.environ["SLURM_CONF"]], check=True, timeout=60)

@@ -15,7 +15,7 @@ from pipeswift_slurm import autoplan
 from pipeswift_slurm.planning import planner
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.errors import ConfigError
-from pipeswift_slurm.plan import build_plan, for_partition
+from pipeswift_slurm.plan import build_plan, for_partition, time_limits
 from pipeswift_slurm.slurm.queue import ClusterState, NodeState, RunningJob
 from pipeswift_slurm.slurm.sbatch import options_for
 
@@ -71,7 +71,7 @@ def test_each_partition_is_planned_and_the_soonest_finishing_goes_first(tmp_path
     plan = build_plan(cfg, tmp_path / "run", planned=res)
     assert (plan["partition"], plan["partitions"]) == ("right", ["right", "left"])
     assert plan["partition_layouts"] == {}                       # one kind of node: the same cuts
-    assert options_for(cfg, str(tmp_path / "run"), None).partition == "right,left"
+    assert options_for(cfg, str(tmp_path / "run"), time_limits(cfg)).partition == "right,left"
     assert res.to_dict()["partitions"][0]["name"] == "right"
 
 

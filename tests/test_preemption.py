@@ -260,19 +260,39 @@ lr_decay = "cosine"
     assert w[steps] < w[1]
 
 
+def _limits_of_each_attempt(job: str, timeout: float) -> tuple[str, dict[int, str]]:
+    """Poll the job until it ends: (its final state, TimeLimit as Slurm held it while each
+    attempt, by restart count, ran)."""
+    deadline, seen = time.time() + timeout, {}
+    while time.time() < deadline:
+        show = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+        state = re.search(r"JobState=(\S+)", show)
+        if state and state.group(1) == "RUNNING":
+            seen[int(re.search(r"Restarts=(\d+)", show).group(1))] = re.search(r"TimeLimit=(\S+)", show).group(1)
+        if state and state.group(1) in {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}:
+            return state.group(1), seen
+        time.sleep(1)
+    raise AssertionError(f"job {job} did not end within {timeout} s")
+
+
 @pytest.mark.every_version
-def test_time_limit_checkpoints_on_usr2_requeues_itself_and_completes(cluster, tmp_path):
-    # 2-minute limit: USR2 60 s before it (capped at half the limit); Slurm's periodic check (every
-    # 30 s) may deliver it up to 30 s earlier, so an attempt trains 25-55 s. The data's sleep
-    # (4 x 0.2 s a step) makes 70 steps take over 56 s on any host: never one attempt, mostly two.
-    toml = slow_example(tmp_path / "ex", {"time": '"2:00"', "steps": "70", "checkpoint_interval": "0",
-                                          "max_requeues": "6"}, sleep_s=0.2)
+def test_a_prediction_too_short_reaches_its_limit_requeues_for_what_remains_and_completes(cluster, tmp_path):
+    # [job] time is an hour, but the planner predicts seconds (the data's sleep, 4 x 0.25 s a step,
+    # is the fault: the model knows nothing of it), so the job asks Slurm for 3 minutes (twice the
+    # USR2 lead of ~71 s, rounded up). USR2 comes 71 s before the limit (Slurm may send it up to a
+    # minute early): the first attempt trains 20-85 of the 110 steps (~115 s), checkpoints, and
+    # requeues itself asking for the steps left at the wall time per step it measured (x 1.25, plus
+    # a setup, a checkpoint, the lead and the slack): the second attempt completes.
+    toml = slow_example(tmp_path / "ex", {"time": '"1:00:00"', "steps": "110", "checkpoint_interval": "0",
+                                          "max_requeues": "6", "time_policy": '"predicted"'}, sleep_s=0.25)
     run = tmp_path / "run"
     proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip()
-    assert "#SBATCH --signal=USR2@60" in (run / "job.sbatch").read_text()
-    state = wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=420)
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["time_limit_s"] == 180 and plan["time_written_s"] == 3600, plan["time_why"]
+    assert f"#SBATCH --signal=USR2@{plan['signal_lead_s']}" in (run / "job.sbatch").read_text()
+    state, limits = _limits_of_each_attempt(job, timeout=900)
     log = slurm_log(run)
     assert state == "COMPLETED", log[-3000:]
     st = json.loads(pswift("status", job, "--json", check=True).stdout)
@@ -281,10 +301,13 @@ def test_time_limit_checkpoints_on_usr2_requeues_itself_and_completes(cluster, t
     for prev, nxt in zip(st["attempts"], st["attempts"][1:]):
         assert nxt["start_step"] == prev["end_step"]  # no step lost across a requeue
     assert log.count("requeueing job") == len(ended) - 1 and st["restarts"] == len(ended) - 1
-    assert st["step"] == 70
+    asked = [int(m) for m in re.findall(r"the next attempt asks for (\d+) min", log)]
+    assert len(asked) == len(ended) - 1 and all(3 <= a < 60 for a in asked), log[-3000:]
+    assert limits.get(0) == "00:03:00" and limits.get(1) == f"00:{asked[0]:02d}:00", (limits, asked)
+    assert st["step"] == 110
     ref = reference(toml, tmp_path, nodes=2)
     assert step_losses(run) == step_losses(ref)
-    assert_same_weights(final_weights(run / "checkpoints", 70), final_weights(ref / "checkpoints", 70))
+    assert_same_weights(final_weights(run / "checkpoints", 110), final_weights(ref / "checkpoints", 110))
 
 
 def test_kill_9_mid_checkpoint_restarts_in_the_allocation_from_the_previous_committed_one(cluster, tmp_path):

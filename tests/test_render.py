@@ -15,7 +15,7 @@ from helpers import copy_example
 from pipeswift_slurm import __version__
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.errors import ConfigError
-from pipeswift_slurm.plan import signal_lead_s
+from pipeswift_slurm.plan import time_limits
 from pipeswift_slurm.slurm.sbatch import SbatchOptions, options_for, render
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -31,17 +31,19 @@ def check_golden(name: str, text: str) -> None:
 
 def test_golden_example(tmp_path):
     cfg = load_config(copy_example(tmp_path / "ex"))
-    lead = signal_lead_s(cfg)
-    assert lead == 70  # 10 s checkpoint estimate (no memory hints) + 60 s Slurm slack
-    check_golden("tiny-gpt.sbatch", render(options_for(cfg, "/runs/tiny", lead), "/runs/tiny", "/venv/bin/python"))
+    limits = time_limits(cfg)   # no prediction: [job] time as written
+    assert limits.signal_lead_s == 70  # 10 s checkpoint estimate (no memory hints) + 60 s Slurm slack
+    check_golden("tiny-gpt.sbatch", render(options_for(cfg, "/runs/tiny", limits), "/runs/tiny", "/venv/bin/python"))
 
 
 def test_signal_lead_is_capped_by_the_time_limit(tmp_path):
-    assert signal_lead_s(load_config(copy_example(tmp_path / "a", {"time": '"2:00"'}))) == 60
-    assert signal_lead_s(load_config(copy_example(tmp_path / "b", {"time": '"0:30"'}))) == 15
+    def lead(cfg):
+        return time_limits(cfg).signal_lead_s
+    assert lead(load_config(copy_example(tmp_path / "a", {"time": '"2:00"'}))) == 60
+    assert lead(load_config(copy_example(tmp_path / "b", {"time": '"0:30"'}))) == 15
     big = copy_example(tmp_path / "c", {"time": '"4:00:00"'})
     big.write_text(big.read_text().replace("num_layers = 6", "layer_memory = [2000000000, 0, 0, 0, 0, 0]"))
-    assert signal_lead_s(load_config(big)) == 92  # 2 + 3 x 2 GB / 200 MB/s + 60
+    assert lead(load_config(big)) == 92  # 2 + 3 x 2 GB / 200 MB/s + 60
 
 
 def test_golden_all_fields(tmp_path):
@@ -93,4 +95,4 @@ def test_job_qos_from_the_toml(tmp_path):
     toml.write_text(toml.read_text().replace("[job]\n", '[job]\nqos = "standby"\n', 1))
     cfg = load_config(toml)
     assert cfg.job.qos == "standby"
-    assert "#SBATCH --qos=standby" in options_for(cfg, "/r", None).directives()
+    assert "#SBATCH --qos=standby" in options_for(cfg, "/r", time_limits(cfg)).directives()

@@ -94,6 +94,25 @@ def test_pass_through_options_reach_sbatch(cluster, example, tmp_path, args):
         subprocess.run(["scancel", job_id])
 
 
+def test_an_hour_written_on_a_job_predicted_at_minutes_asks_slurm_for_minutes_and_a_time_min(cluster, tmp_path):
+    """[job] time_policy = "predicted" (the default): Slurm holds the planner's limit, not the
+    TOML's hour, and the --time-min backfill may shorten the job to."""
+    toml = copy_example(tmp_path / "ex", {"time": '"1:00:00"', "steps": "2000", "time_policy": '"predicted"'})
+    run = tmp_path / "run"
+    proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), "--", "--hold")
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    plan = json.loads((run / "plan.json").read_text())
+    try:
+        show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+        limit = re.search(r"TimeLimit=(\S+)", show).group(1)
+        time_min = re.search(r"TimeMin=(\S+)", show).group(1)
+        assert limit == f"00:{plan['time_limit_s'] // 60:02d}:00" and plan["time_limit_s"] < 3600, show
+        assert time_min == f"00:{plan['time_min_s'] // 60:02d}:00", show
+    finally:
+        subprocess.run(["scancel", job_id])
+
+
 @pytest.mark.parametrize("args,key", [(("--nodes=3",), "[resources] nodes"), (("-N", "3"), "[resources] nodes"),
                                       (("-N3",), "[resources] nodes"), (("-p", "high"), "[job] partition"),
                                       (("--time", "5"), "[job] time"), (("--ntasks-per-node=2",), "tasks_per_node"),

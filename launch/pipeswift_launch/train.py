@@ -105,6 +105,7 @@ class Attempt:
     setup_s: float = 0.0
     load_s: float = 0.0
     grow_to: int = 0                 # rank 0: the node count a growth asks for
+    trained_from: tuple[int, float] = (0, 0.0)   # (step, time) this attempt's training began
     hardware: dict[str, Any] = field(default_factory=dict)   # probe.measure's, for the start event
 
     @property
@@ -239,6 +240,7 @@ def _train(att: Attempt) -> int:
     dog.start()
     profiler, timer = _profilers(att), InstructionTimer(engine, sync=plan["device"] == "cuda")
     first = att.step  # the profiling window counts from this attempt's first step
+    att.trained_from = (att.step, time.time())
     step_times: list[float] = []
     relayout = watcher = profiled = None
     drift = relayout_mod.Drift()
@@ -541,6 +543,28 @@ def _ending(plan: Plan, denv: DistEnv, step: int, steps: int,
     return reason, "slurm" if reason == "preempted" and _slurm_requeues_preempted() else "pswift", 0
 
 
+def _ask_for_what_remains(att: Attempt) -> None:
+    """[job] time_policy = "predicted": the requeued (pending) job's limit becomes the remaining
+    prediction, from this attempt's own wall time per step (pipeswift_slurm.planning.limits)."""
+    plan = att.plan
+    started_step, started_at = att.trained_from
+    done = att.step - started_step
+    if plan["time_policy"] != "predicted" or not plan["signal_lead_s"] or done <= 0:
+        return
+    from pipeswift_slurm.planning import limits
+    from pipeswift_slurm.slurm import client as slurm
+    ckpt_s = float((plan["prediction"] or {}).get("checkpoint_cost_s") or 10.0)
+    limit_s = limits.remaining(int(plan["training"]["steps"]) - att.step, (time.time() - started_at) / done,
+                               att.setup_s, ckpt_s, int(plan["signal_lead_s"]), plan["time_written_s"])
+    time_min_s = min(plan["time_min_s"], limit_s) if plan["time_min_s"] else None
+    try:
+        slurm.set_time_limit(str(att.denv.job_id), limit_s, time_min_s)
+        _log(att.rank, f"the next attempt asks for {limit_s // 60} min (what remains at "
+                       f"{(time.time() - started_at) / done:.3g} s a step)")
+    except Exception as e:   # the next attempt then has this one's limit
+        _log(att.rank, f"could not set the next attempt's time limit to {limit_s // 60} min: {e}")
+
+
 def _slurm_requeues_preempted() -> bool:
     from pipeswift_slurm.slurm import client as slurm
     try:
@@ -590,6 +614,7 @@ def _requeue_or_not(att: Attempt, reason: str, requeue_by: str | None) -> None:
                 slurm.set_node_range(job_id, f"{nodes}-{nodes}")
             except Exception as e:   # the next attempt then asks for what this one had
                 _log(denv.rank, f"could not set the node request to {nodes}: {e}")
+        _ask_for_what_remains(att)
     elif requeue_by == "slurm":
         _log(denv.rank, f"Slurm requeues preempted job {denv.job_id} itself")
     elif reason == "preempted" and _slurm_requeues_preempted():

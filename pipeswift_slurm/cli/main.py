@@ -101,6 +101,9 @@ def _print_dry_run(p: Any) -> None:
                    f"{pr['jct_s']:.0f} s (queue {pr['queue_s']:.0f} s); request --nodes={plan['nodes_request']}")
     for n, why in plan["infeasible"].items():
         click.echo(f"# {n} node(s) infeasible: {why}")
+    from pipeswift_slurm.plan import limits_of
+    from pipeswift_slurm.planning.limits import describe
+    click.echo(f"# {describe(limits_of(plan))}")
     if p.sbatch_args:
         click.echo(f"# sbatch arguments: {' '.join(p.sbatch_args)}")
     click.echo(p.script, nl=False)
@@ -354,6 +357,9 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
     if as_json:
         out = res.to_dict()
         out["model_error"] = errors
+        if res.chosen is not None:
+            from pipeswift_slurm.plan import time_limits
+            out["time_limits"] = time_limits(cfg, res)._asdict()
         click.echo(json.dumps(out, indent=2))
         if res.fits_nowhere():
             raise CLIError("no layout can run (see the candidates' reasons); change the TOML as they say", 2)
@@ -377,6 +383,10 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
     con.print(f"profile: {res.profile_source}; seconds" + "".join(f"; {n}" for n in res.notes), markup=False)
     con.print(table)
     con.print(explain(res), markup=False)
+    if res.chosen is not None:
+        from pipeswift_slurm.plan import time_limits
+        from pipeswift_slurm.planning.limits import describe
+        con.print(describe(time_limits(cfg, res)), markup=False)
     if res.fits_nowhere():
         raise CLIError("no layout can run (reasons above); change the TOML as they say", 2)
     if errors:

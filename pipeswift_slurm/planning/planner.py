@@ -50,6 +50,9 @@ class Estimate:
     jct_p10_s: float | None = None
     jct_p50_s: float | None = None
     jct_p90_s: float | None = None
+    #: the 90th percentile of the time on the nodes (setup, training, checkpoints, interruptions):
+    #: what [job] time_policy = "predicted" asks Slurm for (pipeswift_slurm.planning.limits)
+    run_p90_s: float | None = None
     #: nodes x the hours they are held (setup, training, checkpoints, interruptions; not the queue)
     node_hours: float = 0.0
 
@@ -286,7 +289,7 @@ def _band(cfg: TrainConfig, c: Candidate, history: PastRuns, live: bool, step_ke
         setup_samples=history.setup_samples,
         preemptions_per_s=history.interruptions.per_hour(c.nodes) / 3600,
         checkpoint_interval_s=0.0 if math.isinf(e.checkpoint_every_s) else e.checkpoint_every_s)
-    e.jct_p10_s, e.jct_p50_s, e.jct_p90_s = risk.jct_band(terms)
+    e.jct_p10_s, e.jct_p50_s, e.jct_p90_s, e.run_p90_s = risk.jct_band(terms)
 
 
 def score(c: Candidate, objective: str) -> float:

@@ -38,6 +38,9 @@ class Band(NamedTuple):
     p10: float
     p50: float
     p90: float
+    #: the 90th percentile of the time the job holds its nodes (the JCT without the queue wait):
+    #: what a time limit must cover (pipeswift_slurm.planning.limits)
+    run_p90: float | None = None
 
 
 class JctTerms(NamedTuple):
@@ -79,11 +82,16 @@ def _poisson(rng: random.Random, mean: float) -> int:
 
 
 def jct_samples(t: JctTerms, n: int = SAMPLES, seed: int = 0) -> list[float]:
+    return [queue + held for queue, held in draws(t, n, seed)]
+
+
+def draws(t: JctTerms, n: int = SAMPLES, seed: int = 0) -> list[tuple[float, float]]:
+    """``n`` sampled (queue wait, time on the nodes) pairs of one JCT each."""
     rng = random.Random(seed)
     rel = t.rel_sd if t.rel_sd is not None else MODEL_REL_SD.get(t.step_source, MODEL_REL_SD["model"])
     noise = math.sqrt(t.step_var * t.steps) if t.step_var else 0.0
     mean_train = t.steps * t.step_s
-    out = []
+    out: list[tuple[float, float]] = []
     for _ in range(n):
         queue = rng.choice(t.queue_samples) if t.queue_samples else t.queue_s
         setup = rng.choice(t.setup_samples) if t.setup_samples else t.setup_s
@@ -91,15 +99,16 @@ def jct_samples(t: JctTerms, n: int = SAMPLES, seed: int = 0) -> list[float]:
         lost = 0.0
         for _ in range(_poisson(rng, t.preemptions_per_s * train)):
             lost += setup + rng.random() * t.checkpoint_interval_s
-        out.append(queue + setup + train + t.checkpoint_s + lost)
+        out.append((queue, setup + train + t.checkpoint_s + lost))
     return out
 
 
 def jct_band(t: JctTerms, seed: int = 0) -> Band:
-    xs = jct_samples(t, seed=seed)
-    p10, p50, p90 = quantiles(xs, (0.1, 0.5, 0.9), clean=True)   # xs is never empty: t.n >= 1
+    pairs = draws(t, seed=seed)
+    p10, p50, p90 = quantiles([q + h for q, h in pairs], (0.1, 0.5, 0.9), clean=True)   # never empty
+    (held_p90,) = quantiles([h for _, h in pairs], (0.9,), clean=True)
     assert p10 is not None and p50 is not None and p90 is not None
-    return Band(p10, p50, p90)
+    return Band(p10, p50, p90, held_p90)
 
 
 def band_coverage(rows: Sequence[tuple[float | None, float | None, float | None]]) -> tuple[int, int]:

@@ -82,11 +82,15 @@ class PyslurmBackend:
     def jobs(self, job_id: str | None = None) -> list[JobInfo]:
         if job_id is None:
             jobs = list(_call("Jobs.load()", self._ps.Jobs.load).values())
+        elif not job_id.isdigit():
+            return []              # not a job id: as squeue's "Invalid job id"
         else:
             try:
-                jobs = [self._ps.Job.load(int(job_id))]
-            except (ValueError, self._ps.RPCError):
-                return []          # not a number, or purged: as squeue's "Invalid job id"
+                jobs = [_call(f"Job.load({job_id})", self._ps.Job.load, int(job_id))]
+            except SlurmUnreachable:
+                raise              # slurmctld did not answer: not "no such job"
+            except SlurmError:
+                return []          # purged: as squeue's "Invalid job id"
         return [self._job(j) for j in jobs]
 
     def active_jobs(self) -> list[JobInfo]:

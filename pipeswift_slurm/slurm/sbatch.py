@@ -16,11 +16,14 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 from pipeswift_slurm import __version__
 from pipeswift_slurm.config import TrainConfig
 from pipeswift_slurm.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pipeswift_slurm.planning.limits import Limits
 
 TEMPLATE = "job.sbatch.tmpl"
 #: plugins/job_submit.lua knows a pswift job by this start of its script's second line (as the
@@ -45,6 +48,7 @@ class SbatchOptions(NamedTuple):
     output: str
     partition: str | None = None
     time: str | None = None
+    time_min: str | None = None
     account: str | None = None
     qos: str | None = None
     gpus_per_node: int = 0
@@ -62,7 +66,7 @@ class SbatchOptions(NamedTuple):
             "cpus-per-task": None if ranged else self.cpus_per_task,
             "mincpus": self.ntasks_per_node * self.cpus_per_task if ranged else None,
             "output": self.output, "partition": self.partition,
-            "time": self.time, "account": self.account, "qos": self.qos, "signal": self.signal,
+            "time": self.time, "time-min": self.time_min, "account": self.account, "qos": self.qos, "signal": self.signal,
             "gres": f"gpu:{self.gpus_per_node}" if self.gpus_per_node else None,
             "open-mode": "append",  # a requeued attempt appends to the same log
             "requeue": True,        # preemption in REQUEUE mode and self-requeue need it
@@ -102,16 +106,22 @@ def output_pattern(run_dir: str) -> str:
     return f"{run_dir.replace('%', '%%')}/slurm-%j.out"
 
 
-def options_for(cfg: TrainConfig, run_dir: str, signal_lead_s: int | None,
+def options_for(cfg: TrainConfig, run_dir: str, limits: "Limits",
                 nodes: str | None = None) -> SbatchOptions:
+    """The batch script's options: the TOML's, with the node request and time limits planned."""
+    from pipeswift_slurm.planning.limits import slurm_minutes
     r, j = cfg.resources, cfg.job
+    lead = limits.signal_lead_s
+    # the TOML's own spelling when the limit is the one it wrote, else whole minutes
+    time = j.time if limits.time_s == j.time_seconds else None if limits.time_s is None else slurm_minutes(limits.time_s)
     return SbatchOptions(
         job_name=j.name, nodes=nodes or r.nodes_spec, ntasks_per_node=r.tasks_per_node,
         cpus_per_task=r.cpus_per_task, output=output_pattern(run_dir),
         partition=",".join(j.partitions) if len(j.partitions) > 1 else j.partition,   # Slurm's list
-        time=j.time, account=j.account, qos=j.qos, gpus_per_node=r.gpus_per_node,
+        time=time,
+        time_min=None if limits.time_min_s is None else slurm_minutes(limits.time_min_s), account=j.account, qos=j.qos, gpus_per_node=r.gpus_per_node,
         # USR2 (not USR1, which NCCL may catch) to the step tasks before the time limit
-        signal=f"USR2@{signal_lead_s}" if signal_lead_s else None,
+        signal=f"USR2@{lead}" if lead else None,
         extra=j.sbatch_options,
     )
 
