@@ -21,7 +21,7 @@ from pipeswift_slurm.planning.costmodel import DEFAULT_DEVICE_MEMORY, Hardware, 
 from pipeswift_slurm.errors import ConfigError, PswiftError
 from pipeswift_slurm.planning.risk import step_rel_sd
 from pipeswift_slurm.planning.planner import Candidate, PartitionChoice, PastRuns, PlanResult, plan, score
-from pipeswift_slurm.slurm.queue import ClusterState, partition_problem
+from pipeswift_slurm.slurm.queue import MIN_SHARES, ClusterState, RuntimeShares, expected_ends, partition_problem
 from pipeswift_slurm.stats import median, median_of
 
 Warn = Callable[[str], None]
@@ -106,6 +106,39 @@ def past_runs(cfg: TrainConfig, h: hist_mod.History | None) -> PastRuns:
                     step_rel_sd=step_rel_sd(errors))
 
 
+def runtime_shares(cluster: ClusterState, h: hist_mod.History) -> RuntimeShares:
+    """What the history knows of how the running jobs will end: the share of their limit jobs
+    of each user and partition really ran, and the predicted end of this user's pswift jobs
+    (their plan.json: the attempt's start + the predicted time on the nodes)."""
+    parts = sorted({j.partition for j in cluster.running if j.partition})
+    by_user, by_part = h.limit_shares(parts, MIN_SHARES) if parts else ({}, {})
+    names = {uid: runrows.user_name(uid) for uid in {j.user_id for j in cluster.running} if uid is not None}
+    by_job = {j.job_id: by_user[names[j.user_id]] for j in cluster.running
+              if j.user_id is not None and names[j.user_id] in by_user}
+    ends = {}
+    for j in cluster.running:
+        if j.user_id == os.getuid() and j.start_time is not None:
+            held = _predicted_hold(j.job_id)
+            if held is not None:
+                ends[j.job_id] = j.start_time + held
+    return RuntimeShares(by_job, by_part, ends)
+
+
+def _predicted_hold(job_id: str) -> float | None:
+    """Seconds the pswift job ``job_id`` (registered by this user) is predicted to hold its nodes."""
+    from pipeswift_slurm.history.rundir import lookup_job
+    from pipeswift_slurm.plan import read_plan
+    run = lookup_job(job_id)
+    if run is None:
+        return None
+    try:
+        pred = read_plan(run / "plan.json").get("prediction") or {}
+    except (PswiftError, OSError):
+        return None
+    jct, queue = pred.get("jct_s"), pred.get("queue_s")
+    return float(jct) - float(queue or 0.0) if isinstance(jct, (int, float)) else None
+
+
 def step_key_for(cfg: TrainConfig) -> Callable[[Candidate], str]:
     mkey = _model_key(cfg)
 
@@ -139,6 +172,8 @@ def make_plan(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn,
                 cluster = slurm.cluster_state()
             except PswiftError as e:
                 warn(f"warning: no live cluster state ({e}); queue waits from history")
+            if cluster is not None and h is not None:
+                cluster = expected_ends(cluster, runtime_shares(cluster, h))
         # a job that can never run is refused whether or not there is anything to plan with
         usable = _usable_partitions(cfg, cluster)
         profile = load_profile(cfg, h)

@@ -258,6 +258,12 @@ def _entry(section: str, key: str, raw: Any, base_dir: Path) -> str:
     return v
 
 
+def slurm_minutes(seconds: float) -> str:
+    """A limit in seconds as sbatch's and scontrol's ``--time``: whole minutes, rounded up, at
+    least one (Slurm's unit)."""
+    return str(max(1, math.ceil(seconds / 60 - 1e-9)))
+
+
 def slurm_time_seconds(text: str) -> int:
     """Seconds in a Slurm time string: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
     m = _TIME_RE.match(text.strip())

@@ -20,9 +20,9 @@ from pipeswift_slurm.config import TrainConfig, TrainingSection
 from pipeswift_slurm.planning.costmodel import Hardware
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.layouts import rule_layouts
+from pipeswift_slurm.slurm.sbatch import Limits
 
 if TYPE_CHECKING:
-    from pipeswift_slurm.planning.limits import Limits
     from pipeswift_slurm.planning.planner import Candidate, PlanResult
 
 PLAN_VERSION = 1
@@ -149,7 +149,7 @@ _NEEDED: dict[str, tuple[type, ...]] = {
     "time_written_s": (int, _NONE)}
 
 
-def time_limits(cfg: TrainConfig, planned: "PlanResult | None" = None) -> "Limits":
+def time_limits(cfg: TrainConfig, planned: "PlanResult | None" = None) -> Limits:
     """--time, --time-min and the USR2 lead ([job] time_policy): from the chosen layout's
     prediction, or [job] time as written (always without a prediction)."""
     from pipeswift_slurm.planning import limits
@@ -169,9 +169,8 @@ def time_limits(cfg: TrainConfig, planned: "PlanResult | None" = None) -> "Limit
     return limits.predicted(written, held, e.setup_s, lead, e.checkpoint_every_s)
 
 
-def limits_of(plan: Plan) -> "Limits":
+def limits_of(plan: Plan) -> Limits:
     """The limits plan.json holds (what the batch script asks for)."""
-    from pipeswift_slurm.planning.limits import Limits
     return Limits(plan["time_limit_s"], plan["time_min_s"], plan["signal_lead_s"], plan["time_why"])
 
 
@@ -307,7 +306,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
     return cast(Plan, doc)   # its keys: tests/test_settings.py and runnable()
 
 
-def _limits_section(lim: "Limits", written_s: int | None) -> dict[str, Any]:
+def _limits_section(lim: Limits, written_s: int | None) -> dict[str, Any]:
     return {"time_limit_s": lim.time_s, "time_min_s": lim.time_min_s, "signal_lead_s": lim.signal_lead_s,
             "time_why": lim.why, "time_written_s": written_s}
 

@@ -190,6 +190,25 @@ class Queries:
             "ORDER BY submit DESC LIMIT ?", [partition, nodes, limit])
         return [float(r[0]) for r in rows if r[0] is not None and r[0] >= 0]
 
+    def limit_shares(self, partitions: list[str], min_jobs: int, limit: int = 2000
+                     ) -> tuple[dict[str, float], dict[str, float]]:
+        """How much of their time limit ended Slurm jobs really ran (elapsed / limit of the last
+        attempt, median over the newest ``limit`` jobs of each partition): by user and by
+        partition, each only with at least ``min_jobs`` jobs."""
+        users: dict[str, list[float]] = {}
+        parts: dict[str, list[float]] = {}
+        for part in partitions:
+            rows = self.conn.execute(
+                "SELECT user, last_elapsed_s / limit_s FROM job_rollup WHERE partition IS ? AND "
+                "limit_s > 0 AND last_elapsed_s >= 0 ORDER BY submit DESC LIMIT ?", [part, limit])
+            for user, share in rows:
+                parts.setdefault(part, []).append(float(share))
+                if user:
+                    users.setdefault(user, []).append(float(share))
+        def medians(d: dict[str, list[float]]) -> dict[str, float]:
+            return {k: float(median_of(v)) for k, v in d.items() if len(v) >= min_jobs}
+        return medians(users), medians(parts)
+
     # ------------------------------------------------------------------------- the reports
     def slurm_attempts(self, sel: Selection) -> Iterator[sqlite3.Row]:
         """Slurm's records (one per attempt) by cluster, job and start: cluster, job_id, start,

@@ -22,7 +22,9 @@ half. ``"as_written"`` copies ``[job] time`` (and Slurm's partition default with
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+
+from pipeswift_slurm.config import slurm_minutes
+from pipeswift_slurm.slurm.sbatch import Limits
 
 #: a predicted limit covers the predicted 90th percentile times this (a limit too short costs a
 #: requeue: a setup and a queue wait; too long only narrows the holes backfill can use)
@@ -34,23 +36,9 @@ PROGRESS_SETUPS = 4
 POLICIES = ("predicted", "as_written")
 
 
-class Limits(NamedTuple):
-    """What the batch script asks for: ``--time``, ``--time-min`` (None: not set) and the USR2
-    lead (None: no limit, no signal), with why in one line."""
-    time_s: int | None
-    time_min_s: int | None
-    signal_lead_s: int | None
-    why: str
-
-
 def whole_minutes(seconds: float) -> int:
     """``seconds`` rounded up to Slurm's unit, a whole minute (at least one), in seconds."""
-    return max(1, math.ceil(seconds / 60 - 1e-9)) * 60
-
-
-def slurm_minutes(seconds: int) -> str:
-    """A limit in seconds as sbatch's and scontrol's ``--time``: whole minutes."""
-    return str(whole_minutes(seconds) // 60)
+    return int(slurm_minutes(seconds)) * 60
 
 
 def lead_wanted(checkpoint_s: float, step_s: float = 0.0) -> int:

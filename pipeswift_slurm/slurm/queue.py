@@ -2,8 +2,12 @@
 
 Pure function of a :class:`ClusterState` (built by :func:`cluster_view` from the nodes and jobs
 that :mod:`slurm` reads through either backend): every usable node of the partition is free now (enough idle CPUs) or when the
-jobs running on it reach their time limit; pending jobs ahead of ours take the earliest-free
-nodes first, for their own time limit; our job starts when N nodes are free.
+jobs running on it end; pending jobs ahead of ours take the earliest-free nodes first, for
+their own time limit; our job starts when N nodes are free.
+
+A running job ends at its time limit unless :func:`expected_ends` knows better: the user's own
+pswift jobs at their predicted end, other jobs after the share of their limit that jobs of the
+same user (or partition) really used, from the history (``RuntimeShares``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,22 @@ class RunningJob(NamedTuple):
     job_id: str
     nodes: tuple[str, ...]
     end_time: float  # epoch seconds (start + time limit); inf if unlimited
+    start_time: float | None = None
+    user_id: int | None = None
+    partition: str = ""
 
+
+class RuntimeShares(NamedTuple):
+    """How much of its time limit a running job will use (elapsed / limit: the median of its
+    user's ended jobs, by job id, else of its partition's, where the history has at least
+    ``MIN_SHARES`` jobs); and the predicted end (epoch s) of the user's own pswift jobs."""
+    by_job: dict[str, float]
+    by_partition: dict[str, float]
+    predicted_ends: dict[str, float]
+
+
+#: ended jobs a user's (or partition's) share of the limit is measured over, at least
+MIN_SHARES = 5
 
 class PendingJob(NamedTuple):
     job_id: str
@@ -38,6 +57,8 @@ class ClusterState:
     nodes: list[NodeState]
     running: list[RunningJob] = field(default_factory=list)
     pending: list[PendingJob] = field(default_factory=list)  # in priority order
+    #: what the running jobs' end times are (expected_ends says so when it changed them)
+    ends: str = "running jobs' time limits"
 
 
 def cluster_view(nodes: list[NodeState], jobs: list[JobInfo], now: float) -> ClusterState:
@@ -47,12 +68,35 @@ def cluster_view(nodes: list[NodeState], jobs: list[JobInfo], now: float) -> Clu
     for j in sorted(jobs, key=lambda j: (-j.priority, int(j.job_id) if j.job_id.isdigit() else 0)):
         if j.state == "RUNNING":
             running.append(RunningJob(j.job_id, j.node_names,
-                                      float(j.end_time) if j.end_time else math.inf))
+                                      float(j.end_time) if j.end_time else math.inf,
+                                      float(j.start_time) if j.start_time else None,
+                                      j.user_id, j.partition))
         elif j.state == "PENDING":
             limit = j.time_limit_min
             pending.append(PendingJob(j.job_id, j.partition, j.node_count or 1,
                                       float(limit) * 60 if limit else math.inf))
     return ClusterState(now=now, nodes=list(nodes), running=running, pending=pending)
+
+
+def expected_ends(state: ClusterState, shares: RuntimeShares) -> ClusterState:
+    """``state`` with each running job's end as expected rather than its time limit: a pswift
+    job of the user's at its predicted end; another at start + its share of the limit (its
+    user's, else its partition's). A job already past that expected end runs to halfway between now and
+    its limit; never later than the limit."""
+    out = []
+    for j in state.running:
+        end = j.end_time
+        if j.job_id in shares.predicted_ends:
+            end = min(end, shares.predicted_ends[j.job_id])
+        elif j.start_time is not None and math.isfinite(end):
+            share = shares.by_job.get(j.job_id, shares.by_partition.get(j.partition))
+            if share is not None:
+                end = j.start_time + min(1.0, share) * (end - j.start_time)
+        if end < state.now:
+            end = (state.now + j.end_time) / 2 if math.isfinite(j.end_time) else state.now
+        out.append(j._replace(end_time=end))
+    return ClusterState(now=state.now, nodes=state.nodes, running=out, pending=state.pending,
+                        ends="running jobs' expected ends: predictions, the history's share of their limits")
 
 
 class WaitEstimate(NamedTuple):
@@ -135,6 +179,6 @@ def estimate_wait(state: ClusterState, nodes: int, cpus_per_node: int,
     wait = max(0.0, start - state.now)
     why = (f"{free_now} of {len(usable)} node(s) free now" +
            (f", {ahead} pending job(s) ahead" if ahead else "") +
-           ("" if wait == 0 else f"; {nodes} free in {duration(wait)} (running jobs' time limits)"
+           ("" if wait == 0 else f"; {nodes} free in {duration(wait)} ({state.ends})"
             if not math.isinf(wait) else f"; {nodes} never free (unlimited jobs hold them)"))
     return WaitEstimate(wait, free_now, len(usable), why)

@@ -16,14 +16,11 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from pipeswift_slurm import __version__
-from pipeswift_slurm.config import TrainConfig
+from pipeswift_slurm.config import TrainConfig, slurm_minutes
 from pipeswift_slurm.errors import ConfigError
-
-if TYPE_CHECKING:
-    from pipeswift_slurm.planning.limits import Limits
 
 TEMPLATE = "job.sbatch.tmpl"
 #: plugins/job_submit.lua knows a pswift job by this start of its script's second line (as the
@@ -35,6 +32,16 @@ HEADER_MAX = 16384
 
 #: ``@name`` placeholders in the template (bash's own ``$`` stays as written)
 _PLACEHOLDER = re.compile(r"@([a-z_]+)")
+
+
+class Limits(NamedTuple):
+    """The time limits a job asks for: ``--time``, ``--time-min`` (None: not set) and the USR2
+    lead (None: no limit, no signal), with why in one line (pipeswift_slurm.planning.limits
+    decides them; plan.json carries them)."""
+    time_s: int | None
+    time_min_s: int | None
+    signal_lead_s: int | None
+    why: str
 
 
 class SbatchOptions(NamedTuple):
@@ -106,10 +113,9 @@ def output_pattern(run_dir: str) -> str:
     return f"{run_dir.replace('%', '%%')}/slurm-%j.out"
 
 
-def options_for(cfg: TrainConfig, run_dir: str, limits: "Limits",
+def options_for(cfg: TrainConfig, run_dir: str, limits: Limits,
                 nodes: str | None = None) -> SbatchOptions:
     """The batch script's options: the TOML's, with the node request and time limits planned."""
-    from pipeswift_slurm.planning.limits import slurm_minutes
     r, j = cfg.resources, cfg.job
     lead = limits.signal_lead_s
     # the TOML's own spelling when the limit is the one it wrote, else whole minutes
@@ -119,7 +125,8 @@ def options_for(cfg: TrainConfig, run_dir: str, limits: "Limits",
         cpus_per_task=r.cpus_per_task, output=output_pattern(run_dir),
         partition=",".join(j.partitions) if len(j.partitions) > 1 else j.partition,   # Slurm's list
         time=time,
-        time_min=None if limits.time_min_s is None else slurm_minutes(limits.time_min_s), account=j.account, qos=j.qos, gpus_per_node=r.gpus_per_node,
+        time_min=None if limits.time_min_s is None else slurm_minutes(limits.time_min_s),
+        account=j.account, qos=j.qos, gpus_per_node=r.gpus_per_node,
         # USR2 (not USR1, which NCCL may catch) to the step tasks before the time limit
         signal=f"USR2@{lead}" if lead else None,
         extra=j.sbatch_options,

@@ -1,0 +1,88 @@
+"""Queue waits from what jobs really do (issue 40, item 2): a running job ends when its user's
+jobs usually end (the history's share of their time limit) or, for the user's own pswift job,
+at its prediction, not at its time limit (pipeswift_slurm.slurm.queue.expected_ends,
+pipeswift_slurm.autoplan.runtime_shares, History.limit_shares)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from pipeswift_slurm import autoplan, submit
+from pipeswift_slurm.history import rundir
+from pipeswift_slurm.history.store import History
+from pipeswift_slurm.slurm.queue import (MIN_SHARES, ClusterState, NodeState, RunningJob, RuntimeShares,
+                                         estimate_wait, expected_ends)
+
+from helpers import copy_example
+
+NOW = 1_800_000_000.0
+
+
+def _cluster(*running: RunningJob) -> ClusterState:
+    nodes = [NodeState(f"n{i}", "allocated", 4, 0, ("low",)) for i in range(len(running))]
+    return ClusterState(now=NOW, nodes=nodes, running=list(running))
+
+
+def _job(jid: str, node: str, started_ago: float, limit_s: float, uid: int = 1000) -> RunningJob:
+    start = NOW - started_ago
+    return RunningJob(jid, (node,), start + limit_s, start, uid, "low")
+
+
+def test_a_job_ends_after_its_share_of_the_limit_its_prediction_or_halfway_when_past_it():
+    state = _cluster(_job("1", "n0", 600, 7200), _job("2", "n1", 600, 7200), _job("3", "n2", 5000, 7200),
+                     _job("4", "n3", 600, 7200))
+    shares = RuntimeShares(by_job={"1": 0.25, "3": 0.5}, by_partition={}, predicted_ends={"2": NOW + 60})
+    ends = {j.job_id: j.end_time for j in expected_ends(state, shares).running}
+    assert ends["1"] == NOW - 600 + 1800                  # a quarter of its 2 h limit
+    assert ends["2"] == NOW + 60                          # the pswift job's prediction
+    assert ends["3"] == (NOW + NOW - 5000 + 7200) / 2     # past its share: halfway to its limit
+    assert ends["4"] == NOW - 600 + 7200                  # nothing known: its limit
+    by_part = expected_ends(state, RuntimeShares({}, {"low": 0.5}, {}))
+    assert [j.end_time for j in by_part.running][0] == NOW - 600 + 3600
+
+
+def test_the_wait_shortens_with_what_jobs_really_do_and_says_so():
+    state = _cluster(_job("1", "n0", 600, 7200))
+    limit = estimate_wait(state, 1, 4, "low")
+    shared = estimate_wait(expected_ends(state, RuntimeShares({"1": 0.25}, {}, {})), 1, 4, "low")
+    assert limit.seconds == 6600 and shared.seconds == 1200
+    assert "time limits" in limit.why and "expected ends" in shared.why
+    unlimited = _cluster(RunningJob("9", ("n0",), math.inf, NOW - 60, 1000, "low"))
+    assert math.isinf(expected_ends(unlimited, RuntimeShares({"9": 0.1}, {"low": 0.1}, {})).running[0].end_time)
+
+
+def _record(jid: str, user: str, elapsed: float, limit_min: int, partition: str = "low") -> dict:
+    start = NOW - 86400 + int(jid) * 60
+    return {"JOBID": jid, "USERNAME": user, "PARTITION": partition, "JOBSTATE": "COMPLETED", "NODECNT": "1",
+            "SUBMIT": start - 30, "START": start, "END": start + elapsed, "LIMIT": str(limit_min), "CLUSTER": "c"}
+
+
+def test_the_history_gives_each_user_and_partition_their_median_share_with_enough_jobs(tmp_path):
+    h = History(tmp_path / "h.db")
+    recs = [_record(str(i), "alice", 15 * 60, 60) for i in range(1, MIN_SHARES + 1)]   # a quarter each
+    recs += [_record(str(100 + i), "bob", 60 * 60, 60) for i in range(MIN_SHARES - 1)]  # too few to say
+    h.add_slurm_records(recs, "sacct")
+    by_user, by_part = h.limit_shares(["low", "high"], MIN_SHARES)
+    assert by_user == {"alice": 0.25}
+    assert by_part == {"low": 0.25}          # the median of five quarters and four wholes
+    h.close()
+
+
+def test_runtime_shares_reads_the_users_pswift_prediction_and_the_history(tmp_path):
+    p = submit.prepare(copy_example(tmp_path / "ex"), tmp_path / "run", live=False, learn=False)
+    submit.write_run_dir(p)
+    rundir.register_job("77", p.run_dir)
+    held = p.plan["prediction"]["jct_s"] - p.plan["prediction"]["queue_s"]
+    h = History(tmp_path / "h.db")
+    me = autoplan.runrows.current_user()
+    h.add_slurm_records([_record(str(i), me, 30 * 60, 60) for i in range(1, MIN_SHARES + 1)], "sacct")
+    state = _cluster(_job("77", "n0", 10, 900, uid=os.getuid()), _job("78", "n1", 10, 3600, uid=os.getuid()))
+    shares = autoplan.runtime_shares(state, h)
+    assert shares.predicted_ends == {"77": NOW - 10 + held}
+    assert shares.by_job == {"77": 0.5, "78": 0.5}            # both the user's: the prediction wins for 77
+    ends = {j.job_id: j.end_time for j in expected_ends(state, shares).running}
+    assert ends == {"77": NOW - 10 + held, "78": NOW - 10 + 1800}
+    assert json.loads((p.run_dir / "plan.json").read_text())["prediction"]["jct_s"] > 0
+    h.close()
