@@ -651,8 +651,40 @@ def parse_config(data: dict[str, Any], path: Path) -> TrainConfig:
     return cfg
 
 
-def load_config(path: str | Path) -> TrainConfig:
-    """Read and validate ``train.toml``; raises :class:`ConfigError` with one clear line."""
+#: sbatch's options `pswift sbatch` takes before the TOML, each the train.toml key it overrides
+COMMAND_LINE_KEYS = {"partition": ("job", "partition"), "time": ("job", "time"), "nodes": ("resources", "nodes"),
+                     "account": ("job", "account"), "qos": ("job", "qos"), "job_name": ("job", "name")}
+
+
+def command_line_overrides(**given: str | None) -> dict[str, dict[str, Any]]:
+    """sbatch-style values (``-p a,b``, ``-t 5``, ``-N 1-2``, ``-A``, ``-q``, ``-J``) as the
+    train.toml keys they override, in TOML's types; ConfigError for a node count that is none."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in given.items():
+        if value is None:
+            continue
+        section, key = COMMAND_LINE_KEYS[name]
+        v: Any = value
+        if name == "partition" and "," in value:
+            v = value.split(",")
+        elif name == "nodes":
+            lo, dash, hi = value.partition("-")
+            if not lo.isdigit() or (dash and not hi.isdigit()):
+                raise ConfigError(f"-N {value}: give a node count or MIN-MAX (e.g. -N 2 or -N 1-4)")
+            v = [int(lo), int(hi)] if dash else int(lo)
+        out.setdefault(section, {})[key] = v
+    return out
+
+
+def describe_overrides(overrides: dict[str, dict[str, Any]]) -> str:
+    """``[job] partition = "high", [resources] nodes = [1, 2]``: what the command line set."""
+    import json
+    return ", ".join(f"[{s}] {k} = {json.dumps(v)}" for s, keys in overrides.items() for k, v in keys.items())
+
+
+def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> TrainConfig:
+    """Read and validate ``train.toml``, with ``overrides`` ({section: {key: value}}, from the
+    command line) in place of its own values; raises :class:`ConfigError` with one clear line."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: no such file; pass the path of your train.toml")
@@ -665,8 +697,25 @@ def load_config(path: str | Path) -> TrainConfig:
     except (ValueError, RecursionError) as e:   # a 5000-digit integer, arrays nested 1000 deep
         raise ConfigError(f"{p}: TOML that cannot be read ({type(e).__name__}: "
                           f"{' '.join(str(e).split())[:120]}); simplify the value") from None
+    return _validated(data, p, overrides)
+
+
+def config_from_dict(doc: dict[str, Any], base_dir: str | Path = ".",
+                     overrides: dict[str, dict[str, Any]] | None = None) -> TrainConfig:
+    """A train.toml given as a dict (the TOML's tables as dicts), checked as a file's; relative
+    paths ([model] entry's module, data files) are read from ``base_dir``."""
+    import copy
+    return _validated(copy.deepcopy(doc), Path(base_dir) / "train.toml", overrides)
+
+
+def _validated(data: dict[str, Any], p: Path, overrides: dict[str, dict[str, Any]] | None) -> TrainConfig:
+    for section, keys in (overrides or {}).items():
+        table = data.setdefault(section, {})
+        if isinstance(table, dict):
+            table.update(keys)
     try:
         return parse_config(data, p)
     except ConfigError as e:
-        raise ConfigError(f"{p}: {e}") from None
+        given = f" (with {describe_overrides(overrides)} from the command line)" if overrides else ""
+        raise ConfigError(f"{p}{given}: {e}") from None
 

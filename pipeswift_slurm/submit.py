@@ -17,7 +17,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from pipeswift_slurm.history import rundir
 from pipeswift_slurm.slurm import client as slurm
-from pipeswift_slurm.config import TrainConfig, load_config
+from pipeswift_slurm.config import TrainConfig, config_from_dict, load_config
 from pipeswift_slurm.errors import ConfigError, PswiftError, RunDirError, UsageError
 from pipeswift_slurm.layouts import rule_layouts
 from pipeswift_slurm.plan import Plan, build_plan, limits_of, write_plan
@@ -34,6 +34,10 @@ class Prepared(NamedTuple):
     script: str
     #: passed to sbatch unchanged (none of them contradicts the plan)
     sbatch_args: tuple[str, ...] = ()
+    #: train.toml keys the command line set ({section: {key: value}}; pswift sbatch -p/-t/-N/...)
+    overrides: dict[str, dict[str, Any]] = {}
+    #: the TOML's text when it was given as a dict (the run directory's train.toml), else None
+    toml_text: str | None = None
 
     def layout_line(self, nodes: int | None = None) -> str:
         """One line per planned node count: stages x dp, m, boundaries."""
@@ -47,13 +51,55 @@ class Prepared(NamedTuple):
         return "; ".join(parts)
 
 
-class Submission(NamedTuple):
+class Job(NamedTuple):
+    """A submitted pswift job (what submitit's ``Job`` is to a function): its id and run
+    directory, and what `pswift status/sbatch --wait/cancel/logs` do, as methods."""
     prepared: Prepared
     job_id: str
 
     @property
     def run_dir(self) -> Path:
         return self.prepared.run_dir
+
+    def _ref(self) -> Any:
+        from pipeswift_slurm.reports.watch import JobRef
+        return JobRef(self.job_id, self.run_dir, self.job_id)
+
+    @property
+    def state(self) -> str:
+        """Slurm's state (PENDING, RUNNING, COMPLETED, ...), else sacct's, the history's or the events'."""
+        from pipeswift_slurm.reports.watch import state
+        return state(self._ref(), rundir.summarize(self.run_dir)).state
+
+    def status(self) -> dict[str, Any]:
+        """What `pswift status JOBID --json` prints: state, step N/M, ETA, attempts, losses, log."""
+        from pipeswift_slurm.reports.watch import status_of
+        return status_of(self._ref())
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Until the job ends (requeues and restarts go on): its final state. TimeoutError after
+        ``timeout`` seconds (the job goes on)."""
+        from pipeswift_slurm.reports.watch import wait
+        watched = wait(self.job_id, self.run_dir, lambda line: None, timeout)
+        if watched.timed_out:
+            raise TimeoutError(f"job {self.job_id} still {watched.state} after {timeout} s")
+        return self.state if watched.state == "GONE" else watched.state
+
+    def cancel(self, signal: str | None = None) -> None:
+        """scancel it (recorded in the run directory); with ``signal``, only send that."""
+        from pipeswift_slurm.reports.watch import cancel
+        cancel(self._ref(), signal)
+
+    def logs(self, lines: int | None = None) -> str:
+        """The job's log (every attempt), or its last ``lines`` lines."""
+        from pipeswift_slurm.reports.logs import log_path, show
+        out: list[str] = []
+        show(log_path(self.run_dir, self.job_id), out.append, lines=lines)
+        return "".join(out)
+
+
+#: the earlier name of :class:`Job`
+Submission = Job
 
 
 def _planned(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn, learn: bool) -> Any:
@@ -64,19 +110,21 @@ def _planned(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn, le
     return make_plan(cfg, db, live, warn, learn=learn)[0]
 
 
-def prepare(toml: Path | str, run_dir: Path | str | None = None, db: Path | str | None = None,
+def prepare(toml: Path | str | dict[str, Any], run_dir: Path | str | None = None, db: Path | str | None = None,
             live: bool = True, warn: Warn = lambda msg: None, sbatch_args: Sequence[str] = (),
-            learn: bool = True) -> Prepared:
-    """Load and check TOML, plan it (live cluster state unless ``live`` is False) and render the
+            learn: bool = True, overrides: dict[str, dict[str, Any]] | None = None) -> Prepared:
+    """Load and check TOML (a path, or the TOML's tables as a dict, its relative paths from the
+    current directory), plan it (live cluster state unless ``live`` is False) and render the
     batch script for ``run_dir`` (default ./pswift-runs/NAME-DATE-XXXX). Writes nothing but,
     with ``learn``, the history of the runs that ended since (False: a dry run writes nothing).
-    ``sbatch_args`` that contradict the plan (-N, --ntasks, -p, -t, ...) are refused first."""
+    ``sbatch_args`` that contradict the plan (-N, --ntasks, -p, -t, ...) are refused first;
+    ``overrides`` ({section: {key: value}}) replace the TOML's values, through the same checks."""
     conflict = planned_option(sbatch_args)
     if conflict:
         raise UsageError(conflict)
     if live:
         slurm.prefetch()   # the cluster query runs while the config loads and the planner imports
-    cfg = load_config(toml)
+    cfg = config_from_dict(toml, ".", overrides) if isinstance(toml, dict) else load_config(toml, overrides)
     target = (Path(run_dir) if run_dir else rundir.default_run_dir(cfg.job.name)).resolve()
     rule_layouts(cfg)  # the TOML's own invariants first: a bad TOML fails before any planning
     from pipeswift_slurm.preflight import Check   # the job's interpreter can run the job: asked while this plans
@@ -91,14 +139,28 @@ def prepare(toml: Path | str, run_dir: Path | str | None = None, db: Path | str 
         raise ConfigError(why)
     plan["submitted_at"] = time.time()
     opts = options_for(cfg, str(target), limits_of(plan), nodes=plan["nodes_request"])
-    return Prepared(cfg, target, plan, render(opts, str(target), plan["python"]), tuple(sbatch_args))
+    text = _toml_text(toml) if isinstance(toml, dict) else None
+    return Prepared(cfg, target, plan, render(opts, str(target), plan["python"]), tuple(sbatch_args),
+                    overrides or {}, text)
+
+
+def _toml_text(doc: dict[str, Any]) -> str:
+    import tomli_w
+    return "# given to pipeswift_slurm.submit as a dict\n" + tomli_w.dumps(doc)
 
 
 def write_run_dir(p: Prepared) -> Path:
     """The run directory with train.toml, plan.json and job.sbatch, created whole or not at all."""
     tmp = rundir.stage_run_dir(p.run_dir)
     try:
-        shutil.copyfile(p.config.path, tmp / "train.toml")
+        if p.toml_text is not None:
+            (tmp / "train.toml").write_text(p.toml_text, encoding="utf-8")
+        else:
+            shutil.copyfile(p.config.path, tmp / "train.toml")
+        if p.overrides:   # the copy says what the plan was made with
+            from pipeswift_slurm.config import describe_overrides
+            with open(tmp / "train.toml", "a", encoding="utf-8") as f:
+                f.write(f"\n# pswift sbatch's command line overrode: {describe_overrides(p.overrides)}\n")
         write_plan(p.plan, tmp / "plan.json")
         (tmp / "job.sbatch").write_text(p.script, encoding="utf-8")
     except OSError as e:

@@ -15,7 +15,7 @@ LOCAL = {"simulator.py": "schedules", "partition.py": None, "history_scale.py": 
          "plan_worst_case.py": "worst_case_median_s", "job_submit.py": "worst_ms", "ingest_cap.py": "ratio"}
 TRAINING = {"checkpoint.py": "ratios", "step_time_model.py": "summary"}
 CLUSTER = {"submit_latency.py": "ratio", "slurm_backends.py": "cli_cold_median_ms", "dynamic.py": "ratios",
-           "goodput.py": "goodput"}
+           "goodput.py": "goodput", "workload.py": "summary"}
 HELPERS = {"benchlib.py", "readme.py"}
 
 
@@ -45,7 +45,7 @@ def test_training_benchmarks_run(name, tmp_path):
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in ("dynamic.py", "goodput.py") else [pytest.mark.every_version])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in ("dynamic.py", "goodput.py", "workload.py") else [pytest.mark.every_version])
                                   for n in sorted(CLUSTER)])
 def test_cluster_benchmarks_run(name, cluster, tmp_path):
     bench(name, CLUSTER[name], tmp_path)

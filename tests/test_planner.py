@@ -257,4 +257,4 @@ def test_a_config_that_would_not_fit_is_rejected_with_the_numbers_and_fits_in_bf
     toml.write_text(toml.read_text().replace("seed = 1\n", 'seed = 1\nzero_stage = 1\nprecision = "bf16"\n'))
     proc = pswift("sbatch", "--dry-run", str(toml))
     assert proc.returncode == 0, proc.stderr
-    assert "1 stage(s) x 2 dp" in proc.stdout
+    assert "1 stage(s) x 2 dp" in proc.stderr and proc.stdout.startswith("#!/bin/bash\n")

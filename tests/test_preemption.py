@@ -243,6 +243,8 @@ lr_decay = "cosine"
     ((rc, out, err),) = waited
     job = st["job_id"]
     assert rc == 0, (out, err)
+    assert re.search(r"(?m)^\d\d:\d\d:\d\d job \d+: ", out), out   # each line with its time
+    out = re.sub(r"(?m)^\d\d:\d\d:\d\d ", "", out)
     for line in (f"job {job}: RUNNING", f"job {job}: attempt 0 on 4 node(s), 2 stage(s)",
                  f"job {job}: attempt 0 ended (preempted) at step {a0['end_step']}",
                  f"job {job}: requeued (restart 1)",

@@ -72,7 +72,7 @@ def test_dry_run_submits_nothing(cluster, example, tmp_path):
     run = tmp_path / "run"
     proc = pswift("sbatch", "--dry-run", "--run-dir", str(run), str(example), "--", "--qos=x")
     assert proc.returncode == 0, proc.stderr
-    assert "#SBATCH --nodes=2" in proc.stdout and "# sbatch arguments: --qos=x" in proc.stdout
+    assert "#SBATCH --nodes=2" in proc.stdout and "# sbatch arguments: --qos=x" in proc.stderr
     assert not new_jobs_since(before)
     assert not run.exists()
 

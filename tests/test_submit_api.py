@@ -25,6 +25,21 @@ def test_prepare_refuses_an_option_that_contradicts_the_plan_before_planning(tmp
         submit.prepare(tmp_path / "no-such.toml", sbatch_args=["-N", "3"])
 
 
+def test_prepare_takes_the_tomls_tables_as_a_dict_and_the_run_directory_keeps_them(example, tmp_path,
+                                                                                    monkeypatch):
+    import tomllib
+    doc = tomllib.loads(example.read_text())
+    doc["training"]["steps"] = 7
+    monkeypatch.chdir(example.parent)            # [model] entry's module is found from here
+    p = submit.prepare(doc, tmp_path / "run", live=False, learn=False)
+    assert p.plan["training"]["steps"] == 7 and doc["training"]["steps"] == 7   # the dict is not changed
+    submit.write_run_dir(p)
+    assert tomllib.loads((tmp_path / "run" / "train.toml").read_text()) == doc
+    doc["job"]["max_requeues"] = -1
+    with pytest.raises(ConfigError, match=r"max_requeues"):
+        submit.prepare(doc, live=False, learn=False)
+
+
 def test_a_bad_toml_is_a_config_error(tmp_path):
     bad = tmp_path / "t.toml"
     bad.write_text("[job]\nname = 3\n")
@@ -41,6 +56,13 @@ def test_sbatch_submits_through_real_slurm_and_registers_the_job(cluster, exampl
         assert (job.run_dir / "JOB_ID").read_text().strip() == job.job_id
         plan = json.loads((job.run_dir / "plan.json").read_text())
         assert plan["layouts"]["2"]["stages"] == 2 and (job.run_dir / "job.sbatch").is_file()
+        # the job object: what `pswift status`, `--wait`, `cancel` and `logs` do, as methods
+        assert job.state == "PENDING" and job.status()["reason"] == "JobHeldUser"
+        with pytest.raises(TimeoutError, match="still PENDING"):
+            job.wait(timeout=1)
+        job.cancel()
+        assert job.wait(timeout=60) == "CANCELLED" and job.logs() == ""
+        assert job.status()["cancelled"]["user"] == "root"
     finally:
         subprocess.run(["scancel", job.job_id])
 

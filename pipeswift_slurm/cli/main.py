@@ -7,6 +7,7 @@ submit command, and its start-up counts (bench/submit_latency.py).
 from __future__ import annotations
 
 import json
+import time
 import shutil
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import click
 
 from pipeswift_slurm import __version__
-from pipeswift_slurm.cli.common import CLIError, _db_option, _errors, _warn
+from pipeswift_slurm.cli.common import CLIError, _db_option, _errors, _output, _print, _warn
 from pipeswift_slurm.errors import PswiftError
 
 
@@ -50,6 +51,14 @@ def cli() -> None:
 @cli.command()
 @click.argument("toml", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("-p", "--partition", help="[job] partition for this submission (a name, or a,b).")
+@click.option("-t", "--time", "time_limit", help="[job] time for this submission (M, H:MM:SS or D-HH:MM:SS).")
+@click.option("-N", "--nodes", help="[resources] nodes for this submission: N or MIN-MAX.")
+@click.option("-A", "--account", help="[job] account for this submission.")
+@click.option("-q", "--qos", help="[job] qos for this submission.")
+@click.option("-J", "--job-name", help="[job] name for this submission.")
+@click.option("--mail-type", help="sbatch's --mail-type (e.g. END,FAIL).")
+@click.option("--mail-user", help="sbatch's --mail-user.")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Run directory to create (default: ./pswift-runs/NAME-DATE-XXXX).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the batch script; submit nothing.")
@@ -60,25 +69,37 @@ def cli() -> None:
               "goes on) with exit code 124; default: no limit, as `sbatch --wait`.")
 @_db_option
 @_errors
-def sbatch(toml: Path, sbatch_args: tuple[str, ...], run_dir: Path | None, dry_run: bool,
+def sbatch(toml: Path, sbatch_args: tuple[str, ...], partition: str | None, time_limit: str | None,
+           nodes: str | None, account: str | None, qos: str | None, job_name: str | None,
+           mail_type: str | None, mail_user: str | None, run_dir: Path | None, dry_run: bool,
            parsable: bool, wait: bool, timeout: float | None, db: Path | None) -> None:
     """Plan TOML and submit it with sbatch; prints the job id.
 
-    Options after `--` go to sbatch unchanged. The run directory keeps a copy of the TOML,
-    plan.json, the batch script, the job log and its events.
+    -p, -t, -N, -A, -q and -J set their train.toml key for this submission (checked as the
+    TOML's own; the plan says so). Options after `--` go to sbatch unchanged. The run directory
+    keeps a copy of the TOML, plan.json, the batch script, the job log and its events.
 
     Examples:
 
         pswift sbatch examples/tiny-gpt/train.toml
 
-        pswift sbatch --dry-run examples/tiny-gpt/train.toml
+        pswift sbatch --dry-run examples/tiny-gpt/train.toml > job.sh
 
-        pswift sbatch train.toml -- --qos=high --mail-type=END
+        pswift sbatch -p high -t 5 -N 1-2 train.toml
+
+        pswift sbatch train.toml -- --mail-type=END --comment=sweep
     """
+    if timeout is not None and not wait:
+        raise CLIError("--timeout bounds --wait: add --wait (or leave --timeout out)", 2)
+    from pipeswift_slurm.config import command_line_overrides
     from pipeswift_slurm.slurm import client as slurm
     slurm.prefetch()   # asks Slurm while the planner's modules load
     from pipeswift_slurm import submit as sub
-    p = sub.prepare(toml, run_dir, db, warn=_warn, sbatch_args=sbatch_args, learn=not dry_run)
+    overrides = command_line_overrides(partition=partition, time=time_limit, nodes=nodes, account=account,
+                                       qos=qos, job_name=job_name)
+    mail = tuple(f"--mail-{k}={v}" for k, v in (("type", mail_type), ("user", mail_user)) if v)
+    p = sub.prepare(toml, run_dir, db, warn=_warn, sbatch_args=mail + sbatch_args, learn=not dry_run,
+                    overrides=overrides)
     if dry_run:
         _print_dry_run(p)
         return
@@ -93,19 +114,25 @@ def sbatch(toml: Path, sbatch_args: tuple[str, ...], run_dir: Path | None, dry_r
 
 
 def _print_dry_run(p: Any) -> None:
+    """The batch script on stdout (`> job.sh; sbatch job.sh` submits it), the plan on stderr."""
+    def note(line: str) -> None:
+        click.echo(line, err=True)
     plan = p.plan
-    click.echo(f"# plan: {p.layout_line()}")
+    note(f"# plan: {p.layout_line()}")
+    if p.overrides:
+        from pipeswift_slurm.config import describe_overrides
+        note(f"# from the command line: {describe_overrides(p.overrides)}")
     if plan["prediction"]:
         pr = plan["prediction"]
-        click.echo(f"# chosen: {pr['nodes']} node(s), predicted {pr['step_s']:.4g} s/step, JCT "
-                   f"{pr['jct_s']:.0f} s (queue {pr['queue_s']:.0f} s); request --nodes={plan['nodes_request']}")
+        note(f"# chosen: {pr['nodes']} node(s), predicted {pr['step_s']:.4g} s/step, JCT "
+             f"{pr['jct_s']:.0f} s (queue {pr['queue_s']:.0f} s); request --nodes={plan['nodes_request']}")
     for n, why in plan["infeasible"].items():
-        click.echo(f"# {n} node(s) infeasible: {why}")
+        note(f"# {n} node(s) infeasible: {why}")
     from pipeswift_slurm.plan import limits_of
     from pipeswift_slurm.planning.limits import describe
-    click.echo(f"# {describe(limits_of(plan))}")
+    note(f"# {describe(limits_of(plan))}")
     if p.sbatch_args:
-        click.echo(f"# sbatch arguments: {' '.join(p.sbatch_args)}")
+        note(f"# sbatch arguments: {' '.join(p.sbatch_args)}")
     click.echo(p.script, nl=False)
 
 
@@ -128,7 +155,9 @@ def _wait(job_id: str, run: Path, timeout: float | None, quiet: bool = False, db
     from pipeswift_slurm.fmt import inert
     from pipeswift_slurm.history import rundir
     from pipeswift_slurm.reports.watch import TIMEOUT_EXIT, JobRef, state, wait
-    watched = wait(job_id, run, (lambda line: None) if quiet else (lambda line: click.echo(inert(line))), timeout)
+    def say(line: str) -> None:   # each line with the local time it was seen, as `HH:MM:SS job N: ...`
+        click.echo(f"{time.strftime('%H:%M:%S')} {inert(line)}")
+    watched = wait(job_id, run, (lambda line: None) if quiet else say, timeout)
     if watched.timed_out:
         _warn(f"job {job_id} still {watched.state} after {timeout:.0f} s; it goes on: "
               f"`pswift status {job_id}`, `pswift logs {job_id} -f`")
@@ -294,21 +323,66 @@ def _iso(t: float) -> str:
     return dt.datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
 
 
+def _job_columns() -> list[Any]:
+    from pipeswift_slurm.reports.tabular import Col
+    return [Col("job_id", "JobID", "text", 8), Col("name", "Name", "text", 12), Col("state", "State", "text", 10),
+            Col("step", "Step", "int", 7), Col("steps", "Steps", "int", 7), Col("eta_s", "ETA", "s", 9),
+            Col("attempts", "Attempts", "int", 8), Col("nodes", "Nodes", "int", 5), Col("stages", "Stages", "int", 6),
+            Col("run_dir", "RunDir", "text", 40)]
+
+
 @cli.command()
-@click.argument("job")
+@click.option("-L", "--limit", type=click.IntRange(1, None), default=20, show_default=True,
+              help="The newest this many jobs.")
+@_output
 @_errors
-def cancel(job: str) -> None:
-    """Cancel JOB (a job id or a run directory) with scancel; its run directory keeps who
-    cancelled it and when, and `pswift status` says so. A cancelled job is not requeued.
+def jobs(out: Any, limit: int) -> None:
+    """List my pswift jobs, newest first (what `squeue --me` is to sbatch): state (Slurm's while
+    queued or running, else from the run's events), step N of M, ETA, attempts, nodes x stages
+    of the newest attempt, run directory. The history's output forms (-P, --json, --csv, -o).
 
-    Example:
+    Examples:
 
-        pswift cancel 42
+        pswift jobs
+
+        pswift jobs -o job_id,state,step,eta_s --json
     """
+    from pipeswift_slurm.reports.watch import listing
+    _print(listing(limit, _warn), _job_columns(), out)
+
+
+@cli.command()
+@click.argument("jobs", nargs=-1, required=True)
+@click.option("-s", "--signal", help="Only send this signal to the job's ranks (scancel --signal): USR2 "
+              "checkpoints and requeues, TERM checkpoints and stops.")
+@_errors
+def cancel(jobs: tuple[str, ...], signal: str | None) -> None:
+    """Cancel each of JOBS (job ids or run directories) with scancel; its run directory keeps
+    who cancelled it and when, and `pswift status` says so. A cancelled job is not requeued.
+    One that cannot be cancelled says why on stderr; the others still are (the exit code is the
+    last refusal's).
+
+    Examples:
+
+        pswift cancel 42 43
+
+        pswift cancel --signal USR2 42
+    """
+    from pipeswift_slurm.errors import PswiftError
     from pipeswift_slurm.reports.watch import cancel as cancel_job, resolve
-    ref = resolve(job)
-    cancel_job(ref)
-    click.echo(f"cancelled job {ref.job_id}" + (f" (run directory {ref.run})" if ref.run else ""))
+    code = 0
+    for job in jobs:
+        try:
+            ref = resolve(job)
+            cancel_job(ref, signal)
+        except PswiftError as e:
+            code = e.exit_code
+            click.echo(f"Error: {e}" if len(jobs) == 1 else f"Error: {job}: {e}", err=True)
+            continue
+        done = f"sent {signal} to job" if signal else "cancelled job"
+        click.echo(f"{done} {ref.job_id}" + (f" (run directory {ref.run})" if ref.run else ""))
+    if code:
+        sys.exit(code)
 
 
 @cli.command("plan")

@@ -75,6 +75,21 @@ def register_job(job_id: str, run_dir: Path) -> None:
                           f"{d} is not writable ({e.strerror}); set PSWIFT_HOME") from None
 
 
+def registered_jobs(limit: int | None = None) -> list[tuple[str, Path]]:
+    """This user's registered jobs, newest (highest id) first: (job id, run directory)."""
+    d = state_dir() / "jobs"
+    try:
+        ids = [p.name[:-5] for p in d.iterdir() if p.name.endswith(".json") and p.name[:-5].isdigit()]
+    except OSError:
+        return []
+    out = []
+    for job_id in sorted(ids, key=int, reverse=True)[:limit]:
+        run = lookup_job(job_id)
+        if run is not None:
+            out.append((job_id, run))
+    return out
+
+
 def lookup_job(job_id: str) -> Path | None:
     f = state_dir() / "jobs" / f"{job_id}.json"
     try:
@@ -118,12 +133,22 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "run_dir": str(run_dir),
         "step": logs[-1][-1]["step"] if logs else None,
         "steps_total": _planned_steps(files.get("plan.json", b"")),
+        "job_name": _job_name(files.get("plan.json", b"")),
         "cancelled": _cancel_record(files.get(CANCEL, b"")),
         "first_loss": logs[0][0]["loss"] if logs else None,
         "last_loss": logs[-1][-1]["loss"] if logs else None,
         "growths": eventfold.growth_outcomes(attempts),
         "attempts": out,
     }
+
+
+def _job_name(plan_json: bytes) -> str | None:
+    """The run's job name (plan.json's job_name); None where it says none."""
+    try:
+        name = json.loads(plan_json)["job_name"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return name if isinstance(name, str) else None
 
 
 def _planned_steps(plan_json: bytes) -> int | None:

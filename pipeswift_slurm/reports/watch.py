@@ -197,8 +197,38 @@ def status_of(ref: JobRef, db: Path | None = None) -> dict[str, Any]:
     }
 
 
-def cancel(ref: JobRef) -> None:
-    """scancel the job; its run directory keeps who did it and when (status shows it)."""
+def listing(limit: int | None = 20, warn: Callable[[str], None] = lambda msg: None) -> list[dict[str, Any]]:
+    """This user's pswift jobs, newest first (the registry): id, name, state (Slurm's for the
+    queued and running ones, one query for all; else what the run's events say), step N/M, ETA,
+    attempts, nodes x stages of the newest attempt, run directory."""
+    from pipeswift_slurm.slurm import client as slurm
+    try:
+        active = {j.job_id: j for j in slurm.active_jobs()}
+    except PswiftError as e:   # no Slurm to ask (down, or not this machine's): the events still say
+        active = {}
+        warn(f"warning: Slurm not asked ({e}); states from the runs' events")
+    rows = []
+    for job_id, run in rundir.registered_jobs(limit):
+        try:
+            summary = rundir.summarize(run)
+        except PswiftError:
+            summary = None
+        info = active.get(job_id)
+        seen = _from_events(summary) if summary is not None else None
+        state_now = info.state if info is not None else \
+            "CANCELLED" if summary and summary["cancelled"] else seen.state if seen else "UNKNOWN"
+        p = progress(summary, state_now == "RUNNING") if summary is not None else None
+        last = summary["attempts"][-1] if summary and summary["attempts"] else {}
+        rows.append({"job_id": job_id, "name": summary.get("job_name") if summary else None, "state": state_now,
+                     "step": summary["step"] if summary else None, "steps": summary["steps_total"] if summary else None,
+                     "eta_s": p.eta_s if p else None, "attempts": len(summary["attempts"]) if summary else 0,
+                     "nodes": last.get("nodes"), "stages": last.get("stages"), "run_dir": str(run)})
+    return rows
+
+
+def cancel(ref: JobRef, signal: str | None = None) -> None:
+    """scancel the job; its run directory keeps who did it and when (status shows it). With
+    ``signal``, only send it (USR2: checkpoint and requeue; TERM: checkpoint and stop)."""
     from pipeswift_slurm.slurm import client as slurm
     if not ref.job_id:
         raise NotAJob(f"{ref.key} is a local run: stop it with Ctrl-C (TERM) where it runs")
@@ -209,8 +239,8 @@ def cancel(ref: JobRef) -> None:
             raise NotAJob(f"job {ref.job_id} belongs to uid {job.user_id}, but run directory {ref.run} "
                           f"belongs to uid {owner}: not cancelled (its JOB_ID names another user's job); "
                           f"cancel that job by its id if you mean it")
-    slurm.cancel(ref.job_id)
-    if ref.run is not None:
+    slurm.cancel(ref.job_id, signal)
+    if ref.run is not None and signal is None:
         rundir.record_cancel(ref.run, ref.job_id, getpass.getuser(), time.time())
 
 

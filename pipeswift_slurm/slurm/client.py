@@ -292,6 +292,11 @@ def job_info(job_id: str) -> JobInfo | None:
     return None
 
 
+def active_jobs() -> list[JobInfo]:
+    """Every pending and running job, as squeue sees them (one query)."""
+    return backend().active_jobs()
+
+
 def being_preempted(job_id: str) -> bool:
     """True while Slurm is preempting the job (PreemptTime is set; a plain scancel leaves it unset)."""
     job = job_info(job_id)
@@ -523,5 +528,6 @@ def sacct_state(job_id: str) -> tuple[str, int] | None:
     return (states[-1], len(states) - 1) if states else None
 
 
-def cancel(job_id: str) -> None:
-    _run(["scancel", str(job_id)])
+def cancel(job_id: str, signal: str | None = None) -> None:
+    """scancel the job; with ``signal`` (a name or number), only send it to the job's steps."""
+    _run(["scancel", *([f"--signal={signal}"] if signal else []), str(job_id)])

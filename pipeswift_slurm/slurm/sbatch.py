@@ -239,8 +239,10 @@ def planned_option(args: Sequence[str]) -> str | None:
     arguments are read as sbatch reads them (:func:`sbatch_options`)."""
     for name, given in sbatch_options(args):
         if name in PLANNED:
-            return (f"sbatch option {given!r} would override the planned --{name}: set {PLANNED[name]} "
-                    f"in train.toml instead (pswift plans the layout for it)")
+            before = f"give --{name} before the TOML (`pswift sbatch --{name}=... train.toml`) or " \
+                if name in ("nodes", "partition", "time") else ""
+            return (f"sbatch option {given!r} after `--` would override the planned --{name}: {before}set "
+                    f"{PLANNED[name]} in train.toml instead (pswift plans the layout for it)")
         if name in BREAKS:
             return f"sbatch option {given!r} (--{name}) cannot go with a pswift job: {BREAKS[name]}"
     return None

@@ -1,0 +1,97 @@
+"""sbatch's habits (issue 42, items 1-3): -p/-t/-N/-A/-q/-J before the TOML override its keys
+through the TOML's own checks, `--dry-run > job.sh; sbatch job.sh` submits, `cancel A B` cancels
+both, `--timeout` without `--wait` says so, and `--wait`'s lines carry a time."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from helpers import copy_example, pswift
+from pipeswift_slurm import submit
+from pipeswift_slurm.history import rundir
+
+
+def test_dry_run_prints_a_batch_script_on_stdout_and_the_plan_on_stderr(tmp_path):
+    toml = copy_example(tmp_path / "ex")
+    proc = pswift("sbatch", "--dry-run", "-p", "high", "-t", "5", "-N", "1-2", "-J", "sweep", str(toml))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("#!/bin/bash\n# Rendered by pipeswift-slurm ")
+    for line in ("#SBATCH --partition=high\n", "#SBATCH --time=5\n", "#SBATCH --job-name=sweep\n"):
+        assert line in proc.stdout
+    assert re.search(r"#SBATCH --nodes=\d-\d\n", proc.stdout)
+    assert "# plan: " in proc.stderr and "# plan: " not in proc.stdout
+    assert ('# from the command line: [job] partition = "high", [job] time = "5", [job] name = "sweep", '
+            "[resources] nodes = [1, 2]") in proc.stderr
+
+
+@pytest.mark.parametrize("args,says", [
+    (("-N", "two"), "-N two: give a node count or MIN-MAX"),
+    (("-N", "3-1"), "[resources] nodes"),
+    (("-t", "soon"), '[job] time = \'soon\' is not a Slurm time limit'),
+    (("--timeout", "5"), "--timeout bounds --wait: add --wait"),
+])
+def test_a_bad_command_line_value_is_one_line_exit_2(tmp_path, args, says):
+    toml = copy_example(tmp_path / "ex")
+    proc = pswift("sbatch", "--dry-run", *args, str(toml))
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert len([x for x in proc.stderr.splitlines() if not x.startswith("warning:")]) == 1
+    assert proc.stdout == ""
+    if says.startswith("["):   # a TOML check: it says the value came from the command line
+        assert "from the command line" in proc.stderr
+
+
+def test_the_old_spelling_after_the_double_dash_points_to_the_new_one(tmp_path):
+    proc = pswift("sbatch", "--dry-run", str(copy_example(tmp_path / "ex")), "--", "-p", "high")
+    assert proc.returncode == 2
+    assert "give --partition before the TOML" in proc.stderr and "[job] partition" in proc.stderr
+
+
+def test_jobs_lists_my_registered_jobs_newest_first_even_without_slurm(tmp_path):
+    for job_id, steps in (("7", "30"), ("12", "50")):
+        p = submit.prepare(copy_example(tmp_path / f"ex{job_id}", {"steps": steps}), tmp_path / f"run{job_id}",
+                           live=False, learn=False)
+        submit.write_run_dir(p)
+        rundir.register_job(job_id, p.run_dir)
+    proc = pswift("jobs", "--json", env={"SLURM_CONF": "/nonexistent/slurm.conf"})
+    assert proc.returncode == 0 and "warning: Slurm not asked" in proc.stderr, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [(r["job_id"], r["name"], r["steps"], r["state"]) for r in rows] == [
+        ("12", "tiny-gpt", 50, "UNKNOWN"), ("7", "tiny-gpt", 30, "UNKNOWN")]
+    assert rows[0]["run_dir"] == str(tmp_path / "run12")
+    assert pswift("jobs", "-L", "1", "-P", "-o", "job_id,steps", env={"SLURM_CONF": "/nonexistent/slurm.conf"},
+                  check=True).stdout.splitlines()[1:] == ["12|50"]
+
+
+@pytest.mark.slurm
+@pytest.mark.every_version
+def test_overrides_reach_slurm_a_dry_run_script_submits_and_cancel_takes_several_jobs(cluster, tmp_path):
+    toml = copy_example(tmp_path / "ex")
+    run = tmp_path / "run"
+    proc = pswift("sbatch", "--parsable", "-p", "high", "-t", "5", "-N", "1-2", "--run-dir", str(run), str(toml),
+                  "--", "--hold")
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.strip()
+    assert "overrode: [job] partition" in (run / "train.toml").read_text()
+    script = tmp_path / "job.sh"
+    script.write_text(pswift("sbatch", "--dry-run", "-t", "7", str(toml), check=True).stdout)
+    second = subprocess.run(["sbatch", "--parsable", "--hold", str(script)], capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    second_id = second.stdout.strip().split(";")[0]
+    try:
+        show = subprocess.run(["scontrol", "show", "job", first], capture_output=True, text=True).stdout
+        assert "Partition=high" in show and "TimeLimit=00:05:00" in show and "NumNodes=1-2" in show, show
+        show = subprocess.run(["scontrol", "show", "job", second_id], capture_output=True, text=True).stdout
+        assert "TimeLimit=00:07:00" in show, show
+        mine = json.loads(pswift("jobs", "--json", check=True).stdout)
+        assert mine[0]["job_id"] == first and mine[0]["state"] == "PENDING" and mine[0]["run_dir"] == str(run)
+        out = pswift("cancel", first, second_id, check=True).stdout
+        assert out.splitlines() == [f"cancelled job {first} (run directory {run})", f"cancelled job {second_id}"]
+        states = subprocess.run(["squeue", "-h", "-t", "all", "-j", f"{first},{second_id}", "-o", "%T"],
+                                capture_output=True, text=True).stdout.split()
+        assert states == ["CANCELLED", "CANCELLED"], states
+    finally:
+        subprocess.run(["scancel", first, second_id])
