@@ -313,7 +313,8 @@ def picture(runs: dict[str, dict[str, Any]], path: Path) -> None:
                 for n in expand_hostlist(nl):
                     row = int("".join(c for c in n if c.isdigit()) or 1) - 1
                     ax.broken_barh([(t - run["t0"], 1.0)], (row, 0.9), color=cmap(k % 20),
-                                   hatch="//" if j["kind"] == "train" else None, linewidth=0)
+                                   hatch="//" if j["kind"] == "train" else None, linewidth=0,
+                                   edgecolor="black" if j["kind"] == "train" else None)   # a hatch is drawn in the edge colour
         ax.set_yticks([r + 0.45 for r in range(NODES)], [f"node{r + 1}" for r in range(NODES)])
         ax.set_title(f"({policy}) {POLICIES[policy]}", fontsize=9, loc="left")
     axes[-1].set_xlabel("seconds since the first arrival (hatched: training jobs; plain: other users' jobs)")
