@@ -20,7 +20,7 @@ def test_a_three_minute_prediction_asks_minutes_not_the_hour_written():
     assert lim.time_s == limits.whole_minutes(150 * limits.MARGIN + 70) == 300   # 257.5 s -> 5 min
     assert lim.time_min_s == 240          # setup 30 + 4 setups of training 120 + lead 70 = 220 -> 4 min
     assert lim.signal_lead_s == 70
-    assert "capped" not in lim.why and "within [job] time 1.00 h" in lim.why
+    assert "capped" not in lim.why and "within [job] time 60.0 min" in lim.why
 
 
 def test_the_written_time_caps_a_longer_prediction_and_as_written_copies_it():
@@ -76,6 +76,6 @@ def test_pswift_plan_prints_the_limits_and_why(tmp_path):
     toml = _example(tmp_path)
     text = pswift("plan", "--no-live", str(toml), check=True).stdout
     line = next(x for x in text.splitlines() if x.startswith("time limit: "))
-    assert "--time-min=" in line and "predicted: p90" in line and "within [job] time 1.00 h" in line
+    assert "--time-min=" in line and "predicted: p90" in line and "within [job] time 60.0 min" in line
     got = json.loads(pswift("plan", "--no-live", "--json", str(toml), check=True).stdout)["time_limits"]
     assert got["time_s"] < 3600 and got["time_min_s"] and got["why"].startswith("predicted")

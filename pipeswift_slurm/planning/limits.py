@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 from pipeswift_slurm.config import slurm_minutes
+from pipeswift_slurm.fmt import duration
 from pipeswift_slurm.slurm.sbatch import Limits
 
 #: a predicted limit covers the predicted 90th percentile times this (a limit too short costs a
@@ -33,7 +34,6 @@ MARGIN = 1.25
 SIGNAL_SLACK_S = 60
 #: without periodic checkpoints, an attempt is worth its setup when it trains this many setups
 PROGRESS_SETUPS = 4
-POLICIES = ("predicted", "as_written")
 
 
 def whole_minutes(seconds: float) -> int:
@@ -54,7 +54,7 @@ def signal_lead(wanted_s: int, limit_s: int) -> int:
 def as_written(user_s: int | None, lead_s: int, why: str = "") -> Limits:
     if user_s is None:
         return Limits(None, None, None, why or "no [job] time: the partition's default limit, no USR2")
-    return Limits(user_s, None, signal_lead(lead_s, user_s), why or f"[job] time as written ({_m(user_s)})")
+    return Limits(user_s, None, signal_lead(lead_s, user_s), why or f"[job] time as written ({duration(user_s)})")
 
 
 def predicted(user_s: int | None, held_p90_s: float, setup_s: float, lead_s: int,
@@ -68,10 +68,10 @@ def predicted(user_s: int | None, held_p90_s: float, setup_s: float, lead_s: int
     time_min_s: int | None = min(max(whole_minutes(setup_s + progress + lead_s), floor), time_s)
     if time_min_s == time_s:
         time_min_s = None
-    why = (f"predicted: p90 {_m(held_p90_s)} on the nodes x {MARGIN:g} + USR2 lead {lead_s} s = {_m(want)}"
-           + (f", within [job] time {_m(user_s)}" if user_s is not None and user_s >= want else
-              f", capped by [job] time {_m(user_s)}" if user_s is not None else "")
-           + (f"; --time-min {_m(time_min_s)} (setup + {'two checkpoint intervals' if math.isfinite(checkpoint_every_s) else f'{PROGRESS_SETUPS} setups of training'} + lead)"
+    why = (f"predicted: p90 {duration(held_p90_s)} on the nodes x {MARGIN:g} + USR2 lead {lead_s} s = {duration(want)}"
+           + (f", within [job] time {duration(user_s)}" if user_s is not None and user_s >= want else
+              f", capped by [job] time {duration(user_s)}" if user_s is not None else "")
+           + (f"; --time-min {duration(time_min_s)} (setup + {'two checkpoint intervals' if math.isfinite(checkpoint_every_s) else f'{PROGRESS_SETUPS} setups of training'} + lead)"
               if time_min_s else ""))
     lead = signal_lead(lead_s, time_min_s or time_s)
     return Limits(time_s, time_min_s, lead, why)
@@ -93,9 +93,3 @@ def describe(lim: Limits) -> str:
         return f"time limit: none asked ({lim.why})"
     asked = f"--time={slurm_minutes(lim.time_s)}" + (f" --time-min={slurm_minutes(lim.time_min_s)}" if lim.time_min_s else "")
     return f"time limit: {asked} (minutes), USR2 {lim.signal_lead_s} s before it; {lim.why}"
-
-
-def _m(seconds: float | None) -> str:
-    if seconds is None:
-        return "none"
-    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.2f} h"
