@@ -86,6 +86,34 @@ def test_the_planner_sees_a_live_situation_the_same_on_every_version_and_backend
     assert got["job"][:4] == ["RUNNING", held, 3, 60] and got["preempting"] is False
 
 
+REQUEUED = """
+import json, sys
+from pipeswift_slurm.slurm import client as slurm
+print(json.dumps([slurm.being_preempted(sys.argv[1]), slurm.being_preempted(sys.argv[1], 0),
+                  slurm.being_preempted(sys.argv[1], 1)]))
+"""
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_a_job_slurm_already_requeued_counts_as_preempted_for_the_attempt_it_ended(cluster, backend):
+    """A requeue clears PreemptTime; when the grace time runs out during a controller outage,
+    Slurm's requeue comes before the launcher can ask. Attempt 0 must still read "preempted"
+    (before: "cancelled", and the job's history lost its preemption)."""
+    if backend == "pyslurm" and not pyslurm_usable():
+        pytest.skip("pyslurm is not installed for this Slurm")
+    job = sbatch("-N1", "-t", "5", "--requeue", "--wrap", "sleep 300")
+    try:
+        wait_state(job, {"RUNNING"}, timeout=60)
+        subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True, timeout=30)
+        wait_state(job, {"PENDING"}, timeout=60)
+        proc = subprocess.run([sys.executable, "-c", REQUEUED, job], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "PSWIFT_SLURM_BACKEND": backend})
+    finally:
+        subprocess.run(["scancel", job])
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [False, True, False]   # no attempt given; attempt 0; the new attempt 1
+
+
 def test_a_pyslurm_for_another_slurm_is_one_warning_and_the_commands(cluster, tmp_path):
     """A pyslurm built for another Slurm major.minor is never imported (its import would load
     that Slurm's library): one warning line, and the CLI answers."""

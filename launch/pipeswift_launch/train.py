@@ -527,7 +527,7 @@ def _ending(plan: Plan, denv: DistEnv, step: int, steps: int,
         reason = "time_limit"
     else:
         try:
-            reason = "preempted" if slurm.being_preempted(denv.job_id) else "cancelled"
+            reason = "preempted" if slurm.being_preempted(denv.job_id, denv.attempt) else "cancelled"
         except Exception as e:  # cannot ask Slurm: assume preemption (requeue is the safe side)
             _log(denv.rank, f"cannot tell preemption from cancellation ({e}); assuming preemption")
             reason = "preempted"

@@ -297,10 +297,14 @@ def active_jobs() -> list[JobInfo]:
     return backend().active_jobs()
 
 
-def being_preempted(job_id: str) -> bool:
-    """True while Slurm is preempting the job (PreemptTime is set; a plain scancel leaves it unset)."""
+def being_preempted(job_id: str, attempt: int | None = None) -> bool:
+    """True while Slurm is preempting the job (PreemptTime is set; a plain scancel leaves it
+    unset), or once Slurm has already requeued it past ``attempt`` (its restart count): a requeue
+    clears PreemptTime, and one can come first when the grace time ran out during an outage."""
     job = job_info(job_id)
-    return job is not None and job.preempt_time is not None
+    if job is None:
+        return False
+    return job.preempt_time is not None or (attempt is not None and job.restarts > attempt)
 
 
 def cluster_state(now: float | None = None) -> "ClusterState":
