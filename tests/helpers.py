@@ -9,7 +9,6 @@ import functools
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -63,7 +62,8 @@ def copy_example(dst: Path, replace: dict[str, str] | None = None) -> Path:
     growth and preemption are about those, not about the cost-aware choice or predicted limits
     (their slowed data makes the prediction wrong on purpose), which tests/test_planner.py,
     tests/test_cost_choice.py and tests/test_limits.py test."""
-    shutil.copytree(EXAMPLE, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    from pipeswift_slurm.starter import init
+    init(dst, "tiny-gpt")     # what `pswift init` writes: the example as shipped
     toml = dst / "train.toml"
     text = toml.read_text()
     for key, value in {"jct_slack": "0", "time_policy": '"as_written"', **(replace or {})}.items():

@@ -57,6 +57,13 @@ def test_the_wheel_installs_alone_with_its_plugins_one_version_and_the_license(t
     got = subprocess.run([*pswift, "--version"], capture_output=True, text=True, env=env, check=True,
                          cwd=tmp_path).stdout
     assert got.strip() == f"pswift, version {version}"
+    # the examples ship in it: `pswift init` from the wheel alone writes one that plans
+    assert {"pipeswift_examples/tiny-gpt/train.toml", "pipeswift_examples/gpt2/make_tokens.py"} <= set(names)
+    subprocess.run([*pswift, "init", "-p", "low", "proj"], env=env, check=True, cwd=tmp_path, capture_output=True)
+    assert (tmp_path / "proj" / "model.py").read_bytes() == (ROOT / "examples" / "tiny-gpt" / "model.py").read_bytes()
+    plan = subprocess.run([*pswift, "plan", "--no-live", "proj/train.toml"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert plan.returncode == 0, plan.stderr
     # the plugins, from the installed package, where an admin's slurm.conf points
     etc, spool, db = tmp_path / "etc", tmp_path / "spool", tmp_path / "h.db"
     etc.mkdir()

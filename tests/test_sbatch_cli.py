@@ -69,7 +69,13 @@ def test_jobs_lists_my_registered_jobs_newest_first_even_without_slurm(tmp_path)
 @pytest.mark.slurm
 @pytest.mark.every_version
 def test_overrides_reach_slurm_a_dry_run_script_submits_and_cancel_takes_several_jobs(cluster, tmp_path):
-    toml = copy_example(tmp_path / "ex")
+    started = pswift("init", str(tmp_path / "ex"), check=True)   # item 1: the site's default partition, asked
+    assert started.stderr == ""
+    toml = tmp_path / "ex" / "train.toml"
+    text = toml.read_text()
+    assert re.search(r'(?m)^partition = "low" +# written by pswift init', text), text[:400]
+    toml.write_text(text.replace('time_policy = "predicted"', 'time_policy = "as_written"')   # as copy_example
+                    .replace("jct_slack = 0.05", "jct_slack = 0"))
     run = tmp_path / "run"
     proc = pswift("sbatch", "--parsable", "-p", "high", "-t", "5", "-N", "1-2", "--run-dir", str(run), str(toml),
                   "--", "--hold")

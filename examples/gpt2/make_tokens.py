@@ -14,10 +14,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def sources() -> list[Path]:
+    """The checkout's text files when this file sits in one; after `pswift init --example gpt2`
+    (a copy elsewhere), the installed pswift's own sources."""
+    if (ROOT / "pipeswift_slurm").is_dir() and (ROOT / "pyproject.toml").is_file():
+        return [p for ext in ("py", "md", "toml") for p in ROOT.glob(f"*/**/*.{ext}")
+                if ".venv" not in p.parts and "pswift-runs" not in p.parts]
+    import pipeswift_launch
+    import pipeswift_slurm
+    return [p for pkg in (pipeswift_slurm, pipeswift_launch) for p in Path(pkg.__file__).parent.rglob("*.py")]
+
+
 def corpus(min_tokens: int) -> bytes:
     """The project's text files in a fixed order, repeated until ``min_tokens`` bytes."""
-    files = sorted(p for ext in ("py", "md", "toml") for p in ROOT.glob(f"*/**/*.{ext}")
-                   if ".venv" not in p.parts and "pswift-runs" not in p.parts)
+    files = sorted(sources())
     text = b"\n".join(p.read_bytes() for p in files)
     return text * max(1, -(-min_tokens // max(1, len(text))))
 

@@ -49,6 +49,37 @@ def cli() -> None:
 
 
 @cli.command()
+@click.argument("directory", default=".", type=click.Path(path_type=Path))
+@click.option("--example", type=click.Choice(["tiny-gpt", "gpt2"]), default="tiny-gpt", show_default=True,
+              help="The example to start from (both ship with pswift).")
+@click.option("-p", "--partition", help="[job] partition to write (default: the site's default partition, "
+                                        "asked from Slurm).")
+@_errors
+def init(directory: Path, example: str, partition: str | None) -> None:
+    """Start a project in DIRECTORY (default: here): a commented train.toml and the example's
+    model file, planned on the site's default partition. Never replaces a file.
+
+    Examples:
+
+        pswift init my-run && pswift sbatch --wait my-run/train.toml
+
+        pswift init --example gpt2 gpt2-run
+    """
+    from pipeswift_slurm import starter
+
+    if partition is None:
+        from pipeswift_slurm.slurm import client as slurm
+        partition = slurm.default_partition()
+        if partition is None:
+            _warn("warning: Slurm named no default partition (or did not answer): set [job] partition "
+                  "in train.toml")
+    started = starter.init(directory, example, partition)
+    for path in started.files:
+        click.echo(f"wrote {path}")
+    click.echo("next: " + "\n      ".join(started.next_steps))
+
+
+@cli.command()
 @click.argument("toml", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("-p", "--partition", help="[job] partition for this submission (a name, or a,b).")

@@ -257,6 +257,17 @@ def partition_node_count(partition: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def default_partition() -> str | None:
+    """The partition a job goes to when it names none (slurm.conf's Default=YES); None when
+    there is none or Slurm cannot be asked."""
+    try:
+        out = _run(["scontrol", "-o", "show", "partition"], timeout=QUERY_TIMEOUT).stdout
+    except SlurmError:
+        return None
+    m = re.search(r"(?m)^PartitionName=(\S+)\s(?:.*\s)?Default=YES\b", out)
+    return m.group(1) if m else None
+
+
 class Preemption(NamedTuple):
     """How a partition treats a preempted job: its PreemptMode ("OFF": never preempted) and the
     GraceTime between the SIGTERM and the kill."""

@@ -1,0 +1,69 @@
+"""`pswift init`: a project to start from, copied from an example shipped in the wheel (the
+``pipeswift_examples`` package: the checkout's ``examples/``). Nothing is written unless every
+file can be: an existing file is never replaced."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from typing import NamedTuple
+
+from pipeswift_slurm.errors import UsageError
+
+#: the examples ``pswift init --example`` knows, each with what to run first
+EXAMPLES = {"tiny-gpt": (), "gpt2": ("python {dir}/make_tokens.py",)}
+#: the files of an example that a project needs (data written by a script is not shipped)
+_SHIPPED = re.compile(r"\A[\w.-]+\.(toml|py)\Z")
+_PARTITION_LINE = re.compile(r'(?m)^partition = "[^"\n]*"(?P<pad> *)#.*$')
+
+
+class Started(NamedTuple):
+    """What :func:`init` wrote, and what the user runs next."""
+
+    files: list[Path]
+    next_steps: list[str]
+
+
+def example_files(example: str) -> dict[str, bytes]:
+    """The example's shipped files, by name (its train.toml, model and helper scripts)."""
+    if example not in EXAMPLES:
+        raise UsageError(f"no example {example!r}: choose one of {', '.join(EXAMPLES)}")
+    folder = resources.files("pipeswift_examples").joinpath(example)
+    return {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file() and _SHIPPED.match(f.name)}
+
+
+def with_partition(toml: str, partition: str) -> str:
+    """The example's ``[job] partition`` line set to ``partition`` (the site's default)."""
+    if not re.fullmatch(r"[\w.-]+", partition):
+        raise UsageError(f"partition {partition!r}: give a Slurm partition name (letters, digits, _ . -)")
+    line = f'partition = "{partition}"'
+    start = toml.index("[job]")
+    end = toml.find("\n[", start) % (len(toml) + 1)   # -1 (no later section): the end
+    job = _PARTITION_LINE.sub(f"{line:<27}# written by pswift init (the site's default unless -p)",
+                              toml[start:end], count=1)
+    return toml[:start] + job + toml[end:]
+
+
+def init(dest: Path, example: str = "tiny-gpt", partition: str | None = None) -> Started:
+    """Write ``example``'s train.toml and model files into ``dest`` (created if missing), with
+    ``[job] partition`` set to ``partition`` when given. Refuses, writing nothing, when one of
+    the files is already there or ``dest`` is not a folder."""
+    files = example_files(example)
+    if partition is not None:
+        files["train.toml"] = with_partition(files["train.toml"].decode(), partition).encode()
+    if dest.exists() and (dest.is_symlink() or not dest.is_dir()):
+        raise UsageError(f"{dest} is not a folder: give a new or existing folder for the project")
+    there = sorted(name for name in files if (dest / name).exists() or (dest / name).is_symlink())
+    if there:
+        raise UsageError(f"{dest} already has {', '.join(there)}: give another folder, or move them away "
+                         f"(pswift init never replaces a file)")
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in sorted(files):
+        with open(dest / name, "xb") as f:   # "x": never onto a file that appeared meanwhile
+            f.write(files[name])
+        written.append(dest / name)
+    steps = [s.format(dir=dest) for s in EXAMPLES[example]]
+    return Started(written, [*steps, f"pswift plan {dest / 'train.toml'}",
+                             f"pswift sbatch --wait {dest / 'train.toml'}"])
