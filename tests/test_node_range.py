@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from helpers import copy_example, plan_with, wait_state
+from helpers import copy_example, plan_with, pswift, wait_state
 from pipeswift_slurm.history import eventfold
 from pipeswift_slurm import events as events_mod
 from pipeswift_slurm import submit
@@ -100,3 +100,8 @@ def test_a_requeued_job_with_a_1_node_layout_restarts_on_the_one_free_node(clust
     assert attempts[0]["ended"] == "preempted" and attempts[-1]["ended"] == "completed"
     assert "for 1 node(s) (1 node(s) available" in slurm_log(run)
     assert json.loads((run / "plan.json").read_text())["nodes_request"] == "2-2"
+    # issue 42 item 4: the picture of both attempts, each marked with its layout and cause
+    drawn = pswift("plot", job, "-o", str(tmp_path / "run.png"), check=True).stdout
+    assert f"attempt 0 2 node(s) x 2 stage(s): steps 0-{attempts[0]['end']['step']}, ended: preempted" in drawn, drawn
+    assert "attempt 1 1 node(s) x 1 stage(s)" in drawn and drawn.rstrip().endswith("ended: completed"), drawn
+    assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

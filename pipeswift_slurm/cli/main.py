@@ -363,6 +363,30 @@ def _job_columns() -> list[Any]:
 
 
 @cli.command()
+@click.argument("job")
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=Path("run.png"),
+              show_default=True, help="The PNG to write.")
+@_errors
+def plot(job: str, out: Path) -> None:
+    """Draw JOB (a job id, local-NAME or a run directory): loss and step time against the step
+    over every attempt, each attempt's start and end (and why it ended) marked.
+
+    Examples:
+
+        pswift plot 1234 -o run.png
+
+        pswift plot pswift-runs/tiny-gpt-1234
+    """
+    from pipeswift_slurm.reports import runplot, watch
+
+    ref = watch.resolve(job)
+    if ref.run is None:
+        raise CLIError(f"{ref.name} was not submitted by pswift from this account: pass its run directory", 2)
+    marked = runplot.draw(runplot.attempts_of(ref.run), f"{ref.name} ({ref.run})", out)
+    click.echo(f"wrote {out}: " + "; ".join(marked))
+
+
+@cli.command()
 @click.option("-L", "--limit", type=click.IntRange(1, None), default=20, show_default=True,
               help="The newest this many jobs.")
 @_output
