@@ -5,7 +5,6 @@ file can be: an existing file is never replaced."""
 from __future__ import annotations
 
 import re
-from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
@@ -27,6 +26,7 @@ class Started(NamedTuple):
 
 def example_files(example: str) -> dict[str, bytes]:
     """The example's shipped files, by name (its train.toml, model and helper scripts)."""
+    from importlib import resources
     if example not in EXAMPLES:
         raise UsageError(f"no example {example!r}: choose one of {', '.join(EXAMPLES)}")
     folder = resources.files("pipeswift_examples").joinpath(example)
@@ -52,7 +52,7 @@ def init(dest: Path, example: str = "tiny-gpt", partition: str | None = None) ->
     files = example_files(example)
     if partition is not None:
         files["train.toml"] = with_partition(files["train.toml"].decode(), partition).encode()
-    if dest.exists() and (dest.is_symlink() or not dest.is_dir()):
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         raise UsageError(f"{dest} is not a folder: give a new or existing folder for the project")
     there = sorted(name for name in files if (dest / name).exists() or (dest / name).is_symlink())
     if there:

@@ -52,6 +52,7 @@ def test_init_without_slurm_keeps_the_examples_partition_and_says_so(tmp_path):
 @pytest.mark.parametrize("setup, args, says", [
     ("model.py", [], "already has model.py: give another folder"),
     ("file", [], "is not a folder"),
+    ("link", [], "is not a folder"),
     ("", ["-p", "a b"], "partition 'a b': give a Slurm partition name"),
     ("", ["--example", "llama"], "Invalid value for '--example'"),
 ])
@@ -59,6 +60,8 @@ def test_init_refuses_in_one_line_and_writes_nothing(tmp_path, setup, args, says
     dest = tmp_path / "p"
     if setup == "file":
         dest.write_text("mine")
+    elif setup == "link":
+        dest.symlink_to(tmp_path / "nowhere")
     elif setup:
         dest.mkdir()
         (dest / setup).write_text("mine")
@@ -68,7 +71,7 @@ def test_init_refuses_in_one_line_and_writes_nothing(tmp_path, setup, args, says
     assert "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1 or "--example" in args   # click's own usage lines for an unknown choice
     assert sorted(tmp_path.rglob("*")) == before
-    if setup:
+    if setup not in ("", "link"):
         assert (dest if setup == "file" else dest / setup).read_text() == "mine"
 
 

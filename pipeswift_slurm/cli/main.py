@@ -18,6 +18,7 @@ import click
 from pipeswift_slurm import __version__
 from pipeswift_slurm.cli.common import CLIError, _db_option, _errors, _output, _print, _warn
 from pipeswift_slurm.errors import PswiftError
+from pipeswift_slurm.starter import EXAMPLES
 
 
 class _LazyGroup(click.Group):
@@ -50,7 +51,7 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("directory", default=".", type=click.Path(path_type=Path))
-@click.option("--example", type=click.Choice(["tiny-gpt", "gpt2"]), default="tiny-gpt", show_default=True,
+@click.option("--example", type=click.Choice(list(EXAMPLES)), default="tiny-gpt", show_default=True,
               help="The example to start from (both ship with pswift).")
 @click.option("-p", "--partition", help="[job] partition to write (default: the site's default partition, "
                                         "asked from Slurm).")
