@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import sqlite3
 
 import pytest
@@ -428,6 +429,9 @@ def test_two_clusters_jobs_with_one_id_are_never_merged(tmp_path):
     assert "job 1 is in the history of 2 clusters (c1, c2): say which with -M CLUSTER" in ambiguous.stderr
     two = json.loads(run(db, "show", "1", "-M", "c2", "--json"))
     assert (two["name"], two["user"], two["state"]) == ("second", "bob", "FAILED")
+    # issue 42 item 6: times as sacct prints them, no epoch number
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", two["submit"]), two
+    assert not [k for k, v in two.items() if isinstance(v, (int, float)) and v > 1e9], two
     one = run(db, "show", "1", "--clusters", "c1")
     assert "'first'" in one and "alice" in one and "second" not in one
     rows = parsable(db, "jobs", "-M", "c2", "-o", "job_id,name,state")

@@ -144,9 +144,20 @@ def history_show(job_id: str, db: Path | None, as_json: bool, clusters: str | No
     row["pswift"] = bool(row["pswift"])
     r = reps[-1]
     if as_json:
-        click.echo(json.dumps({**row, "attempt_rows": r.attempt_rows}, indent=2))
+        click.echo(json.dumps(_iso_times(row, r.attempt_rows, {c.key for c in LISTING if c.kind == "time"}), indent=2))
         return
     _show_text(r, row)
+
+
+def _iso_times(row: dict[str, Any], attempts: list[dict[str, Any]], time_keys: set[str]) -> dict[str, Any]:
+    """`history show --json`: the job's row and its attempts, every time as sacct prints one."""
+    from pipeswift_slurm.reports.tabular import iso_time
+
+    def iso(d: dict[str, Any], is_time: Any) -> dict[str, Any]:
+        return {k: iso_time(v) if is_time(k) and isinstance(v, (int, float)) and not isinstance(v, bool) else v
+                for k, v in d.items()}
+    return {**iso(row, time_keys.__contains__),
+            "attempt_rows": [iso(a, lambda k: k.endswith("_time")) for a in attempts]}
 
 
 def _show_text(r: Any, row: dict[str, Any]) -> None:

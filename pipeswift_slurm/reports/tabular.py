@@ -69,6 +69,12 @@ def _iso_sql(expr: str) -> str:
     return f"strftime('%Y-%m-%dT%H:%M:%S', {expr}, 'unixepoch', 'localtime')"
 
 
+def iso_time(epoch: float) -> str:
+    """An epoch as sacct prints a time (and every JSON pswift writes for people): ISO 8601,
+    local, to the second."""
+    return _dt.datetime.fromtimestamp(epoch).strftime("%Y-%m-%dT%H:%M:%S")
+
+
 def hms(seconds: float) -> str:
     """sacct's elapsed form: ``HH:MM:SS``, ``D-HH:MM:SS``."""
     s = int(round(seconds))
@@ -94,7 +100,7 @@ def _cell(v: Any, kind: str) -> str:
     if kind == "mb":
         return f"{v:.0f}"
     if kind == "time":
-        return _dt.datetime.fromtimestamp(v).strftime("%Y-%m-%dT%H:%M:%S")
+        return iso_time(v)
     if isinstance(v, float):
         return f"{v:.4g}"
     return inert(str(v))
