@@ -298,6 +298,17 @@ def test_usage_days_are_local_days_on_both_sides_of_a_dst_change(tmp_path):
     assert days == ["2026-07-01", "2026-11-30"]
 
 
+def test_weeks_are_iso_weeks_and_one_week_across_new_year_is_one_bucket(tmp_path):
+    path = tmp_path / "h.db"
+    days = [(2026, 11, 1), (2026, 11, 2), (2026, 12, 31), (2027, 1, 3)]   # Sun W44, Mon W45; Thu + Sun of 2026-W53
+    h = History(path)
+    h.add_slurm_records([rec(str(i), dt.datetime(*d, 12).timestamp(), dt.datetime(*d, 13).timestamp())
+                         for i, d in enumerate(days, 1)], "t")
+    h.close()
+    weeks = {r["bucket"]: r["attempts"] for r in parsable(path, "usage", "--per", "week")}
+    assert weeks == {"2026-W44": "1", "2026-W45": "1", "2026-W53": "2"}, weeks
+
+
 def test_a_reader_that_stops_early_ends_the_listing_quietly(tmp_path):
     from helpers import PSWIFT
     path = tmp_path / "h.db"

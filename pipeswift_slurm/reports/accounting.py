@@ -26,7 +26,8 @@ from pipeswift_slurm.reports.tabular import Col
 
 GROUP_KEYS = ("user", "account", "partition", "qos")
 PERIODS = ("day", "week", "month")
-_BUCKET_SQL = {"day": "%Y-%m-%d", "week": "%Y-W%W", "month": "%Y-%m"}
+#: each bucket's label: ISO weeks (2026-11-01, a Sunday, is 2026-W44; a week across New Year is one)
+_BUCKET_SQL = {"day": "%Y-%m-%d", "week": "%G-W%V", "month": "%Y-%m"}
 
 
 class Report(NamedTuple):
