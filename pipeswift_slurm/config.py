@@ -119,6 +119,8 @@ class TrainingSection(NamedTuple):
     #: the most of its time a job spends writing checkpoints (pipeswift_slurm.planning.interval)
     checkpoint_io_share: float
     keep_checkpoints: int
+    #: "csv", "tensorboard" (pipeswift_launch.metrics)
+    metrics: list[str]
     hang_timeout_factor: float
     hang_timeout_min_s: float
     #: the micro-batch sizes the planner may choose from (a list, or every power of two dividing
@@ -314,6 +316,11 @@ def _checked(s: Setting, v: Any) -> Any:
         return v
     if s.kind == "choice":
         return _choice(s.section, s.key, v, s.choices)
+    if s.kind == "choices":      # a list, each item one of the choices, each once
+        if not isinstance(v, list) or any(not isinstance(x, str) or x not in s.choices for x in v):
+            raise ConfigError(f"{_where(s.section, s.key)} = {_short(v)}: give a list of "
+                              f"{', '.join(repr(c) for c in s.choices)} (or [] for none)")
+        return list(dict.fromkeys(v))
     raise AssertionError(f"{s.name} has its own checker")
 
 
@@ -323,7 +330,7 @@ def _generic(section: str, t: dict[str, Any]) -> dict[str, Any]:
     for key in keys(section):
         s = setting(section, key)
         if s.kind != "special":
-            out[key] = _checked(s, t[key]) if key in t else s.default
+            out[key] = _checked(s, t[key]) if key in t else s.default.copy() if isinstance(s.default, list) else s.default
     return out
 
 

@@ -97,7 +97,7 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
               "device_memory": (_count, False), "ranks_per_host": (_count, False),
               "host_cores": (_count, False)},
     "step": {"step": (_count, True), "loss": (_num, True), "step_time": (_num, True),
-             "loss_hex": (_str, False)},
+             "loss_hex": (_str, False), "lr": (_num, False)},
     "checkpoint": {"step": (_count, False), "path": (_str, False), "seconds": (_num, False),
                    "reason": (_str, False), "copy_s": (_num, False), "write_s": (_num, False),
                    "commit_s": (_num, False), "background": (lambda v: isinstance(v, bool), False),
@@ -148,6 +148,8 @@ class Writer:
     def __init__(self, run_dir: Path, enabled: bool, attempt: int, job_id: str | None) -> None:
         self.fh = open(Path(run_dir) / FILE, "a", encoding="utf-8") if enabled else None
         self.base = {"attempt": attempt, "job_id": job_id}
+        #: called with each record written (the launcher's metrics: pipeswift_launch.metrics)
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
     def emit(self, event: str, **fields: Any) -> None:
         unknown = unknown_fields(event, fields)
@@ -159,6 +161,8 @@ class Writer:
         rec = {"event": event, "time": round(time.time(), 3), **self.base, **fields}
         self.fh.write(json.dumps(rec) + "\n")
         self.fh.flush()
+        for listener in self.listeners:
+            listener(rec)
 
     def close(self) -> None:
         if self.fh is not None:

@@ -67,6 +67,8 @@ class TrainingSpec(TypedDict):
     checkpoint_interval: int
     checkpoint_io_share: float
     keep_checkpoints: int
+    #: where rank 0 also writes the scalars: "csv", "tensorboard" (pipeswift_launch.metrics)
+    metrics: list[str]
     hang_timeout_factor: float
     hang_timeout_min_s: float
 

@@ -64,7 +64,7 @@ class Setting(NamedTuple):
         if self.json:
             return self.json
         return {"int": (int,), "int|auto": (int,), "float": (int, float), "str": (str,), "bool": (bool,),
-                "choice": tuple({type(c) for c in self.choices})}[self.kind]
+                "choice": tuple({type(c) for c in self.choices}), "choices": (list,)}[self.kind]
 
 
 S = Setting
@@ -152,6 +152,11 @@ SETTINGS: tuple[Setting, ...] = (
       "checkpoints: `\"auto\"`'s interval is at least the last write's seconds ÷ this (never shorter "
       "than the write itself), however little a background write stalls training", lo=0.01, hi=1.0,
       plan="training"),
+    S("training", "metrics", "choices", ["csv"], "where rank 0 also writes loss, lr, step time, "
+      "samples/s and checkpoint stalls, and every start, end, requeue, restart, re-layout and growth, "
+      "under the run dir, on one step axis over all attempts: `metrics.csv`, `tensorboard/` (needs "
+      "the `tensorboard` package where the job runs; `pip install 'pipeswift-slurm[metrics]'`); `[]`: none",
+      choices=("csv", "tensorboard"), plan="training", shown_default='`["csv"]`'),
     S("training", "keep_checkpoints", "int", 2, "complete checkpoints kept", lo=2, plan="training"),
     S("training", "hang_timeout_factor", "float", 10.0, "a rank that finishes no step for "
       "max(hang_timeout_min_s, factor × p95 step time) ends the attempt", lo=2.0, plan="training"),

@@ -76,6 +76,7 @@ def test_a_requeued_job_with_a_1_node_layout_restarts_on_the_one_free_node(clust
                     "process ends: nothing of the job is left to widen its request (README)")
     toml = slow_example(tmp_path / "ex", {"nodes": "[1, 2]", "steps": "40", "checkpoint_interval": "0",
                                           "data_parallel": "1"})
+    toml.write_text(toml.read_text().replace("seed = 1", 'seed = 1\nmetrics = ["csv", "tensorboard"]', 1))
     p = submit.prepare(toml, tmp_path / "run")
     assert set(p.plan["layouts"]) == {"1", "2"}
     script = render(options_for(p.config, str(p.run_dir), limits_of(p.plan), nodes="2-2"),
@@ -105,3 +106,13 @@ def test_a_requeued_job_with_a_1_node_layout_restarts_on_the_one_free_node(clust
     assert f"attempt 0 2 node(s) x 2 stage(s): steps 0-{attempts[0]['end']['step']}, ended: preempted" in drawn, drawn
     assert "attempt 1 1 node(s) x 1 stage(s)" in drawn and drawn.rstrip().endswith("ended: completed"), drawn
     assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # ... and the TensorBoard runs, read with TensorBoard's own reader: one loss curve over both
+    # attempts, equal to the job's events, and the requeue marked where attempt 0 ended
+    from test_metrics import scalars
+    losses = {e["step"]: e["loss"] for e in events_mod.read(run)[0] if e["event"] == "step"}
+    curve = scalars(run, "train/loss")
+    assert [s for s, _ in curve] == list(range(1, 41))
+    assert all(abs(v - losses[s]) <= 1e-6 * abs(losses[s]) for s, v in curve)
+    assert [s for s, _ in scalars(run, "events/requeue")] == [attempts[0]["end"]["step"]]
+    assert [s for s, _ in scalars(run, "events/start")] == [0, attempts[0]["end"]["step"]]
+    assert (run / "metrics.csv").read_text().count("\n") > 40

@@ -110,6 +110,6 @@ def test_the_job_refuses_a_plan_missing_any_setting_it_reads(tmp_path):
         del home[s.key]
         with pytest.raises(ConfigError, match=rf"plan.json: {name} is missing or not"):
             runnable(broken)
-        home[s.key] = [1]                       # no setting travels as a list
+        home[s.key] = {"not": "a list"} if list in s.plan_types() else [1]   # the wrong JSON type
         with pytest.raises(ConfigError, match=rf"plan.json: {name} is missing or not"):
             runnable(broken)

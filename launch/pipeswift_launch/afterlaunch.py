@@ -125,11 +125,19 @@ def _record(plan: Plan, d: decide.Decision, last_step: int | None, restarts: int
     attempt = int(env.get("SLURM_RESTART_COUNT") or 0)
     death = d.death or decide.Death("exit")
     action = {"relaunch": "restart", "shrink": "restart"}.get(d.action, d.action)
-    events_mod.append(run_dir, "crash", attempt, job_id, how=death.how, rank=death.rank, node=death.node,
-                      step=death.step if death.step is not None else last_step, error=death.error,
-                      action=action, restart=restarts + 1 if d.counts_as_restart else None, why=d.why)
-    events_mod.append(run_dir, "end", attempt, job_id, reason="failed" if d.action == "fail" else "crashed",
-                      step=last_step, requeue=d.action == "requeue", error=d.why)
+    writer = events_mod.Writer(run_dir, True, attempt, job_id)
+    from . import metrics
+    sink = metrics.attach(writer, run_dir, plan["training"])
+    try:
+        writer.emit("crash", how=death.how, rank=death.rank, node=death.node,
+                    step=death.step if death.step is not None else last_step, error=death.error,
+                    action=action, restart=restarts + 1 if d.counts_as_restart else None, why=d.why)
+        writer.emit("end", reason="failed" if d.action == "fail" else "crashed", step=last_step,
+                    requeue=d.action == "requeue", error=d.why)
+    finally:
+        writer.close()
+        if sink is not None:
+            sink.close()
 
 
 def carry_out(plan: Plan, d: decide.Decision, last_step: int | None, restarts: int,

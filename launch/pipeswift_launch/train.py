@@ -15,7 +15,7 @@ from pipeswift_slurm import events as events_schema
 from pipeswift_slurm.planning.decide import requeue_left
 from pipeswift_slurm.plan import RELAYOUT_EXIT
 
-from . import collectives, data, launchrec, rendezvous
+from . import collectives, data, launchrec, metrics, rendezvous
 from .checkpointer import Checkpointer
 from .dist_env import DistEnv, log0 as _log
 from .pipe import build_pipe
@@ -118,6 +118,15 @@ def run(plan: Plan, denv: DistEnv, started: float | None = None) -> int:
     os.environ.update(denv.exports())
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if plan["device"] == "cuda" else "cpu")
     events = events_schema.Writer(Path(plan["run_dir"]), denv.rank == 0, denv.attempt, denv.job_id)
+    sink = metrics.attach(events, Path(plan["run_dir"]), plan["training"])
+    try:
+        return _run(plan, denv, events, started)
+    finally:
+        if sink is not None:
+            sink.close()
+
+
+def _run(plan: Plan, denv: DistEnv, events: events_schema.Writer, started: float | None) -> int:
     layout = plan["layouts"].get(str(denv.nodes))
     refusal = _refusal(plan, denv, layout)
     if refusal is not None:
@@ -260,7 +269,8 @@ def _train(att: Attempt) -> int:
         dog.beat(att.step, dt)
         if att.rank == 0:
             lv = float(loss.item())
-            att.events.emit("step", step=att.step, loss=lv, loss_hex=lv.hex(), step_time=round(dt, 6))
+            att.events.emit("step", step=att.step, loss=lv, loss_hex=lv.hex(), step_time=round(dt, 6),
+                            lr=float(engine.get_lr()[0]))
             print(f"step {att.step}/{steps} loss {lv:.6f} ({dt * 1000:.1f} ms)", flush=True)
         if profiler.handles and (att.step - first == PROFILE_STEPS[-1] or att.step >= steps):
             profiled = _emit_profile(profiler, timer, att)

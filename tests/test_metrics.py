@@ -1,0 +1,81 @@
+"""[training] metrics (issue 42, item 4): the scalars and the run's events in metrics.csv and
+TensorBoard, one step axis over launches, read back with TensorBoard's own reader. A
+preempted and requeued job through Slurm: tests/test_node_range.py."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from pipeswift_slurm import events
+from pipeswift_slurm.config import load_config
+from pipeswift_slurm.errors import ConfigError
+from helpers import copy_example
+
+TRAINING = {"metrics": ["csv", "tensorboard"], "global_batch_size": 32}
+
+
+def launch(run, attempt, first, last, loss_of, end="preempted", requeue=True):
+    """What one launch's rank 0 writes: its start, steps first+1..last, a checkpoint, its end."""
+    from pipeswift_launch import metrics
+    w = events.Writer(run, True, attempt, "7")
+    sink = metrics.attach(w, run, TRAINING)
+    w.emit("start", nodes=2, world_size=2, stages=2, data_parallel=1, micro_batches=4, micro_batch_size=8,
+           step=first)
+    for s in range(first + 1, last + 1):
+        w.emit("step", step=s, loss=loss_of(s), step_time=0.5, lr=1e-3)
+    w.emit("checkpoint", step=last, seconds=0.25, write_s=1.5, reason="signal")
+    w.emit("end", reason=end, step=last, requeue=requeue)
+    w.close()
+    sink.close()
+
+
+def scalars(run, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run / "tensorboard" / ("events" if tag.startswith("events/") else "train")))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+def test_three_launches_make_one_curve_in_tensorboard_and_the_csv_keeps_every_row(tmp_path):
+    """Launch 1 trains to 10 and is preempted; launch 2 resumes at 10, crashes after 14 and
+    the helper restarts it; launch 3 resumes from the checkpoint at 12 and completes at 16."""
+    launch(tmp_path, 0, 0, 10, lambda s: 5.0 - s / 10)
+    launch(tmp_path, 1, 10, 14, lambda s: 4.0 - s / 100, end="crashed", requeue=False)
+    from pipeswift_launch import metrics
+    w = events.Writer(tmp_path, True, 1, "7")      # the after-launch helper's record of the crash
+    sink = metrics.attach(w, tmp_path, TRAINING)
+    w.emit("crash", how="signal 9", action="restart", step=14, restart=1)
+    w.close()
+    sink.close()
+    launch(tmp_path, 1, 12, 16, lambda s: 3.0 - s / 1000, end="completed", requeue=False)
+
+    loss = scalars(tmp_path, "train/loss")
+    assert [s for s, _ in loss] == list(range(1, 17))                 # one continuous curve
+    assert dict(loss)[11] == pytest.approx(4.0 - 11 / 100) and dict(loss)[13] == pytest.approx(3.0 - 13 / 1000)
+    assert dict(scalars(tmp_path, "train/samples_per_s"))[5] == pytest.approx(64.0)   # 32 samples / 0.5 s
+    assert dict(scalars(tmp_path, "train/lr"))[16] == pytest.approx(1e-3)
+    assert scalars(tmp_path, "checkpoint/stall_s")[0] == (10, 0.25)
+    assert [s for s, _ in scalars(tmp_path, "events/requeue")] == [10]
+    assert [s for s, _ in scalars(tmp_path, "events/restart")] == [14]
+    assert [s for s, _ in scalars(tmp_path, "events/start")] == [0, 10, 12]
+
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    assert [r["event"] for r in rows if r["event"] not in ("step", "checkpoint")] == \
+        ["start", "requeue", "start", "end", "restart", "start", "end"]
+    steps = [int(r["step"]) for r in rows if r["event"] == "step"]
+    assert steps == [*range(1, 11), *range(11, 15), *range(13, 17)]   # the last row of a step counts
+    assert rows[0]["detail"] == "2 node(s) x 2 stage(s) x 1 data-parallel from step 0"
+
+
+def test_metrics_is_a_list_of_known_writers(tmp_path):
+    toml = copy_example(tmp_path / "ex")
+    assert load_config(toml).training.metrics == ["csv"]
+    for bad in ('"csv"', '["csv", "wandb"]', "[1]"):
+        toml.write_text(toml.read_text().replace("seed = 1", f"seed = 1\nmetrics = {bad}", 1))
+        with pytest.raises(ConfigError, match=r"\[training\] metrics = .*: give a list of 'csv', 'tensorboard'"):
+            load_config(toml)
+        toml = copy_example(tmp_path / f"ex{len(bad)}")
+    toml.write_text(toml.read_text().replace("seed = 1", "seed = 1\nmetrics = []", 1))
+    assert load_config(toml).training.metrics == []
