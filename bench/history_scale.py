@@ -86,7 +86,7 @@ def command_pairs(jid: str) -> dict[str, tuple[list[str], str, list[str]]]:
     return {
         "jobs": (["history", "jobs"], listing, tsv),
         "jobs_first_1000": (["history", "jobs", "--limit", "1000"], listing + " LIMIT 1000", tsv),
-        "export": (["history", "export", "--format", "csv"], listing, ["-header", "-csv"]),
+        "export": (["history", "export"], listing, ["-header", "-csv"]),
         "report": (["history", "report", "--by", "partition"], _percentiles("partition"), tsv),
         "show": (["history", "show", jid], one_job, tsv),
         "doctor": (["doctor", jid], one_job, tsv),

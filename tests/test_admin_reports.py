@@ -4,7 +4,9 @@ Slurm are in test_admin.py (mixed workload) and test_slurm_versions.py (sacct wi
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
+import io
 import json
 import re
 import sqlite3
@@ -396,6 +398,23 @@ def _stderr_on_a_terminal(args: list[str], **kw) -> tuple[int, str, str]:
         seen += chunk
     os.close(master)
     return proc.returncode, out, seen.decode(errors="replace")
+
+
+def test_export_format_names_columns_as_history_jobs_does_and_the_old_spelling_still_works(db):
+    """Issue 42 item 6: -o/--format is the columns in `history jobs` and `history export` alike;
+    the form is --json/--tsv (CSV by default). `--format json` works one more release, with a notice."""
+    jobs = parsable(db, "jobs", "-o", "job_id,state,jct_s")
+    exported = list(csv.DictReader(io.StringIO(run(db, "export", "-o", "job_id,state,jct_s"))))
+    assert [list(r) for r in exported][0] == ["job_id", "state", "jct_s"]
+    assert sorted(r["job_id"] for r in exported) == sorted(r["job_id"] for r in jobs)
+    as_json = json.loads(run(db, "export", "--json"))
+    old = pswift("history", "export", "--format", "json", "--db", str(db))
+    assert old.returncode == 0 and json.loads(old.stdout) == as_json
+    assert old.stderr.count("\n") == 1 and "--format json is now --json" in old.stderr
+    assert run(db, "export", "--tsv", "-o", "job_id").splitlines()[0] == "job_id"
+    assert "jct_s" in run(db, "export", "-o", "help").split()
+    both = pswift("history", "export", "--json", "--tsv", "--db", str(db))
+    assert both.returncode == 2 and both.stderr.count("\n") == 1
 
 
 def test_long_commands_show_progress_on_a_terminal_and_nothing_when_piped(db, tmp_path):

@@ -240,25 +240,40 @@ def history_report(db: Path | None, sel: Any, by: str, out: Any, plot: Path | No
         _warn(f"plot written to {plot}")
 
 
+_EXPORT_FORMS = ("csv", "json", "tsv")
+
+
 @history.command("export")
 @_select
-@click.option("--format", "fmt", type=click.Choice(["csv", "json", "tsv"]), default="csv", show_default=True)
+@click.option("-o", "--format", "fields", help="Columns, as in `history jobs -o` (default: every column; "
+                                               "--format=help lists the keys).")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list.")
+@click.option("--tsv", "as_tsv", is_flag=True, help="Tab-separated with a header.")
 @_errors
-def history_export(db: Path | None, sel: Any, fmt: str) -> None:
-    """Every selected job with every column, streamed as CSV, JSON or TSV (for spreadsheets,
-    pandas, Datasette).
+def history_export(db: Path | None, sel: Any, fields: str | None, as_json: bool, as_tsv: bool) -> None:
+    """Every selected job with every column (or -o's), streamed as CSV (default), JSON or TSV
+    (for spreadsheets, pandas, Datasette).
 
     Example:
 
-        pswift history export -S now-30days --format json > jobs.json
+        pswift history export -S now-30days --json > jobs.json
     """
     from pipeswift_slurm.fmt import interactive, progress
     from pipeswift_slurm.reports.jct import LISTING, write_listing
-    from pipeswift_slurm.reports.tabular import Output, Renderer
+    from pipeswift_slurm.reports.tabular import Output
+    if fields in _EXPORT_FORMS:     # the old spelling: --format named the output form
+        _warn(f"pswift: --format {fields} is now --{fields} (--format names the columns, as in `history "
+              f"jobs`); the old spelling goes in the next release")
+        as_json, as_tsv, fields = fields == "json" or as_json, fields == "tsv" or as_tsv, None
+    if as_json and as_tsv:
+        raise CLIError("choose one of --json, --tsv (the default is CSV)", 2)
+    render = _renderer(LISTING, Output("json" if as_json else "tsv" if as_tsv else "csv", True, fields))
+    if render is None:     # -o help
+        return
     h = _open(db)
     try:
         with _quiet_on_closed_pipe(), progress("jobs exported") as advance:
-            write_listing(h, sel, Renderer(LISTING, Output(fmt)), tick=advance if interactive() else None)
+            write_listing(h, sel, render, tick=advance if interactive() else None)
     finally:
         h.close()
 
