@@ -195,7 +195,7 @@ def _dur(s: float | None) -> str:
 _REPORT_COLS = [("jobs", "Jobs", "int", 6), ("attempts", "Attempts", "int", 8), ("wait_p50_s", "WaitP50", "s", 10),
                 ("wait_p95_s", "WaitP95", "s", 10), ("jct_p50_s", "JCTP50", "s", 10), ("jct_p95_s", "JCTP95", "s", 10),
                 ("preemption_rate", "PreemptRate", "ratio", 11), ("steps_lost", "StepsLost", "int", 9),
-                ("cpu_hours_wasted", "Wasted", "h", 8), ("step_time_var", "StepVar", "float", 8),
+                ("wasted_hours", "Wasted", "h", 8), ("step_time_var", "StepVar", "float", 8),
                 ("queue_s", "Queue", "s", 13), ("setup_s", "Setup", "s", 13), ("training_s", "Training", "s", 13),
                 ("checkpoint_s", "Ckpt/cleanup", "s", 13), ("predicted_vs_actual_jct", "PredVsActual", "float", 12)]
 

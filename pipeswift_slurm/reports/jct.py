@@ -224,7 +224,7 @@ def aggregate(reps: list[JobReport], by: str) -> list[dict[str, Any]]:
             "jct_p50_s": quantile(jcts, 0.5), "jct_p95_s": quantile(jcts, 0.95),
             "preemption_rate": sum(r.preemptions for r in rs) / max(1, sum(r.attempts for r in rs)),
             "steps_lost": sum(r.steps_lost for r in rs),
-            "cpu_hours_wasted": sum(r.cpu_hours_wasted or 0.0 for r in rs),  # what is on record
+            "wasted_hours": sum(r.cpu_hours_wasted or 0.0 for r in rs),  # what is on record
             "step_time_var": median(r.step_var for r in rs),
             "queue_s": sum(waits), "setup_s": sum(r.setup_s for r in rs),
             "training_s": sum(r.training_s for r in rs), "checkpoint_s": sum(r.checkpoint_s for r in rs),
@@ -491,11 +491,11 @@ def aggregate_sql(h: History, by: str, sel: Selection = Selection()) -> list[dic
         j50, j95 = quantiles(jcts, (0.5, 0.95), clean=True)
         out[k] = {by: k, "jobs": jobs, "attempts": attempts, "preemption_rate": pre / max(1, attempts),
                   "queue_s": queue, "setup_s": 0.0, "training_s": run, "checkpoint_s": 0.0, "steps_lost": 0,
-                  "cpu_hours_wasted": wasted_h, "step_time_var": None, "predicted_vs_actual_jct": None,
+                  "wasted_hours": wasted_h, "step_time_var": None, "predicted_vs_actual_jct": None,
                   "wait_p50_s": w50, "wait_p95_s": w95, "jct_p50_s": j50, "jct_p95_s": j95}
     _add_pswift_figures(h, out, by, sel)
     cols = [by, "jobs", "attempts", "wait_p50_s", "wait_p95_s", "jct_p50_s", "jct_p95_s", "preemption_rate",
-            "steps_lost", "cpu_hours_wasted", "step_time_var", "queue_s", "setup_s", "training_s",
+            "steps_lost", "wasted_hours", "step_time_var", "queue_s", "setup_s", "training_s",
             "checkpoint_s", "predicted_vs_actual_jct"]
     return [{c: g.get(c) for c in cols} for _, g in sorted(out.items(), key=lambda kv: str(kv[0]))]
 
@@ -519,7 +519,7 @@ def _add_pswift_figures(h: History, out: dict[Any, dict[str, Any]], by: str, sel
             g["setup_s"] += r.setup_s
             g["checkpoint_s"] += r.checkpoint_s
             g["steps_lost"] += r.steps_lost
-            g["cpu_hours_wasted"] += (r.cpu_hours_wasted or 0.0) - r.rollup_wasted_h   # what is on record
+            g["wasted_hours"] += (r.cpu_hours_wasted or 0.0) - r.rollup_wasted_h   # what is on record
         g["step_time_var"] = median(r.step_var for r in rs)
         pred = [(r.predicted_jct_s, r.jct_s) for r in rs if r.predicted_jct_s and r.jct_s]
         g["predicted_vs_actual_jct"] = median(p / a for p, a in pred)
