@@ -77,7 +77,13 @@ def test_partition_cli():
     from helpers import pswift
     d = json.loads(pswift("partition", "--costs", "5,1,1,1,1,1,1,1,1,6", "--stages", "4", "--json").stdout)
     assert d["bottleneck"] == 6.0 and d["boundaries"][0] == 0 and d["boundaries"][-1] == 10
-    text = pswift("partition", "--costs", "1,1,1,1", "--memory", "3,1,1,3", "--memory-cap", "4", "-P", "2").stdout
+    text = pswift("partition", "--costs", "1,1,1,1", "--memory", "3,1,1,3", "--memory-cap", "4", "--stages", "2").stdout
     assert "boundaries [0, 2, 4]" in text and "memory 4" in text
-    bad = pswift("partition", "--costs", "1,1", "-P", "3")
+    bad = pswift("partition", "--costs", "1,1", "--stages", "3")
     assert bad.returncode == 2 and "3 stages > 2 layers" in bad.stderr
+    # issue 42 item 6: -P is --parsable everywhere (sacct's); the old -P N works one release, said once
+    old = pswift("partition", "--costs", "1,1,1,1", "-P", "2")
+    assert old.returncode == 0 and "boundaries [0, 2, 4]" in old.stdout
+    assert old.stderr.count("\n") == 1 and "-P 2 is now --stages 2" in old.stderr
+    none = pswift("partition", "--costs", "1,1")
+    assert none.returncode == 2 and none.stderr.count("\n") == 1 and "give --stages N" in none.stderr

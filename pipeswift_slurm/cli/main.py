@@ -658,13 +658,14 @@ def simulate(toml: Path | None, fwd: str | None, bwd: str | None, wgrad: str | N
 
 @cli.command()
 @click.option("--costs", required=True, help="Seconds per layer (forward+backward): 1,2,2,2,1")
-@click.option("--stages", "-P", type=int, required=True, help="Number of pipeline stages.")
+@click.option("--stages", type=click.IntRange(1, None), help="Number of pipeline stages (required).")
+@click.option("-P", "stages_old", type=click.IntRange(1, None), hidden=True)   # the old spelling, one release
 @click.option("--memory", help="Bytes per layer, for --memory-cap: 4e8,1e8,...")
 @click.option("--memory-cap", type=float, help="Most memory one stage may hold (bytes).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_errors
-def partition(costs: str, stages: int, memory: str | None, memory_cap: float | None,
-              as_json: bool) -> None:
+def partition(costs: str, stages: int | None, stages_old: int | None, memory: str | None,
+              memory_cap: float | None, as_json: bool) -> None:
     """Cut layers into contiguous stages that minimise the slowest stage (exact).
 
     For people who cut by hand: the result goes into [pipeline] partition = [0, ...].
@@ -673,10 +674,16 @@ def partition(costs: str, stages: int, memory: str | None, memory_cap: float | N
 
         pswift partition --costs 5,1,1,1,1,1,1,1,1,6 --stages 4
 
-        pswift partition --costs 1,1,1,1 --memory 3,1,1,3 --memory-cap 4 -P 2 --json
+        pswift partition --costs 1,1,1,1 --memory 3,1,1,3 --memory-cap 4 --stages 2 --json
     """
     from pipeswift_slurm.planning.partition import PartitionError, balanced_boundaries, stage_sums
 
+    if stages is None and stages_old is not None:
+        _warn(f"pswift: -P {stages_old} is now --stages {stages_old} (-P is --parsable, as in sacct); "
+              f"the old spelling goes in the next release")
+        stages = stages_old
+    if stages is None:
+        raise CLIError("give --stages N: the number of pipeline stages", 2)
     c = _floats("--costs", costs) or []
     mem = _floats("--memory", memory)
     if memory_cap is not None and mem is None:
