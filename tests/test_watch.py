@@ -191,3 +191,19 @@ def test_a_run_dirs_job_id_is_read_as_a_user_file(tmp_path):
     (run / "JOB_ID").unlink()
     (run / "JOB_ID").write_text("12; rm -rf /\n")
     assert watch.resolve(str(run)) == watch.JobRef(None, run, "local-run")
+
+
+def test_the_registry_lives_where_platformdirs_puts_user_state_and_pswift_home_wins(tmp_path, monkeypatch):
+    """Issue 42 item 8: the state folder is platformdirs' user_state_dir (the library is the
+    reference here; pswift does not import it on the submit path)."""
+    import platformdirs
+    monkeypatch.delenv("PSWIFT_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for xdg in (str(tmp_path / "xdg"), None, "relative/ignored"):
+        if xdg is None:
+            monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+        else:
+            monkeypatch.setenv("XDG_STATE_HOME", xdg)
+        assert rundir.state_dir() == Path(platformdirs.user_state_dir("pswift")), xdg
+    monkeypatch.setenv("PSWIFT_HOME", str(tmp_path / "mine"))
+    assert rundir.state_dir() == tmp_path / "mine"
