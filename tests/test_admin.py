@@ -236,9 +236,11 @@ def test_job_submit_takes_constant_time_on_4_mib_of_blank_lines(cluster, tmp_pat
     """The submissions that held slurmctld for minutes with a tokenizer quadratic in blank lines,
     through real sbatch into slurmctld: a pswift script with ~4 MiB of blank lines before its
     first command is refused (the plugin reads 16 KiB of any script), and one with them after its
-    first command is accepted with --requeue, each within 50 ms of sbatch's time for a plain
-    script of the same shape (the baselines, in the same test: the plugin returns at once for
-    them, and sbatch itself reads every line before a script's first command)."""
+    first command is accepted with --requeue, each within half a second of sbatch's time for a
+    plain script of the same shape (the baselines, in the same test: the plugin returns at once
+    for them, and sbatch itself reads every line before a script's first command). The quadratic
+    tokenizer took minutes; the refusal path alone differs by ~60 ms here, more than the 50 ms
+    this test once allowed (a flake on 25.11 in CI). The cost per MiB is bench/job_submit.py's."""
     size = (4 << 20) - 8192          # under Slurm's default max_script_size of 4 MiB
     # the baselines have the same shape (sbatch itself reads every line before the first command)
     base_head, ok = _sbatch_seconds(tmp_path, "#!/bin/bash\n" + "\n" * size + "true\n")
@@ -248,7 +250,7 @@ def test_job_submit_takes_constant_time_on_4_mib_of_blank_lines(cluster, tmp_pat
     assert refused.returncode != 0 and "run past 16384 bytes" in refused.stderr, refused.stderr
     body, accepted = _sbatch_seconds(tmp_path, PSWIFT_LIKE.format(extra="") + "\n" * size)
     assert accepted.returncode == 0, accepted.stderr
-    assert head - base_head <= 0.05 and body - base_body <= 0.05, (base_head, head, base_body, body)
+    assert head - base_head <= 0.5 and body - base_body <= 0.5, (base_head, head, base_body, body)
     one_mb_line = PSWIFT_LIKE.format(extra="#SBATCH --comment=big # " + "x" * 1_000_000)
     assert "run past 16384 bytes" in sbatch_script(tmp_path, one_mb_line).stderr
 

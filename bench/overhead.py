@@ -1,0 +1,163 @@
+"""pswift's own cost inside a training step (issue 41, item 0): the same job run by `pswift run`
+and by a bare DeepSpeed loop (the same layers, boundaries, data, seed and DeepSpeed config:
+pswift's own builders, none of its hooks, timers, events, watchdog or stop flags), in
+alternated rounds (who goes first alternates), each its own processes, one per stage.
+
+Figures: the median over rounds of each run's median step time (engine.train_batch alone),
+pswift / bare; and the wall time from starting the processes to the last step, pswift / bare
+(pswift's final checkpoint comes after the last step: not counted). The rounds' spread of
+the step ratio says what a round resolves on this host.
+
+    python bench/overhead.py [--rounds 8] [--steps 40] [--hidden 256] [--quick] [--out bench/results/overhead.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+
+ROOT = benchlib.ROOT
+#: one rank of the bare loop: argv = plan.json, rank, world size, port, out.json
+BARE = r'''
+import json, os, sys, time
+started = time.time()
+plan_path, rank, world, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT=port, DS_ACCELERATOR="cpu")
+import logging, torch, deepspeed
+from pipeswift_slurm.plan import parse_plan
+from pipeswift_launch import data, ds_compat, rng
+from pipeswift_launch.pipe import build_pipe
+from pipeswift_launch.train import ds_config
+plan = parse_plan(open(plan_path, "rb").read())
+layout = plan["layouts"][str(world)]
+ds_compat.skip_shm_build()
+logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+torch.set_num_threads(int(plan["cpus_per_task"]))
+deepspeed.init_distributed(dist_backend="gloo")
+seed = int(plan["training"]["seed"])
+rng.reseed(seed, 0, 0)
+model = build_pipe(plan, layout)
+rng.reseed(seed, 0, rank)
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(plan, layout))
+t = plan["training"]
+fn, kwargs, m, mbs = data.source(plan), dict(plan["model"]["kwargs"]), layout["micro_batches"], layout["micro_batch_size"]
+times, losses = [], []
+for step in range(int(t["steps"])):
+    batches = [fn(step=step, index=i, micro_batch_size=mbs, seed=seed, **kwargs) for i in range(m)]
+    ts = time.time()
+    loss = engine.train_batch(data_iter=iter(batches))
+    times.append(time.time() - ts)
+    losses.append(float(loss.item()))
+if rank == 0:
+    json.dump({"step_times": times, "losses": losses, "last_step_at": time.time(), "started": started}, open(out, "w"))
+'''
+
+
+def example(dst: Path, steps: int, hidden: int) -> Path:
+    """The tiny-gpt example, 2 stages x 4 micro-batches, widened to ``hidden``, no checkpoint
+    but the final one."""
+    from pipeswift_slurm.starter import init
+    init(dst, "tiny-gpt")
+    toml = dst / "train.toml"
+    text = toml.read_text()
+    for old, new in (("steps = 40", f"steps = {steps}"), ("hidden = 128", f"hidden = {hidden}"),
+                     ("checkpoint_interval = 20 ", "checkpoint_interval = 0  ")):
+        assert old in text, old
+        text = text.replace(old, new)
+    toml.write_text(text)
+    return toml
+
+
+def run_pswift(toml: Path, work: Path) -> dict:
+    """`pswift run`, each with a fresh history (so every round plans the same, from layer_costs)."""
+    run = work / f"pswift-{time.monotonic_ns()}"
+    env = {**os.environ, "PSWIFT_HOME": str(run) + "-home", "PSWIFT_DB": str(run) + ".db"}
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-m", "pipeswift_slurm.cli.main", "run", "--run-dir", str(run), str(toml)],
+                          capture_output=True, text=True, timeout=1800, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"pswift run failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    from pipeswift_slurm import events
+    steps = [e for e in events.read(run)[0] if e["event"] == "step"]
+    start = next(e for e in events.read(run)[0] if e["event"] == "start")
+    return {"step_times": [e["step_time"] for e in steps], "losses": [e["loss"] for e in steps],
+            "to_last_step_s": steps[-1]["time"] - started, "plan": str(run / "plan.json"),
+            "boundaries": start["boundaries"]}
+
+
+def run_bare(plan: Path, work: Path, world: int) -> dict:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    out = work / f"bare-{time.monotonic_ns()}.json"
+    started = time.time()
+    procs = [subprocess.Popen([sys.executable, "-c", BARE, str(plan), str(r), str(world), port, str(out)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    logs = [p.communicate(timeout=1800)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit("bare DeepSpeed failed:\n" + "\n".join(log[-2000:] for log in logs))
+    got = json.loads(out.read_text())
+    return {"step_times": got["step_times"], "losses": got["losses"], "to_last_step_s": got["last_step_at"] - started}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--quick", action="store_true", help="one round of 4 steps at hidden 128 (CI: the bench still runs)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "overhead.json"))
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.steps, args.hidden = 1, 4, 128
+    work = Path(tempfile.mkdtemp(prefix="pswift-overhead-"))
+    try:
+        toml = example(work / "ex", args.steps, args.hidden)
+        rounds, plan, cut = [], None, None
+        for r in range(args.rounds):
+            order = ("pswift", "bare") if r % 2 == 0 else ("bare", "pswift")   # round 0: pswift first
+            got: dict[str, dict] = {}
+            for who in order:
+                got[who] = run_pswift(toml, work) if who == "pswift" else run_bare(plan, work, 2)
+                if who == "pswift":   # the bare loop trains the first run's plan: every round's is the same
+                    plan, cut = plan or Path(shutil.copy(got[who]["plan"], work / "plan.json")), cut or got[who]["boundaries"]
+                    if got[who]["boundaries"] != cut:
+                        raise SystemExit(f"round {r + 1} planned other stages {got[who]['boundaries']} than {cut}")
+            if got["pswift"]["losses"] != got["bare"]["losses"]:
+                raise SystemExit("pswift and bare DeepSpeed trained different numbers: not the same job")
+            rounds.append({who: {"median_step_s": statistics.median(g["step_times"]), "to_last_step_s": g["to_last_step_s"]}
+                           for who, g in got.items()})
+            print(f"round {r + 1}/{args.rounds}: step {rounds[-1]['pswift']['median_step_s']:.4f} s (pswift) vs "
+                  f"{rounds[-1]['bare']['median_step_s']:.4f} s (bare); to the last step "
+                  f"{rounds[-1]['pswift']['to_last_step_s']:.1f} vs {rounds[-1]['bare']['to_last_step_s']:.1f} s", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    step_ratios = [x["pswift"]["median_step_s"] / x["bare"]["median_step_s"] for x in rounds]
+    wall_ratios = [x["pswift"]["to_last_step_s"] / x["bare"]["to_last_step_s"] for x in rounds]
+    step_ratio = statistics.median(x["pswift"]["median_step_s"] for x in rounds) / \
+        statistics.median(x["bare"]["median_step_s"] for x in rounds)
+    wall_ratio = statistics.median(wall_ratios)
+    figures = (f"step time pswift/bare {step_ratio:.3f} (rounds {min(step_ratios):.3f}-{max(step_ratios):.3f}), "
+               f"launch to last step {wall_ratio:.3f} ({min(wall_ratios):.3f}-{max(wall_ratios):.3f}); "
+               f"{args.rounds} alternated rounds of {args.steps} steps, 2 stages x 4 micro-batches, hidden {args.hidden}")
+    benchlib.save(args.out, {"rounds": rounds, "step_ratio": step_ratio, "wall_ratio": wall_ratio,
+                             "step_ratios": step_ratios, "wall_ratios": wall_ratios},
+                  quick=args.quick, what="pswift's own cost per step against bare DeepSpeed (bench/overhead.py)",
+                  figures=figures)
+
+
+if __name__ == "__main__":
+    main()
