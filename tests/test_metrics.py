@@ -69,6 +69,18 @@ def test_three_launches_make_one_curve_in_tensorboard_and_the_csv_keeps_every_ro
     assert rows[0]["detail"] == "2 node(s) x 2 stage(s) x 1 data-parallel from step 0"
 
 
+def test_a_metrics_failure_is_said_once_and_training_events_go_on(tmp_path, capsys):
+    from pipeswift_launch import metrics
+    w = events.Writer(tmp_path, True, 0, "7")
+    sink = metrics.attach(w, tmp_path, {"metrics": ["csv"], "global_batch_size": 8})
+    sink._csv_fh.close()                      # as a full or vanished file system would fail it
+    for s in (1, 2):
+        w.emit("step", step=s, loss=1.0, step_time=0.1)
+    w.close()
+    assert [e["step"] for e in events.read(tmp_path)[0]] == [1, 2]
+    assert capsys.readouterr().err.count("metrics stopped") == 1
+
+
 def test_metrics_is_a_list_of_known_writers(tmp_path):
     toml = copy_example(tmp_path / "ex")
     assert load_config(toml).training.metrics == ["csv"]

@@ -71,6 +71,17 @@ class Metrics:
         return self._tb[run]
 
     def record(self, rec: dict[str, Any]) -> None:
+        """Write ``rec``'s row and scalars; a failure (a full disk, a TensorBoard error) is said
+        once and ends the metrics, never the training."""
+        try:
+            self._record(rec)
+        except Exception as e:  # noqa: BLE001 - a side channel: training goes on without it
+            print(f"pswift: warning: metrics stopped ({type(e).__name__}: {e}); training goes on",
+                  file=sys.stderr, flush=True)
+            self.close()
+            self._tb_dir = None
+
+    def _record(self, rec: dict[str, Any]) -> None:
         step = rec.get("step")
         self.step = step if isinstance(step, int) else self.step
         if rec["event"] == "start" and self.step > 0:
@@ -118,12 +129,12 @@ class Metrics:
         return {f"events/{marked[0]}": 1.0}, "events"
 
     def close(self) -> None:
-        if self._csv_fh is not None:
-            self._csv_fh.close()
-            self._csv_fh = self._csv = None
-        for board in self._tb.values():
+        fh, boards = self._csv_fh, list(self._tb.values())
+        self._csv_fh, self._csv, self._tb = None, None, {}
+        if fh is not None:
+            fh.close()
+        for board in boards:
             board.close()
-        self._tb = {}
 
 
 def _tensorboard_usable() -> bool:
