@@ -67,6 +67,7 @@ def test_a_job_its_wait_and_its_requeue_ride_out_sixty_seconds_without_slurmctld
         at_stop: list[int] = []
 
         def look_while_down() -> None:
+            at_stop.append(_steps(run))   # training must go on from here while slurmctld is down
             time.sleep(3)
             during = pswift("status", job, env={"PSWIFT_SLURM_OUTAGE_S": "2"}, timeout=120)
             assert during.returncode == 69, (during.stdout, during.stderr)
@@ -75,7 +76,6 @@ def test_a_job_its_wait_and_its_requeue_ride_out_sixty_seconds_without_slurmctld
             assert re.search(r"step \d+/280", during.stdout), during.stdout
             as_json = pswift("status", job, "--json", env={"PSWIFT_SLURM_OUTAGE_S": "0"}, timeout=120)
             assert as_json.returncode == 69 and json.loads(as_json.stdout)["slurm_unreachable"]
-            at_stop.append(_steps(run))
 
         _outage(60, look_while_down)
         assert _steps(run) > at_stop[0], "training stopped while slurmctld was down"
