@@ -257,15 +257,20 @@ def partition_node_count(partition: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _partitions() -> list[dict[str, str]]:
+    """Every partition's fields as ``scontrol -o show partition`` gives them, one dict each."""
+    out = _run(["scontrol", "-o", "show", "partition"], timeout=QUERY_TIMEOUT).stdout
+    fields = (dict(x.split("=", 1) for x in line.split() if "=" in x) for line in out.splitlines())
+    return [f for f in fields if "PartitionName" in f]
+
+
 def default_partition() -> str | None:
     """The partition a job goes to when it names none (slurm.conf's Default=YES); None when
     there is none or Slurm cannot be asked."""
     try:
-        out = _run(["scontrol", "-o", "show", "partition"], timeout=QUERY_TIMEOUT).stdout
+        return next((f["PartitionName"] for f in _partitions() if f.get("Default") == "YES"), None)
     except SlurmError:
         return None
-    m = re.search(r"(?m)^PartitionName=(\S+)\s(?:.*\s)?Default=YES\b", out)
-    return m.group(1) if m else None
 
 
 class Preemption(NamedTuple):
@@ -280,14 +285,11 @@ class Preemption(NamedTuple):
 def partitions_preemption() -> list[Preemption]:
     """Every partition's preemption (``scontrol show partition -o``; a partition without its
     own PreemptMode has the cluster's; PreemptType=preempt/none preempts nothing)."""
-    out = _run(["scontrol", "-o", "show", "partition"], timeout=QUERY_TIMEOUT).stdout
+    partitions = _partitions()
     cfg = config()
     none = cfg.get("PreemptType", "preempt/none").endswith("/none")
     got = []
-    for line in out.splitlines():
-        f = dict(x.split("=", 1) for x in line.split() if "=" in x)
-        if "PartitionName" not in f:
-            continue
+    for f in partitions:
         mode = "OFF" if none else f.get("PreemptMode") or cfg.get("PreemptMode", "OFF")
         grace = re.match(r"\d+", f.get("GraceTime", "0"))
         got.append(Preemption(f["PartitionName"], f.get("Default") == "YES", mode.upper(),
