@@ -1,4 +1,11 @@
-"""`pswift run`: the same job on this machine, one local process per slot, without Slurm."""
+"""`pswift run`: the same job on this machine, one local process per slot, without Slurm.
+
+The launches are driven as the batch script drives them: after each, ``python -m
+pipeswift_launch.afterlaunch`` (pipeswift_slurm.planning.decide's rules) says what follows, from
+the ranks' records and a report of how each process ended written as srun writes its own. So a
+rank killed by a signal restarts the ranks from the newest committed checkpoint, within ``[job]
+max_restarts``, and a re-layout launches them again on plan.json's new cut, as in a Slurm job
+(a local run has no requeue: what would requeue ends the run)."""
 
 from __future__ import annotations
 
@@ -9,43 +16,74 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
+from pipeswift_slurm.codes import Exit
+
 if TYPE_CHECKING:
     from pipeswift_slurm.plan import Plan
 
+#: the node name a local run's ranks report under (srun's report names one)
+NODE = "localhost"
+
 
 def run_local(plan: Plan, plan_path: str, nodes: int, grace_s: float = 60.0) -> int:
-    """Start ``world_size`` ranks of ``python -m pipeswift_launch``; forward TERM/INT/USR2 to them.
+    """Launch ``world_size`` ranks of ``python -m pipeswift_launch`` (TERM/INT/USR2 forwarded to
+    them) until the helper says the run ends; its exit code (0: every rank finished)."""
+    restarts = relayouts = 0
+    env = _local_env()
+    while True:
+        folder, codes = _launch_once(plan, plan_path, nodes, grace_s)
+        rc = srun_rc(codes)
+        with open(os.path.join(folder, "srun.err"), "w") as report:
+            report.write(srun_report(codes))
+        ask = subprocess.run([plan["python"], "-m", "pipeswift_launch.afterlaunch", plan_path, str(rc), folder,
+                              str(restarts), str(relayouts)], stdout=subprocess.PIPE, text=True, env=env)
+        step = ask.stdout.strip() if ask.returncode == 0 else ""
+        if step == "relayout":
+            relayouts += 1
+            print(f"pswift: re-layout {relayouts}: launching the ranks again", flush=True)
+        elif step == "restart":
+            restarts += 1
+            print(f"pswift: restart {restarts}: launching the ranks again", flush=True)
+        else:
+            return int(step[len("exit "):]) if step.startswith("exit ") and step[5:].isdigit() else rc or 1
 
-    If one rank fails the others are stopped (else they would wait in a collective until the
-    gloo timeout). When every rank asks for a re-layout (RELAYOUT_EXIT) the ranks start again,
-    as the batch script does, at most MAX_RELAYOUTS times. Returns 0 iff every rank exited 0.
-    """
-    from pipeswift_slurm.plan import MAX_RELAYOUTS, RELAYOUT_EXIT
-    for _ in range(MAX_RELAYOUTS):
-        codes = _launch_once(plan, plan_path, nodes, grace_s, RELAYOUT_EXIT)
-        if not all(c == RELAYOUT_EXIT for c in codes):
-            break
-        print("pswift: re-layout: launching the ranks again", flush=True)
-    else:
-        codes = _launch_once(plan, plan_path, nodes, grace_s, RELAYOUT_EXIT)
-    return 0 if all(c == 0 for c in codes) else max(c if c > 0 else 1 for c in codes if c != 0)
+
+def srun_rc(codes: list[int]) -> int:
+    """The launch's exit code as srun gives it: the largest of the ranks', a signal's as 128 + it."""
+    return max((128 - c if c < 0 else c) for c in codes)
 
 
-def _launch_once(plan: Plan, plan_path: str, nodes: int, grace_s: float, relayout_exit: int) -> list[int]:
-    """One launch of every rank; their exit codes."""
+def srun_report(codes: list[int]) -> str:
+    """How each rank that did not finish ended, in srun's words (pipeswift_slurm.planning.decide
+    reads them): a rank the others' failure stopped (SIGTERM) is srun's own termination."""
+    lines = []
+    for rank, c in enumerate(codes):
+        if c < 0:
+            what = "Killed" if -c == signal.SIGKILL else "Terminated" if -c == signal.SIGTERM \
+                else signal.Signals(-c).name
+            lines.append(f"srun: error: {NODE}: task {rank}: {what}\n")
+        elif c != 0:
+            lines.append(f"srun: error: {NODE}: task {rank}: Exited with exit code {c}\n")
+    return "".join(lines)
+
+
+def _local_env() -> dict[str, str]:
+    """This environment less Slurm's: a local run inside an allocation must not pick up its ranks."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "MASTER_PORT"}
+
+
+def _launch_once(plan: Plan, plan_path: str, nodes: int, grace_s: float) -> tuple[str, list[int]]:
+    """One launch of every rank: its folder and the ranks' exit codes. One rank's failure stops
+    the others (as srun's --kill-on-bad-exit: else they would wait in a collective)."""
     layout = plan["layouts"][str(nodes)]
     world = int(layout["world_size"])
-    # the launch's own folder, where rank 0 publishes the rendezvous (pipeswift_launch.rendezvous)
+    # the launch's own folder: rank 0 publishes the rendezvous there, each rank its record
     folder = tempfile.mkdtemp(prefix=f"local.{os.getpid()}.", dir=_launches(plan))
     procs: list[subprocess.Popen[bytes]] = []
     for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world),
-                   LOCAL_RANK=str(r % layout["tasks_per_node"]), MASTER_ADDR="127.0.0.1",
-                   PSWIFT_LAUNCH_DIR=folder, PSWIFT_NODES=str(nodes),
+        env = dict(_local_env(), RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r % layout["tasks_per_node"]),
+                   MASTER_ADDR="127.0.0.1", PSWIFT_LAUNCH_DIR=folder, PSWIFT_NODES=str(nodes),
                    OMP_NUM_THREADS=str(plan.get("cpus_per_task") or 1))
-        env.pop("MASTER_PORT", None)
-        for k in [k for k in env if k.startswith("SLURM_")]:
-            del env[k]  # a local run inside an allocation must not pick up Slurm's ranks
         procs.append(subprocess.Popen([plan["python"], "-m", "pipeswift_launch", plan_path], env=env))
 
     def forward(signum: int, frame: Any) -> None:
@@ -59,11 +97,11 @@ def _launch_once(plan: Plan, plan_path: str, nodes: int, grace_s: float, relayou
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
                 break
-            if any(c not in (None, 0, relayout_exit) for c in codes):
+            if any(c not in (None, Exit.OK, Exit.RELAYOUT) for c in codes):   # a re-layout: the others follow
                 _stop(procs, grace_s)
                 break
             time.sleep(0.1)
-        return [p.wait() for p in procs]
+        return folder, [p.wait() for p in procs]
     finally:
         for s, h in old.items():
             signal.signal(s, h)

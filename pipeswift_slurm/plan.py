@@ -26,10 +26,6 @@ if TYPE_CHECKING:
     from pipeswift_slurm.planning.planner import Candidate, PlanResult
 
 PLAN_VERSION = 1
-#: the launcher's exit code when it re-lays out in place (pipeswift_launch.relayout): the batch
-#: script runs it again in the same allocation, at most MAX_RELAYOUTS times an attempt
-RELAYOUT_EXIT = 75
-MAX_RELAYOUTS = 2
 
 
 #: one node count's layout: :class:`~pipeswift_slurm.layouts.Layout` as JSON, its keys Layout's

@@ -4,6 +4,7 @@ started here if it is not running; tests marked `deepspeed` train for real on CP
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Iterator
 
 import pytest
 
-from helpers import CLUSTER, CLUSTER_DIR, DEV, copy_example
+from helpers import CLUSTER, CLUSTER_DIR, DEV, USER, copy_example
 
 
 @pytest.fixture
@@ -82,3 +83,24 @@ def acct_cluster() -> Iterator[str]:
     subprocess.run([str(CLUSTER), "stop"], capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.fixture(scope="session")
+def other_user() -> pwd.struct_passwd:
+    """An unprivileged user (created once; tests run as root like the plugin)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, as the jobcomp plugin runs")
+    try:
+        return pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", USER], check=True)
+        return pwd.getpwnam(USER)
+
+
+@pytest.fixture
+def public_tmp() -> Path:
+    """A folder the unprivileged user can reach (pytest's own tmp_path is under a 0700 folder)."""
+    import shutil
+    import tempfile
+    d = Path(tempfile.mkdtemp(prefix="pswift-sec-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

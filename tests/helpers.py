@@ -5,6 +5,7 @@ pipeswift_slurm.events (the one reader of that contract)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -13,7 +14,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+import datetime as dt
+import pwd
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny-gpt"
@@ -138,3 +141,262 @@ def run_events(run_dir: Path | str, torn_ok: bool = False) -> list[dict[str, Any
     evs, skipped = events.read(run_dir)
     assert torn_ok or skipped == 0, f"{skipped} invalid line(s) in {run_dir}/events.jsonl"
     return evs
+
+
+class FakeSlurm:
+    """The launcher's port to Slurm (pipeswift_launch.slurmport.SlurmPort) with no Slurm: it
+    answers what the test set and records, in ``calls``, what the launcher asked for."""
+
+    def __init__(self, job: Any = None, preempted: bool = False, requeues_preempted: bool = False,
+                 state: Any = None) -> None:
+        self.job, self.preempted, self.requeues_preempted, self.state = job, preempted, requeues_preempted, state
+        self.calls: list[tuple] = []
+
+    def requeue(self, job_id: str, exclude: str | None = None, nodes_needed: int = 1) -> bool:
+        self.calls.append(("requeue", job_id, exclude))
+        return exclude is not None
+
+    def set_node_range(self, job_id: str, node_range: str) -> None:
+        self.calls.append(("set_node_range", job_id, node_range))
+
+    def set_time_limit(self, job_id: str, limit_s: int, time_min_s: int | None = None) -> None:
+        self.calls.append(("set_time_limit", job_id, limit_s))
+
+    def forbid_requeue(self, job_id: str) -> None:
+        self.calls.append(("forbid_requeue", job_id))
+
+    def shrink_job(self, job_id: str, nodelist: str) -> None:
+        self.calls.append(("shrink_job", job_id, nodelist))
+
+    def being_preempted(self, job_id: str, attempt: int | None = None) -> bool:
+        return self.preempted
+
+    def requeues_preempted_jobs(self) -> bool:
+        return self.requeues_preempted
+
+    def cluster_state(self, now: float | None = None) -> Any:
+        return self.state
+
+    def job_info(self, job_id: str) -> Any:
+        return self.job(job_id) if callable(self.job) else self.job
+
+
+@contextlib.contextmanager
+def slurm_port(fake: FakeSlurm) -> Iterator[FakeSlurm]:
+    """``fake`` in the Slurm client's place for the launcher, while the block runs."""
+    from pipeswift_launch import slurmport
+    old = slurmport.use(fake)
+    try:
+        yield fake
+    finally:
+        slurmport.use(old)
+
+
+def step_losses(run: Path, torn_ok: bool = False) -> dict[int, str]:
+    """Each step's loss (its exact bits, hex) in the run's events; a step run again after a
+    restart or a requeue has its last value."""
+    return {e["step"]: e["loss_hex"] for e in run_events(run, torn_ok) if e["event"] == "step"}
+
+
+# ----------------------------------------------------------------------------- jobs through the dev cluster
+SLOW_DATA = '''
+import time
+from model import batch as _batch
+
+
+def batch(**kw):
+    time.sleep(float(__import__("os").environ.get("PSWIFT_TEST_SLEEP", "{sleep_s}")))
+    return _batch(**kw)
+'''
+
+
+def slow_example(dst: Path, replace: dict[str, str], sleep_s: float = 0.06) -> Path:
+    """The example with ~0.25 s steps (the data function sleeps ``sleep_s`` a micro-batch), so
+    signals land mid-run."""
+    toml = copy_example(dst, replace)
+    (toml.parent / "slow.py").write_text(SLOW_DATA.replace("{sleep_s}", str(sleep_s)))
+    toml.write_text(toml.read_text().replace('data = "model:batch"', 'data = "slow:batch"'))
+    return toml
+
+
+def wait_steps(run: Path, n: int, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if sum(e["event"] == "step" for e in run_events(run, torn_ok=True)) >= n:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {n} steps after {timeout} s: {run_events(run, torn_ok=True)[-3:]}")
+
+
+def reference(toml: Path, tmp_path: Path, nodes: int) -> Path:
+    """The uninterrupted run of ``toml`` on ``nodes`` local slots. The slow example's data sleep
+    is left out (it paces signals, not the numbers): a 100-step reference takes 18 s, not 42."""
+    run = tmp_path / "reference"
+    proc = pswift("run", "--nodes", str(nodes), "--run-dir", str(run), str(toml),
+                  env={"PSWIFT_TEST_SLEEP": "0"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return run
+
+
+def slurm_log(run: Path) -> str:
+    return "".join(p.read_text() for p in run.glob("slurm-*.out"))
+
+
+def preempted_once(toml: Path, run: Path, after_steps: int, preemptor: list[str] | tuple[str, ...] = ("-p", "high"),
+                   timeout: float = 300, followed: list | None = None, waited: list | None = None) -> dict:
+    """Submit ``toml``; once ``after_steps`` steps ran, a 2-node exclusive job with ``preemptor``'s
+    options preempts it; wait until it completed; its `pswift status --json`. With a
+    ``followed`` list, `pswift logs JOB -f` runs from the submit on and its (exit, stdout,
+    stderr) is appended to the list; with a ``waited`` list, the job is submitted with
+    `pswift sbatch --wait` and that command's (exit, stdout, stderr) is appended."""
+    if waited is None:
+        proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
+        assert proc.returncode == 0, proc.stderr
+        job = proc.stdout.strip()
+    else:
+        submitter = subprocess.Popen([*PSWIFT, "sbatch", "--wait", "--run-dir", str(run), str(toml)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = submitter.stdout.readline() if submitter.stdout else ""
+        assert first.startswith("Submitted pswift job "), first + submitter.communicate(timeout=60)[1]
+        job = first.split()[3]
+    follower = None if followed is None else subprocess.Popen(
+        [sys.executable, "-m", "pipeswift_slurm.cli.main", "logs", job, "-f"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_steps(run, after_steps, timeout=timeout)
+        high = subprocess.run(["sbatch", "--parsable", *preemptor, "-N2", "--exclusive", "-o", "/dev/null",
+                               "--wrap", "sleep 300"], capture_output=True, text=True, check=True).stdout.strip()
+        try:
+            assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=timeout) == "COMPLETED", slurm_log(run)
+        finally:
+            subprocess.run(["scancel", high])
+        if follower is not None and followed is not None:
+            out, err = follower.communicate(timeout=60)
+            followed.append((follower.returncode, out, err))
+        if waited is not None:
+            out, err = submitter.communicate(timeout=120)
+            waited.append((submitter.returncode, first + out, err))
+    finally:
+        if follower is not None:
+            follower.kill()
+        if waited is not None:
+            submitter.kill()
+    return json.loads(pswift("status", job, "--json", check=True).stdout)
+
+
+def all_idle(timeout: float = 60) -> None:
+    """Until every node of the cluster SLURM_CONF names is idle (a job's end leaves its nodes
+    completing for a moment)."""
+    deadline = time.time() + timeout
+    while True:
+        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True).stdout.split()
+        if states and all(st == "idle" for st in states):
+            return
+        assert time.time() < deadline, f"nodes not idle after {timeout} s: {states}"
+        time.sleep(0.5)
+
+
+def rank_process(run: Path, rank: int) -> tuple[int, str]:
+    """(pid, node) of the launcher process of ``rank`` in this run (a Slurm job's, or pswift run's)."""
+    plan = str(run / "plan.json")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            if b"pipeswift_launch" not in cmd or plan.encode() not in cmd:
+                continue
+            env = dict(x.split(b"=", 1) for x in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in x)
+        except OSError:
+            continue
+        if (env.get(b"SLURM_PROCID") or env.get(b"RANK")) == str(rank).encode():
+            return int(pid), env.get(b"SLURMD_NODENAME", b"localhost").decode()
+    raise AssertionError(f"no launcher process of rank {rank} for {run}")
+
+
+
+
+# ----------------------------------------------------------------------------- small fixtures' data
+#: the unprivileged user tests create (conftest's other_user) to hand run directories to
+USER = "pswift-test"
+PLAN = {"version": 1, "job_name": "victim", "user": "alice", "partition": "low", "submitted_at": 1.0,
+        "model": {"entry": "model:layers", "kwargs": {}, "num_layers": 2}, "training": {"steps": 3}}
+GOOD = [{"event": "start", "attempt": 0, "time": 10.0, "nodes": 1, "world_size": 1, "stages": 1,
+         "data_parallel": 1, "micro_batches": 2, "micro_batch_size": 1, "boundaries": [0, 2],
+         "step": 0, "setup_s": 1.0},
+        {"event": "step", "attempt": 0, "time": 11.0, "step": 1, "loss": 2.0, "step_time": 0.5},
+        {"event": "step", "attempt": 0, "time": 12.0, "step": 2, "loss": 1.5, "step_time": 0.25},
+        {"event": "layer_profile", "attempt": 0, "time": 12.0, "micro_batch_size": 1,
+         "seconds": {"0": 0.1, "1": 400.0}},
+        {"event": "end", "attempt": 0, "time": 13.0, "reason": "completed", "step": 2}]
+
+def run_dir(path: Path, events: list[bytes] | None = None, owner: pwd.struct_passwd | None = None) -> Path:
+    path.mkdir(parents=True)
+    (path / "plan.json").write_text(json.dumps(PLAN))
+    (path / "JOB_ID").write_text("4242\n")
+    lines = [json.dumps(e).encode() for e in GOOD] + (events or [])
+    (path / "events.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    if owner is not None:
+        for p in (path, *path.iterdir()):
+            os.chown(p, owner.pw_uid, owner.pw_gid)
+    return path
+
+
+def zero_partitions(sizes: list[int], pads: list[int], dp: int) -> tuple[dict, list]:
+    """({name: (master, exp_avg)}, each data-parallel rank's parts) for one parameter group laid
+    out as DeepSpeed's ZeRO-1 does: parameters flattened one after another (``pads`` elements of
+    padding after each), the buffer padded to a multiple of ``dp`` and split into equal
+    partitions; a rank lists a parameter's start, from its partition's first element, only when
+    a piece of it is in its partition."""
+    import torch
+    params, chunks, starts, at = [], [], {}, 0
+    whole = {}
+    for i, (n, pad) in enumerate(zip(sizes, pads)):
+        name = f"{i}.weight"
+        master = torch.arange(n, dtype=torch.float32) + 1000 * i
+        whole[name] = (master.view(n, 1), master.view(n, 1) * 2)
+        params.append((name, torch.Size([n, 1]), n))
+        starts[name] = at
+        chunks += [master, torch.zeros(pad)]
+        at += n + pad
+    flat = torch.cat(chunks + [torch.zeros(-at % dp)])
+    size = flat.numel() // dp
+    parts = []
+    for r in range(dp):
+        lo, hi = r * size, (r + 1) * size
+        mine = {name: s - lo for name, s in starts.items() if s < hi and s + dict((p[0], p[2]) for p in params)[name] > lo}
+        part = flat[lo:hi].clone()
+        parts.append([(params, {None: part, "exp_avg": part * 2}, {"step": torch.tensor(3.0)}, mine)])
+    return whole, parts
+
+
+def blob_of(tensors: dict) -> dict:
+    """A stage file's content around ``tensors``: optimizer state, groups, scheduler, RNG."""
+    import torch
+    return {"model": tensors, "optim": {n: {"exp_avg": t.float() * 2, "step": 3} for n, t in tensors.items()},
+            "param_groups": [{"lr": 1e-3, "betas": [0.9, 0.99], "weight_decay": 0.0}],
+            "lr_scheduler": {"last_batch_iteration": 7}, "rng": torch.get_rng_state(), "stage": 1}
+
+
+#: a jobcomp record of a plain (not pswift) job, as slurmctld gives the plugin its fields
+JOBCOMP_ENV = {"JOBID": "777", "JOBNAME": "plain job", "JOBSTATE": "COMPLETED", "PARTITION": "low",
+       "NODECNT": "1", "NODES": "node1", "SUBMIT": "1700000000", "START": "1700000060",
+       "END": "1700000660", "USERNAME": "alice", "UID": "1000", "EXITCODE": "0", "PROCS": "1"}
+
+
+#: the admin reports' clock: a Monday, 22:00 local time
+T0 = dt.datetime(2026, 11, 2, 22, 0).timestamp()
+H = 3600.0
+
+
+def rec(jid: str, start: float, end: float | None, **kw: object) -> dict:
+    base = {"JOBID": jid, "JOBNAME": f"j{jid}", "USERNAME": "alice", "ACCOUNT": "physics", "QOS": "normal",
+            "PARTITION": "low", "JOBSTATE": "COMPLETED", "NODECNT": "1", "PROCS": "4", "SUBMIT": start - 600,
+            "START": start, "END": end, "EXITCODE": "0:0", "LIMIT": "02:00:00", "CLUSTER": "c"}
+    return {**base, **{k.upper(): v for k, v in kw.items()}}
+
+
+def tensorboard_scalars(run: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of ``tag`` in the run's TensorBoard files, read with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run / "tensorboard" / ("events" if tag.startswith("events/") else "train")))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []

@@ -13,18 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLUSTER_DB, CLUSTER_SPOOL, ROOT, pswift, wait_state
+from helpers import CLUSTER_DB, CLUSTER_SPOOL, JOBCOMP_ENV, ROOT, pswift, wait_state
 from pipeswift_slurm.history.store import History
 from pipeswift_slurm.slurm import filetxt
 
 PLUGIN = ROOT / "plugins" / "jobcomp_pswift.py"
-ENV = {"JOBID": "777", "JOBNAME": "plain job", "JOBSTATE": "COMPLETED", "PARTITION": "low",
-       "NODECNT": "1", "NODES": "node1", "SUBMIT": "1700000000", "START": "1700000060",
-       "END": "1700000660", "USERNAME": "alice", "UID": "1000", "EXITCODE": "0", "PROCS": "1"}
 
 
 def run_plugin(spool: Path, db: Path, **env: str) -> subprocess.CompletedProcess:
-    full = {**os.environ, **ENV, **env}
+    full = {**os.environ, **JOBCOMP_ENV, **env}
     t = time.time()
     proc = subprocess.run([sys.executable, str(PLUGIN), "--spool", str(spool), "--db", str(db),
                            "--timeout", "5"], env=full, capture_output=True, text=True, timeout=60)
@@ -316,7 +313,7 @@ def test_job_submit_message_reaches_a_user_of_pswifts_script(cluster, example, t
 def test_mixed_workload_in_reports_plot_and_doctor(cluster, tmp_path):
     """Plain jobs, a plain requeueable job and a pswift job, both preempted by one high-priority
     job, through the real plugin: every listing, report and the doctor on what Slurm recorded."""
-    from test_preemption import events, slow_example
+    from helpers import run_events, slow_example
 
     plain = [subprocess.run(["sbatch", "--parsable", "-J", f"plain{i}", "-A", "physics", "-o", "/dev/null",
                              "--wrap", "sleep 2"], capture_output=True, text=True, check=True).stdout.strip()
@@ -329,7 +326,7 @@ def test_mixed_workload_in_reports_plot_and_doctor(cluster, tmp_path):
                              "-o", "/dev/null", "--wrap", 'sleep $(( ${SLURM_RESTART_COUNT:-0} ? 1 : 120 ))'],
                             capture_output=True, text=True, check=True).stdout.strip()
     deadline = time.time() + 120
-    while sum(e["event"] == "step" for e in events(run)) < 5 or squeue_field(victim, "%T") != "RUNNING":
+    while sum(e["event"] == "step" for e in run_events(run, torn_ok=True)) < 5 or squeue_field(victim, "%T") != "RUNNING":
         assert time.time() < deadline
         time.sleep(0.3)
     time.sleep(2)   # the victim's first attempt runs a while: the work its preemption loses

@@ -13,19 +13,10 @@ import sqlite3
 
 import pytest
 
-from helpers import pswift
+from helpers import H, T0, pswift, rec
 from pipeswift_slurm.history.store import History, limit_seconds
 from pipeswift_slurm.history.selection import SelectionError, parse_time, states
 
-T0 = dt.datetime(2026, 11, 2, 22, 0).timestamp()   # a Monday, 22:00 local time
-H = 3600.0
-
-
-def rec(jid: str, start: float, end: float | None, **kw: object) -> dict:
-    base = {"JOBID": jid, "JOBNAME": f"j{jid}", "USERNAME": "alice", "ACCOUNT": "physics", "QOS": "normal",
-            "PARTITION": "low", "JOBSTATE": "COMPLETED", "NODECNT": "1", "PROCS": "4", "SUBMIT": start - 600,
-            "START": start, "END": end, "EXITCODE": "0:0", "LIMIT": "02:00:00", "CLUSTER": "c"}
-    return {**base, **{k.upper(): v for k, v in kw.items()}}
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ inside functions included (a circle there is one refactoring away from an import
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,56 @@ def test_tests_import_shared_code_from_helpers_not_conftest():
              for i, line in enumerate(p.read_text().splitlines(), 1)
              if line.strip().startswith(("from conftest import", "import conftest"))]
     assert not found, found
+
+
+def test_no_test_module_imports_another():
+    """What several test files share (cluster helpers, readers of a run's events and losses,
+    small data) lives in helpers.py and fixtures in conftest.py: a test file is never another's
+    helper module (a change to one test would break others)."""
+    tests = {p.stem for p in TESTS.glob("test_*.py")}
+    found = []
+    for p in sorted(TESTS.glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{p.name}: {n}" for n in names if n.split(".")[0] in tests]
+    assert not found, found
+
+
+def test_tests_read_steps_losses_through_one_reader():
+    """A test compares losses through helpers.step_losses, never a copy of its own."""
+    found = [p.name for p in sorted(TESTS.glob("test_*.py"))
+             if re.search(r"^def (events|job_events|step_losses)\(", p.read_text(), re.M)]
+    assert not found, found
+
+
+def function_level_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import inside a function of ``path``."""
+    out = []
+    for fn in ast.walk(ast.parse(path.read_text())):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    out += [(node.lineno, a.name) for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    out.append((node.lineno, "." * node.level + (node.module or "")))
+    return sorted(set(out))
+
+
+def test_the_launcher_imports_at_the_top_but_for_a_stated_reason():
+    """The launcher's import graph is its modules' first lines (issue 39): an import inside a
+    function is left only where the order of start-up, an optional dependency or a private
+    module needs it, with the reason on its line or the line above; none is of the Slurm client
+    (slurmport is the launcher's one port to it)."""
+    lazy = []
+    for path in sorted((ROOT / "launch" / "pipeswift_launch").glob("*.py")):
+        lines = path.read_text().splitlines()
+        for lineno, module in function_level_imports(path):
+            assert not module.startswith("pipeswift_slurm.slurm"), f"{path.name}:{lineno} imports {module}"
+            above = lineno - 2   # the reason: on the line, or above the block of imports it opens
+            while above > 0 and lines[above].strip().startswith(("from ", "import ")) or not lines[above].strip():
+                above -= 1
+            assert "#" in lines[lineno - 1] or lines[above].strip().startswith("#"), \
+                f"{path.name}:{lineno}: {module} without a reason"
+            lazy.append(f"{path.name}:{module}")
+    assert len(lazy) <= 12, lazy

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers import pswift
+from helpers import pswift, run_dir
 from pipeswift_slurm import events
 from pipeswift_slurm.history.store import History
 
-from test_security import run_dir
+#: the most an ingest with the hanging line may take: it once ran minutes; an unhindered one takes
+#: ~0.5 s, and a busy CI host (both cores on other tests) has taken over 2
+PROMPT_S = 10.0
 
 #: a layer profile whose boundaries span 10^13 layers: the row builder looped over that range
 #: (2e7 took 2.4 s; this one ran 7 min of CPU before it was stopped)
@@ -49,7 +51,7 @@ def test_ingest_of_a_run_dir_with_the_hanging_line_ends_at_once_and_counts_it(tm
     run = run_dir(tmp_path / "run", [HUGE_RANGE])
     t0 = time.monotonic()
     proc = pswift("history", "ingest", str(run), "--db", str(tmp_path / "h.db"), timeout=60)
-    assert proc.returncode == 0 and time.monotonic() - t0 <= 2.0, (proc.stderr, time.monotonic() - t0)
+    assert proc.returncode == 0 and time.monotonic() - t0 <= PROMPT_S, (proc.stderr, time.monotonic() - t0)
     assert "1 bad event line(s) skipped" in proc.stdout
 
 
@@ -68,7 +70,7 @@ def test_ingest_of_the_spool_merges_every_file_at_once_with_the_hanging_line_cou
     t0 = time.monotonic()
     proc = pswift("history", "ingest", "--spool", str(spool), "--no-registered", "--db", str(tmp_path / "h.db"),
                   timeout=60)
-    assert proc.returncode == 0 and time.monotonic() - t0 <= 2.0, (proc.stderr, time.monotonic() - t0)
+    assert proc.returncode == 0 and time.monotonic() - t0 <= PROMPT_S, (proc.stderr, time.monotonic() - t0)
     assert "1 bad event line(s) skipped" in proc.stdout
     assert list(spool.glob("*.json")) == []
     h = History(tmp_path / "h.db")

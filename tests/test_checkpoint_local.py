@@ -16,10 +16,6 @@ from helpers import PSWIFT, copy_example, pswift, run_events
 pytestmark = [pytest.mark.deepspeed]
 
 
-def events(run: Path) -> list[dict]:
-    return run_events(run)
-
-
 def with_ckpt(toml: Path, ckpt: Path) -> Path:
     toml.write_text(toml.read_text().replace("seed = 1", f'seed = 1\ncheckpoint_dir = "{ckpt}"'))
     return toml
@@ -76,7 +72,7 @@ def two_checkpoints(tmp_path: Path, committed_two: Path) -> tuple[Path, Path]:
 def resume(tmp_path: Path, toml: Path) -> tuple[subprocess.CompletedProcess, list[dict]]:
     proc = pswift("run", "--run-dir", str(tmp_path / "rb"), str(toml))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc, events(tmp_path / "rb")
+    return proc, run_events(tmp_path / "rb")
 
 
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, two_checkpoints):
@@ -193,14 +189,14 @@ def test_sigterm_to_a_local_run_stops_every_rank_at_one_step_with_a_checkpoint(t
     p = subprocess.Popen([*PSWIFT, "run", "--run-dir", str(run), str(toml)],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
-    while sum(e["event"] == "step" for e in events(run)) < 3:
+    while sum(e["event"] == "step" for e in run_events(run)) < 3:
         assert time.time() < deadline and p.poll() is None
         time.sleep(0.1)
     p.send_signal(signal.SIGTERM)
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 0, out[-3000:]
-    (end,) = [e for e in events(run) if e["event"] == "end"]
-    (ck,) = [e for e in events(run) if e["event"] == "checkpoint"]
+    (end,) = [e for e in run_events(run) if e["event"] == "end"]
+    (ck,) = [e for e in run_events(run) if e["event"] == "checkpoint"]
     assert end["reason"] == "stopped" and ck["reason"] == "signal" and ck["step"] == end["step"]
     man = json.loads((run / "checkpoints" / f"step_{end['step']:08d}" / "MANIFEST.json").read_text())
     assert man["step"] == end["step"] and man["stages"] == 2 and man["boundaries"] == [0, 3, 6]
@@ -214,7 +210,7 @@ def test_a_resumed_attempt_profiles_its_layers_too(tmp_path):
     assert pswift("run", "--run-dir", str(tmp_path / "ra"), str(a)).returncode == 0
     b = with_ckpt(copy_example(tmp_path / "b", {"steps": "7", "checkpoint_interval": "0"}), ckpt)
     assert pswift("run", "--run-dir", str(tmp_path / "rb"), str(b)).returncode == 0
-    evs = events(tmp_path / "rb")
+    evs = run_events(tmp_path / "rb")
     assert [e["step"] for e in evs if e["event"] == "start"] == [2]
     (prof,) = [e for e in evs if e["event"] == "layer_profile"]
     assert sorted(prof["seconds"], key=int) == [str(i) for i in range(6)]
@@ -249,7 +245,7 @@ def test_a_periodic_checkpoint_is_written_in_the_background_and_counts_only_once
     proc = pswift("run", "--run-dir", str(run), str(config(tmp_path / "a")),
                   env={"PSWIFT_FAULT_SLOW_CHECKPOINT": "12:2"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    evs = events(run)
+    evs = run_events(run)
     saved = [e for e in evs if e["event"] == "checkpoint"]
     (c12,) = [e for e in saved if e["step"] == 12]
     assert c12["background"] is True and c12["reason"] == "periodic"
@@ -267,9 +263,9 @@ def test_a_periodic_checkpoint_is_written_in_the_background_and_counts_only_once
     newest = max(e["step"] for e in periodic)
     again = tmp_path / "again"
     assert pswift("run", "--run-dir", str(again), str(config(tmp_path / "b"))).returncode == 0
-    start = next(e for e in events(again) if e["event"] == "start")
+    start = next(e for e in run_events(again) if e["event"] == "start")
     assert start["resumed_from"] == str(ckpt / f"step_{newest:08d}")
-    got = {e["step"]: e["loss_hex"] for e in events(again) if e["event"] == "step"}
+    got = {e["step"]: e["loss_hex"] for e in run_events(again) if e["event"] == "step"}
     want = {e["step"]: e["loss_hex"] for e in evs if e["event"] == "step"}
     assert sorted(got) == list(range(newest + 1, 31)) and all(got[s] == want[s] for s in got)
 
@@ -290,4 +286,4 @@ def test_a_background_checkpoint_one_rank_cannot_write_fails_every_rank_promptly
     assert (ckpt / "step_00000004" / "MANIFEST.json").is_file()
     assert not (ckpt / "step_00000008" / "MANIFEST.json").exists()
     # ended while the others' writes finished (a few steps on a busy host), far from step 100
-    assert max(e["step"] for e in events(tmp_path / "run") if e["event"] == "step") <= 30
+    assert max(e["step"] for e in run_events(tmp_path / "run") if e["event"] == "step") <= 30

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 from pipeswift_launch import checkpoint, stagefile  # noqa: E402
-from test_stagefile import blob_of, zero_partitions  # noqa: E402
+from helpers import blob_of, zero_partitions  # noqa: E402
 
 
 def sharded_checkpoint(d, dp: int = 2):

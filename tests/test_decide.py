@@ -8,11 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import plan_with
+from helpers import FakeSlurm, plan_with, slurm_port
 from pipeswift_slurm.planning import decide
 from pipeswift_slurm.config import MAX_RESTARTS_DEFAULT
 from pipeswift_slurm.slurm.records import expand_hostlist
-from pipeswift_slurm.planning.decide import Budgets, Death, after_launch
+from pipeswift_slurm.codes import Exit, Stop
+from pipeswift_slurm.planning.decide import Budgets, Death, Launched, Stopped, what_follows
 
 KILLED = Death("signal 9", 1, "node2")
 LOST = Death("lost", 3, "node4")
@@ -31,7 +32,7 @@ def budgets(restarts=0, max_restarts=3, relayouts=0, attempt=0, max_requeues=3, 
 CASES = [
     ("finished", 0, True, [], [], budgets(), "done", 0, None),
     ("finished, no records", 0, False, [], [], budgets(), "done", 0, None),
-    ("re-layout", 75, True, [], [], budgets(), "relaunch", 0, None),
+    ("re-layout", 75, True, [], [], budgets(), "relayout", 0, None),
     ("re-layout budget spent", 75, True, [], [], budgets(relayouts=2), "fail", 75, None),
     ("a refusal of the launcher", 2, True, [], [], budgets(), "done", 2, None),
     ("the requeue budget spent by the launcher", 3, True, [], [], budgets(), "done", 3, None),
@@ -67,21 +68,21 @@ CASES = [
 
 @pytest.mark.parametrize("name,rc,itself,deaths,seen,b,action,code,exclude", CASES, ids=[c[0] for c in CASES])
 def test_what_follows_a_launch(name, rc, itself, deaths, seen, b, action, code, exclude):
-    d = after_launch(rc, itself, deaths, seen, b)
+    d = what_follows(Launched(rc, itself, deaths, seen), b)
     assert (d.action, d.exit_code, d.exclude) == (action, code, exclude), d.why
     assert d.why and "\n" not in d.why
-    if d.action == "relaunch" and rc != 75:
+    if d.action == "relaunch":
         assert d.counts_as_restart and d.backoff_s == decide.backoff(b.restarts + 1)
         assert f"restart {b.restarts + 1} of {b.max_restarts}" in d.why
 
 
 def test_the_reasons_name_the_rank_the_node_and_the_fix():
-    d = after_launch(143, False, [KILLED], [], budgets())
+    d = what_follows(Launched(143, False, [KILLED], []), budgets())
     assert d.why.startswith("rank 1 on node2 was killed by signal 9 (fault): restart 1 of 3")
-    d = after_launch(143, False, [BUG], [BUG.signature], budgets())
+    d = what_follows(Launched(143, False, [BUG], [BUG.signature]), budgets())
     assert "rank 0 on node1 raised ValueError: bad batch at step 5 at step 5 again" in d.why
     assert "fix it and resubmit" in d.why
-    d = after_launch(143, False, [KILLED], [], budgets(restarts=3, attempt=3))
+    d = what_follows(Launched(143, False, [KILLED], []), budgets(restarts=3, attempt=3))
     assert "max_restarts = 3 spent" in d.why and "max_requeues = 3 spent at attempt 3" in d.why
     assert "raise [job] max_restarts or max_requeues" in d.why
 
@@ -103,8 +104,72 @@ def test_backoff_doubles_and_is_capped():
 
 
 def test_the_budgets_are_one_function_each():
-    assert decide.requeue_left(2, 3) and not decide.requeue_left(3, 3)
+    assert [decide.requeues_left(a, 3) for a in (0, 2, 3, 4)] == [3, 1, 0, -1]
     assert decide.restart_left(0, 1) and not decide.restart_left(1, 1) and not decide.restart_left(0, 0)
+
+
+def stopped(stop, step=5, steps=10, **facts) -> Stopped:
+    return Stopped(stop, step, steps, **facts)
+
+
+# (name, the stop's facts, budgets, action, end reason, who requeues, exit code, forbid Slurm's requeue)
+STOPS = [
+    ("the last step", stopped(Stop.NONE, step=10), budgets(), "done", "completed", None, 0, False),
+    ("a signal at the last step", stopped(Stop.TERM, step=10), budgets(attempt=3), "done", "completed", None, 0, False),
+    ("re-laid out", stopped(Stop.RELAYOUT), budgets(), "relayout", "relayout", None, Exit.RELAYOUT, False),
+    ("growth", stopped(Stop.GROW), budgets(attempt=1), "grow", "grow", "pswift", 0, False),
+    ("the time limit", stopped(Stop.TIME), budgets(), "requeue", "time_limit", "pswift", 0, False),
+    ("the time limit, slurm would requeue preemptions", stopped(Stop.TIME, slurm_requeues=True), budgets(),
+     "requeue", "time_limit", "pswift", 0, False),
+    ("preempted, Slurm < 24.05", stopped(Stop.TERM, preempted=True), budgets(), "requeue", "preempted", "pswift", 0,
+     False),
+    ("preempted, Slurm requeues itself", stopped(Stop.TERM, preempted=True, slurm_requeues=True), budgets(),
+     "requeue", "preempted", "slurm", 0, False),
+    ("Slurm could not be asked: a preemption", stopped(Stop.TERM, preempted=None), budgets(), "requeue", "preempted",
+     "pswift", 0, False),
+    ("cancelled", stopped(Stop.TERM, preempted=False), budgets(), "done", "cancelled", None, 0, False),
+    ("cancelled, budget spent", stopped(Stop.TERM, preempted=False), budgets(attempt=3), "done", "cancelled", None, 0,
+     False),
+    ("the last attempt preempted", stopped(Stop.TERM, preempted=True), budgets(attempt=3), "done", "preempted", None,
+     Exit.BUDGET_SPENT, False),
+    ("the last attempt preempted, Slurm would requeue", stopped(Stop.TERM, preempted=True, slurm_requeues=True),
+     budgets(attempt=3), "done", "preempted", None, Exit.BUDGET_SPENT, True),
+    ("the last attempt out of time", stopped(Stop.TIME), budgets(attempt=3), "done", "time_limit", None,
+     Exit.BUDGET_SPENT, False),
+    ("the one before the last may requeue", stopped(Stop.TIME), budgets(attempt=2), "requeue", "time_limit", "pswift",
+     0, False),
+    ("pswift run, out of time", stopped(Stop.TIME), budgets(in_slurm=False), "done", "time_limit", None, 0, False),
+    ("pswift run, a signal", stopped(Stop.TERM), budgets(in_slurm=False), "done", "stopped", None, 0, False),
+    ("a hang by hand", stopped(Stop.HUNG, hung_node="node3", hung_why="stalled"), budgets(), "requeue", "hung",
+     "pswift", Exit.HUNG, False),
+    ("a hang by hand, nobody singled out", stopped(Stop.HUNG, hung_why="stalled"), budgets(), "requeue", "hung",
+     "pswift", Exit.HUNG, False),
+    ("a hang by hand, budget spent", stopped(Stop.HUNG, hung_node="node3", hung_why="stalled"), budgets(attempt=3),
+     "done", "hung", None, Exit.HUNG, False),
+    ("a hang, pswift run", stopped(Stop.HUNG, hung_why="stalled"), budgets(in_slurm=False), "done", "hung", None,
+     Exit.HUNG, False),
+]
+
+
+@pytest.mark.parametrize("name,facts,b,action,reason,by,code,forbid", STOPS, ids=[c[0] for c in STOPS])
+def test_what_follows_a_stop(name, facts, b, action, reason, by, code, forbid):
+    d = what_follows(facts, b)
+    assert (d.action, d.reason, d.requeue_by, d.exit_code, d.forbid_requeue) == (action, reason, by, code, forbid), d.why
+    assert d.why and "\n" not in d.why
+    assert d.exclude == (facts.hung_node if d.action == "requeue" else None)
+
+
+def test_the_requeue_budget_is_read_the_same_way_at_every_moment():
+    """The four moments that once counted the budget each their own way (attempt - 1, attempt,
+    attempt + 1): an attempt beyond it refuses to train, the last one trains but is not
+    requeued, a growth needs one requeue to spare; all read requeues_left."""
+    trains = {a for a in range(4) if decide.may_train(a, 2)}
+    requeued = {a for a in range(4) if what_follows(stopped(Stop.TIME), budgets(attempt=a, max_requeues=2)).action
+                == "requeue"}
+    relaunched_fault = {a for a in range(4) if what_follows(Launched(143, False, [KILLED], []), budgets(
+        restarts=3, attempt=a, max_requeues=2)).action == "requeue"}
+    may_grow = {a for a in range(4) if decide.may_grow(a, 2)}
+    assert trains == {0, 1, 2} and requeued == relaunched_fault == {0, 1} and may_grow == {0}
 
 
 SRUN_22 = """\
@@ -165,22 +230,20 @@ def test_the_helper_restarts_a_hung_launch_then_requeues_without_the_node_that_h
                                                                                            monkeypatch):
     from pipeswift_launch import afterlaunch
     from pipeswift_slurm import events
-    from pipeswift_slurm.slurm import client as slurm
     plan, env = _plan(tmp_path), {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0"}
     hang = {"rank": 0, "node": "node1", "step": 12, "suspect_rank": 2, "suspect_node": "node3",
             "hang": "no step finished for 9.1 s (limit 8.0 s, after step 12): rank 2 on node node3 stopped running"}
-    requeued = []
-    monkeypatch.setattr(slurm, "requeue", lambda job, exclude, nodes_needed: requeued.append((job, exclude)) or True)
     monkeypatch.setattr(afterlaunch.time, "sleep", lambda s: None)
-    for launch, want in enumerate(["restart", "exit 0"]):
-        folder = _launch(tmp_path, launch, [hang], "srun: error: node1: task 0: Exited with exit code 76\n"
-                                                   "srun: error: node3: task 2: Killed\n")
-        d, last = afterlaunch.decide_after(plan, 137, folder, launch, 0, env)
-        assert afterlaunch.carry_out(plan, d, last, launch, env) == want, d.why
+    with slurm_port(FakeSlurm()) as fake:
+        for launch, want in enumerate(["restart", "exit 0"]):
+            folder = _launch(tmp_path, launch, [hang], "srun: error: node1: task 0: Exited with exit code 76\n"
+                                                       "srun: error: node3: task 2: Killed\n")
+            d, last = afterlaunch.decide_after(plan, 137, folder, launch, 0, env)
+            assert afterlaunch.carry_out(plan, d, last, launch, env) == want, d.why
     crashes = [e for e in events.read(plan["run_dir"])[0] if e["event"] == "crash"]
     assert [(c["how"], c["rank"], c["node"], c["step"], c["action"]) for c in crashes] == [
         ("hung", 2, "node3", 12, "restart"), ("hung", 2, "node3", 12, "requeue")]
-    assert requeued == [("9", "node3")]
+    assert fake.calls == [("requeue", "9", "node3")]
     assert "rank 2 on node3 hung (no step finished" in capsys.readouterr().err
 
 
@@ -216,41 +279,42 @@ def test_a_lost_node_goes_on_with_the_nodes_left_or_requeues_without_it():
     from pipeswift_slurm.planning.decide import Allocation
     stages = {2: 2, 3: 3, 4: 4}
     lost = Allocation(4, 3, ("node3",), stages)
-    d = after_launch(143, False, [GLOO, Death("lost", 2, "node3")], [], budgets(), lost)
+    d = what_follows(Launched(143, False, [GLOO, Death("lost", 2, "node3")], [], lost), budgets())
     assert (d.action, d.nodes, d.death.node, d.death.how, d.counts_as_restart) == ("shrink", 3, "node3", "lost", True)
     assert d.why == "node3 lost: restart 1 of 3 on the 3 node(s) left, 4 -> 3 stage(s)"
     assert d.backoff_s == decide.backoff(1)
     # no layout for what is left, or no restart left: requeue without the node; nothing left: fail
     for alloc, b in ((Allocation(4, 3, ("node3",), {4: 4}), budgets()), (lost, budgets(restarts=3))):
-        d = after_launch(143, False, [GLOO], [], b, alloc)
+        d = what_follows(Launched(143, False, [GLOO], [], alloc), b)
         assert (d.action, d.exclude) == ("requeue", "node3"), d.why
-    d = after_launch(143, False, [GLOO], [], budgets(restarts=3, attempt=3), lost)
+    d = what_follows(Launched(143, False, [GLOO], [], lost), budgets(restarts=3, attempt=3))
     assert d.action == "fail" and "node3 lost" in d.why and "resubmit" in d.why
     # the allocation as it was: the usual restart on every node
     same = Allocation(4, 4, (), stages)
-    assert after_launch(143, False, [KILLED], [], budgets(), same).action == "relaunch"
+    assert what_follows(Launched(143, False, [KILLED], [], same), budgets()).action == "relaunch"
 
 
 def test_the_helper_asks_slurm_which_nodes_are_left(tmp_path, monkeypatch):
     from pipeswift_launch import afterlaunch
     from pipeswift_slurm import events
-    from pipeswift_slurm.slurm import client as slurm
     plan = _plan(tmp_path, layouts={"2": {"stages": 2}, "3": {"stages": 3}, "4": {"stages": 4}})
     env = {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node[1-4]"}
     answer = {"state": "RUNNING", "nodes": "node[1-2,4]"}
-    monkeypatch.setattr(slurm, "job_info", lambda job: SimpleNamespace(
+    fake = FakeSlurm(job=lambda job: SimpleNamespace(
         **answer, node_names=expand_hostlist(answer["nodes"]) if answer["state"] == "RUNNING" else ()))
     monkeypatch.setattr(afterlaunch.time, "sleep", lambda s: None)
     folder = _launch(tmp_path, 0, [], "srun: error: Node failure on node3\nsrun: error: node3: task 2: Unknown\n")
-    d, last = afterlaunch.decide_after(plan, 143, folder, 0, 0, env)
-    assert afterlaunch.carry_out(plan, d, last, 0, env) == "shrink 3 node[1-2,4]"
+    with slurm_port(fake):
+        d, last = afterlaunch.decide_after(plan, 143, folder, 0, 0, env)
+        assert afterlaunch.carry_out(plan, d, last, 0, env) == "shrink 3 node[1-2,4]"
     (crash,) = [e for e in events.read(plan["run_dir"])[0] if e["event"] == "crash"]
     assert (crash["how"], crash["node"], crash["action"]) == ("lost", "node3", "restart")
     assert "on the 3 node(s) left, 4 -> 3 stage(s)" in crash["why"]
     # a job Slurm has requeued or is ending has no node list to go on with: no shrink
     for state, nodes in (("PENDING", ""), ("COMPLETING", "node[1-2,4]")):
         answer.update(state=state, nodes=nodes)
-        assert afterlaunch.allocation(plan, env, lost_seen=False) is None
+        with slurm_port(fake):
+            assert afterlaunch.allocation(plan, env, lost_seen=False) is None
 
 
 # ----------------------------------------------------------------------------- a node that died silently
@@ -270,15 +334,12 @@ def test_srun_hears_every_rank_it_names_and_a_launch_it_could_not_make_is_a_lost
     assert lost == [Death("lost", None, "node4", None, "Communication connection failure")]
 
 
-def test_a_silent_node_restarts_the_ranks_at_once_on_the_others_and_blames_no_healthy_node(tmp_path, monkeypatch):
+def test_a_silent_node_restarts_the_ranks_at_once_on_the_others_and_blames_no_healthy_node(tmp_path):
     """The issue's case: node4's slurmd, step daemon and rank killed, Slurm not told. The ranks on
     node1-3 broke their collectives (connection reset) and srun killed one of them; launchwatch
     found node4 silent. The helper restarts on node1-3 at once, leaving node4 out itself; with
     no layout for 3 nodes it requeues without node4, never without a healthy node."""
     from pipeswift_launch import afterlaunch, launchrec
-    from pipeswift_slurm.slurm import client as slurm
-    given_back: list = []
-    monkeypatch.setattr(slurm, "shrink_job", lambda job, nodes: given_back.append((job, nodes)))
     plan = _plan(tmp_path, layouts={"2": {"stages": 2}, "3": {"stages": 3}, "4": {"stages": 4}})
     env = {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node[1-4]"}
     reset = "DistBackendError: Connection reset by peer"
@@ -290,8 +351,9 @@ def test_a_silent_node_restarts_the_ranks_at_once_on_the_others_and_blames_no_he
     d, _ = afterlaunch.decide_after(plan, 137, folder, 0, 0, env)
     assert (d.action, d.nodes, d.nodelist, d.exclude, d.backoff_s) == ("shrink", 3, "node1,node2,node3", "node4", 0.0)
     assert d.death.node == "node4" and "node4 lost (silent, before Slurm knew)" in d.why
-    assert afterlaunch.carry_out(plan, d, 7, 0, env) == "shrink 3 node1,node2,node3 node4"
-    assert given_back == [("9", "node1,node2,node3")]      # Slurm no longer counts node4 in the job
+    with slurm_port(FakeSlurm()) as fake:
+        assert afterlaunch.carry_out(plan, d, 7, 0, env) == "shrink 3 node1,node2,node3 node4"
+    assert fake.calls == [("shrink_job", "9", "node1,node2,node3")]   # Slurm no longer counts node4 in the job
     no_three = _plan(tmp_path, layouts={"2": {"stages": 2}, "4": {"stages": 4}})
     d, _ = afterlaunch.decide_after(no_three, 137, folder, 0, 0, env)
     assert (d.action, d.exclude) == ("requeue", "node4"), d
@@ -317,3 +379,53 @@ def test_launchwatch_stops_srun_when_a_nodes_ranks_stay_silent(tmp_path):
     done = subprocess.Popen(["true"])
     done.wait()
     assert launchwatch.watch(quiet, done.pid, grace_s=0.5) == ()    # ended by itself: nothing to say
+
+
+# ----------------------------------------------------------------------------- the launcher's port to Slurm
+def test_the_slurm_client_and_the_tests_fake_implement_the_launchers_port():
+    """Every call the launcher makes to Slurm goes through slurmport.SlurmPort: the client has
+    each of its methods with the same parameters (mypy holds the types), and so has the fake."""
+    import inspect
+
+    from pipeswift_launch import slurmport
+    from pipeswift_slurm.slurm import client
+    wanted = {n: inspect.signature(f) for n, f in vars(slurmport.SlurmPort).items()
+              if callable(f) and not n.startswith("_")}
+    assert len(wanted) == 9
+    for impl in (client, FakeSlurm()):
+        for name, sig in wanted.items():
+            got = inspect.signature(getattr(impl, name))
+            want = [p.name for p in sig.parameters.values() if p.name != "self"]
+            assert [p.name for p in got.parameters.values()] == want, (impl, name)
+    assert slurmport.slurm() is client
+
+
+def test_no_launcher_module_imports_the_slurm_client_but_the_port():
+    from helpers import ROOT
+    import ast
+    for path in sorted((ROOT / "launch" / "pipeswift_launch").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipeswift_slurm.slurm"):
+                names = {a.name for a in node.names}
+                assert path.name == "slurmport.py" or "client" not in names, path.name
+
+
+def test_a_stop_is_carried_out_through_the_port(monkeypatch):
+    """The training rank's side, without torch's process group: the facts gathered through the
+    port, the decision, and what rank 0 asks of Slurm afterwards."""
+    from pipeswift_launch import train
+    plan = plan_with(max_requeues=1, time_policy="fixed")
+    plan["layouts"] = {"2": {"tasks_per_node": 1}}
+    denv = SimpleNamespace(rank=0, attempt=0, job_id="9", nodes=2)
+    att = SimpleNamespace(plan=plan, denv=denv, step=5, layout=plan["layouts"]["2"], grow_to=0, trained_from=(0, 0.0))
+    for preempted, slurm_requeues, want in ((True, False, [("requeue", "9", None)]), (True, True, []),
+                                            (False, False, [])):
+        with slurm_port(FakeSlurm(preempted=preempted, requeues_preempted=slurm_requeues)) as fake:
+            d = decide.what_follows(train._stopped(att, Stop.TERM), train._budgets(att))
+            train._carry_out(att, d)
+        assert fake.calls == want, (preempted, slurm_requeues, d)
+    denv.attempt = 1   # the last attempt: Slurm 24.05+ would requeue it, so it is forbidden to
+    with slurm_port(FakeSlurm(preempted=True, requeues_preempted=True)) as fake:
+        d = decide.what_follows(train._stopped(att, Stop.TERM), train._budgets(att))
+        train._carry_out(att, d)
+    assert fake.calls == [("forbid_requeue", "9")] and d.exit_code == Exit.BUDGET_SPENT

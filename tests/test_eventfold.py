@@ -19,7 +19,6 @@ from pipeswift_slurm import events
 from pipeswift_slurm.history import eventfold
 from pipeswift_slurm.history.eventfold import Fold
 
-from test_security import other_user, public_tmp  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
 

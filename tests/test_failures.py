@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import pswift, wait_state
+from helpers import (pswift, rank_process, reference, run_events, slow_example, slurm_log, step_losses,
+                     wait_state, wait_steps)
 from pipeswift_slurm.slurm import client as slurm
 from pipeswift_slurm.slurm.records import expand_hostlist
-from test_preemption import (events, rank_process, reference, slow_example, slurm_log, step_losses,
-                             wait_steps)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
 
@@ -33,7 +32,7 @@ def test_a_rank_killed_mid_run_restarts_in_the_allocation_and_ends_bitwise_equal
     t_kill = time.time()
     assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240) == "COMPLETED", slurm_log(run)[-3000:]
     assert slurm.job_info(job).restarts == 0            # the same Slurm job: no requeue
-    evs = events(run)
+    evs = run_events(run, torn_ok=True)
     (crash,) = [e for e in evs if e["event"] == "crash"]
     assert (crash["how"], crash["rank"], crash["node"], crash["action"], crash["restart"]) == (
         "signal 9", 1, node, "restart", 1), crash
@@ -43,9 +42,9 @@ def test_a_rank_killed_mid_run_restarts_in_the_allocation_and_ends_bitwise_equal
     assert crash["step"] - starts[1]["step"] <= 10 and starts[1]["resumed_from"]
     assert starts[1]["time"] - t_kill < 60, starts[1]["time"] - t_kill
     # every step, the repeated ones too, has the uninterrupted run's loss bit for bit
-    ref = step_losses(reference(toml, tmp_path, nodes=2))
+    ref = step_losses(reference(toml, tmp_path, nodes=2), torn_ok=True)
     assert all(e["loss_hex"] == ref[e["step"]] for e in evs if e["event"] == "step")
-    assert sorted(step_losses(run)) == sorted(ref) == list(range(1, 41))
+    assert sorted(step_losses(run, torn_ok=True)) == sorted(ref) == list(range(1, 41))
     st = json.loads(pswift("status", job, "--json", check=True).stdout)
     (a,) = st["attempts"]
     assert a["ended"] == "completed" and a["crashes"][0]["how"] == "signal 9"
@@ -75,7 +74,7 @@ def test_a_model_that_raises_at_the_same_step_fails_after_two_launches_without_a
     job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
     assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180) == "FAILED", slurm_log(run)[-3000:]
     assert slurm.job_info(job).restarts == 0
-    evs = events(run)
+    evs = run_events(run, torn_ok=True)
     assert len([e for e in evs if e["event"] == "start"]) == 2          # two launches, no more
     crashes = [e for e in evs if e["event"] == "crash"]
     assert [(c["how"], c["step"], c["action"]) for c in crashes] == [("exception", 5, "restart"),
@@ -115,13 +114,13 @@ def test_with_no_restart_left_a_crash_requeues_the_job_without_the_dead_ranks_no
     assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240) == "COMPLETED", slurm_log(run)[-3000:]
     info = slurm.job_info(job)
     assert info.restarts == 1 and node in expand_hostlist(info.excluded), info
-    (crash,) = [e for e in events(run) if e["event"] == "crash"]
+    (crash,) = [e for e in run_events(run, torn_ok=True) if e["event"] == "crash"]
     assert (crash["how"], crash["node"], crash["action"]) == ("signal 9", node, "requeue")
     assert "max_restarts = 0 spent in this attempt: requeueing the job without " + node in crash["why"]
     st = json.loads(pswift("status", job, "--json", check=True).stdout)
     a0, a1 = st["attempts"]
     assert a0["ended"] == "crashed" and a1["ended"] == "completed" and a1["start_step"] >= 10
-    assert step_losses(run) == step_losses(reference(toml, tmp_path, nodes=4))
+    assert step_losses(run, torn_ok=True) == step_losses(reference(toml, tmp_path, nodes=4), torn_ok=True)
 
 
 def _parent(pid: int) -> int:
@@ -158,7 +157,7 @@ def _on_four_nodes(tmp_path: Path, steps: int) -> tuple[str, Path, dict, str, tu
     run = tmp_path / "run"
     job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
     wait_steps(run, 12)
-    (first,) = [e for e in events(run) if e["event"] == "start"]
+    (first,) = [e for e in run_events(run, torn_ok=True) if e["event"] == "start"]
     assert first["nodes"] == 4, first
     pid, node = rank_process(run, first["world_size"] - 1)
     slurmd = int((CLUSTER_DIR / "run" / f"slurmd-{node}.pid").read_text())
@@ -184,7 +183,7 @@ def test_a_lost_node_ends_nothing_the_ranks_go_on_with_fewer_stages(cluster, tmp
         _bring_back(node)
     assert state == "COMPLETED", slurm_log(run)[-4000:]
     assert slurm.job_info(job).restarts == 0            # the same Slurm job: no requeue
-    evs = events(run)
+    evs = run_events(run, torn_ok=True)
     crash = [e for e in evs if e["event"] == "crash"]
     assert [(c["how"], c["node"], c["action"]) for c in crash] == [("lost", node, "restart")], crash
     plan = json.loads((run / "plan.json").read_text())
@@ -194,7 +193,7 @@ def test_a_lost_node_ends_nothing_the_ranks_go_on_with_fewer_stages(cluster, tmp
     assert starts[1]["resumed_from"] and crash[0]["step"] - starts[1]["step"] <= 5
     text = pswift("status", job, check=True).stdout
     assert f"{node} lost: restart 1 of 3 on the 3 node(s) left" in text, text
-    assert sorted(step_losses(run)) == list(range(1, 41))
+    assert sorted(step_losses(run, torn_ok=True)) == list(range(1, 41))
 
 
 @pytest.mark.every_version
@@ -220,7 +219,7 @@ def test_a_node_that_dies_before_slurm_knows_is_left_out_within_a_minute(cluster
     assert state == "COMPLETED", slurm_log(run)[-4000:]
     assert info.restarts == 0 and info.excluded == ""           # the same Slurm job, nothing excluded
     assert node not in expand_hostlist(info.nodes)              # given back to Slurm at the restart
-    evs = events(run)
+    evs = run_events(run, torn_ok=True)
     crash = [e for e in evs if e["event"] == "crash"]
     assert [(c["how"], c["node"], c["action"]) for c in crash] == [("lost", node, "restart")], crash
     starts = [e for e in evs if e["event"] == "start"]

@@ -110,12 +110,12 @@ def gpt2_job(tmp_path: Path) -> Path:
 
 @pytest.mark.slurm
 def test_gpt2_trains_through_pswift_sbatch_and_survives_a_preemption_with_fewer_stages(cluster, gpt2_job, tmp_path):
-    from test_preemption import events, preempted_once
+    from helpers import preempted_once, run_events
     run = tmp_path / "run"
     st = preempted_once(gpt2_job, run, 6, timeout=600)
     a0, a1 = st["attempts"]
     assert (a0["nodes"], a0["ended"], a1["nodes"], a1["ended"]) == (4, "preempted", 2, "completed")
     assert a0["stages"] > a1["stages"] and a1["start_step"] == a0["end_step"]
-    loss = {e["step"]: e["loss"] for e in events(run) if e["event"] == "step"}
+    loss = {e["step"]: e["loss"] for e in run_events(run, torn_ok=True) if e["event"] == "step"}
     assert sorted(loss) == list(range(1, 25))
     assert sum(loss[s] for s in range(20, 25)) < 0.85 * sum(loss[s] for s in range(1, 6)), loss

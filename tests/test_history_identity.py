@@ -10,7 +10,7 @@ import pytest
 from pipeswift_slurm.history.store import History
 from pipeswift_slurm.history.rows import Owner
 
-from test_admin_reports import rec, H, T0
+from helpers import H, T0, rec
 
 
 def _run(tmp_path, name: str, user: str, predicted: float, actual: float,

@@ -11,7 +11,7 @@ import pytest
 from pipeswift_slurm import events
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.errors import ConfigError
-from helpers import copy_example
+from helpers import copy_example, tensorboard_scalars
 
 TRAINING = {"metrics": ["csv", "tensorboard"], "global_batch_size": 32}
 
@@ -31,13 +31,6 @@ def launch(run, attempt, first, last, loss_of, end="preempted", requeue=True):
     sink.close()
 
 
-def scalars(run, tag):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    acc = EventAccumulator(str(run / "tensorboard" / ("events" if tag.startswith("events/") else "train")))
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
-
-
 def test_three_launches_make_one_curve_in_tensorboard_and_the_csv_keeps_every_row(tmp_path):
     """Launch 1 trains to 10 and is preempted; launch 2 resumes at 10, crashes after 14 and
     the helper restarts it; launch 3 resumes from the checkpoint at 12 and completes at 16."""
@@ -51,15 +44,15 @@ def test_three_launches_make_one_curve_in_tensorboard_and_the_csv_keeps_every_ro
     sink.close()
     launch(tmp_path, 1, 12, 16, lambda s: 3.0 - s / 1000, end="completed", requeue=False)
 
-    loss = scalars(tmp_path, "train/loss")
+    loss = tensorboard_scalars(tmp_path, "train/loss")
     assert [s for s, _ in loss] == list(range(1, 17))                 # one continuous curve
     assert dict(loss)[11] == pytest.approx(4.0 - 11 / 100) and dict(loss)[13] == pytest.approx(3.0 - 13 / 1000)
-    assert dict(scalars(tmp_path, "train/samples_per_s"))[5] == pytest.approx(64.0)   # 32 samples / 0.5 s
-    assert dict(scalars(tmp_path, "train/lr"))[16] == pytest.approx(1e-3)
-    assert scalars(tmp_path, "checkpoint/stall_s")[0] == (10, 0.25)
-    assert [s for s, _ in scalars(tmp_path, "events/requeue")] == [10]
-    assert [s for s, _ in scalars(tmp_path, "events/restart")] == [14]
-    assert [s for s, _ in scalars(tmp_path, "events/start")] == [0, 10, 12]
+    assert dict(tensorboard_scalars(tmp_path, "train/samples_per_s"))[5] == pytest.approx(64.0)   # 32 samples / 0.5 s
+    assert dict(tensorboard_scalars(tmp_path, "train/lr"))[16] == pytest.approx(1e-3)
+    assert tensorboard_scalars(tmp_path, "checkpoint/stall_s")[0] == (10, 0.25)
+    assert [s for s, _ in tensorboard_scalars(tmp_path, "events/requeue")] == [10]
+    assert [s for s, _ in tensorboard_scalars(tmp_path, "events/restart")] == [14]
+    assert [s for s, _ in tensorboard_scalars(tmp_path, "events/start")] == [0, 10, 12]
 
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
     assert [r["event"] for r in rows if r["event"] not in ("step", "checkpoint")] == \

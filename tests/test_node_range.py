@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from helpers import copy_example, plan_with, pswift, wait_state
+from helpers import (copy_example, plan_with, pswift, slow_example, slurm_log, tensorboard_scalars, wait_state,
+                     wait_steps)
 from pipeswift_slurm.history import eventfold
 from pipeswift_slurm import events as events_mod
 from pipeswift_slurm import submit
@@ -18,7 +19,6 @@ from pipeswift_slurm.config import load_config
 from pipeswift_slurm.plan import limits_of, nodes_request, time_limits
 from pipeswift_slurm.slurm.queue import ClusterState, NodeState, PendingJob, RunningJob
 from pipeswift_slurm.slurm.sbatch import options_for, render
-from test_preemption import slow_example, slurm_log, wait_steps
 from pipeswift_launch import grow
 
 
@@ -108,11 +108,10 @@ def test_a_requeued_job_with_a_1_node_layout_restarts_on_the_one_free_node(clust
     assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # ... and the TensorBoard runs, read with TensorBoard's own reader: one loss curve over both
     # attempts, equal to the job's events, and the requeue marked where attempt 0 ended
-    from test_metrics import scalars
     losses = {e["step"]: e["loss"] for e in events_mod.read(run)[0] if e["event"] == "step"}
-    curve = scalars(run, "train/loss")
+    curve = tensorboard_scalars(run, "train/loss")
     assert [s for s, _ in curve] == list(range(1, 41))
     assert all(abs(v - losses[s]) <= 1e-6 * abs(losses[s]) for s, v in curve)
-    assert [s for s, _ in scalars(run, "events/requeue")] == [attempts[0]["end"]["step"]]
-    assert [s for s, _ in scalars(run, "events/start")] == [0, attempts[0]["end"]["step"]]
+    assert [s for s, _ in tensorboard_scalars(run, "events/requeue")] == [attempts[0]["end"]["step"]]
+    assert [s for s, _ in tensorboard_scalars(run, "events/start")] == [0, attempts[0]["end"]["step"]]
     assert (run / "metrics.csv").read_text().count("\n") > 40

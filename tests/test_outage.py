@@ -18,8 +18,7 @@ from typing import Callable
 
 import pytest
 
-from helpers import CLUSTER_DIR, PSWIFT, pswift, run_events
-from test_preemption import all_idle, slow_example
+from helpers import CLUSTER_DIR, PSWIFT, all_idle, pswift, run_events, slow_example
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_version, pytest.mark.deepspeed]
 

@@ -13,8 +13,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from helpers import ROOT
-from test_admin import ENV
+from helpers import JOBCOMP_ENV, ROOT
 
 from pipeswift_slurm import __version__
 
@@ -77,7 +76,7 @@ def test_the_wheel_installs_alone_with_its_plugins_one_version_and_the_license(t
     assert os.stat(wrapper).st_mode & 0o777 == 0o755
     assert str(site / "pipeswift_plugins" / "jobcomp_pswift.py") in wrapper.read_text()
     # slurmctld's call: the job's record in the environment, nothing on the command line
-    ran = subprocess.run([str(wrapper)], env={**env, **ENV}, capture_output=True, text=True, timeout=60,
+    ran = subprocess.run([str(wrapper)], env={**env, **JOBCOMP_ENV}, capture_output=True, text=True, timeout=60,
                          cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     (row,) = sqlite3.connect(db).execute("SELECT job_id, state, user FROM slurm_jobs").fetchall()

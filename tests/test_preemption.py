@@ -13,44 +13,16 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import PSWIFT, copy_example, pswift, wait_state, run_events
+from helpers import (all_idle, copy_example, preempted_once, pswift, rank_process, reference, run_events,
+                     slow_example, slurm_log, step_losses, wait_state, wait_steps)
 from pipeswift_slurm.slurm import client as slurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
-
-SLOW_DATA = '''
-import time
-from model import batch as _batch
-
-
-def batch(**kw):
-    time.sleep(float(__import__("os").environ.get("PSWIFT_TEST_SLEEP", "{sleep_s}")))
-    return _batch(**kw)
-'''
-
-
-def slow_example(dst: Path, replace: dict[str, str], sleep_s: float = 0.06) -> Path:
-    """The example with ~0.25 s steps (the data function sleeps ``sleep_s`` a micro-batch), so
-    signals land mid-run."""
-    toml = copy_example(dst, replace)
-    (toml.parent / "slow.py").write_text(SLOW_DATA.replace("{sleep_s}", str(sleep_s)))
-    toml.write_text(toml.read_text().replace('data = "model:batch"', 'data = "slow:batch"'))
-    return toml
-
-
-def events(run: Path) -> list[dict]:
-    return run_events(run, torn_ok=True)   # read while the job writes
-
-
-def step_losses(run: Path) -> dict[int, str]:
-    return {e["step"]: e["loss_hex"] for e in events(run) if e["event"] == "step"}
-
 
 def final_weights(ckpt_dir: Path, step: int) -> dict:
     from pipeswift_launch import checkpoint
@@ -61,71 +33,6 @@ def assert_same_weights(a: dict, b: dict) -> None:
     import torch
     assert a.keys() == b.keys() and a
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
-
-
-def wait_steps(run: Path, n: int, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if sum(e["event"] == "step" for e in events(run)) >= n:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"fewer than {n} steps after {timeout} s: {events(run)[-3:]}")
-
-
-def reference(toml: Path, tmp_path: Path, nodes: int) -> Path:
-    """The uninterrupted run of ``toml`` on ``nodes`` local slots. The slow example's data sleep
-    is left out (it paces signals, not the numbers): a 100-step reference takes 18 s, not 42."""
-    run = tmp_path / "reference"
-    proc = pswift("run", "--nodes", str(nodes), "--run-dir", str(run), str(toml),
-                  env={"PSWIFT_TEST_SLEEP": "0"})
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return run
-
-
-def slurm_log(run: Path) -> str:
-    return "".join(p.read_text() for p in run.glob("slurm-*.out"))
-
-
-def preempted_once(toml: Path, run: Path, after_steps: int, preemptor: list[str] | tuple[str, ...] = ("-p", "high"),
-                   timeout: float = 300, followed: list | None = None, waited: list | None = None) -> dict:
-    """Submit ``toml``; once ``after_steps`` steps ran, a 2-node exclusive job with ``preemptor``'s
-    options preempts it; wait until it completed; its `pswift status --json`. With a
-    ``followed`` list, `pswift logs JOB -f` runs from the submit on and its (exit, stdout,
-    stderr) is appended to the list; with a ``waited`` list, the job is submitted with
-    `pswift sbatch --wait` and that command's (exit, stdout, stderr) is appended."""
-    if waited is None:
-        proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
-        assert proc.returncode == 0, proc.stderr
-        job = proc.stdout.strip()
-    else:
-        submitter = subprocess.Popen([*PSWIFT, "sbatch", "--wait", "--run-dir", str(run), str(toml)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        first = submitter.stdout.readline() if submitter.stdout else ""
-        assert first.startswith("Submitted pswift job "), first + submitter.communicate(timeout=60)[1]
-        job = first.split()[3]
-    follower = None if followed is None else subprocess.Popen(
-        [sys.executable, "-m", "pipeswift_slurm.cli.main", "logs", job, "-f"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_steps(run, after_steps, timeout=timeout)
-        high = subprocess.run(["sbatch", "--parsable", *preemptor, "-N2", "--exclusive", "-o", "/dev/null",
-                               "--wrap", "sleep 300"], capture_output=True, text=True, check=True).stdout.strip()
-        try:
-            assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=timeout) == "COMPLETED", slurm_log(run)
-        finally:
-            subprocess.run(["scancel", high])
-        if follower is not None and followed is not None:
-            out, err = follower.communicate(timeout=60)
-            followed.append((follower.returncode, out, err))
-        if waited is not None:
-            out, err = submitter.communicate(timeout=120)
-            waited.append((submitter.returncode, first + out, err))
-    finally:
-        if follower is not None:
-            follower.kill()
-        if waited is not None:
-            submitter.kill()
-    return json.loads(pswift("status", job, "--json", check=True).stdout)
 
 
 @pytest.fixture(params=["partition", pytest.param("qos", marks=pytest.mark.every_version)])
@@ -139,18 +46,6 @@ def preemption(request, monkeypatch) -> tuple[list[str], str]:
         return ["-p", "high"], ""
     monkeypatch.setenv("SLURM_CONF", request.getfixturevalue("acct_cluster"))
     return ["--qos=normal"], 'qos = "standby"\n'
-
-
-def all_idle(timeout: float = 60) -> None:
-    """Until every node of the cluster SLURM_CONF names is idle (a job's end leaves its nodes
-    completing for a moment)."""
-    deadline = time.time() + timeout
-    while True:
-        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True).stdout.split()
-        if states and all(st == "idle" for st in states):
-            return
-        assert time.time() < deadline, f"nodes not idle after {timeout} s: {states}"
-        time.sleep(0.5)
 
 
 def status_once_forgotten(job: str, run: Path, tmp_path: Path, home: Path) -> None:
@@ -208,10 +103,10 @@ def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path
     assert a1["resumed_from"].endswith(f"step_{a0['end_step']:08d}")
     assert a1["start_step"] == a0["end_step"]  # no step lost: stopped at a step boundary
     assert st["restarts"] == 1 and st["step"] == 50
-    ckpt = [e for e in events(run) if e["event"] == "checkpoint" and e["reason"] == "signal"]
+    ckpt = [e for e in run_events(run, torn_ok=True) if e["event"] == "checkpoint" and e["reason"] == "signal"]
     assert len(ckpt) == 1 and ckpt[0]["seconds"] < 20  # within GraceTime (20 s)
     ref = reference(toml, tmp_path, nodes=4)
-    assert step_losses(run) == step_losses(ref)
+    assert step_losses(run, torn_ok=True) == step_losses(ref, torn_ok=True)
     assert_same_weights(final_weights(run / "checkpoints", 50), final_weights(ref / "checkpoints", 50))
     if early is not None:
         status_once_forgotten(early, tmp_path / "early-run", tmp_path, tmp_path / "early-home")
@@ -252,10 +147,10 @@ lr_decay = "cosine"
                  f"job {job}: COMPLETED", f"log: {run / f'slurm-{job}.out'}"):
         assert line in out.splitlines(), (line, out)
     assert re.search(rf"job {job}: step \d+/{steps}, ETA [\d.]+ (ms|s|min)\n", out), out
-    starts = [e for e in events(run) if e["event"] == "start"]
+    starts = [e for e in run_events(run, torn_ok=True) if e["event"] == "start"]
     assert [(e["stages"], e["data_parallel"]) for e in starts] == [(2, 2), (2, 1)]
     ref = reference(toml, tmp_path, nodes=4)
-    got, want = step_losses(run), step_losses(ref)
+    got, want = step_losses(run, torn_ok=True), step_losses(ref, torn_ok=True)
     assert sorted(got) == sorted(want) == list(range(1, steps + 1))
     g, w = ({k: float.fromhex(v) for k, v in d.items()} for d in (got, want))
     assert all(abs(g[s] - w[s]) <= 1e-2 * abs(w[s]) for s in w), [(s, g[s], w[s]) for s in w if g[s] != w[s]]
@@ -308,7 +203,7 @@ def test_a_prediction_too_short_reaches_its_limit_requeues_for_what_remains_and_
     assert limits.get(0) == "00:03:00" and limits.get(1) == f"00:{asked[0]:02d}:00", (limits, asked)
     assert st["step"] == 110
     ref = reference(toml, tmp_path, nodes=2)
-    assert step_losses(run) == step_losses(ref)
+    assert step_losses(run, torn_ok=True) == step_losses(ref, torn_ok=True)
     assert_same_weights(final_weights(run / "checkpoints", 110), final_weights(ref / "checkpoints", 110))
 
 
@@ -329,17 +224,17 @@ def test_kill_9_mid_checkpoint_restarts_in_the_allocation_from_the_previous_comm
     log = slurm_log(run)
     assert "removed half-written checkpoint(s) step_00000008" in log
     assert "resumed from step_00000004" in log and "restart 1: launching again" in log
-    starts = [e for e in events(run) if e["event"] == "start"]
+    starts = [e for e in run_events(run, torn_ok=True) if e["event"] == "start"]
     assert [(e["attempt"], e["step"]) for e in starts] == [(0, 0), (0, 4)]
     assert starts[1]["resumed_from"] == str(ckpt / "step_00000004")
-    (crash,) = [e for e in events(run) if e["event"] == "crash"]
+    (crash,) = [e for e in run_events(run, torn_ok=True) if e["event"] == "crash"]
     assert (crash["how"], crash["rank"], crash["action"]) == ("signal 9", 1, "restart")
     # keep_checkpoints = 2: only the two newest committed ones remain
     assert sorted(p.name for p in ckpt.iterdir()) == ["step_00000008", "step_00000012"]
 
     ref_toml = copy_example(tmp_path / "ex2", {"steps": "12", "checkpoint_interval": "4"})
     ref = reference(ref_toml, tmp_path, nodes=2)
-    assert step_losses(run) == step_losses(ref)
+    assert step_losses(run, torn_ok=True) == step_losses(ref, torn_ok=True)
     assert_same_weights(final_weights(ckpt, 12), final_weights(ref / "checkpoints", 12))
 
 
@@ -352,7 +247,7 @@ def test_max_requeues_stops_a_job_preempted_twice_with_a_clear_reason(cluster, t
     try:
         for attempt in (0, 1):
             deadline = time.time() + 120
-            while not any(e["event"] == "step" and e["attempt"] == attempt for e in events(run)):
+            while not any(e["event"] == "step" and e["attempt"] == attempt for e in run_events(run, torn_ok=True)):
                 assert time.time() < deadline, slurm_log(run)
                 time.sleep(0.3)
             nodes = subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], capture_output=True,
@@ -371,25 +266,9 @@ def test_max_requeues_stops_a_job_preempted_twice_with_a_clear_reason(cluster, t
         subprocess.run(["scancel", *highs])
     log = slurm_log(run)
     assert "this was attempt 1 and max_requeues = 1 is spent: not requeueing" in log, log[-2000:]
-    ends = [e for e in events(run) if e["event"] == "end"]
+    ends = [e for e in run_events(run, torn_ok=True) if e["event"] == "end"]
     assert [(e["attempt"], e["reason"], e["requeue"]) for e in ends] == [(0, "preempted", True),
                                                                           (1, "preempted", False)]
-
-
-def rank_process(run: Path, rank: int) -> tuple[int, str]:
-    """(pid, node) of the launcher process of ``rank`` in this run."""
-    plan = str(run / "plan.json")
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-            if b"pipeswift_launch" not in cmd or plan.encode() not in cmd:
-                continue
-            env = dict(x.split(b"=", 1) for x in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in x)
-        except OSError:
-            continue
-        if env.get(b"SLURM_PROCID") == str(rank).encode():
-            return int(pid), env[b"SLURMD_NODENAME"].decode()
-    raise AssertionError(f"no launcher process of rank {rank} for {run}")
 
 
 def test_a_stopped_rank_is_found_and_the_ranks_restart_in_the_allocation(cluster, tmp_path):
@@ -406,7 +285,7 @@ def test_a_stopped_rank_is_found_and_the_ranks_restart_in_the_allocation(cluster
     os.kill(pid, signal.SIGSTOP)
     t_stop = time.time()
     assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300) == "COMPLETED", slurm_log(run)[-3000:]
-    (crash,) = [e for e in events(run) if e["event"] == "crash"]
+    (crash,) = [e for e in run_events(run, torn_ok=True) if e["event"] == "crash"]
     assert (crash["how"], crash["rank"], crash["node"], crash["action"]) == ("hung", 2, node, "restart"), crash
     assert f"rank 2 on node {node} stopped running" in crash["error"]
     assert crash["time"] - t_stop < 8 + 15        # the limit, the watchdog's 1 s ticks, srun's kill, slack
@@ -416,7 +295,7 @@ def test_a_stopped_rank_is_found_and_the_ranks_restart_in_the_allocation(cluster
     assert (a0["nodes"], a0["ended"]) == (4, "completed") and [c["how"] for c in a0["crashes"]] == ["hung"]
     assert "hung" in pswift("status", job, check=True).stdout
     ref = reference(toml, tmp_path, nodes=4)
-    assert step_losses(run) == step_losses(ref)
+    assert step_losses(run, torn_ok=True) == step_losses(ref, torn_ok=True)
 
 
 def test_a_storm_of_preemptions_loses_at_most_an_interval_each_and_ends_bitwise_equal(cluster, tmp_path):
@@ -445,22 +324,22 @@ def test_a_storm_of_preemptions_loses_at_most_an_interval_each_and_ends_bitwise_
                     assert time.time() < deadline, slurm_log(run)[-2000:]
                     time.sleep(0.05)
             else:
-                first = min([e["step"] for e in events(run) if e["event"] == "start" and e["attempt"] == attempt] or [0])
+                first = min([e["step"] for e in run_events(run, torn_ok=True) if e["event"] == "start" and e["attempt"] == attempt] or [0])
                 target = first + rng.randint(2, 6)
                 while not any(e["event"] == "step" and e["attempt"] == attempt and e["step"] >= target
-                              for e in events(run)):
+                              for e in run_events(run, torn_ok=True)):
                     assert time.time() < deadline, slurm_log(run)[-2000:]
                     time.sleep(0.1)
             highs.append(subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", "--exclusive", "-o",
                                          "/dev/null", "--wrap", "sleep 1"],
                                         capture_output=True, text=True, check=True).stdout.strip())
-            while not any(e["event"] == "end" and e["attempt"] == attempt for e in events(run)):
+            while not any(e["event"] == "end" and e["attempt"] == attempt for e in run_events(run, torn_ok=True)):
                 assert time.time() < deadline, slurm_log(run)[-2000:]
                 time.sleep(0.2)
         assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300) == "COMPLETED", slurm_log(run)[-3000:]
     finally:
         subprocess.run(["scancel", *highs])
-    evs = events(run)
+    evs = run_events(run, torn_ok=True)
     ends = [e for e in evs if e["event"] == "end"]
     assert [e["reason"] for e in ends] == ["preempted"] * preemptions + ["completed"], ends
     committed_before = set()
@@ -474,5 +353,5 @@ def test_a_storm_of_preemptions_loses_at_most_an_interval_each_and_ends_bitwise_
         assert prev["end_step"] - interval <= nxt["start_step"] <= prev["end_step"], (prev, nxt)
     assert st["restarts"] == preemptions and st["step"] == steps
     ref = reference(toml, tmp_path, nodes=4)
-    assert step_losses(run) == step_losses(ref)
+    assert step_losses(run, torn_ok=True) == step_losses(ref, torn_ok=True)
     assert_same_weights(final_weights(run / "checkpoints", steps), final_weights(ref / "checkpoints", steps))

@@ -9,18 +9,20 @@ real local Slurm (the batch script's re-launch) and real DeepSpeed on CPU.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sqlite3
-from pathlib import Path
+import subprocess
+import time
 
 import pytest
 
-from helpers import copy_example, pswift, plan_with, wait_state
+from helpers import PSWIFT, copy_example, plan_with, pswift, rank_process, run_events, step_losses, wait_state
 from pipeswift_slurm.history import eventfold
-from pipeswift_slurm import events as events_mod
 from pipeswift_slurm.history import rows as runrows
 from pipeswift_slurm.history.store import History
 from pipeswift_slurm.planning.partition import balanced_boundaries
-from pipeswift_slurm.plan import MAX_RELAYOUTS
+from pipeswift_slurm.planning.decide import MAX_RELAYOUTS
 from pipeswift_slurm.stats import median
 from pipeswift_slurm.userfiles import read_run_files
 from pipeswift_launch import relayout
@@ -153,14 +155,6 @@ WRONG = {"layer_costs": "[0.0001, 0.001, 0.001, 0.001, 0.001, 0.1]",    # cuts [
          "steps": "200", "global_batch_size": "64", "checkpoint_interval": "0"}
 
 
-def job_events(run: Path) -> list[dict]:
-    return events_mod.read(run)[0]
-
-
-def losses(run: Path) -> dict[int, str]:
-    return {e["step"]: e["loss_hex"] for e in job_events(run) if e["event"] == "step"}
-
-
 @pytest.mark.slurm
 @pytest.mark.deepspeed
 def test_a_job_cut_from_wrong_costs_rebalances_once_in_place_and_matches_a_static_run(cluster, tmp_path):
@@ -171,7 +165,7 @@ def test_a_job_cut_from_wrong_costs_rebalances_once_in_place_and_matches_a_stati
     job = proc.stdout.strip()
     log = lambda: "".join(p.read_text() for p in run.glob("slurm-*.out"))  # noqa: E731
     assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300) == "COMPLETED", log()
-    (a,) = eventfold.by_attempt(job_events(run))          # one Slurm attempt: no requeue
+    (a,) = eventfold.by_attempt(run_events(run))          # one Slurm attempt: no requeue
     assert a["ended"] == "completed" and len(a["starts"]) == 2, log()
     (r,) = a["relayouts"]
     assert r["boundaries_from"] == [0, 5, 6] and r["boundaries_to"] == [0, 2, 6]
@@ -192,12 +186,12 @@ def test_a_job_cut_from_wrong_costs_rebalances_once_in_place_and_matches_a_stati
     ref = tmp_path / "reference"
     proc = pswift("run", "--nodes", "2", "--run-dir", str(ref), str(static))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert not any(e["event"] == "relayout" for e in job_events(ref))   # an explicit cut stays
-    got, want = losses(run), losses(ref)
+    assert not any(e["event"] == "relayout" for e in run_events(ref))   # an explicit cut stays
+    got, want = step_losses(run), step_losses(ref)
     assert len(got) == 200 and len(want) == 60 and all(got[s] == want[s] for s in want), \
         [s for s in want if got.get(s) != want[s]][:5]
     # ... and about its speed, measured on the same host in the same test (a ratio, not a time)
-    static_s = median(e["step_time"] for e in job_events(ref) if e["event"] == "step" and e["step"] > 2)
+    static_s = median(e["step_time"] for e in run_events(ref) if e["event"] == "step" and e["step"] > 2)
     assert after <= 1.3 * static_s, (after, static_s)
     # status and doctor say what was predicted and what was measured
     status = pswift("status", job, check=True).stdout
@@ -233,3 +227,39 @@ def test_drifting_step_times_call_for_another_profile_a_bounded_number_of_times(
     for _ in range(relayout.MAX_PROFILES - 1):
         d.settle(40, [0.30] * 3)
     assert not d.drifted(100, [0.60] * 30)                     # the launch's profiles are spent
+
+
+@pytest.mark.deepspeed
+def test_a_local_run_re_lays_out_and_restarts_a_killed_rank_as_a_slurm_job_does(tmp_path):
+    """`pswift run` is driven as the batch script drives a job (issue 39: one relaunch rule):
+    the wrong cut is re-laid out in place, a rank killed with SIGKILL restarts the ranks from the
+    newest committed checkpoint, and every step's loss is a static run's of the final cut, bit
+    for bit."""
+    toml = copy_example(tmp_path / "ex", {**WRONG, "steps": "40", "checkpoint_interval": "10"})
+    run = tmp_path / "run"
+    p = subprocess.Popen([*PSWIFT, "run", "--nodes", "2", "--run-dir", str(run), str(toml)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 240
+        while not any(e["event"] == "checkpoint" and e["step"] >= 10 for e in run_events(run, torn_ok=True)):
+            assert p.poll() is None and time.time() < deadline, (p.poll(), run_events(run, torn_ok=True)[-3:])
+            time.sleep(0.1)
+        os.kill(rank_process(run, 1)[0], signal.SIGKILL)
+        out, _ = p.communicate(timeout=300)
+    finally:
+        p.kill()
+    assert p.returncode == 0, out[-3000:]
+    evs = run_events(run)
+    (r,) = [e for e in evs if e["event"] == "relayout"]
+    assert r["boundaries_to"] == [0, 2, 6]
+    (crash,) = [e for e in evs if e["event"] == "crash"]
+    assert (crash["how"], crash["rank"], crash["action"], crash["restart"]) == ("signal 9", 1, "restart", 1), crash
+    starts = [e["step"] for e in evs if e["event"] == "start"]
+    assert len(starts) == 3 and starts[:2] == [0, r["step"]] and starts[2] >= 10, starts   # re-layout, restart
+    assert [e["reason"] for e in evs if e["event"] == "end"][-1] == "completed"
+    assert "re-layout 1: launching the ranks again" in out and "restart 1: launching the ranks again" in out
+    static = copy_example(tmp_path / "static", {**WRONG, "pipeline.partition": "[0, 2, 6]", "steps": "40"})
+    proc = pswift("run", "--nodes", "2", "--run-dir", str(tmp_path / "reference"), str(static))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got, want = step_losses(run), step_losses(tmp_path / "reference")
+    assert sorted(got) == list(range(1, 41)) and got == want, [s for s in want if got.get(s) != want[s]][:5]

@@ -18,7 +18,6 @@ import pytest
 from helpers import copy_example, pswift, run_events
 from pipeswift_launch import rendezvous
 
-from test_security import other_user, public_tmp  # noqa: F401 - fixtures
 
 GOOD = {"host": "127.0.0.1", "port": 29500, "secret": "ab" * 32}
 

@@ -17,63 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLUSTER_DB, CLUSTER_SPOOL, pswift, wait_state
+from helpers import CLUSTER_DB, CLUSTER_SPOOL, PLAN, USER, pswift, run_dir, wait_state
 from pipeswift_slurm import userfiles
 from pipeswift_slurm.history.store import History, IngestRefused
 from pipeswift_slurm.history.rows import Owner, model_key
 
-USER = "pswift-test"
-PLAN = {"version": 1, "job_name": "victim", "user": "alice", "partition": "low", "submitted_at": 1.0,
-        "model": {"entry": "model:layers", "kwargs": {}, "num_layers": 2}, "training": {"steps": 3}}
-GOOD = [{"event": "start", "attempt": 0, "time": 10.0, "nodes": 1, "world_size": 1, "stages": 1,
-         "data_parallel": 1, "micro_batches": 2, "micro_batch_size": 1, "boundaries": [0, 2],
-         "step": 0, "setup_s": 1.0},
-        {"event": "step", "attempt": 0, "time": 11.0, "step": 1, "loss": 2.0, "step_time": 0.5},
-        {"event": "step", "attempt": 0, "time": 12.0, "step": 2, "loss": 1.5, "step_time": 0.25},
-        {"event": "layer_profile", "attempt": 0, "time": 12.0, "micro_batch_size": 1,
-         "seconds": {"0": 0.1, "1": 400.0}},
-        {"event": "end", "attempt": 0, "time": 13.0, "reason": "completed", "step": 2}]
 HOSTILE_LINES = [b'{"event": "step", "attempt": null, "step": 3, "loss": 1.0, "step_time": "0.1"}',
                  b'{"event": "step", "attempt": 0, "step": 123456789012345678901234567890, "loss": 1, "step_time": 1}',
                  b'{"event": "step", "attempt": 0, "step": 4, "loss": 1e999, "step_time": 1}',
                  b'{"event": "layer_profile", "attempt": 0, "micro_batch_size": 1, "seconds": [1, 2]}',
                  b'{"event": "start", "attempt": "0"}', b'\xff\xfe not utf-8', b'[1, 2]', b'9' * 5000,
                  b'{"event": "end", "attempt": 0, "reason": {"x": 1}}', b'[' * 100_000]
-
-
-@pytest.fixture(scope="session")
-def other_user() -> pwd.struct_passwd:
-    """An unprivileged user (created once; tests run as root like the plugin)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root, as the jobcomp plugin runs")
-    try:
-        return pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", USER], check=True)
-        return pwd.getpwnam(USER)
-
-
-@pytest.fixture
-def public_tmp() -> Path:
-    """A folder the unprivileged user can reach (pytest's own tmp_path is under a 0700 folder)."""
-    import shutil
-    import tempfile
-    d = Path(tempfile.mkdtemp(prefix="pswift-sec-", dir="/tmp"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def run_dir(path: Path, events: list[bytes] | None = None, owner: pwd.struct_passwd | None = None) -> Path:
-    path.mkdir(parents=True)
-    (path / "plan.json").write_text(json.dumps(PLAN))
-    (path / "JOB_ID").write_text("4242\n")
-    lines = [json.dumps(e).encode() for e in GOOD] + (events or [])
-    (path / "events.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    if owner is not None:
-        for p in (path, *path.iterdir()):
-            os.chown(p, owner.pw_uid, owner.pw_gid)
-    return path
 
 
 def test_hostile_event_lines_are_skipped_and_counted_never_raised(tmp_path):

@@ -10,17 +10,9 @@ import sys
 
 import pytest
 
-from helpers import copy_example, pswift, new_jobs_since, squeue_ids, run_events
+from helpers import copy_example, new_jobs_since, pswift, run_events, squeue_ids, step_losses
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_version]
-
-
-def events(run_dir):
-    return run_events(run_dir)
-
-
-def losses(run_dir):
-    return [e["loss_hex"] for e in events(run_dir) if e["event"] == "step"]
 
 
 @pytest.mark.deepspeed
@@ -30,14 +22,14 @@ def test_sbatch_trains_two_stages_on_two_nodes_and_pswift_run_matches(cluster, e
     assert proc.returncode == 0, proc.stdout + proc.stderr + (run / "plan.json").read_text()
     job_id = (run / "JOB_ID").read_text().strip()
     assert f"Submitted pswift job {job_id}" in proc.stdout
-    start = [e for e in events(run) if e["event"] == "start"]
+    start = [e for e in run_events(run) if e["event"] == "start"]
     assert len(start) == 1 and start[0]["nodes"] == 2 and start[0]["stages"] == 2
     assert start[0]["job_id"] == job_id
     # what the launch measured at its start: node1 and node2 are one machine here, so its two
     # ranks share it; the link between the two stages crossed Slurm's two nodes
     assert (start[0]["device"], start[0]["ranks_per_host"], start[0]["host_cores"]) == ("cpu", 2, os.cpu_count())
     assert start[0]["p2p_latency_s"] > 0 and start[0]["p2p_bandwidth"] > 1e6, start[0]
-    steps = [e for e in events(run) if e["event"] == "step"]
+    steps = [e for e in run_events(run) if e["event"] == "step"]
     assert [e["step"] for e in steps] == list(range(1, 13))
     assert steps[-1]["loss"] < steps[0]["loss"] - 0.3, "loss must visibly fall"
     nodes = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%N"],
@@ -54,7 +46,7 @@ def test_sbatch_trains_two_stages_on_two_nodes_and_pswift_run_matches(cluster, e
     local = tmp_path / "local"
     proc = pswift("run", "--run-dir", str(local), str(example))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert losses(local) == losses(run)
+    assert step_losses(local) == step_losses(run)
     # the planner learns from both runs (`pswift plan` writes nothing: the ingest brings the
     # history up to date, as the next `pswift sbatch` would): each actual JCT against its band
     pswift("history", "ingest", check=True)
@@ -145,7 +137,7 @@ def test_hostile_job_name_and_run_dir(cluster, tmp_path):
     name = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%j"],
                           capture_output=True, text=True).stdout.rstrip("\n")
     assert name == hostile
-    assert [e["step"] for e in events(run) if e["event"] == "step"] == [1, 2, 3]
+    assert [e["step"] for e in run_events(run) if e["event"] == "step"] == [1, 2, 3]
     assert not list(tmp_path.rglob("PWNED"))
 
 

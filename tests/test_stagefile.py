@@ -11,16 +11,11 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
+from helpers import blob_of, zero_partitions  # noqa: E402
 from pipeswift_launch import stagefile  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
           torch.uint8, torch.bool]
-
-
-def blob_of(tensors: dict) -> dict:
-    return {"model": tensors, "optim": {n: {"exp_avg": t.float() * 2, "step": 3} for n, t in tensors.items()},
-            "param_groups": [{"lr": 1e-3, "betas": [0.9, 0.99], "weight_decay": 0.0}],
-            "lr_scheduler": {"last_batch_iteration": 7}, "rng": torch.get_rng_state(), "stage": 1}
 
 
 @settings(max_examples=40, deadline=None)
@@ -98,33 +93,6 @@ def test_state_that_json_cannot_hold_is_refused_by_name(tmp_path):
     blob = dict(blob_of({"0.w": torch.ones(2)}), lr_scheduler={"fn": object()})
     with pytest.raises(stagefile.StageFileError, match="holds a object"):
         stagefile.write(tmp_path / "s.safetensors", blob)
-
-
-def zero_partitions(sizes: list[int], pads: list[int], dp: int) -> tuple[dict, list]:
-    """({name: (master, exp_avg)}, each data-parallel rank's parts) for one parameter group laid
-    out as DeepSpeed's ZeRO-1 does: parameters flattened one after another (``pads`` elements of
-    padding after each), the buffer padded to a multiple of ``dp`` and split into equal
-    partitions; a rank lists a parameter's start, from its partition's first element, only when
-    a piece of it is in its partition."""
-    params, chunks, starts, at = [], [], {}, 0
-    whole = {}
-    for i, (n, pad) in enumerate(zip(sizes, pads)):
-        name = f"{i}.weight"
-        master = torch.arange(n, dtype=torch.float32) + 1000 * i
-        whole[name] = (master.view(n, 1), master.view(n, 1) * 2)
-        params.append((name, torch.Size([n, 1]), n))
-        starts[name] = at
-        chunks += [master, torch.zeros(pad)]
-        at += n + pad
-    flat = torch.cat(chunks + [torch.zeros(-at % dp)])
-    size = flat.numel() // dp
-    parts = []
-    for r in range(dp):
-        lo, hi = r * size, (r + 1) * size
-        mine = {name: s - lo for name, s in starts.items() if s < hi and s + dict((p[0], p[2]) for p in params)[name] > lo}
-        part = flat[lo:hi].clone()
-        parts.append([(params, {None: part, "exp_avg": part * 2}, {"step": torch.tensor(3.0)}, mine)])
-    return whole, parts
 
 
 @settings(max_examples=40, deadline=None)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLE, PSWIFT, copy_example, run_dist_child, run_events
+from helpers import EXAMPLE, PSWIFT, copy_example, run_dist_child, run_events, step_losses
 
 pytestmark = [pytest.mark.deepspeed]
 
@@ -39,12 +39,9 @@ def build_layers(vocab, hidden, heads, blocks, seq_len, dropout=0.0):
 '''
 
 
-def events(run: Path) -> list[dict]:
-    return run_events(run)
-
-
 def losses(run: Path) -> dict[int, float]:
-    return {e["step"]: float.fromhex(e["loss_hex"]) for e in events(run) if e["event"] == "step"}
+    """Each step's loss as a number (layouts with another data-parallel degree sum in another order)."""
+    return {step: float.fromhex(h) for step, h in step_losses(run).items()}
 
 
 #: a map-style Dataset of the example's sequences (what `data = { dataset = ... }` reads)
@@ -88,7 +85,7 @@ def run(toml: Path, run_dir: Path, nodes: int, stop_after: int | None = None) ->
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if stop_after:
         deadline = time.time() + 300
-        while sum(e["event"] == "step" for e in events(run_dir)) < stop_after:
+        while sum(e["event"] == "step" for e in run_events(run_dir)) < stop_after:
             assert time.time() < deadline and p.poll() is None, p.communicate()[0][-3000:]
             time.sleep(0.05)
         p.send_signal(signal.SIGTERM)
@@ -118,7 +115,7 @@ def interrupted_and_reference(tmp_path: Path, training: str, first: tuple[int, i
     shutil.copytree(ckpt, tmp_path / "ckpt-b")
     out = run(job(tmp_path / "b", training, *then, tmp_path / "ckpt-b", **kw), tmp_path / "resumed", nodes[1])
     run(job(tmp_path / "r", training, *first, tmp_path / "ckpt-r", **kw), tmp_path / "reference", nodes[0])
-    (start,) = [e for e in events(tmp_path / "resumed") if e["event"] == "start"]
+    (start,) = [e for e in run_events(tmp_path / "resumed") if e["event"] == "start"]
     assert start["resumed_from"] and 3 <= start["step"] < 8
     assert (start["stages"], start["data_parallel"]) == then
     return tmp_path / "stopped", tmp_path / "resumed", tmp_path / "reference", out
@@ -168,7 +165,7 @@ def test_a_bf16_zero1_background_checkpoint_resumes_bit_for_bit(tmp_path):
     periodic = job(tmp_path / "a", BF16, 2, 2, tmp_path / "ckpt-a", steps=5)
     periodic.write_text(periodic.read_text().replace("checkpoint_interval = 0", "checkpoint_interval = 4"))
     run(periodic, tmp_path / "periodic", 4)
-    (bg,) = [e for e in events(tmp_path / "periodic") if e["event"] == "checkpoint" and e["step"] == 4]
+    (bg,) = [e for e in run_events(tmp_path / "periodic") if e["event"] == "checkpoint" and e["step"] == 4]
     assert bg["background"] is True and bg["copy_s"] > 0, bg
     man = json.loads((tmp_path / "ckpt-a" / "step_00000004" / "MANIFEST.json").read_text())
     assert sorted(man["files"]) == ["rng.json", "stage_000.safetensors", "stage_000.zero_000.safetensors",
@@ -177,7 +174,7 @@ def test_a_bf16_zero1_background_checkpoint_resumes_bit_for_bit(tmp_path):
     shutil.copytree(tmp_path / "ckpt-a", tmp_path / "ckpt-b")
     shutil.rmtree(tmp_path / "ckpt-b" / "step_00000005")
     run(job(tmp_path / "b", BF16, 2, 2, tmp_path / "ckpt-b", steps=5), tmp_path / "resumed", 4)
-    (start,) = [e for e in events(tmp_path / "resumed") if e["event"] == "start"]
+    (start,) = [e for e in run_events(tmp_path / "resumed") if e["event"] == "start"]
     assert start["resumed_from"] == str(tmp_path / "ckpt-b" / "step_00000004")
     a, b = final_state(tmp_path / "ckpt-a", 5), final_state(tmp_path / "ckpt-b", 5)
     import torch

@@ -21,7 +21,7 @@ from helpers import ROOT, pswift, wait_state
 from pipeswift_slurm.history import rundir
 from pipeswift_slurm.history.store import History
 
-from test_security import other_user, public_tmp, run_dir  # noqa: F401 - fixtures
+from helpers import run_dir
 
 ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b[31m"
 PSWIFT = [sys.executable, "-m", "pipeswift_slurm.cli.main"]

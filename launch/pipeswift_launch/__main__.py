@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 
 
 def main(argv: list[str] | None = None) -> int:
-    import time
     started = time.time()  # setup counts from here: imports, process group, model, checkpoint load
     # before anything slow: an early SIGTERM must set the flag, not kill the rank
     from . import signals
@@ -17,10 +17,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m pipeswift_launch RUN_DIR/plan.json", file=sys.stderr)
         return 2
-    from . import launchrec
+    from . import launchrec   # after the signal handlers (as the imports below)
     rank = int(os.environ.get("SLURM_PROCID") or os.environ.get("RANK") or 0)
     launchrec.began(rank)   # the node this rank runs on, for launchwatch
     try:
+        # here, not at the top: an install without the training side ends with one line below
         from pipeswift_slurm.errors import PswiftError
         from pipeswift_slurm.plan import for_partition, read_plan, runnable
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = for_partition(runnable(read_plan(argv[0]), argv[0]), os.environ.get("SLURM_JOB_PARTITION"))
         denv = derive(os.environ)
         os.environ.setdefault("OMP_NUM_THREADS", str(plan["cpus_per_task"]))
-        from .train import run
+        from .train import run   # torch and DeepSpeed: after the plan is read and found runnable
         rc = run(plan, denv, started)
     except (PswiftError, LaunchEnvError, CheckpointError, DeepSpeedVersionError) as e:
         print(f"pswift-launch: error: {e}", file=sys.stderr, flush=True)

@@ -19,10 +19,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pipeswift_slurm.plan import Plan
 
-from pipeswift_slurm.planning import decide
 from pipeswift_slurm import events as events_mod
+from pipeswift_slurm.codes import Exit
+from pipeswift_slurm.errors import PswiftError
+from pipeswift_slurm.plan import for_partition, read_plan, runnable
+from pipeswift_slurm.planning import decide
+from pipeswift_slurm.slurm.records import expand_hostlist
 
-from . import launchrec
+from . import launchrec, metrics
+from .slurmport import slurm
 
 
 def deaths_of(records: list[dict[str, Any]], report: str) -> list[decide.Death]:
@@ -50,7 +55,7 @@ def decide_after(plan: Plan, rc: int, folder: Path, restarts: int, relayouts: in
     records, report = launchrec.read(folder)
     ended_itself = any("rc" in r for r in records) and not any(r.get("error") for r in records)
     job_id, attempt = env.get("SLURM_JOB_ID"), int(env.get("SLURM_RESTART_COUNT") or 0)
-    evs = events_mod.read(plan["run_dir"])[0] if rc not in (0, decide.RELAYOUT_EXIT) else []
+    evs = events_mod.read(plan["run_dir"])[0] if rc not in (Exit.OK, Exit.RELAYOUT) else []
     budgets = decide.Budgets(restarts=restarts, max_restarts=int(plan["max_restarts"]),
                              relayouts=relayouts, attempt=attempt, max_requeues=int(plan["max_requeues"]),
                              in_slurm=job_id is not None)
@@ -62,7 +67,7 @@ def decide_after(plan: Plan, rc: int, folder: Path, restarts: int, relayouts: in
     if rc != 0 and not ended_itself:
         alloc = (unannounced(plan, env, silent) if silent
                  else allocation(plan, env, any(x.how == "lost" for x in deaths)))
-    d = decide.after_launch(rc, ended_itself, deaths, _job_failures(evs, job_id), budgets, alloc)
+    d = decide.what_follows(decide.Launched(rc, ended_itself, deaths, _job_failures(evs, job_id), alloc), budgets)
     steps = [e["step"] for e in evs if e["event"] == "step" and e["attempt"] == attempt
              and e.get("job_id") == job_id]
     return d, (steps[-1] if steps else None)
@@ -75,8 +80,6 @@ LOST_WAIT_S = 60.0
 def unannounced(plan: Plan, env: dict[str, str], silent: tuple[str, ...]) -> decide.Allocation | None:
     """The launch's nodes less ``silent`` ones Slurm still counts in the allocation: the next
     launch leaves them out itself. None when the launch's nodes are not known."""
-    from pipeswift_slurm.errors import PswiftError
-    from pipeswift_slurm.slurm.records import expand_hostlist
     try:
         launched = expand_hostlist(env.get("SLURM_JOB_NODELIST") or "")
     except PswiftError:
@@ -93,9 +96,6 @@ def allocation(plan: Plan, env: dict[str, str], lost_seen: bool) -> decide.Alloc
     """The nodes the launch ran on (this script's environment) against those Slurm's allocation
     holds now; when srun saw a node lost, Slurm is given LOST_WAIT_S to drop it. None when
     Slurm cannot be asked."""
-    from pipeswift_slurm.slurm import client as slurm
-    from pipeswift_slurm.errors import PswiftError
-    from pipeswift_slurm.slurm.records import expand_hostlist
     job = env.get("SLURM_JOB_ID")
     try:
         launched = expand_hostlist(env.get("SLURM_JOB_NODELIST") or "")
@@ -107,7 +107,7 @@ def allocation(plan: Plan, env: dict[str, str], lost_seen: bool) -> decide.Alloc
     deadline = time.monotonic() + (LOST_WAIT_S if lost_seen else 0.0)
     while True:
         try:
-            info = slurm.job_info(job)   # squeue --json: a job's comment cannot pose as its fields
+            info = slurm().job_info(job)   # squeue --json: a job's comment cannot pose as its fields
             if info is None or info.state != "RUNNING" or not info.node_names:
                 return None    # requeued or ending: not a node list to go on with
             now = info.node_names
@@ -126,7 +126,6 @@ def _record(plan: Plan, d: decide.Decision, last_step: int | None, restarts: int
     death = d.death or decide.Death("exit")
     action = {"relaunch": "restart", "shrink": "restart"}.get(d.action, d.action)
     writer = events_mod.Writer(run_dir, True, attempt, job_id)
-    from . import metrics
     sink = metrics.attach(writer, run_dir, plan["training"])
     try:
         writer.emit("crash", how=death.how, rank=death.rank, node=death.node,
@@ -145,38 +144,37 @@ def carry_out(plan: Plan, d: decide.Decision, last_step: int | None, restarts: i
     """Record the outcome, wait or requeue; the line for the batch script."""
     if d.death is not None or d.action in ("fail", "requeue"):
         _record(plan, d, last_step, restarts, env)
-    job = env.get("SLURM_JOB_ID", "?")
+    job = env.get("SLURM_JOB_ID")
+    who = f"job {job}" if job else "the local run"
     if d.action == "shrink":
-        print(f"pswift: job {job}: {d.why}; launching again in {d.backoff_s:g} s", file=sys.stderr, flush=True)
+        print(f"pswift: {who}: {d.why}; launching again in {d.backoff_s:g} s", file=sys.stderr, flush=True)
         if d.exclude and d.nodelist:   # Slurm still counts the silent node: give it back
-            from pipeswift_slurm.slurm import client as slurm
             try:
-                slurm.shrink_job(job, d.nodelist)
+                slurm().shrink_job(str(job), d.nodelist)
             except Exception as e:   # noqa: BLE001 - the launches leave it out all the same
                 print(f"pswift: could not give {d.exclude} back to Slurm ({e}); the job's end waits "
                       f"for Slurm to find it down", file=sys.stderr, flush=True)
         time.sleep(d.backoff_s)
         return f"shrink {d.nodes} {d.nodelist}" + (f" {d.exclude}" if d.exclude else "")
-    if d.action == "relaunch":
-        if d.counts_as_restart:
-            print(f"pswift: job {job}: {d.why}; launching again in {d.backoff_s:g} s", file=sys.stderr, flush=True)
-            time.sleep(d.backoff_s)
-            return "restart"
+    if d.action == "relayout":
         return "relayout"
+    if d.action == "relaunch":
+        print(f"pswift: {who}: {d.why}; launching again in {d.backoff_s:g} s", file=sys.stderr, flush=True)
+        time.sleep(d.backoff_s)
+        return "restart"
     if d.action == "requeue":
-        print(f"pswift: job {job}: {d.why}", file=sys.stderr, flush=True)
+        print(f"pswift: {who}: {d.why}", file=sys.stderr, flush=True)
         # the requeue SIGTERMs the job's processes, this one too: it must live to exclude the node
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        from pipeswift_slurm.slurm import client as slurm   # the one module that talks to Slurm
         try:
-            if slurm.requeue(job, exclude=d.exclude, nodes_needed=min(int(n) for n in plan["layouts"])):
+            if slurm().requeue(str(job), exclude=d.exclude, nodes_needed=min(int(n) for n in plan["layouts"])):
                 print(f"pswift: the next attempt will not use node {d.exclude}", file=sys.stderr, flush=True)
         except Exception as e:   # noqa: BLE001 - Slurm's word goes to the log; the job then ends
             print(f"pswift: the requeue failed: {e}", file=sys.stderr, flush=True)
             return "exit 1"
         return "exit 0"
     if d.action == "fail":
-        print(f"pswift: job {job} failed: {d.why}", file=sys.stderr, flush=True)
+        print(f"pswift: {who} failed: {d.why}", file=sys.stderr, flush=True)
     return f"exit {d.exit_code}"
 
 
@@ -185,7 +183,6 @@ def main(argv: list[str]) -> int:
         print("usage: python -m pipeswift_launch.afterlaunch PLAN RC LAUNCH_DIR RESTARTS RELAYOUTS",
               file=sys.stderr)
         return 2
-    from pipeswift_slurm.plan import for_partition, read_plan, runnable
     plan = for_partition(runnable(read_plan(argv[0]), argv[0]), os.environ.get("SLURM_JOB_PARTITION"))
     rc, folder, restarts, relayouts = int(argv[1]), Path(argv[2]), int(argv[3]), int(argv[4])
     env = dict(os.environ)

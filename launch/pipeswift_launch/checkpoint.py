@@ -36,12 +36,14 @@ import os
 import re
 import shutil
 import signal
+import threading
 import time
 import zlib
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
 from . import ds_compat, rng, stagefile
 
@@ -364,7 +366,6 @@ class Pending:
     def __init__(self, engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any],
                  gather: Callable[[Any], list[Any]], barrier: Callable[[], None], rank: int,
                  staging: Any = None) -> None:
-        import threading
         self.path, self.step, self.meta = ckpt_dir / tag_for(step), step, meta
         self.path.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
@@ -579,7 +580,6 @@ def _load_optimizer(engine: Any, model: dict[str, Any], master: dict[str, Any],
                 engine.optimizer.state[p] = {k: (v.clone() if torch.is_tensor(v) else v)
                                              for k, v in optim[n].items()}
         return
-    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
     shape_of = {n: tuple(p.shape) for n, p in named}
     first = next((n for n, _ in named if optim.get(n)), None)
     elementwise: list[str] = []

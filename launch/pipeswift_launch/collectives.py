@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 #: the largest message (a profile of 512 layers with instruction times is well under 2 MiB)
 MAX_BYTES = 64 << 20
 
 
 def _encode(obj: Any, device: Any) -> Any:
-    import torch
     blob = json.dumps(obj, separators=(",", ":"), allow_nan=True).encode()
     if len(blob) > MAX_BYTES:
         raise ValueError(f"a collective message of {len(blob)} bytes (over {MAX_BYTES})")
@@ -27,8 +29,6 @@ def _decode(t: Any, n: int) -> Any:
 
 def all_gather(obj: Any, world_size: int, group: Any = None, device: Any = "cpu") -> list[Any]:
     """Every rank's ``obj``, in rank order, on every rank."""
-    import torch
-    import torch.distributed as dist
     mine = _encode(obj, device)
     sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world_size)]
     dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.int64, device=device), group=group)
@@ -44,8 +44,6 @@ def all_gather(obj: Any, world_size: int, group: Any = None, device: Any = "cpu"
 
 def broadcast(obj: Any, src: int, rank: int, group: Any = None, device: Any = "cpu") -> Any:
     """``src``'s ``obj`` on every rank (the others pass anything, e.g. None)."""
-    import torch
-    import torch.distributed as dist
     mine = _encode(obj if rank == src else None, device)
     size = torch.tensor([mine.numel()], dtype=torch.int64, device=device)
     dist.broadcast(size, src, group=group)

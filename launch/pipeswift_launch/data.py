@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
+from torch.utils.data import default_collate
 
 from .pipe import resolve
 
@@ -67,7 +68,6 @@ class MapDataset:
         return self.dataset[int(self._perm[1][pos])]
 
     def __call__(self, step: int, index: int, micro_batch_size: int, seed: int, **_: Any) -> Batch:
-        from torch.utils.data import default_collate
         first = step * self.global_batch_size + index * micro_batch_size
         batch: Batch = default_collate([self._item(seed, g) for g in range(first, first + micro_batch_size)])
         return batch

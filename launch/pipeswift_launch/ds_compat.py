@@ -35,6 +35,7 @@ import re
 from typing import Any, Callable, Iterable
 
 import torch
+import deepspeed
 
 from deepspeed.pipe import PipelineModule
 
@@ -56,7 +57,6 @@ def check_version(version: str | None = None) -> str:
     """The installed DeepSpeed version; DeepSpeedVersionError (one line, with the fix) outside
     the supported range."""
     if version is None:
-        import deepspeed
         version = str(deepspeed.__version__)
     lo, hi = SUPPORTED
     if not lo <= _version_tuple(version) < hi:
@@ -125,6 +125,7 @@ def create_master_state(engine: Any, elementwise: list[str], scalars: dict[str, 
     """Before the first step: optimizer state for every flat partition (zeros for the
     ``elementwise`` keys, ``scalars`` as given) with each parameter's fragment views linked
     into it, as DeepSpeed does after the first step; values are then set per parameter."""
+    # a private module: imported where it is used, so that its absence fails this call, not every import
     from deepspeed.utils.mixed_precision_linkage import lazy_init_hp_params_optimizer_state
     state = master_state(engine)
     for params, flat in master_groups(engine) or []:

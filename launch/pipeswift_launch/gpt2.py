@@ -49,7 +49,7 @@ class Block(nn.Module):
 
     def __init__(self, config: Any, index: int) -> None:
         super().__init__()
-        from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+        from transformers.models.gpt2.modeling_gpt2 import GPT2Block   # optional: only the gpt2 example needs it
         self.block = GPT2Block(config, layer_idx=index)
         _init(self, config.initializer_range)
 

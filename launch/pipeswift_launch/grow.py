@@ -23,13 +23,13 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from pipeswift_slurm.slurm.queue import ClusterState, usable_nodes
 from pipeswift_slurm.stats import median_of
 
 from .relayout import COST_MARGIN, MIN_GAIN
 
 if TYPE_CHECKING:
     from pipeswift_slurm.plan import Plan
-    from pipeswift_slurm.slurm.queue import ClusterState
 
 #: seconds Slurm takes to start a requeued job when nodes are free (its requeue delay)
 REQUEUE_S = 10.0
@@ -70,7 +70,6 @@ def _pool(state: ClusterState, partition: str | None, cpus_per_node: int,
           mine: set[str]) -> tuple[int, int, int]:
     """(idle usable nodes not the job's, the job's own, what pending jobs sharing those nodes ask
     for: they may start first, whatever their partition)."""
-    from pipeswift_slurm.slurm.queue import usable_nodes
     usable = usable_nodes(state, partition, cpus_per_node)
     names = {n.name for n in usable}
     idle = sum(1 for n in usable if n.name not in mine and n.idle_cpus >= cpus_per_node)

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pipeswift_slurm.userfiles import UnsafeFile, read_tail
+
 ENV = "PSWIFT_LAUNCH_DIR"
 #: srun's standard error of the launch (the batch script tees it here)
 SRUN_ERR = "srun.err"
@@ -63,7 +65,6 @@ def hung(rank: int, suspect_rank: int | None, suspect_node: str | None, step: in
 
 
 def _records(folder: Path, name: str) -> list[dict[str, Any]]:
-    from pipeswift_slurm.userfiles import UnsafeFile, read_tail
     out: list[dict[str, Any]] = []
     for f in sorted(folder.glob(f"{name}_*.json")):
         try:
@@ -77,7 +78,6 @@ def _records(folder: Path, name: str) -> list[dict[str, Any]]:
 
 def read(folder: Path) -> tuple[list[dict[str, Any]], str]:
     """(every rank's end record, srun's report) of the launch in ``folder``; unreadable parts skipped."""
-    from pipeswift_slurm.userfiles import UnsafeFile, read_tail
     try:
         report = (read_tail(str(folder / SRUN_ERR), READ_MAX) or b"").decode("utf-8", "replace")
     except (OSError, UnsafeFile):
@@ -92,7 +92,6 @@ def began_on(folder: Path) -> dict[int, str]:
 
 def lost(folder: Path) -> tuple[str, ...]:
     """The nodes launchwatch found silent (lost.json), if it stopped the launch."""
-    from pipeswift_slurm.userfiles import UnsafeFile, read_tail
     try:
         rec = json.loads(read_tail(str(folder / LOST), READ_MAX) or b"{}")
     except (OSError, ValueError, UnsafeFile):

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from pipeswift_slurm.codes import Exit
 from pipeswift_slurm.planning import decide
 
 from . import launchrec
@@ -30,7 +31,7 @@ def _heard(folder: Path) -> tuple[set[int], bool]:
     said = decide.srun_deaths(report)
     ended = {r["rank"] for r in records} | decide.srun_heard(report)
     failed = any(r.get("error") or r.get("hang") for r in records) or bool(said) \
-        or any(r.get("rc", 0) not in (0, decide.RELAYOUT_EXIT) for r in records)
+        or any(r.get("rc", 0) not in (Exit.OK, Exit.RELAYOUT) for r in records)
     return ended, failed
 
 

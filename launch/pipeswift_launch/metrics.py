@@ -66,7 +66,7 @@ class Metrics:
         if self._tb_dir is None:
             return None
         if run not in self._tb:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter   # optional (the metrics extra), and slow to import
             self._tb[run] = SummaryWriter(log_dir=str(self._tb_dir / run), purge_step=purge_step, flush_secs=10)
         return self._tb[run]
 

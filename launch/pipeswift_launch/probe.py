@@ -26,6 +26,9 @@ import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
+
+from . import ds_compat
 
 SMALL_ELEMENTS = 1            # float32: 4 bytes, the latency
 BIG_ELEMENTS = 1 << 20        # float32: 4 MiB, the bandwidth
@@ -39,9 +42,7 @@ MAX_BANDWIDTH = 5e12
 
 def measure(engine: Any, device: str) -> dict[str, Any]:
     """This launch's hardware as the ``start`` event carries it (every rank calls it)."""
-    import torch.distributed as dist
 
-    from . import ds_compat
     stage, stages, ranks = ds_compat.stage_ranks(engine)
     where = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     link = torch.zeros(2, dtype=torch.float64, device=where)   # [latency s, 1 / bandwidth s/B]
@@ -65,7 +66,6 @@ def measure(engine: Any, device: str) -> dict[str, Any]:
 
 
 def _exchange(peer: int, t: torch.Tensor, first: bool) -> None:
-    import torch.distributed as dist
     if first:
         dist.send(t, peer)
         dist.recv(t, peer)

@@ -15,7 +15,7 @@ Each launch profiles its layers during steps 2-4, and again when its step times 
 
 Then every rank commits a checkpoint, rank 0 rewrites plan.json (:func:`pipeswift_slurm.plan.
 relaid_out`: every node count's layout cut from the measured times, the revision up by one, the
-record kept) and the launcher exits with ``RELAYOUT_EXIT``: the batch script starts it again in
+record kept) and the launcher exits with ``Exit.RELAYOUT`` (pipeswift_slurm.codes): the batch script starts it again in
 the same allocation, where it resumes from that checkpoint with the new boundaries.
 """
 
@@ -28,7 +28,7 @@ from pipeswift_slurm.planning.costmodel import (DEFAULT_DEVICE_MEMORY, Hardware,
                                        estimate_step, every_known, overheads_from_instructions,
                                        stage_cut)
 from pipeswift_slurm.planning.partition import PartitionError
-from pipeswift_slurm.plan import MAX_RELAYOUTS
+from pipeswift_slurm.planning.decide import MAX_RELAYOUTS
 from pipeswift_slurm.stats import median, median_of
 
 if TYPE_CHECKING:

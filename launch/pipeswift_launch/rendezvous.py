@@ -28,6 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from .dist_env import LaunchEnvError
 
 FILE = "rendezvous.json"
@@ -93,7 +96,6 @@ def _read(path: Path, deadline: float) -> dict[str, Any]:
 def init_group(backend: str, rank: int, world_size: int, master_addr: str, folder: str | None) -> str | None:
     """Initialise torch.distributed's default group for this launch; returns its secret (None
     for a launch by hand, env://)."""
-    import torch.distributed as dist
     timeout = datetime.timedelta(seconds=TIMEOUT_S)
     if not folder:
         dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=GROUP_TIMEOUT)
@@ -129,8 +131,6 @@ def prove(secret: str | None, rank: int, world_size: int, device: Any) -> None:
     check every one; raises RendezvousError naming a rank that did not prove it."""
     if secret is None:
         return
-    import torch
-    import torch.distributed as dist
     mine = torch.frombuffer(bytearray(proof(secret, rank)), dtype=torch.uint8).to(device)
     got = [torch.empty_like(mine) for _ in range(world_size)]
     dist.all_gather(got, mine)

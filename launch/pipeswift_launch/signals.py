@@ -5,14 +5,14 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-# stop codes, agreed across ranks by all-reduce(MAX): the larger code wins (a signal over a
-# growth rank 0 asked for: the attempt ends either way, preemption and time limits come first)
-STOP_NONE, STOP_GROW, STOP_TERM, STOP_TIME = 0, 1, 2, 3
-_stop = {"code": STOP_NONE}
+from pipeswift_slurm.codes import Stop
+
+# agreed across ranks by all-reduce(MAX): the larger code wins (pipeswift_slurm.codes.Stop)
+_stop = {"code": Stop.NONE}
 
 
 def _on_signal(signum: int, frame: Any) -> None:
-    code = STOP_TIME if signum == signal.SIGUSR2 else STOP_TERM
+    code = Stop.TIME if signum == signal.SIGUSR2 else Stop.TERM
     _stop["code"] = max(_stop["code"], code)
 
 
@@ -24,8 +24,8 @@ def install() -> None:
 
 def request_grow() -> None:
     """Rank 0's growth watcher: stop at the next step boundary to come back bigger."""
-    _stop["code"] = max(_stop["code"], STOP_GROW)
+    _stop["code"] = max(_stop["code"], Stop.GROW)
 
 
 def requested() -> int:
-    return _stop["code"]
+    return int(_stop["code"])

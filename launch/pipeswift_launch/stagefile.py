@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import torch
+from safetensors import safe_open
 
 SUFFIX = ".safetensors"
 _META_KEY = "pswift"
@@ -198,7 +199,6 @@ def crc32_file(path: Path, chunk: int = 8 << 20) -> str:
 def read(path: Path, wanted: set[str] | None = None) -> dict[str, Any]:
     """The stage blob of ``path`` holding only the parameters named in ``wanted`` (model and
     optimizer state; None: all); raises StageFileError when the file is not a stage file."""
-    from safetensors import safe_open
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             rest = json.loads((f.metadata() or {})[_META_KEY])
@@ -250,7 +250,6 @@ def read_shards(paths: list[Path], wanted: set[str] | None = None) -> tuple[dict
     when a file is not a shard file or the pieces do not make a parameter whole. A parameter
     held in one file is a view into that file's mapped data (no copy: a load copies it into
     its partition at once); clone what is to be kept."""
-    from safetensors import safe_open
     pieces: dict[tuple[str, str], list[tuple[int, torch.Tensor]]] = {}
     shapes: dict[str, tuple[list[int], int]] = {}
     keys: dict[str, list[str]] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -10,26 +11,32 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import deepspeed
 import torch
+from deepspeed import comm as dist
 from pipeswift_slurm import events as events_schema
-from pipeswift_slurm.planning.decide import requeue_left
-from pipeswift_slurm.plan import RELAYOUT_EXIT
+from pipeswift_slurm.codes import Exit, Stop
+from pipeswift_slurm.plan import relaid_out, write_plan
+from pipeswift_slurm.planning import decide, interval, limits
+from pipeswift_slurm.planning.costmodel import estimate_step
 
-from . import collectives, data, launchrec, metrics, rendezvous
+from . import collectives, data, ds_compat, grow, launchrec, metrics, probe, relayout, rendezvous, rng, signals
 from .checkpointer import Checkpointer
 from .dist_env import DistEnv, log0 as _log
 from .pipe import build_pipe
-from . import relayout as relayout_mod
 from .profile import PROFILE_STEPS, InstructionTimer, LayerProfiler
-from .signals import STOP_GROW, STOP_NONE, STOP_TIME, requested
+from .signals import requested
+from .slurmport import slurm
 from .watchdog import Watchdog, end_attempt
 
 if TYPE_CHECKING:
     from pipeswift_slurm.plan import LayoutSpec, Plan, TrainingSpec
 
 
-#: the attempt stops to come back with a new cut in the same allocation (not a signal's code)
-STOP_RELAYOUT = 99
+#: the slots of the flags every rank all-reduces (MAX) at each step's end: the stop code
+#: (pipeswift_slurm.codes.Stop), step times drifted (re-profile), rank 0: a periodic checkpoint
+#: is due by time, a rank's background checkpoint is still being written
+FLAG_STOP, FLAG_DRIFT, FLAG_DUE, FLAG_WRITING = range(4)
 #: the step this rank is running (None before training): a crash's record says where it was
 progress: dict[str, int | None] = {"step": None}
 
@@ -131,7 +138,7 @@ def _run(plan: Plan, denv: DistEnv, events: events_schema.Writer, started: float
     refusal = _refusal(plan, denv, layout)
     if refusal is not None:
         reason, msg, rc = refusal
-        _log(denv.rank, f"error: {msg}" if rc == 2 else f"stopping: {msg}")
+        _log(denv.rank, f"error: {msg}" if rc == Exit.REFUSED else f"stopping: {msg}")
         events.emit("end", reason=reason, error=msg)
         events.close()
         return rc
@@ -153,20 +160,16 @@ def _refusal(plan: Plan, denv: DistEnv, layout: LayoutSpec | None) -> tuple[str,
         msg = (f"the job got {denv.nodes} node(s) / {denv.world_size} tasks but plan.json has layouts "
                f"for {sorted(plan['layouts'], key=int)} nodes"
                + (f" ({plan['infeasible'][str(denv.nodes)]})" if str(denv.nodes) in plan["infeasible"] else ""))
-        return "failed", msg, 2
-    if not requeue_left(denv.attempt - 1, plan["max_requeues"]):
+        return "failed", msg, int(Exit.REFUSED)
+    if not decide.may_train(denv.attempt, plan["max_requeues"]):
         return ("requeue_budget", f"attempt {denv.attempt} exceeds max_requeues = {plan['max_requeues']}: "
                 f"not training again; raise [job] max_requeues and resubmit to continue from the last "
-                f"checkpoint", 3)
+                f"checkpoint", int(Exit.BUDGET_SPENT))
     return None
 
 
 def _setup(att: Attempt) -> None:
     """DeepSpeed, the process group, the engine; the checkpoint directory cleaned by rank 0."""
-    import deepspeed
-    from deepspeed import comm as dist
-
-    from . import ds_compat
     plan, denv, layout = att.plan, att.denv, att.layout
     ds_compat.check_version()
     if plan["device"] != "cuda":
@@ -181,7 +184,6 @@ def _setup(att: Attempt) -> None:
     secret = rendezvous.init_group(backend, denv.rank, denv.world_size, denv.master_addr, os.environ.get(launchrec.ENV))
     rendezvous.prove(secret, denv.rank, denv.world_size, device)
     deepspeed.init_distributed(dist_backend=backend)
-    from . import rng
     seed = int(plan["training"]["seed"])
     rng.reseed(seed, 0, 0)  # every rank builds the same weights, whatever the model's code draws
     model = build_pipe(plan, layout)
@@ -196,7 +198,6 @@ def _setup(att: Attempt) -> None:
                                    denv.world_size, att.events, int(plan["training"]["keep_checkpoints"]),
                                    model_id(plan))
     att.checkpoints.clean_folder()
-    from . import probe
     # its first step is a barrier: no rank goes on before rank 0 has cleaned the folder
     att.hardware = probe.measure(att.engine, plan["device"])
 
@@ -235,12 +236,10 @@ def _train(att: Attempt) -> int:
     data_kwargs = dict(plan["model"]["kwargs"])
     m, mbs = att.layout["micro_batches"], att.layout["micro_batch_size"]
     dp_rank = engine.grid.data_parallel_id
-    steps, interval = int(t["steps"]), int(t["checkpoint_interval"])
-    # [stop code, re-profile: step times drifted, rank 0: a periodic checkpoint is due by time,
-    #  a rank's background checkpoint is still being written]
-    flag = torch.zeros(4, device=engine.device)
+    steps, every = int(t["steps"]), int(t["checkpoint_interval"])
+    flag = torch.zeros(4, device=engine.device)   # FLAG_STOP, FLAG_DRIFT, FLAG_DUE, FLAG_WRITING
     att.checkpoints.saved_at = time.time()
-    stop_code = STOP_NONE
+    stop_code = int(Stop.NONE)
     run_dir = Path(plan["run_dir"])
     dog = Watchdog(run_dir, att.rank, os.environ.get("SLURMD_NODENAME", "local"),
                    float(t["hang_timeout_factor"]), float(t["hang_timeout_min_s"]),
@@ -251,8 +250,8 @@ def _train(att: Attempt) -> int:
     first = att.step  # the profiling window counts from this attempt's first step
     att.trained_from = (att.step, time.time())
     step_times: list[float] = []
-    relayout = watcher = profiled = None
-    drift = relayout_mod.Drift()
+    proposal = watcher = profiled = None
+    drift = relayout.Drift()
     while att.step < steps:
         progress["step"] = att.step + 1
         profiler.active = timer.active = (att.step + 1 - first) in PROFILE_STEPS
@@ -276,15 +275,15 @@ def _train(att: Attempt) -> int:
             profiled = _emit_profile(profiler, timer, att)
             if att.step < steps:
                 window = step_times[-len(PROFILE_STEPS):]   # the profiled steps
-                relayout = _relayout_proposal(att, profiled, window)
+                proposal = _relayout_proposal(att, profiled, window)
                 drift.settle(att.step, window)
                 watcher = watcher or _watch_for_growth(att, step_times, profiled)
-        flag[1] = float(att.rank == 0 and not profiler.handles and drift.drifted(att.step, step_times))
-        flag[2] = float(att.rank == 0 and time.time() - att.checkpoints.saved_at >= _checkpoint_every_s(att))
-        stop_code = _step_end(att, flag, dog, interval, relayout, watcher, profiled)
+        flag[FLAG_DRIFT] = float(att.rank == 0 and not profiler.handles and drift.drifted(att.step, step_times))
+        flag[FLAG_DUE] = float(att.rank == 0 and time.time() - att.checkpoints.saved_at >= _checkpoint_every_s(att))
+        stop_code = _step_end(att, flag, dog, every, proposal, watcher, profiled)
         if stop_code:
             break
-        if flag[1].item() and not profiler.handles:   # every rank: profile the next steps again
+        if flag[FLAG_DRIFT].item() and not profiler.handles:   # every rank: profile the next steps again
             profiler, timer = _profilers(att), InstructionTimer(engine, sync=plan["device"] == "cuda")
             first = att.step
     dog.stop()
@@ -300,7 +299,6 @@ def _checkpoint_every_s(att: Attempt) -> float:
     rec = att.plan["checkpoint_auto"]
     if not rec:
         return float("inf")
-    from pipeswift_slurm.planning import interval
     cp = att.checkpoints
     planned = float(rec.get("cost_s") or 0.0)
     stall = cp.last_s if cp.last_s is not None else planned
@@ -314,46 +312,47 @@ def _profilers(att: Attempt) -> LayerProfiler:
                          saved=not int(att.plan["training"]["activation_checkpoint_interval"]))
 
 
-def _step_end(att: Attempt, flag: Any, dog: Watchdog, interval: int, relayout: Any, watcher: Any,
+def _step_end(att: Attempt, flag: Any, dog: Watchdog, every: int, proposal: Any, watcher: Any,
               profiled: dict[str, Any] | None) -> int:
     """Every rank, same point of every step: agree whether anyone asked to stop (a signal, rank
     0's growth watcher), save what the step calls for, or re-lay out; the stop code (0: go on)."""
     steps = int(att.plan["training"]["steps"])
-    flag[0] = float(requested())
-    flag[3] = float(att.checkpoints.writing())
+    flag[FLAG_STOP] = float(requested())
+    flag[FLAG_WRITING] = float(att.checkpoints.writing())
     att.dist.all_reduce(flag, op=att.dist.ReduceOp.MAX)
-    stop_code, writing = int(flag[0].item()), bool(flag[3].item())
+    stop_code, writing = int(flag[FLAG_STOP].item()), bool(flag[FLAG_WRITING].item())
     if att.checkpoints.pending is not None and not writing:   # every rank's file is on disk: commit
         att.checkpoints.finish_pending()
     # a periodic checkpoint due while the last one is still being written starts once that one
     # is committed (a later step's end): training never waits for a write
-    att.checkpoints.due |= bool((interval and att.step % interval == 0) or flag[2].item())
+    att.checkpoints.due |= bool((every and att.step % every == 0) or flag[FLAG_DUE].item())
     periodic = att.checkpoints.due and not writing
     if stop_code or att.step >= steps:
         with dog.paused():
-            _save(att, "grow" if stop_code == STOP_GROW else "signal" if stop_code else "final")
-        if stop_code == STOP_GROW:
+            _save(att, "grow" if stop_code == Stop.GROW else "signal" if stop_code else "final")
+        if stop_code == Stop.GROW:
             _commit_growth(att, watcher, profiled)
     elif periodic:
         with dog.paused():
             att.checkpoints.save_in_background(att.step, _meta(att, "periodic"))
-    elif relayout is not None and relayout.go and profiled is not None:
+    elif proposal is not None and proposal.go and profiled is not None:
         with dog.paused():
             _save(att, "relayout")
-        _commit_relayout(att, relayout, profiled)
-        stop_code = STOP_RELAYOUT
+        _commit_relayout(att, proposal, profiled)
+        stop_code = int(Stop.RELAYOUT)
     return stop_code
 
 
 def _finish(att: Attempt, stop_code: int) -> int:
-    """Rank 0 decides how the attempt ended (one scontrol call for all); requeue or not."""
-    denv, steps = att.denv, int(att.plan["training"]["steps"])
-    if stop_code == STOP_RELAYOUT:  # every rank knows: the batch script runs the launcher again
-        decision: list[Any] = [("relayout", None, RELAYOUT_EXIT)]
-    else:
-        decision = [_ending(att.plan, denv, att.step, steps, stop_code) if att.rank == 0 else None]
-    reason, requeue_by, rc = collectives.broadcast(decision[0], 0, att.rank, device=att.engine.device)
-    rc = int(rc)
+    """Rank 0 gathers the facts of the attempt's end (one Slurm query for all) and decide says
+    what follows; every rank records it, rank 0 carries it out (requeue or not)."""
+    denv = att.denv
+    if stop_code == Stop.RELAYOUT:   # every rank knows: no fact to gather, nothing to send
+        d = decide.what_follows(_stopped(att, Stop.RELAYOUT), _budgets(att))
+    else:   # rank 0 gathers the facts (one Slurm query for all) and decides for all
+        mine = asdict(decide.what_follows(_stopped(att, Stop(stop_code)), _budgets(att))) if att.rank == 0 else None
+        d = decide.Decision(**collectives.broadcast(mine, 0, att.rank, device=att.engine.device))
+    reason, requeue_by = d.reason, d.requeue_by
     peaks = None
     if att.plan["device"] == "cuda":   # every rank's peak device memory, for the memory model's check
         peaks = collectives.all_gather(int(torch.cuda.max_memory_allocated()), denv.world_size,
@@ -364,14 +363,13 @@ def _finish(att: Attempt, stop_code: int) -> int:
     _log(att.rank, f"attempt {denv.attempt} ended: {reason} at step {att.step}")
     att.dist.barrier()
     if att.rank == 0 and denv.job_id is not None:
-        _requeue_or_not(att, reason, requeue_by)
+        _carry_out(att, d)
     att.dist.destroy_process_group()
-    return rc
+    return d.exit_code
 
 
 def model_id(plan: Plan) -> str:
     """What a checkpoint records of the model that wrote it: entry point, arguments, layers."""
-    import hashlib
     m = plan["model"]
     blob = json.dumps([m["entry"], m["kwargs"], m["num_layers"]], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -393,7 +391,6 @@ def _continue_generators(att: Attempt, saved: dict[str, Any] | None, step: int) 
     from (seed, step, rank): another layout has no rank whose streams match. A model of
     LayerSpecs needs neither for its layers: DeepSpeed seeds each layer's forward from (seed,
     micro-batch, layer), whatever the stage count."""
-    from . import rng
     if saved is not None:
         try:
             rng.restore(saved)
@@ -435,7 +432,6 @@ def _emit_profile(profiler: LayerProfiler, timer: InstructionTimer, att: Attempt
 def _relayout_proposal(att: Attempt, profiled: dict[str, Any], step_times: list[float]) -> Any:
     """Rank 0's re-layout proposal, the same on every rank (None: the TOML's explicit cut is
     the user's and stays)."""
-    from . import relayout
     if att.layout["partition"] == "explicit" or att.layout["stages"] == 1 or not att.plan["rebalance"]:
         return None
     done = sum(1 for r in att.plan["relayouts"]
@@ -453,31 +449,28 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
     """Rank 0's growth watcher (grow.py) when the job may grow: below the top of its node range,
     a requeue to spare; None otherwise. Step times per node count come from the layers just
     measured (the cost model over each count's measured cut), else from the planner's."""
-    from . import grow, relayout, signals
     plan, denv = att.plan, att.denv
-    interval = float(plan["grow_check_s"])
+    check_s = float(plan["grow_check_s"])
     counts = [int(n) for n in plan["layouts"]]
-    if (att.rank != 0 or not interval or denv.job_id is None or denv.nodes >= max(counts)
-            or not requeue_left(denv.attempt + 1, plan["max_requeues"])):   # keep one to spare
+    if (att.rank != 0 or not check_s or denv.job_id is None or denv.nodes >= max(counts)
+            or not decide.may_grow(denv.attempt, plan["max_requeues"])):
         return None
-    from pipeswift_slurm.slurm import client as slurm
     cpus = int(att.layout["tasks_per_node"]) * int(plan["cpus_per_task"])
     profile = relayout.measured_profile(plan, att.layout, profiled, att.boundaries)
     predicted = relayout.step_times(plan, profile) if profile is not None else None
     if predicted is not None and profile is not None:   # this count as it runs now, not as a re-cut would
-        from pipeswift_slurm.planning.costmodel import estimate_step
         predicted[denv.nodes] = estimate_step(
             profile, att.boundaries, att.layout["micro_batches"], att.layout["micro_batch_size"],
             int(att.layout["data_parallel"]), att.layout["tasks_per_node"], relayout.hardware(plan)).step_s
 
     def check() -> Any:
-        state = slurm.cluster_state()
+        state = slurm().cluster_state()
         own = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
         free = grow.free_nodes(state, plan["partition"], cpus, own)
         return grow.decide(plan, denv.nodes, free, step_times[-20:], int(plan["training"]["steps"]) - att.step,
                            att.setup_s + att.load_s, att.checkpoints.last_s or 0.0, predicted)
 
-    w = grow.Watcher(interval, check, signals.request_grow, lambda msg: _log(0, msg))
+    w = grow.Watcher(check_s, check, signals.request_grow, lambda msg: _log(0, msg))
     w.start()
     return w
 
@@ -490,9 +483,6 @@ def _commit_growth(att: Attempt, watcher: Any, profiled: dict[str, Any] | None) 
         att.grow_to = g.nodes_to
         att.events.emit("grow", step=att.step, **g.record())
         if profiled is not None and att.plan["rebalance"]:
-            from pipeswift_slurm.plan import relaid_out, write_plan
-
-            from . import relayout
             profile = relayout.measured_profile(att.plan, att.layout, profiled, att.boundaries)
             cuts = relayout.growth_cuts(att.plan, profile, att.denv.nodes) if profile is not None else {}
             if cuts:
@@ -504,9 +494,6 @@ def _commit_growth(att: Attempt, watcher: Any, profiled: dict[str, Any] | None) 
 
 def _commit_relayout(att: Attempt, proposal: Any, profiled: dict[str, Any]) -> None:
     """After the checkpoint: plan.json cut from the measured times (rank 0), and the event."""
-    from pipeswift_slurm.plan import relaid_out, write_plan
-
-    from . import relayout
     if att.rank == 0:
         profile = relayout.measured_profile(att.plan, att.layout, profiled, att.boundaries)
         cuts = relayout.cuts_for_all(att.plan, profile) if profile is not None else {}
@@ -522,35 +509,26 @@ def _commit_relayout(att: Attempt, proposal: Any, profiled: dict[str, Any]) -> N
     att.dist.barrier()
 
 
-def _ending(plan: Plan, denv: DistEnv, step: int, steps: int,
-            stop_code: int) -> tuple[str, str | None, int]:
-    """(reason, who requeues the job: "pswift", "slurm" or None, exit code) of this attempt;
-    rank 0 decides for all."""
-    if step >= steps:
-        return "completed", None, 0
-    if stop_code == STOP_GROW and denv.job_id is not None:   # the watcher kept a requeue to spare
-        return "grow", "pswift", 0
-    if denv.job_id is None:
-        return ("time_limit" if stop_code == STOP_TIME else "stopped"), None, 0
-    from pipeswift_slurm.slurm import client as slurm
-    if stop_code == STOP_TIME:
-        reason = "time_limit"
-    else:
-        try:
-            reason = "preempted" if slurm.being_preempted(denv.job_id, denv.attempt) else "cancelled"
-        except Exception as e:  # cannot ask Slurm: assume preemption (requeue is the safe side)
-            _log(denv.rank, f"cannot tell preemption from cancellation ({e}); assuming preemption")
-            reason = "preempted"
-    if reason == "cancelled":
-        return reason, None, 0
-    budget = int(plan["max_requeues"])
-    if not requeue_left(denv.attempt, budget):
-        _log(denv.rank, f"{reason} at step {step}, but this was attempt {denv.attempt} and "
-                        f"max_requeues = {budget} is spent: not requeueing; raise [job] "
-                        f"max_requeues and resubmit to continue from the checkpoint")
-        return reason, None, 3
-    # Slurm never requeues a timed-out job; a preempted one only from 24.05 on (pipeswift_slurm.slurm.client)
-    return reason, "slurm" if reason == "preempted" and _slurm_requeues_preempted() else "pswift", 0
+def _budgets(att: Attempt) -> decide.Budgets:
+    plan = att.plan
+    return decide.Budgets(restarts=0, max_restarts=int(plan["max_restarts"]), relayouts=0,
+                          attempt=att.denv.attempt, max_requeues=int(plan["max_requeues"]),
+                          in_slurm=att.denv.job_id is not None)
+
+
+def _stopped(att: Attempt, stop: Stop) -> decide.Stopped:
+    """The facts of the ranks' stop: Slurm is asked only what a signal leaves open (preempted
+    or cancelled; whether Slurm requeues a preempted job itself)."""
+    denv, steps = att.denv, int(att.plan["training"]["steps"])
+    if denv.job_id is None or att.step >= steps or stop in (Stop.GROW, Stop.RELAYOUT, Stop.TIME):
+        return decide.Stopped(stop, att.step, steps)
+    try:
+        preempted: bool | None = slurm().being_preempted(denv.job_id, denv.attempt)
+    except Exception as e:  # cannot ask Slurm: decide takes it for a preemption (requeue is the safe side)
+        _log(denv.rank, f"cannot tell preemption from cancellation ({e}); assuming preemption")
+        preempted = None
+    return decide.Stopped(stop, att.step, steps, preempted=preempted,
+                          slurm_requeues=preempted is not False and _slurm_requeues_preempted())
 
 
 def _ask_for_what_remains(att: Attempt) -> None:
@@ -561,14 +539,12 @@ def _ask_for_what_remains(att: Attempt) -> None:
     done = att.step - started_step
     if plan["time_policy"] != "predicted" or not plan["signal_lead_s"] or done <= 0:
         return
-    from pipeswift_slurm.planning import limits
-    from pipeswift_slurm.slurm import client as slurm
     ckpt_s = float((plan["prediction"] or {}).get("checkpoint_cost_s") or 10.0)
     limit_s = limits.remaining(int(plan["training"]["steps"]) - att.step, (time.time() - started_at) / done,
                                att.setup_s, ckpt_s, int(plan["signal_lead_s"]), plan["time_written_s"])
     time_min_s = min(plan["time_min_s"], limit_s) if plan["time_min_s"] else None
     try:
-        slurm.set_time_limit(str(att.denv.job_id), limit_s, time_min_s)
+        slurm().set_time_limit(str(att.denv.job_id), limit_s, time_min_s)
         _log(att.rank, f"the next attempt asks for {limit_s // 60} min (what remains at "
                        f"{(time.time() - started_at) / done:.3g} s a step)")
     except Exception as e:   # the next attempt then has this one's limit
@@ -576,9 +552,8 @@ def _ask_for_what_remains(att: Attempt) -> None:
 
 
 def _slurm_requeues_preempted() -> bool:
-    from pipeswift_slurm.slurm import client as slurm
     try:
-        return slurm.requeues_preempted_jobs()
+        return slurm().requeues_preempted_jobs()
     except Exception:  # cannot ask: requeue ourselves (at worst one attempt too many, never a lost job)
         return False
 
@@ -591,11 +566,8 @@ def _next_nodes(att: Attempt, reason: str) -> tuple[int | None, str]:
         return None, ""   # one layout, or a fixed request (it fixes the task count too)
     if reason == "grow" and att.grow_to:
         return att.grow_to, "growing"
-    from pipeswift_slurm.slurm import client as slurm
-
-    from . import grow
     try:
-        state = slurm.cluster_state()
+        state = slurm().cluster_state()
     except Exception as e:   # cannot ask: the next attempt asks for what this one did
         return None, f"cannot read the cluster ({e})"
     mine = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
@@ -607,25 +579,26 @@ def _next_nodes(att: Attempt, reason: str) -> tuple[int | None, str]:
     return (nodes, why) if nodes < asked else (None, "")
 
 
-def _requeue_or_not(att: Attempt, reason: str, requeue_by: str | None) -> None:
-    """After the checkpoint is committed: requeue the job where Slurm will not (asking for the
-    node count that can start soonest), and keep Slurm from requeueing a preempted job whose
-    requeue budget is spent."""
-    from pipeswift_slurm.slurm import client as slurm  # the one module that talks to Slurm
+def _carry_out(att: Attempt, d: decide.Decision) -> None:
+    """Rank 0, after the checkpoint is committed: requeue the job where Slurm will not (asking
+    for the node count that can start soonest), and keep Slurm from requeueing a preempted job
+    whose requeue budget is spent."""
     denv, job_id = att.denv, att.denv.job_id
     if job_id is None:   # pswift run: no Slurm job to requeue
         return
-    if requeue_by == "pswift":
-        nodes, why = _next_nodes(att, reason)
+    if d.exit_code == Exit.BUDGET_SPENT:
+        _log(denv.rank, d.why)
+    if d.requeue_by == "pswift":
+        nodes, why = _next_nodes(att, d.reason)
         _log(denv.rank, f"requeueing job {denv.job_id}" + (f" for {nodes} node(s) ({why})" if nodes else ""))
-        slurm.requeue(job_id)
+        slurm().requeue(job_id)
         if nodes:
             try:
-                slurm.set_node_range(job_id, f"{nodes}-{nodes}")
+                slurm().set_node_range(job_id, f"{nodes}-{nodes}")
             except Exception as e:   # the next attempt then asks for what this one had
                 _log(denv.rank, f"could not set the node request to {nodes}: {e}")
         _ask_for_what_remains(att)
-    elif requeue_by == "slurm":
+    elif d.requeue_by == "slurm":
         _log(denv.rank, f"Slurm requeues preempted job {denv.job_id} itself")
-    elif reason == "preempted" and _slurm_requeues_preempted():
-        slurm.forbid_requeue(job_id)
+    elif d.forbid_requeue:
+        slurm().forbid_requeue(job_id)

@@ -27,10 +27,17 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from pipeswift_slurm import events
+from pipeswift_slurm.codes import Exit, Stop
+from pipeswift_slurm.planning import decide
+from pipeswift_slurm.stats import quantile
+
+from . import launchrec
+from .slurmport import slurm
+
 if TYPE_CHECKING:
     from pipeswift_slurm.plan import Plan
 
-HUNG_EXIT = 76   # the attempt was ended by the watchdog (not the re-layout's 75)
 HEARTBEAT_EVERY_S = 1.0
 STALE_S = 5.0    # a heartbeat older than this: that process is not running at all
 HOLD_FACTOR = 4  # a checkpoint in progress may take this many times the limit
@@ -62,7 +69,6 @@ class Watchdog(threading.Thread):
         """Seconds without a finished step that count as hung."""
         if len(self.times) < 5:
             return self.min_s
-        from pipeswift_slurm.stats import quantile
         return max(self.min_s, self.factor * (quantile(self.times, 0.95) or 0.0))
 
     def beat(self, step: int, step_time: float) -> None:
@@ -126,35 +132,32 @@ def end_attempt(run_dir: Path, plan: Plan, denv: Any, info: dict[str, Any]) -> N
     """What the acting rank does about a hang. In a batch job: record it for the batch script's
     helper and end this launch (srun ends the others); the helper treats it as a fault (a
     restart in the allocation; a second hang on one node requeues without it). Launched by
-    hand: record the end, requeue within the budget (excluding the suspect's node when that is
-    safe), and end this process; Slurm ends the others."""
+    hand: decide says what follows (a requeue within the budget, without the suspect's node
+    when it is certain); record the end, carry it out, and end this process; Slurm ends the
+    others."""
     who = (f"rank {info['suspect_rank']} on node {info['suspect_node']} stopped running"
            if info["certain"] else "no rank could be singled out (blocked, not stopped)")
     msg = (f"no step finished for {info['stalled_s']} s (limit {info['limit_s']} s, after step "
            f"{info['step']}): {who}")
-    from . import launchrec
     if os.environ.get(launchrec.ENV):
         print(f"pswift: rank {denv.rank}: {msg}; ending this launch", flush=True)
         launchrec.hung(denv.rank, info["suspect_rank"] if info["certain"] else None,
                        info["suspect_node"] if info["certain"] else None, max(info["step"], 0), msg)
-        os._exit(HUNG_EXIT)
-    from pipeswift_slurm.planning.decide import requeue_left
-    budget = int(plan["max_requeues"])
-    requeue = denv.job_id is not None and requeue_left(denv.attempt, budget)
-    from pipeswift_slurm import events
-    events.append(run_dir, "end", denv.attempt, denv.job_id, reason="hung", step=max(info["step"], 0),
-                  requeue=requeue, error=msg)
-    print(f"pswift: rank {denv.rank}: {msg}; " + ("requeueing the job" if requeue else
-          f"not requeueing (attempt {denv.attempt}, max_requeues = {budget})"), flush=True)
-    if requeue:
+        os._exit(Exit.HUNG)
+    stopped = decide.Stopped(Stop.HUNG, max(info["step"], 0), int(plan["training"]["steps"]),
+                             hung_node=info["suspect_node"] if info["certain"] else None, hung_why=msg)
+    d = decide.what_follows(stopped, decide.Budgets(0, int(plan["max_restarts"]), 0, denv.attempt,
+                                                    int(plan["max_requeues"]), denv.job_id is not None))
+    events.append(run_dir, "end", denv.attempt, denv.job_id, reason=d.reason, step=stopped.step,
+                  requeue=d.requeue_by is not None, error=msg)
+    print(f"pswift: rank {denv.rank}: {d.why}", flush=True)
+    if d.requeue_by is not None:
         # the requeue's SIGTERM only sets this process's stop flag (signals.py); the Slurm
         # commands that follow it ignore it (slurm.requeue)
-        from pipeswift_slurm.slurm import client as slurm  # the one module that talks to Slurm
-        node = info["suspect_node"] if info["certain"] else None
         try:
-            if slurm.requeue(denv.job_id, exclude=node, nodes_needed=min(int(n) for n in plan["layouts"])):
-                print(f"pswift: the next attempt will not use node {node}", flush=True)
+            if slurm().requeue(denv.job_id, exclude=d.exclude, nodes_needed=min(int(n) for n in plan["layouts"])):
+                print(f"pswift: the next attempt will not use node {d.exclude}", flush=True)
         except Exception as e:  # the job still ends; Slurm's word is in the message
             print(f"pswift: requeue after the hang failed: {e}", flush=True)
-    launchrec.exited(denv.rank, HUNG_EXIT)   # the batch script follows: this launch ended itself
-    os._exit(HUNG_EXIT)
+    launchrec.exited(denv.rank, d.exit_code)   # the batch script follows: this launch ended itself
+    os._exit(d.exit_code)

@@ -219,7 +219,8 @@ def run_cmd(toml: Path, run_dir: Path | None, nodes: int | None, db: Path | None
     """Run TOML's job here, one local process per slot, without Slurm.
 
     Same plan, launcher and events as `pswift sbatch`; TERM/INT/USR2 make every rank checkpoint
-    and stop at the same step.
+    and stop at the same step. A crashed or killed rank restarts the ranks from the newest
+    checkpoint within [job] max_restarts, and a re-layout launches them again, as in a Slurm job.
 
     Example:
 

@@ -1,8 +1,17 @@
-"""What follows when one launch of the job's ranks ends inside its allocation: pure rules, no
-torch, no Slurm call, no file (the batch script's helper, pipeswift_launch.afterlaunch, gathers
-the facts and carries the decision out).
+"""What follows an attempt's end, decided in one place (:func:`what_follows`): pure rules, no
+torch, no Slurm call, no file. Two kinds of end, each with its facts gathered before and the
+decision carried out after:
 
-The rule, as docs/design.md states it:
+- the ranks stopped together at a step boundary (:class:`Stopped`: done, a signal, the time
+  limit, a growth, a re-layout, or a hang in a job launched by hand): rank 0 of
+  pipeswift_launch.train gathers the facts (Slurm's word on a preemption) and carries it out
+  (requeue, the next attempt's node count and time limit);
+- a launch of the ranks ended under srun (:class:`Launched`): the batch script's helper,
+  pipeswift_launch.afterlaunch, gathers the facts (the ranks' records, srun's report, the
+  allocation) and carries it out (restart, shrink, requeue, fail).
+
+The requeue budget is :func:`requeues_left`, the restart budget :func:`restart_left`; no other
+module counts either. The rule for a launch, as docs/design.md states it:
 
 - a launch that ended by itself (done, re-laid out, or its own decision: a refusal, a spent
   budget, a requeue it asked for) is followed as it asked;
@@ -30,11 +39,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from pipeswift_slurm.codes import Exit, Stop
 from pipeswift_slurm.config import MAX_RESTARTS_DEFAULT
-from pipeswift_slurm.plan import MAX_RELAYOUTS, RELAYOUT_EXIT
 
-__all__ = ["MAX_RESTARTS_DEFAULT", "RELAYOUT_EXIT", "Allocation", "Budgets", "Death", "Decision", "after_launch",
-           "backoff", "first_death", "requeue_left", "restart_left", "silent_nodes", "srun_deaths", "srun_heard"]
+__all__ = ["MAX_RELAYOUTS", "MAX_RESTARTS_DEFAULT", "Allocation", "Budgets", "Death", "Decision", "Launched",
+           "Stopped", "backoff", "first_death", "may_grow", "may_train", "requeues_left", "restart_left",
+           "silent_nodes", "srun_deaths", "srun_heard", "what_follows"]
+#: re-layouts an attempt may make in place (pipeswift_launch.relayout proposes them)
+MAX_RELAYOUTS = 2
 #: seconds to wait before restart k (1-based): none before the first (as TorchElastic: a crash
 #: once is the common case and every second of it is lost), then 1, 2, 4, ... at most BACKOFF_MAX_S
 BACKOFF_MAX_S = 30.0
@@ -109,11 +121,43 @@ class Allocation:
 
 
 @dataclass(frozen=True)
+class Launched:
+    """A launch of the ranks ended under srun with ``rc``. ``ended_itself``: the launcher wrote
+    this launch's end (its own decision); ``deaths``: what the ranks recorded and srun saw;
+    ``seen``: the signatures of this job's earlier failures; ``alloc``: the job's nodes (None:
+    not known)."""
+    rc: int
+    ended_itself: bool = False
+    deaths: list[Death] = field(default_factory=list)
+    seen: list[str] = field(default_factory=list)
+    alloc: Allocation | None = None
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The ranks stopped together at step ``step`` of ``steps`` for ``stop``, or (Stop.HUNG) a
+    watchdog found a rank hung in a job launched by hand."""
+    stop: Stop
+    step: int
+    steps: int
+    #: on a stop by signal in a Slurm job, Slurm's word that it preempts the job (None: it could
+    #: not be asked; taken as a preemption, the side that loses nothing)
+    preempted: bool | None = None
+    #: Slurm requeues a preempted job itself (24.05 on; pipeswift_slurm.slurm.client)
+    slurm_requeues: bool = False
+    hung_node: str | None = None   # Stop.HUNG: the node of the rank that stopped, when certain
+    hung_why: str = ""
+
+
+@dataclass(frozen=True)
 class Decision:
     """``action``: "done" (exit ``exit_code``, nothing more), "relaunch" (start the ranks again
-    in this allocation after ``backoff_s``), "shrink" (start them again on the ``nodes`` the
-    allocation has left), "requeue" (give the allocation back; the job queues again,
-    ``exclude`` left out), "fail" (end the job, ``exit_code``)."""
+    in this allocation after ``backoff_s``), "relayout" (the same, on plan.json's new cut),
+    "shrink" (start them again on the ``nodes`` the allocation has left), "requeue" (give the
+    allocation back; the job queues again, ``exclude`` left out), "grow" (a requeue for more
+    nodes), "fail" (end the job, ``exit_code``). ``reason``: a stop's ``end`` event reason;
+    ``requeue_by``: who requeues ("pswift", or "slurm" for a preemption it requeues itself);
+    ``forbid_requeue``: keep Slurm from requeueing a preempted job whose budget is spent."""
     action: str
     why: str
     exit_code: int = 0
@@ -124,11 +168,26 @@ class Decision:
     notes: list[str] = field(default_factory=list)
     nodes: int | None = None
     nodelist: str | None = None
+    reason: str = ""
+    requeue_by: str | None = None
+    forbid_requeue: bool = False
 
 
-def requeue_left(attempt: int, max_requeues: int) -> bool:
-    """Whether attempt ``attempt`` (0-based) may be followed by another: the one requeue budget."""
-    return attempt < max_requeues
+def requeues_left(attempt: int, max_requeues: int) -> int:
+    """Requeues the job may still make after attempt ``attempt`` (0-based): the one requeue
+    budget. 0: this attempt is the last; below 0: this attempt is beyond it and must not train."""
+    return max_requeues - attempt
+
+
+def may_train(attempt: int, max_requeues: int) -> bool:
+    """Whether attempt ``attempt`` is within the budget at all (a later one refuses to train)."""
+    return requeues_left(attempt, max_requeues) >= 0
+
+
+def may_grow(attempt: int, max_requeues: int) -> bool:
+    """Whether attempt ``attempt`` may stop to grow: a growth spends a requeue and keeps one to
+    spare (a preemption of the grown attempt still requeues)."""
+    return requeues_left(attempt, max_requeues) >= 2
 
 
 def restart_left(restarts: int, max_restarts: int) -> bool:
@@ -150,17 +209,57 @@ def first_death(deaths: list[Death]) -> Death | None:
     return chosen[0] if chosen else None
 
 
-def after_launch(rc: int, ended_itself: bool, deaths: list[Death], seen: list[str],
-                 b: Budgets, alloc: Allocation | None = None) -> Decision:
-    """What follows a launch that exited ``rc`` (srun's code). ``ended_itself``: the launcher
-    wrote this launch's end (its own decision); ``deaths``: what the ranks recorded and srun
-    saw; ``seen``: the signatures of this job's earlier failures; ``alloc``: the job's nodes
-    (None: not known)."""
+def what_follows(end: Launched | Stopped, b: Budgets) -> Decision:
+    """The one decision of what follows an attempt's end (a stop at a step boundary, or a
+    launch that ended under srun), within budgets ``b``."""
+    return _after_stop(end, b) if isinstance(end, Stopped) else _after_launch(end, b)
+
+
+def _after_stop(s: Stopped, b: Budgets) -> Decision:
+    if s.stop == Stop.RELAYOUT:   # plan.json holds the new cut: every rank launches again
+        return Decision("relayout", f"re-laid out at step {s.step}", int(Exit.RELAYOUT), reason="relayout")
+    if s.step >= s.steps:
+        return Decision("done", f"all {s.steps} steps trained", 0, reason="completed")
+    if s.stop == Stop.HUNG:
+        return _after_hang(s, b)
+    if s.stop == Stop.GROW and b.in_slurm:   # the watcher asked only with a requeue to spare
+        return Decision("grow", f"growing at step {s.step}: requeueing the job", 0, reason="grow",
+                        requeue_by="pswift")
+    if not b.in_slurm:
+        reason = "time_limit" if s.stop == Stop.TIME else "stopped"
+        return Decision("done", f"stopped at step {s.step} ({reason}); pswift run has no requeue", 0, reason=reason)
+    reason = "time_limit" if s.stop == Stop.TIME else "cancelled" if s.preempted is False else "preempted"
+    if reason == "cancelled":
+        return Decision("done", f"cancelled at step {s.step}", 0, reason=reason)
+    if requeues_left(b.attempt, b.max_requeues) <= 0:
+        return Decision("done", f"{reason} at step {s.step}, but this was attempt {b.attempt} and max_requeues = "
+                                f"{b.max_requeues} is spent: not requeueing; raise [job] max_requeues and "
+                                f"resubmit to continue from the checkpoint", int(Exit.BUDGET_SPENT), reason=reason,
+                        forbid_requeue=reason == "preempted" and s.slurm_requeues)
+    # Slurm never requeues a timed-out job; a preempted one only from 24.05 on
+    by = "slurm" if reason == "preempted" and s.slurm_requeues else "pswift"
+    return Decision("requeue", f"{reason} at step {s.step}: " + (
+        "Slurm requeues the job itself" if by == "slurm" else "requeueing the job"), 0, reason=reason, requeue_by=by)
+
+
+def _after_hang(s: Stopped, b: Budgets) -> Decision:
+    """A hang in a job launched by hand (in a batch job the watchdog's record makes it a
+    :class:`Launched` fault): requeue without the hung rank's node, within the budget."""
+    if b.in_slurm and requeues_left(b.attempt, b.max_requeues) > 0:
+        return Decision("requeue", f"{s.hung_why}; requeueing the job"
+                        + (f" without node {s.hung_node}" if s.hung_node else ""), int(Exit.HUNG),
+                        exclude=s.hung_node, reason="hung", requeue_by="pswift")
+    return Decision("done", f"{s.hung_why}; not requeueing (attempt {b.attempt}, max_requeues = "
+                            f"{b.max_requeues})", int(Exit.HUNG), reason="hung")
+
+
+def _after_launch(end: Launched, b: Budgets) -> Decision:
+    rc, ended_itself, deaths, seen, alloc = end.rc, end.ended_itself, end.deaths, end.seen, end.alloc
     if rc == 0:
         return Decision("done", "the ranks finished", 0)
-    if rc == RELAYOUT_EXIT and ended_itself:
+    if rc == Exit.RELAYOUT and ended_itself:
         if b.relayouts < b.max_relayouts:
-            return Decision("relaunch", f"re-layout {b.relayouts + 1}")
+            return Decision("relayout", f"re-layout {b.relayouts + 1}")
         return Decision("fail", f"a re-layout beyond the {b.max_relayouts} an attempt may make", rc)
     if ended_itself:
         return Decision("done", f"the launcher ended the attempt itself (exit {rc})", rc)
@@ -173,7 +272,7 @@ def after_launch(rc: int, ended_itself: bool, deaths: list[Death], seen: list[st
     if alloc is not None and alloc.now < alloc.launched:
         return _on_survivors(death, b, alloc, rc)
     if death.how == "hung" and death.node and death.signature in seen and b.in_slurm \
-            and requeue_left(b.attempt, b.max_requeues):
+            and requeues_left(b.attempt, b.max_requeues) > 0:
         return Decision("requeue", f"{death.describe()}: a second hang on {death.node}; requeueing the job "
                                    f"without it", 0, exclude=death.node, death=death)
     if restart_left(b.restarts, b.max_restarts):
@@ -182,7 +281,7 @@ def after_launch(rc: int, ended_itself: bool, deaths: list[Death], seen: list[st
                                     f"this allocation", backoff_s=backoff(n), death=death,
                         counts_as_restart=True)
     spent = f"max_restarts = {b.max_restarts} spent in this attempt"
-    if b.in_slurm and requeue_left(b.attempt, b.max_requeues):
+    if b.in_slurm and requeues_left(b.attempt, b.max_requeues) > 0:
         exclude = death.node if death.is_fault and death.how != "exception" else None
         return Decision("requeue", f"{death.describe()} ({kind}); {spent}: requeueing the job"
                         + (f" without {exclude}" if exclude else ""), 0, exclude=exclude, death=death)
@@ -209,7 +308,7 @@ def _on_survivors(death: Death, b: Budgets, alloc: Allocation, rc: int) -> Decis
                         exclude=",".join(alloc.lost) if alloc.unannounced else None)
     why = (f"no layout for the {alloc.now} node(s) left" if will is None or alloc.now == 0
            else f"max_restarts = {b.max_restarts} spent in this attempt")
-    if b.in_slurm and requeue_left(b.attempt, b.max_requeues):
+    if b.in_slurm and requeues_left(b.attempt, b.max_requeues) > 0:
         exclude = alloc.lost[0] if alloc.lost else None
         return Decision("requeue", f"{lost} lost; {why}: requeueing the job" + (f" without {exclude}" if exclude else ""),
                         0, exclude=exclude, death=gone)

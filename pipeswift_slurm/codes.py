@@ -1,0 +1,34 @@
+"""The codes an attempt ends with: the launcher's exit codes (what the batch script and
+``pswift run`` read) and the ranks' stop codes (what they agree on at a step boundary). A
+contract between the job's processes: it imports nothing."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Exit(IntEnum):
+    """A launcher's (and so srun's) exit code that says how the launch ended by itself."""
+    OK = 0
+    FAILED = 1
+    #: the job got a node count plan.json has no layout for: not training at all
+    REFUSED = 2
+    #: the attempt is beyond ``[job] max_requeues``, or stopped with none left: not requeued
+    BUDGET_SPENT = 3
+    #: the launcher re-balanced its stages and committed a checkpoint: launch again in place
+    RELAYOUT = 75
+    #: the watchdog found a rank hung and ended the launch (a fault, restarted like one)
+    HUNG = 76
+
+
+class Stop(IntEnum):
+    """Why the ranks stop training at a step boundary. NONE to TIME are agreed across the ranks
+    by all-reduce(MAX): the larger wins (a signal over a growth rank 0 asked for; the time limit
+    first). RELAYOUT and HUNG are never all-reduced: every rank learns a re-layout from rank 0's
+    proposal, and a hang is one watchdog's."""
+    NONE = 0
+    GROW = 1
+    TERM = 2     # SIGTERM/SIGINT: a preemption or a cancellation (Slurm tells which)
+    TIME = 3     # SIGUSR2: the time limit is near
+    RELAYOUT = 99
+    HUNG = 98
