@@ -43,3 +43,15 @@ def test_history_command_help_ends_with_an_example_and_the_readme_has_it(name):
     assert any(p.strip().startswith("Example") for p in tail), f"history {name}: no Example section"
     assert tail[-1].strip().startswith(f"pswift history {name}"), f"history {name}: end with an example"
     assert f"pswift history {name}" in (ROOT / "README.md").read_text()
+
+
+def test_the_cli_reference_is_generated_from_the_commands():
+    """docs/cli.md is every command's help as click renders it (as the README's settings table
+    is the settings'): a new option or a changed help without a regenerated file fails here."""
+    from pipeswift_slurm.cli import reference
+    assert reference.DOC.read_text(encoding="utf-8") == reference.render(), \
+        "docs/cli.md is stale: run `python -m pipeswift_slurm.cli.reference --write`"
+    lines = [line for line, _ in reference.commands()]
+    assert {f"pswift {name}" for name in COMMANDS} <= set(lines) and "pswift history export" in lines
+    for line in lines:
+        assert f"## {line}\n" in reference.DOC.read_text(encoding="utf-8")
