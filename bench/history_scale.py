@@ -210,7 +210,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pswift-bench-") as tmp:
         db = Path(tmp) / "h.db"
         recs = records(args.jobs)
-        from pipeswift_slurm.history.store import normalise_record
+        from pipeswift_slurm.slurm.accounting import normalise_record
         rows = [normalise_record(r, "bench") for r in recs]
         # baseline: bare executemany into the same table shape
         base = sqlite3.connect(Path(tmp) / "base.db")

@@ -14,7 +14,8 @@ import sqlite3
 import pytest
 
 from helpers import H, T0, pswift, rec
-from pipeswift_slurm.history.store import History, limit_seconds
+from pipeswift_slurm.history.store import History
+from pipeswift_slurm.slurm.accounting import limit_seconds
 from pipeswift_slurm.history.selection import SelectionError, parse_time, states
 
 

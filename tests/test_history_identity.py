@@ -177,7 +177,7 @@ def test_a_sacct_record_slurmdbd_has_not_finished_is_read_again_and_filled(tmp_p
     real accounting cluster): the read mark stays at that job's end, so the next ingest reads it
     again and fills the QOS in; a record still without one after SACCT_SETTLE_S no longer holds
     the mark back."""
-    from pipeswift_slurm.history.store import SACCT_SETTLE_S
+    from pipeswift_slurm.slurm.accounting import SACCT_SETTLE_S
     h = History(tmp_path / "h.db")
     rec = {"CLUSTER": "c", "USERNAME": "u", "PARTITION": "low", "JOBSTATE": "COMPLETED", "SUBMIT": 50}
     settled = {**rec, "JOBID": "1", "START": 100, "END": 200, "QOS": "normal"}

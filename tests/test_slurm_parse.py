@@ -231,3 +231,16 @@ def test_a_json_answer_that_could_not_load_is_an_outage_not_an_empty_queue():
     assert slurm_json.failed_loads(down) == "slurm_load_jobs: Failed while looking for jobs"
     assert slurm_json.failed_loads({"errors": [], "jobs": []}) is None        # a purged job id
     assert slurm_json.failed_loads(doc("25.11", "squeue.json")) is None
+
+
+def test_one_epoch_reader_takes_every_form_slurm_writes_a_time_in():
+    """records.epoch is the one reader of Slurm's times (squeue/sacct JSON, pyslurm, a jobcomp
+    environment, filetxt's text)."""
+    import datetime
+
+    from pipeswift_slurm.slurm.records import epoch
+    local = int(datetime.datetime(2026, 11, 30, 23, 59, 48).timestamp())
+    assert epoch(1796092180) == epoch("1796092180") == epoch({"set": True, "number": 1796092180}) == 1796092180
+    assert epoch(1796092180.7) == 1796092180 and epoch("2026-11-30T23:59:48") == local
+    for unknown in (0, "0", None, "Unknown", "None", "", {"set": False, "number": 5}, float("nan"), "9" * 400, True):
+        assert epoch(unknown) is None, unknown

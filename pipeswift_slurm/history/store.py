@@ -30,6 +30,7 @@ from pipeswift_slurm.history.queries import Queries
 from pipeswift_slurm.history.schema import COLS as _COLS, MIGRATIONS, ROLLUP as _ROLLUP, UPSERT as _UPSERT
 from pipeswift_slurm.history.rundir import state_dir
 from pipeswift_slurm.history.rows import Owner, RunRows, rows, user_name
+from pipeswift_slurm.slurm.accounting import normalise_record, sacct_read_mark
 
 
 class HistoryError(PswiftError):
@@ -382,96 +383,6 @@ def _insert(conn: sqlite3.Connection, table: str, rows: list[dict[str, Any]],
         return conn.execute(sql, values[0]).lastrowid
     conn.executemany(sql, values)
     return None
-
-
-#: how long after a job's end slurmdbd may still be filling in its record
-SACCT_SETTLE_S = 300.0
-
-
-def sacct_read_mark(records: list[dict[str, Any]], now: float) -> float | None:
-    """Where the next sacct read starts: the newest end among ``records``, but never past the
-    end of a record slurmdbd has not finished (22.05 shows a job COMPLETED with no QOS for
-    about 2 s after it ends); such a record is read again next time, filling what is missing,
-    unless it ended over SACCT_SETTLE_S ago (then it stays as it is). None: no ended record."""
-    ends = [(e, r) for e, r in ((_epoch(r.get("END")), r) for r in records) if e is not None]
-    if not ends:
-        return None
-    unfinished = [e for e, r in ends if not r.get("QOS") and now - e < SACCT_SETTLE_S]
-    newest = max(e for e, _ in ends)
-    return min(newest, *unfinished) if unfinished else newest
-
-
-def _epoch(v: Any) -> float | None:
-    """Slurm times: epoch seconds, or ISO 'YYYY-MM-DDTHH:MM:SS' (local time), or Unknown/None."""
-    if v is None:
-        return None
-    if isinstance(v, (int, float)):
-        return float(v) if v > 0 else None
-    v = str(v).strip()
-    if v.isdigit():
-        return float(v) if int(v) > 0 else None
-    try:
-        import datetime as _dt
-        return _dt.datetime.fromisoformat(v).timestamp()
-    except ValueError:
-        return None
-
-
-def _int(v: Any) -> int | None:
-    """A count Slurm gives (digits, at most 15 of them: inside SQLite's int64), else None."""
-    text = str(v if v is not None else "").strip()
-    return int(text) if text.isdigit() and len(text) <= 15 else None
-
-
-def _num(v: Any) -> float | None:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if x == x and x >= 0 else None
-
-
-def limit_seconds(v: Any) -> float | None:
-    """A time limit in seconds: sacct's minutes (a number), or Slurm's text ``[D-]HH:MM:SS``,
-    ``MM:SS``, ``MM`` (jobcomp, filetxt); None for UNLIMITED and anything unreadable."""
-    if isinstance(v, (int, float)):
-        return float(v) * 60 if v > 0 else None
-    text = str(v or "").strip()
-    days, _, rest = text.rpartition("-") if "-" in text else ("0", "", text)
-    parts = rest.split(":")
-    if not days.isdigit() or not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
-        return None
-    nums = [int(p) for p in parts]
-    if "-" in text:                          # D-HH, D-HH:MM, D-HH:MM:SS
-        nums += [0] * (3 - len(nums))
-    else:                                    # MM, MM:SS, HH:MM:SS
-        nums = [0] * (3 - len(nums)) + nums if len(nums) == 3 else [0, *nums, *([0] if len(nums) == 1 else [])]
-    secs = nums[0] * 3600 + nums[1] * 60 + nums[2]
-    return float(int(days) * 86400 + secs) or None
-
-
-def normalise_record(r: dict[str, Any], source: str) -> dict[str, Any] | None:
-    """One Slurm attempt from a jobcomp env record, a filetxt line or sacct JSON (keys upper).
-    A field the source does not carry is None (unknown), never 0."""
-    jid = r.get("JOBID")
-    start = _epoch(r.get("START"))
-    if not jid or start is None:
-        return None
-    ec, dec = r.get("EXITCODE"), r.get("DERIVED_EC")
-    return {"cluster": r.get("CLUSTER") or "", "job_id": str(jid), "start": start,
-            "name": r.get("JOBNAME"), "user": r.get("USERNAME"), "partition": r.get("PARTITION"),
-            "state": (r.get("JOBSTATE") or "").upper() or None,
-            "node_count": _int(r.get("NODECNT")),
-            "nodes": r.get("NODES"), "submit": _epoch(r.get("SUBMIT")), "end": _epoch(r.get("END")),
-            "exit_code": None if ec is None else str(ec), "work_dir": r.get("WORK_DIR"),
-            "time_limit": None if r.get("LIMIT") is None else str(r.get("LIMIT")),
-            "procs": _int(r.get("PROCS")), "source": source,
-            "account": r.get("ACCOUNT") or None, "qos": r.get("QOS") or None,
-            "derived_exit_code": None if dec is None else str(dec),
-            "limit_s": limit_seconds(r.get("LIMIT")), "gpus": _int(r.get("ALLOC_GPUS")),
-            "mem_mb": _num(r.get("ALLOC_MEM_MB")), "req_mem_mb": _num(r.get("REQ_MEM_MB")),
-            "cpu_time_s": _num(r.get("CPU_TIME_S")), "max_rss_mb": _num(r.get("MAX_RSS_MB")),
-            "eligible": _epoch(r.get("ELIGIBLE"))}
 
 
 def _db_error(path: Path, e: sqlite3.Error) -> HistoryError:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pipeswift_slurm.errors import SlurmError, SlurmUnreachable
 from pipeswift_slurm.slurm import outage
-from pipeswift_slurm.slurm.records import JobInfo, NodeState, expand_hostlist
+from pipeswift_slurm.slurm.records import JobInfo, NodeState, epoch, expand_hostlist
 
 
 def installed_version() -> str | None:
@@ -60,10 +60,6 @@ def _call(what: str, fn: Any, *a: Any) -> Any:
     return outage.outlast(f"pyslurm {what}", once)
 
 
-def _epoch(v: Any) -> int | None:
-    return int(v) if isinstance(v, (int, float)) and v > 0 else None
-
-
 class PyslurmBackend:
     name = "pyslurm"
 
@@ -105,9 +101,9 @@ class PyslurmBackend:
                        reason=str(j.state_reason or "None"), partition=str(j.partition or ""),
                        nodes=nodes, node_names=expand_hostlist(nodes),
                        node_count=int(j.num_nodes or 0), restarts=int(j.requeue_count or 0),
-                       submit_time=_epoch(j.submit_time), start_time=_epoch(j.start_time),
-                       end_time=_epoch(j.end_time), time_limit_min=j.time_limit,
+                       submit_time=epoch(j.submit_time), start_time=epoch(j.start_time),
+                       end_time=epoch(j.end_time), time_limit_min=j.time_limit,
                        priority=int(j.priority or 0), qos=str(j.qos or ""),
                        excluded=str(getattr(j, "excluded_nodes", None) or ""),
-                       preempt_time=_epoch(getattr(j, "preempt_time", None)),
+                       preempt_time=epoch(getattr(j, "preempt_time", None)),
                        user_id=getattr(j, "user_id", None))

@@ -15,6 +15,7 @@ each supported version (``tests/slurm_json/<version>/``):
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import re
@@ -102,7 +103,17 @@ def number(v: Any) -> int | None:
 
 
 def epoch(v: Any) -> int | None:
-    """A time in epoch seconds; 0 and unset mean unknown."""
+    """A time in epoch seconds, from any of Slurm's forms: a number (plain or ``{"set",
+    "number"}``), its digits (a jobcomp environment), or ISO ``YYYY-MM-DDTHH:MM:SS`` in local
+    time (sacct's and filetxt's text); 0, unset and anything else ("Unknown", "None") mean unknown."""
+    if isinstance(v, str):
+        text = v.strip()
+        if text.isdigit():
+            return (int(text) or None) if len(text) <= 15 else None   # 15 digits: inside SQLite's int64
+        try:
+            return int(datetime.datetime.fromisoformat(text).timestamp()) or None
+        except (ValueError, OverflowError, OSError):
+            return None
     n = number(v)
     return n if n else None
 
