@@ -225,3 +225,60 @@ def sbatch(toml: Path | str, sbatch_args: Sequence[str] = (), run_dir: Path | st
            db: Path | str | None = None, warn: Warn = lambda msg: None) -> Submission:
     """``pswift sbatch`` as one call: prepare, write the run directory, submit."""
     return submit(prepare(toml, run_dir, db, warn=warn, sbatch_args=sbatch_args), warn)
+
+
+class PlanReport(NamedTuple):
+    """What `pswift plan` says of a TOML, as a library result: the planner's ranking (every
+    candidate, each rejection with its reason), the chosen layout's time limits, and how far
+    the model's past predictions were from what ran."""
+    config: TrainConfig
+    result: Any                               # planning.planner.PlanResult
+    limits: Any                               # plan.Limits of the chosen layout, or None
+    model_errors: list[dict[str, Any]]        # the history's predicted against actual, newest first
+
+    def model_error_lines(self) -> list[str]:
+        """The median relative error of the step time and the JCT, and the p10-p90 band's
+        coverage, over the planned jobs that ran (none without any)."""
+        from pipeswift_slurm.planning.risk import band_coverage
+        from pipeswift_slurm.stats import median
+        errors = self.model_errors
+        se = [abs(e["predicted_step_s"] - e["actual_step_s"]) / e["actual_step_s"] for e in errors if e["actual_step_s"]]
+        je = [abs(e["predicted_jct_s"] - e["actual_jct_s"]) / e["actual_jct_s"] for e in errors
+              if e["actual_jct_s"] and e["predicted_jct_s"]]
+        if not se:
+            return []
+        lines = [f"model error over the last {len(errors)} planned job(s): step time {median(se):.0%}"
+                 + (f", JCT {median(je):.0%}" if je else "") + " (median |predicted - actual| / actual)"]
+        inside, counted = band_coverage([(e["predicted_jct_p10_s"], e["predicted_jct_p90_s"], e["actual_jct_s"])
+                                         for e in errors])
+        if counted:
+            lines.append(f"JCT band coverage: {inside} of {counted} actual JCT(s) inside the predicted "
+                         f"p10-p90 band ({inside / counted:.0%}; 80% is calibrated)")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        """`pswift plan --json`: the planner's result, the model's errors and the time limits."""
+        out: dict[str, Any] = {**self.result.to_dict(), "model_error": self.model_errors}
+        if self.limits is not None:
+            out["time_limits"] = self.limits._asdict()
+        return out
+
+
+def plan_report(toml: Path | str, db: Path | str | None = None, live: bool = True,
+                warn: Warn = lambda msg: None, test_only: bool = False) -> PlanReport:
+    """Plan TOML without submitting (nothing written): estimate every candidate layout, choose,
+    and say why; warns when the chosen partition's GraceTime is too short for a checkpoint."""
+    from pipeswift_slurm.autoplan import make_plan
+    from pipeswift_slurm.plan import time_limits
+    cfg = load_config(toml)
+    rule_layouts(cfg)
+    res, errors = make_plan(cfg, db, live, warn, test_only, learn=False)
+    if res is None:
+        raise ConfigError(f"{toml}: nothing to plan with: add [model] layer_costs (seconds per layer "
+                          f"per micro-batch) or run the job once so its profile is in the history")
+    if res.chosen is not None and live:
+        why = grace_warning((res.partition_order() or (cfg.job.partition,))[0], res.chosen.est.step_s,
+                            res.checkpoint_cost_s)
+        if why:
+            warn(why)
+    return PlanReport(cfg, res, time_limits(cfg, res) if res.chosen is not None else None, errors)

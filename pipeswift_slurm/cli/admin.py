@@ -300,50 +300,15 @@ def doctor(job_id: str | None, db: Path | None, as_json: bool) -> None:
     if job_id is None:
         _environment_checkup(db, as_json)
         return
-    from pipeswift_slurm.history.store import History
-    from pipeswift_slurm.reports.jct import diagnose, job_reports
-    from pipeswift_slurm.history.selection import Selection
-
-    sel = Selection(job_ids=(job_id,))
-    h = History(db)
-    try:
-        h.ingest_registered()
-        reps = job_reports(h, sel)
-        relayouts = h.job_relayouts(reps[-1].run_dir) if reps and reps[-1].run_dir else []
-    finally:
-        h.close()
-    if not reps:
-        raise CLIError(f"job {job_id} is not in the history; run `pswift history ingest` first", 1)
-    rep = reps[-1]
-    run = Path(rep.run_dir) if rep.run_dir else rundir.lookup_job(job_id)
     from pipeswift_slurm.fmt import inert
-    plan = log = None
-    crashes: list[dict[str, Any]] = []
-    if run is not None:
-        from pipeswift_slurm import userfiles
-        from pipeswift_slurm.plan import parse_plan
-        try:   # a user's files, read by anyone (root too): no link, no FIFO, bounded, as their owner
-            files = userfiles.read_for_command(str(run), ("plan.json", "slurm-*.out"))
-            summary = rundir.summarize(run)   # events folded as they are read
-        except (userfiles.UnsafeFile, OSError, PswiftError) as e:
-            files, summary = {}, {"attempts": []}
-            click.echo(inert(f"note: run directory {run} not read: {e}"), err=True)
-        try:
-            plan = parse_plan(files["plan.json"], str(run / "plan.json")) if "plan.json" in files else None
-        except PswiftError:
-            plan = None   # another version's or a damaged plan: the findings that need it are skipped
-        log = "".join(b.decode("utf-8", "replace") for n, b in files.items() if n != "plan.json")
-        crashes = [{**c, "attempt": a["attempt"]} for a in summary["attempts"] for c in a["crashes"]]
-    from pipeswift_slurm.fmt import crash_line, growth_line, relayout_line
-    findings = diagnose(rep, plan, log or "") + [
-        growth_line(r) if r["kind"] == "grow" else f"attempt {r['attempt']} {relayout_line(r)}" for r in relayouts
-    ] + [f"attempt {c['attempt']} {crash_line(c)}" for c in crashes]
+    from pipeswift_slurm.reports.doctor import doctor as diagnosis_of
+
+    found = diagnosis_of(job_id, db, lambda msg: click.echo(inert(msg), err=True))
     if as_json:
-        click.echo(json.dumps({"job_id": job_id, "name": rep.name, "state": rep.state,
-                               "attempts": rep.attempts, "findings": findings}, indent=2))
+        click.echo(json.dumps(found.to_dict(), indent=2))
         return
-    click.echo(inert(f"job {job_id} ({rep.name}): {rep.state}, {rep.attempts} attempt(s)"))
-    for finding in findings:
+    click.echo(inert(f"job {job_id} ({found.name}): {found.state}, {found.attempts} attempt(s)"))
+    for finding in found.findings:
         click.echo(inert(f"- {finding}"))
 
 

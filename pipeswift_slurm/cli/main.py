@@ -468,36 +468,35 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
     from rich.console import Console
     from rich.table import Table
 
-    from pipeswift_slurm.autoplan import make_plan
-    from pipeswift_slurm.config import load_config
-    from pipeswift_slurm.layouts import rule_layouts
+    from pipeswift_slurm.planning.limits import describe
     from pipeswift_slurm.planning.planner import explain
+    from pipeswift_slurm.submit import plan_report
 
-    cfg = load_config(toml)
-    rule_layouts(cfg)
-    res, errors = make_plan(cfg, db, not no_live, _warn, test_only, learn=False)
-    if res is None:
-        raise CLIError(f"{toml}: nothing to plan with: add [model] layer_costs (seconds per layer "
-                       f"per micro-batch) or run the job once so its profile is in the history", 2)
-    if res.chosen is not None and not no_live:
-        from pipeswift_slurm.submit import grace_warning
-        why = grace_warning((res.partition_order() or (cfg.job.partition,))[0], res.chosen.est.step_s,
-                            res.checkpoint_cost_s)
-        if why:
-            _warn(why)
+    report = plan_report(toml, db, not no_live, _warn, test_only)
+    res = report.result
     if as_json:
-        out = res.to_dict()
-        out["model_error"] = errors
-        if res.chosen is not None:
-            from pipeswift_slurm.plan import time_limits
-            out["time_limits"] = time_limits(cfg, res)._asdict()
-        click.echo(json.dumps(out, indent=2))
+        click.echo(json.dumps(report.to_dict(), indent=2))
         if res.fits_nowhere():
             raise CLIError("no layout can run (see the candidates' reasons); change the TOML as they say", 2)
         return
     con = Console(highlight=False, markup=False, soft_wrap=True, width=max(140, shutil.get_terminal_size().columns))
-    table = Table("nodes", "PxDP", "mbs", "m", "boundaries", "queue", "setup", "step", "train", "ckpt",
-                  "interrupt", "JCT", "p10-p90", "node-h", "")
+    con.print(f"profile: {res.profile_source}; seconds" + "".join(f"; {n}" for n in res.notes), markup=False)
+    con.print(_candidates_table(Table, res))
+    con.print(explain(res), markup=False)
+    if report.limits is not None:
+        con.print(describe(report.limits), markup=False)
+    if res.fits_nowhere():
+        raise CLIError("no layout can run (reasons above); change the TOML as they say", 2)
+    for line in report.model_error_lines():
+        con.print(line)
+
+
+def _candidates_table(table_cls: Any, res: Any) -> Any:
+    """The planner's candidates as a rich table, in its order: estimate columns, or the reason
+    a candidate was rejected."""
+    table = table_cls("nodes", "PxDP", "mbs", "m", "boundaries", "queue", "setup", "step", "train", "ckpt",
+                      "interrupt", "JCT", "p10-p90", "node-h", "")
+
     def f(s: float) -> str:
         return f"{s:.0f}" if s >= 10 else f"{s:.3g}"
     for i, c in enumerate(res.candidates):
@@ -511,31 +510,7 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
                       f(e.checkpoint_s), f(e.interruption_s), f(e.jct_s),
                       f"{f(e.jct_p10_s)}-{f(e.jct_p90_s)}" if e.jct_p10_s is not None and e.jct_p90_s is not None else "",
                       f"{e.node_hours:.3g}", "chosen" if c is res.chosen else f"#{i + 1}")
-    con.print(f"profile: {res.profile_source}; seconds" + "".join(f"; {n}" for n in res.notes), markup=False)
-    con.print(table)
-    con.print(explain(res), markup=False)
-    if res.chosen is not None:
-        from pipeswift_slurm.plan import time_limits
-        from pipeswift_slurm.planning.limits import describe
-        con.print(describe(time_limits(cfg, res)), markup=False)
-    if res.fits_nowhere():
-        raise CLIError("no layout can run (reasons above); change the TOML as they say", 2)
-    if errors:
-        from pipeswift_slurm.stats import median
-        se = [abs(e["predicted_step_s"] - e["actual_step_s"]) / e["actual_step_s"] for e in errors
-              if e["actual_step_s"]]
-        je = [abs(e["predicted_jct_s"] - e["actual_jct_s"]) / e["actual_jct_s"] for e in errors
-              if e["actual_jct_s"] and e["predicted_jct_s"]]
-        line = f"model error over the last {len(errors)} planned job(s): step time {median(se):.0%}"
-        if je:
-            line += f", JCT {median(je):.0%}"
-        con.print(line + " (median |predicted - actual| / actual)")
-        from pipeswift_slurm.planning.risk import band_coverage
-        inside, counted = band_coverage([(e["predicted_jct_p10_s"], e["predicted_jct_p90_s"], e["actual_jct_s"])
-                                         for e in errors])
-        if counted:
-            con.print(f"JCT band coverage: {inside} of {counted} actual JCT(s) inside the predicted "
-                      f"p10-p90 band ({inside / counted:.0%}; 80% is calibrated)")
+    return table
 
 
 def _floats(opt: str, text: str | None) -> list[float] | None:
