@@ -19,8 +19,9 @@ from pipeswift_slurm.history import rundir
 from pipeswift_slurm.slurm import client as slurm
 from pipeswift_slurm.config import TrainConfig, config_from_dict, load_config
 from pipeswift_slurm.errors import ConfigError, PswiftError, RunDirError, UsageError
-from pipeswift_slurm.layouts import rule_layouts
-from pipeswift_slurm.plan import Plan, build_plan, limits_of, write_plan
+from pipeswift_slurm.planning.layouts import rule_layouts
+from pipeswift_slurm.plan import Plan, write_plan
+from pipeswift_slurm.planning.build import build_plan, limits_of
 from pipeswift_slurm.slurm.sbatch import options_for, planned_option, render
 
 Warn = Callable[[str], None]
@@ -269,7 +270,7 @@ def plan_report(toml: Path | str, db: Path | str | None = None, live: bool = Tru
     """Plan TOML without submitting (nothing written): estimate every candidate layout, choose,
     and say why; warns when the chosen partition's GraceTime is too short for a checkpoint."""
     from pipeswift_slurm.autoplan import make_plan
-    from pipeswift_slurm.plan import time_limits
+    from pipeswift_slurm.planning.build import time_limits
     cfg = load_config(toml)
     rule_layouts(cfg)
     res, errors = make_plan(cfg, db, live, warn, test_only, learn=False)

@@ -122,7 +122,7 @@ def wait_state(job_id: str, states: set[str], timeout: float = 180) -> str:
 @functools.lru_cache(maxsize=1)
 def _example_plan() -> str:
     from pipeswift_slurm.config import load_config
-    from pipeswift_slurm.plan import build_plan
+    from pipeswift_slurm.planning.build import build_plan
     return json.dumps(build_plan(load_config(EXAMPLE / "train.toml"), Path("/nonexistent/run")))
 
 

@@ -201,3 +201,18 @@ def test_the_launcher_imports_at_the_top_but_for_a_stated_reason():
                 f"{path.name}:{lineno}: {module} without a reason"
             lazy.append(f"{path.name}:{module}")
     assert len(lazy) <= 12, lazy
+
+
+#: the contracts at the package's top: what the login side and the job share, the ground floor
+CONTRACTS = {"codes", "errors", "settings", "config", "plan", "events", "userfiles", "stats", "numbers", "fmt"}
+
+
+def test_the_contracts_are_the_ground_floor():
+    """A contract imports only other contracts (lazily too): plan.json's builder lives in
+    planning/ (it needs the planner), the layout rules there too (they cut by the partitioner);
+    every other top-level module is a service over the folders (submit, autoplan, ...)."""
+    files = modules_of(PACKAGES["pipeswift_slurm"])
+    assert CONTRACTS <= set(files), CONTRACTS - set(files)
+    above = [f"{m} imports {d}" for m in sorted(CONTRACTS)
+             for d in sorted(imports_of(files[m], "pipeswift_slurm", set(files), m)) if d not in CONTRACTS]
+    assert not above, above

@@ -14,7 +14,7 @@ from helpers import copy_example, pswift, plan_with, wait_state
 from pipeswift_launch import grow
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.errors import ConfigError
-from pipeswift_slurm.layouts import Layout
+from pipeswift_slurm.planning.layouts import Layout
 from pipeswift_slurm.planning.planner import Candidate, Estimate, choose, score
 
 

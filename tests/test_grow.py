@@ -113,7 +113,7 @@ def test_a_job_started_on_one_node_grows_when_the_holder_ends(cluster, tmp_path)
 def test_grow_check_s_is_bounded_and_reaches_plan_json(tmp_path):
     from pipeswift_slurm.config import load_config
     from pipeswift_slurm.errors import ConfigError
-    from pipeswift_slurm.plan import build_plan
+    from pipeswift_slurm.planning.build import build_plan
     for value, ok in (("2", False), ("0", True), ("30", True), ("-1", False)):
         toml = copy_example(tmp_path / f"ex{value}", {"nodes": "[1, 4]"})
         toml.write_text(toml.read_text().replace("max_requeues = 3", f"max_requeues = 3\ngrow_check_s = {value}"))

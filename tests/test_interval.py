@@ -111,7 +111,7 @@ def test_plan_prints_the_interval_and_a_failing_history_shortens_it(tmp_path):
 
 def test_plan_json_carries_what_the_launcher_needs_and_an_explicit_interval_wins(tmp_path):
     from pipeswift_slurm.config import load_config
-    from pipeswift_slurm.plan import build_plan
+    from pipeswift_slurm.planning.build import build_plan
     toml = copy_example(tmp_path / "ex")
     plan = build_plan(load_config(toml), tmp_path / "run")
     assert plan["checkpoint_auto"] is None and plan["training"]["checkpoint_interval"] == 20

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from helpers import copy_example, pswift, run_events
-from pipeswift_slurm import layouts
+from pipeswift_slurm.planning import layouts
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.planning.costmodel import Hardware, Profile, stage_activations
 from pipeswift_slurm.errors import ConfigError

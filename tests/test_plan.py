@@ -9,7 +9,8 @@ import pytest
 from helpers import ROOT, copy_example
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.errors import ConfigError
-from pipeswift_slurm.plan import PLAN_VERSION, build_plan, read_plan, write_plan
+from pipeswift_slurm.plan import PLAN_VERSION, read_plan, write_plan
+from pipeswift_slurm.planning.build import build_plan
 
 
 def cfg_with(tmp_path, **replace):

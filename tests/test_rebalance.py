@@ -206,7 +206,7 @@ def test_a_job_cut_from_wrong_costs_rebalances_once_in_place_and_matches_a_stati
 def test_rebalance_is_a_switch_that_reaches_plan_json(tmp_path):
     from pipeswift_slurm.config import load_config
     from pipeswift_slurm.errors import ConfigError
-    from pipeswift_slurm.plan import build_plan
+    from pipeswift_slurm.planning.build import build_plan
     toml = copy_example(tmp_path / "ex")
     assert build_plan(load_config(toml), tmp_path / "run")["rebalance"] is True
     toml.write_text(toml.read_text().replace("[pipeline]\n", "[pipeline]\nrebalance = false\n"))

@@ -15,7 +15,7 @@ from helpers import copy_example
 from pipeswift_slurm import __version__
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.errors import ConfigError
-from pipeswift_slurm.plan import time_limits
+from pipeswift_slurm.planning.build import time_limits
 from pipeswift_slurm.slurm.sbatch import SbatchOptions, options_for, render
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -12,7 +12,7 @@ import pytest
 
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.errors import ConfigError
-from pipeswift_slurm.plan import time_limits
+from pipeswift_slurm.planning.build import time_limits
 from pipeswift_slurm.slurm import sbatch
 from pipeswift_slurm.slurm.sbatch import SBATCH_FLAGS, SBATCH_SHORT, SBATCH_TAKES_VALUE, planned_option, sbatch_options
 

@@ -10,7 +10,7 @@ import pytest
 
 from pipeswift_slurm import config, settings
 from pipeswift_slurm.errors import ConfigError
-from pipeswift_slurm.plan import build_plan
+from pipeswift_slurm.planning.build import build_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 

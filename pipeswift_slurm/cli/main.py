@@ -160,7 +160,7 @@ def _print_dry_run(p: Any) -> None:
              f"{pr['jct_s']:.0f} s (queue {pr['queue_s']:.0f} s); request --nodes={plan['nodes_request']}")
     for n, why in plan["infeasible"].items():
         note(f"# {n} node(s) infeasible: {why}")
-    from pipeswift_slurm.plan import limits_of
+    from pipeswift_slurm.planning.build import limits_of
     from pipeswift_slurm.planning.limits import describe
     note(f"# {describe(limits_of(plan))}")
     if p.sbatch_args:
@@ -527,7 +527,7 @@ def _stage_times_from_toml(toml: Path, nodes: int | None) -> tuple[list[float], 
 
     from pipeswift_slurm.config import load_config
     from pipeswift_slurm.planning.partition import balanced_boundaries
-    from pipeswift_slurm.plan import build_plan
+    from pipeswift_slurm.planning.build import build_plan
     from pipeswift_slurm.planning.simulate import stage_times
 
     cfg = load_config(toml)

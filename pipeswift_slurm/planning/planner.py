@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from pipeswift_slurm import layouts
+from pipeswift_slurm.planning import layouts
 from pipeswift_slurm.planning import interval
 from pipeswift_slurm.planning import risk
 from pipeswift_slurm.config import TrainConfig
@@ -21,7 +21,7 @@ from pipeswift_slurm.planning.costmodel import (STATE_BYTES, Calibration, Hardwa
                         estimate_step, stage_cut, state_factor)
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.fmt import duration
-from pipeswift_slurm.layouts import Layout
+from pipeswift_slurm.planning.layouts import Layout
 from pipeswift_slurm.planning.partition import PartitionError
 from pipeswift_slurm.slurm.queue import ClusterState, WaitEstimate, estimate_wait
 
