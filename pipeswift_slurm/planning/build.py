@@ -10,7 +10,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from pipeswift_slurm import __version__
 from pipeswift_slurm.config import TrainConfig, TrainingSection
@@ -19,12 +19,14 @@ from pipeswift_slurm.plan import PLAN_VERSION, LayoutSpec, Plan
 from pipeswift_slurm.planning import interval, limits
 from pipeswift_slurm.planning.costmodel import Hardware, checkpoint_seconds
 from pipeswift_slurm.planning.layouts import rule_layouts
-from pipeswift_slurm.planning.planner import Candidate, PlanResult
 from pipeswift_slurm.settings import travelling
 from pipeswift_slurm.slurm.sbatch import Limits
 
+if TYPE_CHECKING:   # the planner's types only: a plan without its result imports none of it
+    from pipeswift_slurm.planning.planner import Candidate, PlanResult
 
-def time_limits(cfg: TrainConfig, planned: PlanResult | None = None) -> Limits:
+
+def time_limits(cfg: TrainConfig, planned: "PlanResult | None" = None) -> Limits:
     """--time, --time-min and the USR2 lead ([job] time_policy): from the chosen layout's
     prediction, or [job] time as written (always without a prediction)."""
     written = cfg.job.time_seconds
@@ -47,7 +49,7 @@ def limits_of(plan: Plan) -> Limits:
     return Limits(plan["time_limit_s"], plan["time_min_s"], plan["signal_lead_s"], plan["time_why"])
 
 
-def _chosen(cfg: TrainConfig, planned: PlanResult) -> dict[str, Any]:
+def _chosen(cfg: TrainConfig, planned: "PlanResult") -> dict[str, Any]:
     """plan.json's layouts, rejections, prediction and node request from the planner's result."""
     best = planned.best_per_nodes()
     ch = planned.chosen
@@ -77,12 +79,12 @@ def _links(hw: Hardware) -> dict[str, float]:
     return {"p2p_latency": hw.p2p_latency, "p2p_bandwidth": hw.p2p_bandwidth}
 
 
-def _layouts_of(best: dict[int, Candidate]) -> dict[str, LayoutSpec]:
+def _layouts_of(best: "dict[int, Candidate]") -> dict[str, LayoutSpec]:
     """plan.json's layouts from a planner's best candidate per node count."""
     return {str(n): c.layout._asdict() for n, c in sorted(best.items())}
 
 
-def _partition_layouts(planned: PlanResult | None) -> dict[str, dict[str, LayoutSpec]]:
+def _partition_layouts(planned: "PlanResult | None") -> dict[str, dict[str, LayoutSpec]]:
     """plan.json's ``partition_layouts``: each other partition's layouts where they differ."""
     if planned is None or planned.chosen is None or not planned.other_partitions:
         return {}
@@ -123,7 +125,7 @@ def _training_section(t: TrainingSection, run_dir: Path) -> dict[str, Any]:
 
 
 def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
-               planned: PlanResult | None = None) -> Plan:
+               planned: "PlanResult | None" = None) -> Plan:
     """Layouts for every node count of the range: the planner's best per count when it ran
     (``planned``), else the TOML's rule. ConfigError if none is feasible."""
     layouts, infeasible = rule_layouts(cfg)
@@ -174,7 +176,7 @@ def _limits_section(lim: Limits, written_s: int | None) -> dict[str, Any]:
             "time_why": lim.why, "time_written_s": written_s}
 
 
-def _checkpoint_auto(cfg: TrainConfig, planned: PlanResult | None) -> dict[str, Any] | None:
+def _checkpoint_auto(cfg: TrainConfig, planned: "PlanResult | None") -> dict[str, Any] | None:
     """plan.json's ``checkpoint_auto``: what the launcher's interval starts from."""
     if cfg.training.checkpoint_interval != "auto":
         return None
