@@ -51,9 +51,13 @@ def run(db, *args: str) -> str:
 
 
 def parsable(db, *args: str) -> list[dict]:
+    """-P's rows by column key: its header names the columns as the terminal does, which -o
+    takes back (JSON, asked for the same columns, has their keys)."""
     lines = run(db, *args, "-P").splitlines()
     head = lines[0].split("|")
-    return [dict(zip(head, line.split("|"))) for line in lines[1:]]
+    keys = list(json.loads(run(db, *args, "--json", "-o", ",".join(head)))[0]) if len(lines) > 1 else head
+    assert len(keys) == len(head), (head, keys)
+    return [dict(zip(keys, line.split("|"))) for line in lines[1:]]
 
 
 # ----------------------------------------------------------------------------- selection
@@ -264,11 +268,19 @@ def test_the_reports_waste_is_the_listings_summed(db):
 def test_sacct_habits_field_names_the_same_columns_piped_and_iso_times(db):
     """`-o JobID,State` as sacct spells them (any case); piped output has the terminal's
     columns; a time is ISO 8601 (local) in every form (issue 25)."""
-    from pipeswift_slurm.reports.jct import LISTING_DEFAULT
+    from pipeswift_slurm.reports.jct import LISTING, LISTING_DEFAULT
+    from pipeswift_slurm.reports.tabular import Output, Renderer, choose, heading
     assert run(db, "jobs", "-o", "JobID,jobname,STATE,NNodes,Elapsed") == \
         run(db, "jobs", "-o", "job_id,name,state,nodes,elapsed_s")
-    assert run(db, "jobs").splitlines()[0].split("\t") == LISTING_DEFAULT.split(",")
-    assert run(db, "jobs", "-P").splitlines()[0].split("|") == LISTING_DEFAULT.split(",")
+    # the headers are sacct's and one in every text form: a terminal's, piped, -P (issue 42)
+    headers = [heading(c) for c in choose(LISTING, LISTING_DEFAULT)]
+    assert headers[:3] == ["JobID", "JobName", "User"] and headers[-1] == "Wasted (h)"
+    assert run(db, "jobs").splitlines()[0].split("\t") == headers
+    assert run(db, "jobs", "-P").splitlines()[0].split("|") == headers
+    terminal = io.StringIO()
+    Renderer(LISTING, Output("table", True, LISTING_DEFAULT), terminal).start()
+    assert terminal.getvalue().splitlines()[0].split() == " ".join(headers).split()
+    assert run(db, "jobs", "-o", ",".join(headers)) == run(db, "jobs")     # what is printed, -o takes back
     assert len(json.loads(run(db, "jobs", "--json"))[0]) > len(LISTING_DEFAULT.split(","))  # every column
     want = dt.datetime.fromtimestamp(T0 + 1.5 * H - 600).strftime("%Y-%m-%dT%H:%M:%S")
     (two,) = [r for r in parsable(db, "jobs", "-o", "JobID,Submit") if r["job_id"] == "2"]
@@ -403,8 +415,11 @@ def test_export_format_names_columns_as_history_jobs_does_and_the_old_spelling_s
     old = pswift("history", "export", "--format", "json", "--db", str(db))
     assert old.returncode == 0 and json.loads(old.stdout) == as_json
     assert old.stderr.count("\n") == 1 and "--format json is now --json" in old.stderr
-    assert run(db, "export", "--tsv", "-o", "job_id").splitlines()[0] == "job_id"
-    assert "jct_s" in run(db, "export", "-o", "help").split()
+    assert run(db, "export", "--tsv", "-o", "job_id").splitlines()[0] == "JobID"     # as `history jobs` piped
+    spellings = run(db, "export", "-o", "help").splitlines()
+    assert spellings[0].split() == ["key", "header", "sacct's", "name"]
+    assert ["elapsed_s", "Elapsed"] in [line.split()[:2] for line in spellings]
+    assert ["jct_s", "JCT"] in [line.split() for line in spellings]
     both = pswift("history", "export", "--json", "--tsv", "--db", str(db))
     assert both.returncode == 2 and both.stderr.count("\n") == 1
 

@@ -246,7 +246,7 @@ _EXPORT_FORMS = ("csv", "json", "tsv")
 @history.command("export")
 @_select
 @click.option("-o", "--format", "fields", help="Columns, as in `history jobs -o` (default: every column; "
-                                               "--format=help lists the keys).")
+                                               "--format=help lists every spelling).")
 @click.option("--json", "as_json", is_flag=True, help="A JSON list.")
 @click.option("--tsv", "as_tsv", is_flag=True, help="Tab-separated with a header.")
 @_errors

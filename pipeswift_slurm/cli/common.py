@@ -100,9 +100,9 @@ def _output(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("-P", "--parsable", is_flag=True, help="'|'-separated, raw numbers (piped output "
                                                             "is tab-separated without it)."),
         click.option("-n", "--noheader", is_flag=True, help="No header line."),
-        click.option("-o", "--format", "fields", help="Columns to print, by key or sacct's field name "
-                                                      "(JobID, State, Elapsed, NNodes, ...), comma-separated "
-                                                      "(--format=help lists the keys)."),
+        click.option("-o", "--format", "fields", help="Columns to print, by header, key or sacct's field "
+                                                      "name (JobID, State, Elapsed, NNodes, ...), comma-"
+                                                      "separated (--format=help lists every spelling)."),
     ]
 
     @functools.wraps(f)
@@ -121,11 +121,11 @@ def _output(f: Callable[..., Any]) -> Callable[..., Any]:
 def _renderer(columns: list[Any], out: Any, default_fields: str | None = None) -> Any:
     """A Renderer for ``out`` (without -o, the text forms get ``default_fields`` on a terminal
     and in a pipe alike, as sacct; --json and --csv every column), or None after printing the
-    column keys for ``-o help``."""
+    column spellings for ``-o help``."""
     import sys
-    from pipeswift_slurm.reports.tabular import Renderer
+    from pipeswift_slurm.reports.tabular import Renderer, field_help
     if out.fields and out.fields.strip().lower() == "help":
-        click.echo(" ".join(c.key for c in columns))
+        click.echo(field_help(columns))
         return None
     if out.fields is None and default_fields and out.resolved(sys.stdout) in ("table", "tsv", "parsable"):
         out = out._replace(fields=default_fields)

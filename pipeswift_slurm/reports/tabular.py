@@ -2,7 +2,7 @@
 once and never sit in memory), one unit per column, and the same row in every form.
 
 - a terminal: fixed-width columns, durations as ``[D-]HH:MM:SS``, a value too wide ends in ``+``;
-- piped: tab-separated values with raw numbers (seconds, hours, ratios) under the column keys;
+- piped: tab-separated values with raw numbers (seconds, hours, ratios) under the same headers;
 - ``-P/--parsable``: ``|``-separated, raw; ``--csv`` (a text a spreadsheet would run as a formula
   gets a leading apostrophe); ``--json`` (a list of objects, raw numbers, null for unknown);
 - ``-n/--noheader``; ``-o/--format`` picks and orders columns by key or by sacct's field name
@@ -35,7 +35,15 @@ class Col(NamedTuple):
     width: int = 10
 
 
-_UNIT = {"s": "", "h": " (h)", "ratio": " (%)", "mb": " (MB)"}
+#: the unit of a column's figures where it is the same in every form (a duration is [D-]HH:MM:SS
+#: on a terminal and seconds piped, a ratio 50.0% and 0.5: their headers name no unit)
+_UNIT = {"h": " (h)", "mb": " (MB)"}
+
+
+def heading(c: Col) -> str:
+    """A column's header, the same on a terminal, piped and with -P (as sacct's); CSV and JSON,
+    the forms for programs, are keyed by the column's key."""
+    return c.header + _UNIT.get(c.kind, "")
 _FORMULA = ("=", "+", "-", "@")
 _CONTROL_BUT_TAB = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
@@ -53,7 +61,9 @@ def choose(columns: list[Col], fields: str | None) -> list[Col]:
     case), in that order."""
     if not fields:
         return columns
-    by_key = {c.key.lower(): c for c in columns}
+    by_key = {heading(c).lower(): c for c in columns}
+    by_key.update({c.header.lower(): c for c in columns})
+    by_key.update({c.key.lower(): c for c in columns})
     by_key.update({name: by_key[key] for name, key in SACCT_FIELDS.items() if key in by_key})
     out = []
     for f in (p.strip().lower() for p in fields.split(",") if p.strip()):
@@ -62,6 +72,20 @@ def choose(columns: list[Col], fields: str | None) -> list[Col]:
                                  f"{','.join(c.key for c in columns)}")
         out.append(by_key[f])
     return out
+
+
+def field_help(columns: list[Col]) -> str:
+    """``-o help``: every column's spellings, any of which ``-o`` takes (any case): its key
+    (JSON's), its header (what the text forms print) and sacct's field names for the figure."""
+    sacct: dict[str, list[str]] = {}
+    for name, key in SACCT_FIELDS.items():
+        sacct.setdefault(key, []).append(name)
+    width = max(len(c.key) for c in columns) + 2
+    lines = [f"{'key':<{width}}{'header':<16}sacct's name"]
+    for c in columns:
+        names = [n for n in sacct.get(c.key, []) if n != c.header.lower()]
+        lines.append(f"{c.key:<{width}}{c.header:<16}{','.join(names)}".rstrip())
+    return "\n".join(lines)
 
 
 def _iso_sql(expr: str) -> str:
@@ -96,7 +120,7 @@ def _cell(v: Any, kind: str) -> str:
     if kind == "h":
         return f"{v:.2f}"
     if kind == "ratio":
-        return f"{100 * v:.1f}"
+        return f"{100 * v:.1f}%"
     if kind == "mb":
         return f"{v:.0f}"
     if kind == "time":
@@ -145,7 +169,7 @@ class Renderer:
         self.header = how.header
         self.sep = {"parsable": "|", "csv": ","}.get(self.form, "\t")
         self.texts = [i for i, c in enumerate(self.cols) if c.kind == "text"]
-        self.widths = [max(c.width, len(c.header + _UNIT.get(c.kind, ""))) for c in self.cols]
+        self.widths = [max(c.width, len(heading(c))) for c in self.cols]
         self.count = 0
         self._batch: list[str] = []
         self._pending: list[Sequence[Any]] = []
@@ -174,11 +198,10 @@ class Renderer:
         if self.form == "json":
             self.out.write("[")
         elif self.header and self.form == "table":
-            self.out.write(" ".join((c.header + _UNIT.get(c.kind, "")).rjust(w)
-                                    for c, w in zip(self.cols, self.widths)).rstrip() + "\n")
+            self.out.write(" ".join(heading(c).rjust(w) for c, w in zip(self.cols, self.widths)).rstrip() + "\n")
             self.out.write(" ".join("-" * w for w in self.widths) + "\n")
-        elif self.header:
-            self.out.write(self.sep.join(c.key for c in self.cols) + "\n")
+        elif self.header:   # sacct's forms print its headers; CSV, for programs, the keys (as JSON)
+            self.out.write(self.sep.join(c.key if self.form == "csv" else heading(c) for c in self.cols) + "\n")
 
     def lines(self, rows: Iterable[Sequence[Any]], special: Container[Any],
               values: Callable[[Sequence[Any]], Sequence[Any]]) -> None:
