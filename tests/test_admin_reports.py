@@ -474,3 +474,22 @@ def test_two_clusters_jobs_with_one_id_are_never_merged(tmp_path):
     rows = parsable(db, "jobs", "-M", "c2", "-o", "job_id,name,state")
     assert [(r["job_id"], r["name"], r["state"]) for r in rows] == [("1", "second", "FAILED")]
     assert pswift("history", "show", "1", "-M", "c3", "--db", str(db)).returncode == 1
+
+
+def test_a_width_after_a_field_sizes_its_column_as_sacct_does(db):
+    """`-o JobName%30` (issue 42 item 6): the column that wide on a terminal, a longer value cut
+    with sacct's `+`; the machine forms have the whole value."""
+    from pipeswift_slurm.reports.jct import LISTING
+    from pipeswift_slurm.reports.tabular import Output, Renderer, choose
+    from pipeswift_slurm.history.selection import SelectionError
+    assert [c.width for c in choose(LISTING, "JobID,JobName%30,state%3")] == [8, 30, 3]
+    out = io.StringIO()
+    r = Renderer(LISTING, Output("table", True, "jobname%4"), out)
+    r.start()
+    r.row(["1", "a-long-name", *[None] * (len(LISTING) - 2)])
+    r.finish()
+    assert out.getvalue().splitlines()[-1].strip() == "a-l+"
+    assert run(db, "jobs", "-o", "jobid%3,name%40") == run(db, "jobs", "-o", "jobid,name")   # piped: whole values
+    for bad in ("name%0", "name%x", "name%99999"):
+        with pytest.raises(SelectionError, match="a width is a number of characters"):
+            choose(LISTING, bad)

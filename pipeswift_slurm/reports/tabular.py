@@ -33,6 +33,8 @@ class Col(NamedTuple):
     #: text | int | bool | float | s (seconds) | h (hours) | ratio | mb | time (epoch)
     kind: str = "text"
     width: int = 10
+    #: the width was asked for (-o Name%30): the header is cut to it too, as sacct's
+    fixed: bool = False
 
 
 #: the unit of a column's figures where it is the same in every form (a duration is [D-]HH:MM:SS
@@ -57,8 +59,8 @@ SACCT_FIELDS = {"jobid": "job_id", "jobname": "name", "exitcode": "exit_code",
 
 
 def choose(columns: list[Col], fields: str | None) -> list[Col]:
-    """The columns named by ``-o/--format`` (keys or sacct's field names, comma-separated, any
-    case), in that order."""
+    """The columns named by ``-o/--format`` (headers, keys or sacct's field names, comma-separated,
+    any case, each with sacct's optional ``%WIDTH``), in that order."""
     if not fields:
         return columns
     by_key = {heading(c).lower(): c for c in columns}
@@ -67,10 +69,13 @@ def choose(columns: list[Col], fields: str | None) -> list[Col]:
     by_key.update({name: by_key[key] for name, key in SACCT_FIELDS.items() if key in by_key})
     out = []
     for f in (p.strip().lower() for p in fields.split(",") if p.strip()):
+        f, _, width = f.partition("%")      # sacct's JobName%30: that column 30 wide on a terminal
         if f not in by_key:
             raise SelectionError(f"--format field {f!r} is not a column here; use some of: "
-                                 f"{','.join(c.key for c in columns)}")
-        out.append(by_key[f])
+                                 f"{','.join(c.key for c in columns)} (-o help lists every spelling)")
+        if width and not (width.isdigit() and 1 <= int(width) <= 1000):
+            raise SelectionError(f"--format {f}%{width}: a width is a number of characters, 1 to 1000 (JobName%30)")
+        out.append(by_key[f]._replace(width=int(width), fixed=True) if width else by_key[f])
     return out
 
 
@@ -130,6 +135,11 @@ def _cell(v: Any, kind: str) -> str:
     return inert(str(v))
 
 
+def _fit(text: str, width: int) -> str:
+    """``text`` right-aligned in ``width`` characters; a longer one cut, its last shown as ``+``."""
+    return (text if len(text) <= width else text[:width - 1] + "+").rjust(width)
+
+
 def _clean_text(v: str, form: str) -> str:
     """A user's text as a cell of ``form``: no control characters (``?``); in TSV and ``|``
     forms no separator (a tab becomes a space, a ``|`` a ``?``); in CSV, quoted when it holds a
@@ -164,12 +174,13 @@ class Renderer:
         self.out = out or sys.stdout
         self.columns = columns
         self.cols = choose(columns, how.fields)
-        self.pick = [columns.index(c) for c in self.cols]
+        keys = [c.key for c in columns]
+        self.pick = [keys.index(c.key) for c in self.cols]   # -o's %WIDTH makes another Col
         self.form = how.resolved(self.out)
         self.header = how.header
         self.sep = {"parsable": "|", "csv": ","}.get(self.form, "\t")
         self.texts = [i for i, c in enumerate(self.cols) if c.kind == "text"]
-        self.widths = [max(c.width, len(heading(c))) for c in self.cols]
+        self.widths = [c.width if c.fixed else max(c.width, len(heading(c))) for c in self.cols]
         self.count = 0
         self._batch: list[str] = []
         self._pending: list[Sequence[Any]] = []
@@ -198,7 +209,7 @@ class Renderer:
         if self.form == "json":
             self.out.write("[")
         elif self.header and self.form == "table":
-            self.out.write(" ".join(heading(c).rjust(w) for c, w in zip(self.cols, self.widths)).rstrip() + "\n")
+            self.out.write(" ".join(_fit(heading(c), w) for c, w in zip(self.cols, self.widths)).rstrip() + "\n")
             self.out.write(" ".join("-" * w for w in self.widths) + "\n")
         elif self.header:   # sacct's forms print its headers; CSV, for programs, the keys (as JSON)
             self.out.write(self.sep.join(c.key if self.form == "csv" else heading(c) for c in self.cols) + "\n")
@@ -251,8 +262,7 @@ class Renderer:
         """A row of Python values, aligned with ``columns``."""
         if self.form == "table":
             cells = [_cell(values[i], c.kind) for i, c in zip(self.pick, self.cols)]
-            self.out.write(" ".join((v if len(v) <= w else v[:w - 1] + "+").rjust(w)
-                                    for v, w in zip(cells, self.widths)).rstrip() + "\n")
+            self.out.write(" ".join(_fit(v, w) for v, w in zip(cells, self.widths)).rstrip() + "\n")
             self.count += 1
             return
         if self.form != "json":
