@@ -493,3 +493,31 @@ def test_a_width_after_a_field_sizes_its_column_as_sacct_does(db):
     for bad in ("name%0", "name%x", "name%99999"):
         with pytest.raises(SelectionError, match="a width is a number of characters"):
             choose(LISTING, bad)
+
+
+def test_sacct_start_end_nodelist_and_alloctres_are_columns(db, tmp_path):
+    """`-o JobID,Start,End,NodeList,AllocTRES` (issue 42): the newest attempt's, as sacct -X
+    shows them; a history from before these columns gets them when it is opened (migration)."""
+    h = History(db)
+    h.add_slurm_records([{**rec("2", T0 + 1.5 * H, T0 + 2.5 * H, NODECNT="2", PROCS="8"), "NODES": "node[1-2]",
+                          "ALLOC_MEM_MB": 8000}], "jobcomp")
+    h.close()
+    rows = {r["job_id"]: r for r in parsable(db, "jobs", "-o", "JobID,Start,End,NodeList,AllocTRES")}
+    iso = lambda t: dt.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S")  # noqa: E731
+    assert (rows["10"]["start"], rows["10"]["end"]) == (iso(T0 + 5.5 * H), iso(T0 + 6 * H))   # the newest attempt
+    assert rows["2"]["nodelist"] == "node[1-2]"
+    assert rows["2"]["alloc_tres"] == "cpu=8,mem=8000M,node=2,gres/gpu=2"
+    assert rows["11"]["alloc_tres"] == ""                  # nothing known of its size: nothing made up
+    old = tmp_path / "old.db"                             # a history written before migration 14
+    conn = sqlite3.connect(old)
+    from pipeswift_slurm.history.schema import MIGRATIONS
+    for sql in MIGRATIONS[:13]:
+        conn.executescript(sql)
+    conn.execute("PRAGMA user_version = 13")
+    conn.commit()
+    conn.close()
+    h = History(old)
+    h.add_slurm_records([{**rec("5", T0, T0 + H, NODECNT="1", PROCS="4"), "NODES": "node3"}], "jobcomp")
+    h.close()
+    assert parsable(old, "jobs", "-o", "jobid,nodelist,alloctres") == [
+        {"job_id": "5", "nodelist": "node3", "alloc_tres": "cpu=4,node=1"}]

@@ -14,13 +14,19 @@ if TYPE_CHECKING:
     from pipeswift_slurm.history.selection import Selection
 
 
+#: sacct's AllocTRES of the newest attempt ("cpu=4,mem=8000M,node=1,gres/gpu=2"), what is known of it
+_ALLOC_TRES = ("NULLIF(trim(COALESCE('cpu=' || r.cpus, '') || COALESCE(',mem=' || CAST(r.mem_mb AS INTEGER) || 'M', '')"
+               " || COALESCE(',node=' || r.nodes, '') || CASE WHEN r.gpus > 0 THEN ',gres/gpu=' || r.gpus ELSE '' END,"
+               " ','), '')")
+
 #: each job-listing column as SQL over job_rollup r (a plain job's figures; pswift jobs get
 #: their setup/training/checkpoint split and steps lost from the pswift tables)
 LISTING_SQL = {
     "job_id": "r.job_id", "name": "r.name", "user": "r.user", "account": "r.account",
     "partition": "r.partition", "qos": "r.qos", "state": "r.last_state", "exit_code": "r.exit_code",
     "derived_exit_code": "r.derived_exit_code", "pswift": "0", "nodes": "r.nodes", "cpus": "r.cpus",
-    "gpus": "r.gpus", "attempts": "r.attempts", "submit": "r.submit", "queue_s": "r.queue_s",
+    "gpus": "r.gpus", "alloc_tres": _ALLOC_TRES, "attempts": "r.attempts", "submit": "r.submit",
+    "start": "r.start", "end": "r.end", "nodelist": "r.nodelist", "queue_s": "r.queue_s",
     "setup_s": "0.0", "training_s": "r.run_s", "checkpoint_s": "0.0", "jct_s": "r.jct_s",
     "elapsed_s": "r.run_s", "limit_s": "r.limit_s", "cpu_time_s": "r.cpu_time_s",
     "max_rss_mb": "r.max_rss_mb", "req_mem_mb": "r.req_mem_mb",

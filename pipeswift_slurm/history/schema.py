@@ -44,12 +44,12 @@ def _rollup(touched: str) -> str:
     INSERT OR REPLACE INTO job_rollup (cluster, job_id, job_num, name, partition, user, account,
         qos, nodes, cpus, gpus, work_dir, submit, end, attempts, preempted, run_s, jct_s, queue_s,
         last_state, exit_code, derived_exit_code, limit_s, last_elapsed_s, node_s, cpu_s, gpu_s,
-        cpu_time_s, max_rss_mb, req_mem_mb, wasted_s)
+        cpu_time_s, max_rss_mb, req_mem_mb, wasted_s, start, nodelist, mem_mb)
     SELECT a.cluster, a.job_id, CAST(a.job_id AS INTEGER), l.name, l.partition, l.user, l.account,
         l.qos, l.node_count, l.procs, l.gpus, l.work_dir, a.submit, a.end, a.attempts, a.preempted,
         a.run_s, a.end - a.submit, a.end - MAX(a.submit, COALESCE(a.eligible, a.submit)) - a.run_s, l.state, l.exit_code,
         l.derived_exit_code, l.limit_s, l.end - l.start, a.node_s, a.cpu_s, a.gpu_s, a.cpu_time_s,
-        a.max_rss_mb, a.req_mem_mb, a.wasted_s
+        a.max_rss_mb, a.req_mem_mb, a.wasted_s, l.start, l.nodes, l.mem_mb
     FROM agg a JOIN slurm_jobs l ON l.cluster = a.cluster AND l.job_id = a.job_id
         AND l.start = a.last_start
     """
@@ -183,7 +183,7 @@ MIGRATIONS: list[str] = [
     CREATE INDEX job_rollup_num ON job_rollup(job_num, job_id);
     CREATE INDEX job_rollup_job_id ON job_rollup(job_id);
     CREATE INDEX job_rollup_work_dir ON job_rollup(work_dir);
-    """ + _rollup("(SELECT DISTINCT cluster, job_id FROM slurm_jobs)"),
+    """,   # filled by migration 14, which adds the columns the roll-up now writes
     # 10: crashes inside an attempt: how often its ranks were started again in the allocation,
     #     and what ended its last crashed launch (pipeswift_slurm.planning.decide)
     """
@@ -221,8 +221,15 @@ MIGRATIONS: list[str] = [
     ALTER TABLE attempts ADD COLUMN host_cores INTEGER;
     """,
     # 13: a preemption is a PREEMPTED attempt only (not a REQUEUED one), a queue wait counts
-    #     from eligibility: every roll-up row recomputed
-    _rollup("(SELECT DISTINCT cluster, job_id FROM slurm_jobs)"),
+    #     from eligibility (every roll-up row is recomputed by migration 14)
+    "SELECT 1",
+    # 14: sacct's Start, NodeList and AllocTRES of the newest attempt in the roll-up (issue 42):
+    #     every roll-up row recomputed
+    """
+    ALTER TABLE job_rollup ADD COLUMN start REAL;
+    ALTER TABLE job_rollup ADD COLUMN nodelist TEXT;
+    ALTER TABLE job_rollup ADD COLUMN mem_mb REAL;
+    """ + _rollup("(SELECT DISTINCT cluster, job_id FROM slurm_jobs)"),
 ]
 
 #: upsert one attempt: a source that does not know a field (the plugin knows no MaxRSS, sacct

@@ -55,7 +55,7 @@ SACCT_FIELDS = {"jobid": "job_id", "jobname": "name", "exitcode": "exit_code",
                 "derivedexitcode": "derived_exit_code", "nnodes": "nodes", "ncpus": "cpus",
                 "elapsed": "elapsed_s", "timelimit": "limit_s", "totalcpu": "cpu_time_s",
                 "maxrss": "max_rss_mb", "reqmem": "req_mem_mb", "planned": "queue_s",
-                "reserved": "queue_s"}
+                "reserved": "queue_s", "alloctres": "alloc_tres"}
 
 
 def choose(columns: list[Col], fields: str | None) -> list[Col]:
