@@ -4,6 +4,7 @@ both, `--timeout` without `--wait` says so, and `--wait`'s lines carry a time.""
 
 from __future__ import annotations
 
+import getpass
 import json
 import re
 import subprocess
@@ -94,6 +95,18 @@ def test_overrides_reach_slurm_a_dry_run_script_submits_and_cancel_takes_several
         assert "TimeLimit=00:07:00" in show, show
         mine = json.loads(pswift("jobs", "--json", check=True).stdout)
         assert mine[0]["job_id"] == first and mine[0]["state"] == "PENDING" and mine[0]["run_dir"] == str(run)
+        # an admin's view (squeue -u, -a): the pswift job (its working directory is its run
+        # directory), not the script submitted by hand from elsewhere
+        me = getpass.getuser()
+        everyone = [j for j in json.loads(pswift("jobs", "-a", "--json", check=True).stdout)
+                    if j["job_id"] in (first, second_id)]
+        assert [(j["job_id"], j["user"], j["state"], j["run_dir"], j["steps"]) for j in everyone] == [
+            (first, me, "PENDING", str(run), 40)], everyone
+        assert [j["job_id"] for j in json.loads(pswift("jobs", "-u", me, "--json", check=True).stdout)
+                if j["job_id"] in (first, second_id)] == [first]
+        assert json.loads(pswift("jobs", "-u", "nobody", "--json", check=True).stdout) == []
+        both = pswift("jobs", "-u", me, "-a")
+        assert both.returncode == 2 and both.stderr.count("\n") == 1
         out = pswift("cancel", first, second_id, check=True).stdout
         assert out.splitlines() == [f"cancelled job {first} (run directory {run})", f"cancelled job {second_id}"]
         states = subprocess.run(["squeue", "-h", "-t", "all", "-j", f"{first},{second_id}", "-o", "%T"],

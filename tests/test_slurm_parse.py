@@ -244,3 +244,10 @@ def test_one_epoch_reader_takes_every_form_slurm_writes_a_time_in():
     assert epoch(1796092180.7) == 1796092180 and epoch("2026-11-30T23:59:48") == local
     for unknown in (0, "0", None, "Unknown", "None", "", {"set": False, "number": 5}, float("nan"), "9" * 400, True):
         assert epoch(unknown) is None, unknown
+
+
+def test_squeue_work_dirs_keep_a_directory_with_the_separator_whole():
+    from pipeswift_slurm.slurm.records import HeldJob, squeue_work_dirs
+    text = "12|alice|PENDING|/scratch/alice/run-a\n13|bob|RUNNING|/scratch/b|c d\n\nbroken line\n"
+    assert squeue_work_dirs(text) == [HeldJob("12", "alice", "PENDING", "/scratch/alice/run-a"),
+                                      HeldJob("13", "bob", "RUNNING", "/scratch/b|c d")]

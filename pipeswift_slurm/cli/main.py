@@ -356,9 +356,10 @@ def _iso(t: float) -> str:
     return dt.datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
 
 
-def _job_columns() -> list[Any]:
+def _job_columns(with_user: bool = False) -> list[Any]:
     from pipeswift_slurm.reports.tabular import Col
-    return [Col("job_id", "JobID", "text", 8), Col("name", "Name", "text", 12), Col("state", "State", "text", 10),
+    return [Col("job_id", "JobID", "text", 8), *([Col("user", "User", "text", 9)] if with_user else []),
+            Col("name", "Name", "text", 12), Col("state", "State", "text", 10),
             Col("step", "Step", "int", 7), Col("steps", "Steps", "int", 7), Col("eta_s", "ETA", "s", 9),
             Col("attempts", "Attempts", "int", 8), Col("nodes", "Nodes", "int", 5), Col("stages", "Stages", "int", 6),
             Col("run_dir", "RunDir", "text", 40)]
@@ -391,9 +392,13 @@ def plot(job: str, out: Path) -> None:
 @cli.command()
 @click.option("-L", "--limit", type=click.IntRange(1, None), default=20, show_default=True,
               help="The newest this many jobs.")
+@click.option("-u", "--user", "users", help="These users' pswift jobs that Slurm holds (comma-separated; "
+                                            "as squeue -u), with their user; step and ETA where their run "
+                                            "directories are readable (an admin).")
+@click.option("-a", "--allusers", is_flag=True, help="Every user's pswift jobs that Slurm holds (as -u).")
 @_output
 @_errors
-def jobs(out: Any, limit: int) -> None:
+def jobs(out: Any, limit: int, users: str | None, allusers: bool) -> None:
     """List my pswift jobs, newest first (what `squeue --me` is to sbatch): state (Slurm's while
     queued or running, else from the run's events), step N of M, ETA, attempts, nodes x stages
     of the newest attempt, run directory. The history's output forms (-P, --json, --csv, -o).
@@ -403,9 +408,19 @@ def jobs(out: Any, limit: int) -> None:
         pswift jobs
 
         pswift jobs -o job_id,state,step,eta_s --json
+
+        pswift jobs -u alice,bob
     """
-    from pipeswift_slurm.reports.watch import listing
-    _print(listing(limit, _warn), _job_columns(), out)
+    from pipeswift_slurm.reports import watch
+    if users is not None or allusers:
+        if users is not None and allusers:
+            raise CLIError("-u names users and -a means every user: give one of them", 2)
+        names = tuple(u.strip() for u in (users or "").split(",") if u.strip())
+        if users is not None and not names:
+            raise CLIError("-u needs a user name (-u alice,bob)", 2)
+        _print(watch.others_listing(names, limit), _job_columns(with_user=True), out)
+        return
+    _print(watch.listing(limit, _warn), _job_columns(), out)
 
 
 @cli.command()

@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 from pipeswift_slurm.history import rundir
 from pipeswift_slurm.fmt import crash_line, duration
@@ -195,6 +195,31 @@ def status_of(ref: JobRef, db: Path | None = None) -> dict[str, Any]:
         **(summary or {"run_dir": None, "step": None, "steps_total": None, "first_loss": None,
                        "last_loss": None, "cancelled": None, "growths": [], "attempts": []}),
     }
+
+
+def others_listing(users: Sequence[str], limit: int | None = 20) -> list[dict[str, Any]]:
+    """``users``' pswift jobs that Slurm holds (everyone's with none), newest first, as
+    :func:`listing`'s rows with their user: a job is pswift's when its working directory is a
+    run directory (plan.json, read as its owner's hostile file: no link, bounded). Its step and
+    ETA need its run directory readable by whoever asks (an admin; else its state only)."""
+    from pipeswift_slurm.slurm import client as slurm
+    rows = []
+    for job in sorted(slurm.held_jobs(users), key=lambda j: -int(j.job_id) if j.job_id.isdigit() else 0):
+        try:
+            summary = rundir.summarize(Path(job.work_dir))
+        except PswiftError:
+            summary = None
+        if summary is None or not summary.get("job_name"):
+            continue   # not a run directory, or one this account cannot read
+        p = progress(summary, job.state == "RUNNING")
+        last = summary["attempts"][-1] if summary["attempts"] else {}
+        rows.append({"job_id": job.job_id, "user": job.user, "name": summary["job_name"], "state": job.state,
+                     "step": summary["step"], "steps": summary["steps_total"], "eta_s": p.eta_s if p else None,
+                     "attempts": len(summary["attempts"]), "nodes": last.get("nodes"), "stages": last.get("stages"),
+                     "run_dir": job.work_dir})
+        if limit is not None and len(rows) >= limit:
+            break
+    return rows
 
 
 def listing(limit: int | None = 20, warn: Callable[[str], None] = lambda msg: None) -> list[dict[str, Any]]:

@@ -310,6 +310,13 @@ def active_jobs() -> list[JobInfo]:
     return backend().active_jobs()
 
 
+def held_jobs(users: Sequence[str] = ()) -> list[records.HeldJob]:
+    """The jobs Slurm holds of ``users`` (everyone's with none) and their working directories."""
+    cmd = ["squeue", "--noheader", f"--format={records.WORKDIR_FORMAT}",
+           *([f"--users={','.join(users)}"] if users else [])]
+    return records.squeue_work_dirs(_run(cmd, timeout=QUERY_TIMEOUT).stdout)
+
+
 def being_preempted(job_id: str, attempt: int | None = None) -> bool:
     """True while Slurm is preempting the job (PreemptTime is set; a plain scancel leaves it
     unset), or once Slurm has already requeued it past ``attempt`` (its restart count): a requeue

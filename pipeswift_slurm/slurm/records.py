@@ -220,6 +220,27 @@ def jobs(doc: dict[str, Any]) -> list[JobInfo]:
 
 #: ``squeue --format`` of :func:`squeue_active`: the fields the planner reads, "|"-separated
 ACTIVE_FORMAT = "%i|%T|%Q|%P|%D|%l|%e|%N"
+#: squeue's job id, user, state and working directory (a pswift job's is its run directory)
+WORKDIR_FORMAT = "%i|%u|%T|%Z"
+
+
+class HeldJob(NamedTuple):
+    """A job Slurm holds (pending, running, completing) and where it was submitted from."""
+    job_id: str
+    user: str
+    state: str
+    work_dir: str
+
+
+def squeue_work_dirs(text: str) -> list[HeldJob]:
+    """``squeue --noheader --format=WORKDIR_FORMAT``'s lines; a line with a ``|`` in its
+    directory keeps it whole (the last field takes the rest)."""
+    out = []
+    for line in text.splitlines():
+        f = line.split("|", 3)
+        if len(f) == 4 and f[0]:
+            out.append(HeldJob(f[0], f[1], state(f[2]), f[3]))
+    return out
 
 
 def squeue_active(text: str) -> list[JobInfo]:
