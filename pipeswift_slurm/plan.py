@@ -33,31 +33,10 @@ class ModelSpec(TypedDict):
     layer_costs: list[float] | None
 
 
-class TrainingSpec(TypedDict):
-    """[training] as the job needs it (see config.TrainingSection for each key's meaning)."""
-    steps: int
-    global_batch_size: int
-    micro_batch_size: int
-    data: str | dict[str, Any]
-    seed: int
-    optimizer: dict[str, Any]
-    ds_config: dict[str, Any]
-    gradient_clipping: float
-    precision: str
-    zero_stage: int
-    activation_checkpoint_interval: int
-    lr_warmup_steps: int
-    lr_decay: str
-    lr_min_ratio: float
-    checkpoint_dir: str
-    #: steps between periodic checkpoints (0: none by step count; see Plan.checkpoint_auto)
-    checkpoint_interval: int
-    checkpoint_io_share: float
-    keep_checkpoints: int
-    #: where rank 0 also writes the scalars: "csv", "tensorboard" (pipeswift_launch.metrics)
-    metrics: list[str]
-    hang_timeout_factor: float
-    hang_timeout_min_s: float
+#: [training] as the job needs it: the travelling [training] settings, whose keys and types
+#: have one home, the settings table (pipeswift_slurm.settings; config.TrainingSection is the TOML
+#: side, drift-tested against it); :func:`runnable` checks each of them when a job reads plan.json
+TrainingSpec = dict[str, Any]
 
 
 class Plan(TypedDict):
