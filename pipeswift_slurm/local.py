@@ -49,8 +49,12 @@ def run_local(plan: Plan, plan_path: str, nodes: int, grace_s: float = 60.0) -> 
 
 
 def srun_rc(codes: list[int]) -> int:
-    """The launch's exit code as srun gives it: the largest of the ranks', a signal's as 128 + it."""
-    return max((128 - c if c < 0 else c) for c in codes)
+    """The launch's exit code: the largest a rank exited with by itself, else the signal that
+    killed one as 128 + it; the SIGTERM that stops the others after it (as srun's
+    --kill-on-bad-exit does) counts only when nothing else ended the launch."""
+    own = [c for c in codes if c > 0]
+    killed = [128 - c for c in codes if c < 0 and c != -signal.SIGTERM]
+    return max(own or killed or [128 + signal.SIGTERM for c in codes if c == -signal.SIGTERM] or [0])
 
 
 def srun_report(codes: list[int]) -> str:

@@ -429,3 +429,18 @@ def test_a_stop_is_carried_out_through_the_port(monkeypatch):
         d = decide.what_follows(train._stopped(att, Stop.TERM), train._budgets(att))
         train._carry_out(att, d)
     assert fake.calls == [("forbid_requeue", "9")] and d.exit_code == Exit.BUDGET_SPENT
+
+
+def test_a_local_launch_is_reported_as_srun_reports_one():
+    """pswift run's launches go to the same helper as the batch script's (issue 39): each rank's
+    end written in srun's words, the launch's code as srun's."""
+    from pipeswift_slurm.local import srun_rc, srun_report
+    assert srun_rc([0, 0]) == 0 and srun_rc([75, 75]) == 75
+    assert srun_rc([2, -15]) == 2              # rank 1 stopped because rank 0 ended: rank 0's code
+    assert srun_rc([-9, -15]) == 137 and srun_rc([1, -9]) == 1 and srun_rc([-15, -15]) == 143
+    report = srun_report([-9, 1, -15, 0])
+    assert report.splitlines() == ["srun: error: localhost: task 0: Killed",
+                                   "srun: error: localhost: task 1: Exited with exit code 1",
+                                   "srun: error: localhost: task 2: Terminated"]
+    deaths = decide.srun_deaths(report)
+    assert [(d.how, d.rank) for d in deaths] == [("signal 9", 0), ("exit 1", 1)]   # srun's own SIGTERM left out
