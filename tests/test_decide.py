@@ -444,3 +444,51 @@ def test_a_local_launch_is_reported_as_srun_reports_one():
                                    "srun: error: localhost: task 2: Terminated"]
     deaths = decide.srun_deaths(report)
     assert [(d.how, d.rank) for d in deaths] == [("signal 9", 0), ("exit 1", 1)]   # srun's own SIGTERM left out
+
+
+FAKE_RANK = r'''#!{python}
+"""A stand-in for the job's interpreter: the helper (afterlaunch) runs for real; a rank plays
+launch N's part of the script: re-lay out, then die (rank 1 SIGKILLed, rank 0's collective
+broken), then finish."""
+import json, os, signal, sys
+if sys.argv[1:3] == ["-m", "pipeswift_launch.afterlaunch"]:
+    os.execv({python!r}, [{python!r}, *sys.argv[1:]])
+folder, rank = os.environ["PSWIFT_LAUNCH_DIR"], int(os.environ["RANK"])
+counter = os.path.join(os.path.dirname(os.path.dirname(folder)), f"launches_of_rank_{{rank}}")
+launch = (int(open(counter).read()) if os.path.exists(counter) else 0) + 1
+open(counter, "w").write(str(launch))
+def record(**rec):
+    with open(os.path.join(folder, f"rank_{{rank}}.json"), "w") as f:
+        json.dump({{"rank": rank, "node": None, **rec}}, f)
+if launch == 1:
+    record(rc=75); sys.exit(75)
+if launch == 2:
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    import time; time.sleep(0.5)
+    record(step=7, error="RuntimeError: [gloo] Connection reset by peer"); sys.exit(1)
+record(rc=0); sys.exit(0)
+'''
+
+
+def test_pswift_run_relaunches_as_the_batch_script_does(tmp_path, capsys):
+    """`pswift run`'s driver (pipeswift_slurm.local) asks the batch script's helper after every
+    launch (issue 39): a launch that re-laid out is launched again, a rank killed by SIGKILL
+    restarts the ranks (restart 1 of max_restarts), a finished one ends the run with 0. The ranks
+    are a stand-in; the helper, its decision and its records are the real ones."""
+    import sys
+    from pipeswift_slurm.local import run_local
+    from pipeswift_slurm.plan import write_plan
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_RANK.format(python=sys.executable))
+    fake.chmod(0o755)
+    run = tmp_path / "run"
+    run.mkdir()
+    plan = plan_with(run_dir=str(run), python=str(fake), max_restarts=3)
+    write_plan(plan, run / "plan.json")
+    assert run_local(plan, str(run / "plan.json"), 2, grace_s=5) == 0
+    out = capsys.readouterr().out
+    assert "re-layout 1: launching the ranks again" in out and "restart 1: launching the ranks again" in out
+    from pipeswift_slurm import events
+    (crash,) = [e for e in events.read(run)[0] if e["event"] == "crash"]
+    assert (crash["how"], crash["rank"], crash["action"], crash["restart"]) == ("signal 9", 1, "restart", 1), crash
