@@ -393,8 +393,8 @@ def plot(job: str, out: Path) -> None:
 @click.option("-L", "--limit", type=click.IntRange(1, None), default=20, show_default=True,
               help="The newest this many jobs.")
 @click.option("-u", "--user", "users", help="These users' pswift jobs that Slurm holds (comma-separated; "
-                                            "as squeue -u), with their user; step and ETA where their run "
-                                            "directories are readable (an admin).")
+                                            "as squeue -u), with their user: those whose run directories "
+                                            "this account can read (an admin: all).")
 @click.option("-a", "--allusers", is_flag=True, help="Every user's pswift jobs that Slurm holds (as -u).")
 @_output
 @_errors

@@ -200,8 +200,8 @@ def status_of(ref: JobRef, db: Path | None = None) -> dict[str, Any]:
 def others_listing(users: Sequence[str], limit: int | None = 20) -> list[dict[str, Any]]:
     """``users``' pswift jobs that Slurm holds (everyone's with none), newest first, as
     :func:`listing`'s rows with their user: a job is pswift's when its working directory is a
-    run directory (plan.json, read as its owner's hostile file: no link, bounded). Its step and
-    ETA need its run directory readable by whoever asks (an admin; else its state only)."""
+    run directory (plan.json, read as its owner's hostile file: no link, bounded), so only the
+    run directories the asker can read are listed (an admin's: all of them)."""
     from pipeswift_slurm.slurm import client as slurm
     rows = []
     for job in sorted(slurm.held_jobs(users), key=lambda j: -int(j.job_id) if j.job_id.isdigit() else 0):
@@ -211,12 +211,7 @@ def others_listing(users: Sequence[str], limit: int | None = 20) -> list[dict[st
             summary = None
         if summary is None or not summary.get("job_name"):
             continue   # not a run directory, or one this account cannot read
-        p = progress(summary, job.state == "RUNNING")
-        last = summary["attempts"][-1] if summary["attempts"] else {}
-        rows.append({"job_id": job.job_id, "user": job.user, "name": summary["job_name"], "state": job.state,
-                     "step": summary["step"], "steps": summary["steps_total"], "eta_s": p.eta_s if p else None,
-                     "attempts": len(summary["attempts"]), "nodes": last.get("nodes"), "stages": last.get("stages"),
-                     "run_dir": job.work_dir})
+        rows.append({**_job_row(job.job_id, job.state, summary, job.work_dir), "user": job.user})
         if limit is not None and len(rows) >= limit:
             break
     return rows
@@ -242,13 +237,19 @@ def listing(limit: int | None = 20, warn: Callable[[str], None] = lambda msg: No
         seen = _from_events(summary) if summary is not None else None
         state_now = info.state if info is not None else \
             "CANCELLED" if summary and summary["cancelled"] else seen.state if seen else "UNKNOWN"
-        p = progress(summary, state_now == "RUNNING") if summary is not None else None
-        last = summary["attempts"][-1] if summary and summary["attempts"] else {}
-        rows.append({"job_id": job_id, "name": summary.get("job_name") if summary else None, "state": state_now,
-                     "step": summary["step"] if summary else None, "steps": summary["steps_total"] if summary else None,
-                     "eta_s": p.eta_s if p else None, "attempts": len(summary["attempts"]) if summary else 0,
-                     "nodes": last.get("nodes"), "stages": last.get("stages"), "run_dir": str(run)})
+        rows.append(_job_row(job_id, state_now, summary, str(run)))
     return rows
+
+
+def _job_row(job_id: str, state_now: str, summary: dict[str, Any] | None, run_dir: str) -> dict[str, Any]:
+    """One row of a job listing: step N/M, the ETA while running, attempts, nodes x stages of
+    the newest attempt (None where the run directory says nothing)."""
+    p = progress(summary, state_now == "RUNNING") if summary is not None else None
+    last = summary["attempts"][-1] if summary and summary["attempts"] else {}
+    return {"job_id": job_id, "name": summary.get("job_name") if summary else None, "state": state_now,
+            "step": summary["step"] if summary else None, "steps": summary["steps_total"] if summary else None,
+            "eta_s": p.eta_s if p else None, "attempts": len(summary["attempts"]) if summary else 0,
+            "nodes": last.get("nodes"), "stages": last.get("stages"), "run_dir": run_dir}
 
 
 def cancel(ref: JobRef, signal: str | None = None) -> None:
