@@ -18,8 +18,9 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import re
 from typing import Any, NamedTuple
+
+import hostlist
 
 from pipeswift_slurm.errors import SlurmError
 
@@ -118,53 +119,16 @@ def epoch(v: Any) -> int | None:
     return n if n else None
 
 
-#: the most names one host list may expand to (a cluster's node count is far below it)
-MAX_HOSTS = 1_000_000
-
-
 def expand_hostlist(text: str) -> tuple[str, ...]:
     """Slurm's host list as ``scontrol show hostnames`` expands it: ``node[1-3,5],gpu07`` ->
     ('node1', 'node2', 'node3', 'node5', 'gpu07'); zero padding kept; every bracket of a name
-    expanded (``rack[1-2]-n[1-2]``: four names, the first bracket varying slowest)."""
-    out: list[str] = []
-    for item in _top_level(text or "", text):
-        out += _expand_name(item, text)
-        if len(out) > MAX_HOSTS:
-            raise SlurmError(f"Slurm host list {text[:80]!r} names more than {MAX_HOSTS} hosts")
-    return tuple(x for x in out if x)
-
-
-def _top_level(text: str, whole: str) -> list[str]:
-    """The comma-separated names of a host list (commas inside brackets are ranges)."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += (ch == "[") - (ch == "]")
-        if depth not in (0, 1):
-            raise SlurmError(f"cannot read Slurm host list {whole!r}")
-        if ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    if depth:
-        raise SlurmError(f"cannot read Slurm host list {whole!r}")
-    return parts + [text[start:]]
-
-
-def _expand_name(name: str, whole: str) -> list[str]:
-    m = re.search(r"\[([^\]]*)\]", name)
-    if m is None:
-        return [name]
-    numbers: list[str] = []
-    for part in m.group(1).split(","):
-        lo, _, hi = part.partition("-")
-        hi = hi or lo
-        if not (lo.isdigit() and hi.isdigit()) or not 0 <= int(hi) - int(lo) <= MAX_HOSTS:
-            raise SlurmError(f"cannot read Slurm host list {whole!r}")
-        numbers += [f"{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1)]
-    rest = _expand_name(name[m.end():], whole)
-    if len(numbers) * len(rest) > MAX_HOSTS:
-        raise SlurmError(f"Slurm host list {whole[:80]!r} names more than {MAX_HOSTS} hosts")
-    head = name[:m.start()]
-    return [head + n + r for n in numbers for r in rest]
+    expanded (``rack[1-2]-n[1-2]``: four names, the first bracket varying slowest). python-hostlist
+    does the reading, bounded by its own limit on the names one list may expand to."""
+    try:
+        names = hostlist.expand_hostlist(text or "", allow_duplicates=True)
+    except hostlist.BadHostlist as e:
+        raise SlurmError(f"cannot read Slurm host list {text[:80]!r}: {e}") from None
+    return tuple(x for x in names if x)
 
 
 def _flags(v: Any) -> str:
