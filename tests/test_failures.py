@@ -15,6 +15,7 @@ import pytest
 
 from helpers import (pswift, rank_process, reference, run_events, slow_example, slurm_log, step_losses,
                      wait_state, wait_steps)
+from pipeswift_slurm import submit
 from pipeswift_slurm.slurm import client as slurm
 from pipeswift_slurm.slurm.records import expand_hostlist
 
@@ -25,12 +26,13 @@ pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
 def test_a_rank_killed_mid_run_restarts_in_the_allocation_and_ends_bitwise_equal(cluster, tmp_path):
     toml = slow_example(tmp_path / "ex", {"steps": "40", "checkpoint_interval": "10"})
     run = tmp_path / "run"
-    job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
+    submitted = submit.sbatch(toml, run_dir=run)             # the job object, as from Python
+    job = submitted.job_id
     wait_steps(run, 24)
     pid, node = rank_process(run, 1)
     os.kill(pid, signal.SIGKILL)
     t_kill = time.time()
-    assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240) == "COMPLETED", slurm_log(run)[-3000:]
+    assert submitted.wait(timeout=240) == "COMPLETED", slurm_log(run)[-3000:]
     assert slurm.job_info(job).restarts == 0            # the same Slurm job: no requeue
     evs = run_events(run, torn_ok=True)
     (crash,) = [e for e in evs if e["event"] == "crash"]
