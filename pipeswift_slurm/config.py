@@ -138,6 +138,7 @@ class PipelineSection(NamedTuple):
     partition: str | tuple[int, ...]
     data_parallel: int | None
     rebalance: bool
+    schedule: str
 
 
 class TrainConfig(NamedTuple):

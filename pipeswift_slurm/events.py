@@ -90,7 +90,7 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
     "start": {"nodes": (_count, True), "world_size": (_count, True), "stages": (_count, True),
               "data_parallel": (_count, True), "micro_batches": (_count, True),
               "micro_batch_size": (_count, True), "step": (_count, True), "partition": (_str, False),
-              "boundaries": (_boundaries, False), "resumed_from": (_str, False), "setup_s": (_num, False),
+              "schedule": (_str, False), "boundaries": (_boundaries, False), "resumed_from": (_str, False), "setup_s": (_num, False),
               "load_s": (_num, False),
               # the hardware the launch measured (pipeswift_launch.probe)
               "device": (_str, False), "p2p_latency_s": (_positive, False), "p2p_bandwidth": (_positive, False),

@@ -173,6 +173,10 @@ SETTINGS: tuple[Setting, ...] = (
       shown_default="world size ÷ stages"),
     S("pipeline", "rebalance", "bool", True, "re-cut the stages in place from measured layer "
       "times when that pays (explicit boundaries never are)", plan="top"),
+    S("pipeline", "schedule", "choice", "1f1b", "the pipeline schedule the engine runs: DeepSpeed's "
+      "1F1B, or ZB-H1 (zero bubble: each backward computes input gradients first and the `nn.Linear` "
+      "weight gradients later, where the stage would wait; the same activation memory as 1F1B)",
+      choices=("1f1b", "zb-h1"), plan="top"),
 )
 del S
 

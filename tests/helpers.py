@@ -58,6 +58,17 @@ def run_dist_child(code: str, *args: str, timeout: float = 300) -> subprocess.Co
                           text=True, timeout=timeout)
 
 
+#: [training] lines of every DeepSpeed setting the example can take at once on CPU
+BF16 = '''precision = "bf16"
+zero_stage = 1
+activation_checkpoint_interval = 1
+gradient_clipping = 1.0
+lr_warmup_steps = 2
+lr_decay = "cosine"
+lr_min_ratio = 0.1
+'''
+
+
 def copy_example(dst: Path, replace: dict[str, str] | None = None) -> Path:
     """Copy the tiny-gpt example to ``dst``; rewrite ``key = ...`` lines (``section.key`` if ambiguous).
     The copy takes the fastest layout (``jct_slack = 0``) and [job] time as written

@@ -98,6 +98,24 @@ at_fence, changed = fenced(engine, lambda: [*engine.module.parameters(), *(flat 
     v for st in ds_compat.master_state(engine).values() for v in st.values() if torch.is_tensor(v))])
 assert at_fence and all(at_fence) and changed, (at_fence, changed)
 
+# ZB-H1's accesses (pipeswift_launch.zerobubble): a TrainSchedule subclass where DeepSpeed builds
+# its own, and gradients added outside a backward reaching the bf16 optimizer's fp32 accumulators
+from deepspeed.runtime.pipe.schedule import TrainSchedule
+from deepspeed.utils import safe_get_full_grad
+built = []
+class Counted(TrainSchedule):
+    def steps(self):
+        built.append((self.micro_batches, self.stages, self.stage_id))
+        return super().steps()
+ds_compat.use_train_schedule(engine, Counted)
+engine.train_batch(data_iter=iter(batches))
+assert built == [(2, 1, 0)], built
+p0.grad = torch.full_like(p0, 7.0)   # cleared by the bracket, as DeepSpeed's backward clears it
+with ds_compat.gradients_added(engine):
+    assert not p0.grad.any()
+    p0.backward(torch.full_like(p0, 0.5))
+assert torch.equal(safe_get_full_grad(p0).float(), torch.full(p0.shape, 0.5)), safe_get_full_grad(p0)
+
 # fp32 + ZeRO-1: DeepSpeed's ZeRO optimizer with its (static) loss scaler, whose fields an fp16
 # job's dynamic scaler shares; no fp16 on CPU, so the dynamic one is only reachable on a GPU
 model = ds_compat.ExplicitPipe([LayerSpec(torch.nn.Linear, 4, 4) for _ in range(3)], parts=[0, 3],

@@ -15,18 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLE, PSWIFT, copy_example, run_dist_child, run_events, step_losses
+from helpers import BF16, EXAMPLE, PSWIFT, copy_example, run_dist_child, run_events, step_losses
 
 pytestmark = [pytest.mark.deepspeed]
 
-BF16 = '''precision = "bf16"
-zero_stage = 1
-activation_checkpoint_interval = 1
-gradient_clipping = 1.0
-lr_warmup_steps = 2
-lr_decay = "cosine"
-lr_min_ratio = 0.1
-'''
 #: the example's layers as plain modules (not LayerSpecs): DeepSpeed does not seed their
 #: forward passes, so their dropout draws from each rank's own generator
 PLAIN_LAYERS = '''

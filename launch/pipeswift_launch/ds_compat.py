@@ -4,7 +4,11 @@ DeepSpeed 0.19 has no public API for these, so they live here and nowhere else:
 
 - ``PipelineModule._partition_layers`` (overridden), ``_layer_specs``, ``_topo``, ``_set_bounds``:
   explicit stage boundaries (:class:`ExplicitPipe`);
-- ``PipeEngine._INSTRUCTION_MAP``: timing each pipeline instruction while profiling;
+- ``PipeEngine._INSTRUCTION_MAP``: timing each pipeline instruction while profiling, and
+  ZB-H1's weight pass (:mod:`pipeswift_launch.zerobubble`);
+- ``PipeEngine._exec_schedule`` (per engine) and ``TrainSchedule``'s arguments: ZB-H1's schedule
+  where DeepSpeed builds its 1F1B one; ``using_bf16_optimizer`` and the bf16 optimizer's
+  ``clear_lp_grads`` / ``update_hp_grads``: a weight pass adds its gradients as a backward does;
 - ``deepspeed.comm.torch.build_shm_op``: skipped on CPU (a ~36 s JIT build training never uses);
 - ``engine.global_steps`` / ``global_samples`` and ``PipelineModule.micro_offset``: set when
   resuming from a checkpoint (the module seeds each layer's forward from (seed, micro-batches
@@ -30,14 +34,16 @@ DeepSpeed upgrade that breaks one fails there first.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import deepspeed
 
 from deepspeed.pipe import PipelineModule
+from deepspeed.runtime.pipe.schedule import TrainSchedule
 
 from . import stagefile
 
@@ -72,16 +78,45 @@ def skip_shm_build() -> None:
 
 
 def instruction_table(engine: Any) -> dict[Any, Callable[..., Any]]:
-    """The engine class's {instruction type: method} table."""
-    return dict(type(engine)._INSTRUCTION_MAP)
+    """The engine's {instruction type: method} table (its own, else its class's)."""
+    return dict(engine._INSTRUCTION_MAP)
 
 
-def set_instruction_table(engine: Any, table: dict[Any, Callable[..., Any]] | None) -> None:
-    """Give this engine (only) its own table; None restores the class's."""
-    if table is None:
-        engine.__dict__.pop("_INSTRUCTION_MAP", None)
-    else:
+def set_instruction_table(engine: Any, table: dict[Any, Callable[..., Any]] | None
+                          ) -> dict[Any, Callable[..., Any]] | None:
+    """Give this engine (only) its own table; None restores the class's. Returns the engine's
+    own table before (None: it had the class's), for putting back."""
+    before: dict[Any, Callable[..., Any]] | None = engine.__dict__.pop("_INSTRUCTION_MAP", None)
+    if table is not None:
         engine._INSTRUCTION_MAP = table
+    return before
+
+
+def use_train_schedule(engine: Any, schedule_class: type) -> None:
+    """``train_batch`` of this engine runs ``schedule_class`` (a TrainSchedule subclass, built
+    with the same arguments) where DeepSpeed builds its TrainSchedule."""
+    run = type(engine)._exec_schedule
+
+    def exec_schedule(sched: Any) -> Any:
+        if type(sched) is TrainSchedule:
+            sched = schedule_class(micro_batches=sched.micro_batches, stages=sched.stages,
+                                   stage_id=sched.stage_id)
+        return run(engine, sched)
+    engine._exec_schedule = exec_schedule
+
+
+@contextlib.contextmanager
+def gradients_added(engine: Any) -> Iterator[None]:
+    """Around gradients added outside DeepSpeed's backward pass, what its pipeline backward does
+    around one: with the bf16 optimizer (fp32 accumulation, not immediate), the low-precision
+    gradients are cleared before and added to the fp32 ones after."""
+    opt = engine.optimizer
+    bf16 = bool(getattr(engine, "using_bf16_optimizer", False)) and not getattr(opt, "immediate_grad_update", False)
+    if bf16:
+        opt.clear_lp_grads()
+    yield
+    if bf16:
+        opt.update_hp_grads(clear_lp_grads=False)
 
 
 def set_progress(engine: Any, steps: int, samples: int, micro_batches: int) -> None:

@@ -126,7 +126,7 @@ class InstructionTimer:
     """Seconds per step this rank spends in each DeepSpeed pipeline instruction.
 
     Wraps the engine's instruction table on the instance (DeepSpeed looks it up through
-    ``self``), so only this engine is affected; ``remove()`` restores the class table. The
+    ``self``), so only this engine is affected; ``remove()`` puts back the table it had. The
     training loop adds each profiled step's wall time as ``step``. Receive times include
     waiting for the neighbour stage; the planner's cost model uses the others (forward,
     backward, loading, sending, the optimizer) to tell the engine's overheads apart."""
@@ -136,7 +136,8 @@ class InstructionTimer:
         self.seconds: dict[str, float] = defaultdict(float)
         self.steps = 0
         table = ds_compat.instruction_table(engine)
-        ds_compat.set_instruction_table(engine, {k: self._timed(k.__name__, f) for k, f in table.items()})
+        self.before = ds_compat.set_instruction_table(engine, {k: self._timed(k.__name__, f)
+                                                               for k, f in table.items()})
 
     def _timed(self, name: str, fn: Any) -> Any:
         def run(engine: Any, *args: Any, **kwargs: Any) -> Any:
@@ -159,5 +160,5 @@ class InstructionTimer:
         return {k: v / n for k, v in sorted(self.seconds.items())}
 
     def remove(self) -> None:
-        ds_compat.set_instruction_table(self.engine, None)
+        ds_compat.set_instruction_table(self.engine, self.before)
         self.active = False

@@ -20,7 +20,8 @@ from pipeswift_slurm.plan import relaid_out, write_plan
 from pipeswift_slurm.planning import decide, interval, limits
 from pipeswift_slurm.planning.costmodel import estimate_step
 
-from . import collectives, data, ds_compat, grow, launchrec, metrics, probe, relayout, rendezvous, rng, signals
+from . import (collectives, data, ds_compat, grow, launchrec, metrics, probe, relayout, rendezvous, rng, signals,
+               zerobubble)
 from .checkpointer import Checkpointer
 from .dist_env import DistEnv, log0 as _log
 from .pipe import build_pipe
@@ -192,6 +193,8 @@ def _setup(att: Attempt) -> None:
         ds_compat.mark_model_parallel(model.parameters())
     att.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                config=ds_config(plan, layout))
+    if plan["schedule"] == "zb-h1":
+        zerobubble.install(att.engine)
     att.dist = dist
     att.boundaries = [int(b) for b in att.engine.module.parts]
     att.checkpoints = Checkpointer(att.engine, dist, Path(plan["training"]["checkpoint_dir"]), att.rank,
@@ -208,7 +211,7 @@ def _emit_start(att: Attempt, setup_s: float, load_s: float, resumed_from: str |
     att.events.emit("start", nodes=denv.nodes, world_size=denv.world_size, stages=layout["stages"],
                     data_parallel=layout["data_parallel"], micro_batches=layout["micro_batches"],
                     micro_batch_size=layout["micro_batch_size"], boundaries=att.boundaries,
-                    partition=layout["partition"], step=att.step, resumed_from=resumed_from,
+                    partition=layout["partition"], schedule=att.plan["schedule"], step=att.step, resumed_from=resumed_from,
                     setup_s=round(setup_s, 3), load_s=round(load_s, 3), **att.hardware)
     _log(att.rank, f"attempt {denv.attempt}: {layout['stages']} stage(s) x {layout['data_parallel']} "
                    f"data-parallel on {denv.nodes} node(s), boundaries {att.boundaries}, "
