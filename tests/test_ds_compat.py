@@ -110,6 +110,7 @@ class Counted(TrainSchedule):
 ds_compat.use_train_schedule(engine, Counted)
 engine.train_batch(data_iter=iter(batches))
 assert built == [(2, 1, 0)], built
+assert ds_compat.received_gradients(engine) == []   # one stage: no gradient received
 p0.grad = torch.full_like(p0, 7.0)   # cleared by the bracket, as DeepSpeed's backward clears it
 with ds_compat.gradients_added(engine):
     assert not p0.grad.any()

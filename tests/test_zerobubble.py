@@ -4,11 +4,16 @@ passes, the deferred weight gradients against autograd's, and real 2-stage train
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import time
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import BF16, copy_example, pswift, run_events, step_losses  # noqa: E402
+from helpers import BF16, PSWIFT, copy_example, run_events, step_losses  # noqa: E402
 
 pytestmark = [pytest.mark.deepspeed]
 
@@ -104,26 +109,51 @@ def test_a_backward_outside_the_schedule_keeps_its_weight_gradients():
     assert not store and torch.equal(lin.weight.grad, torch.full((2, 4), 3.0))
 
 
-@pytest.mark.parametrize("training", ["", BF16], ids=["fp32", "bf16-zero1-recompute-clip"])
-def test_zb_h1_trains_two_stages_with_1f1bs_losses(tmp_path, training):
+def test_zb_h1_with_bf16_zero1_recompute_and_clipping_trains_with_1f1bs_losses(tmp_path):
     """The same job, 2 stages x 4 micro-batches through `pswift run`, under 1F1B and ZB-H1."""
-    want = step_losses(_run(tmp_path / "1f1b", training, "1f1b"))
-    got = step_losses(_run(tmp_path / "zb", training, "zb-h1"))
+    want = step_losses(_launch(_toml(tmp_path / "1f1b", BF16, "1f1b"), 2))
+    got = step_losses(_launch(_toml(tmp_path / "zb", BF16, "zb-h1"), 2))
     assert sorted(got) == sorted(want) == list(range(1, 9))
-    if not training:
-        assert got == want                            # fp32: bit for bit
-    else:
-        a, b = ({s: float.fromhex(h) for s, h in d.items()} for d in (got, want))
-        assert all(abs(a[s] - b[s]) <= 1e-5 * abs(b[s]) for s in b), (a, b)
+    a, b = ({s: float.fromhex(h) for s, h in d.items()} for d in (got, want))
+    assert all(abs(a[s] - b[s]) <= 1e-5 * abs(b[s]) for s in b), (a, b)
 
 
-def _run(dst, training: str, schedule: str):
-    """The example, 8 steps on 2 local slots as 2 stages x 4 micro-batches."""
-    toml = copy_example(dst, {"steps": "8", "checkpoint_interval": "0", "stages": "2", "data_parallel": "1"})
-    toml.write_text(toml.read_text().replace("seed = 1\n", f"seed = 1\n{training}")
+def test_a_zb_h1_job_stopped_resumes_on_fewer_stages_under_1f1b_with_the_uninterrupted_losses(tmp_path):
+    """fp32: ZB-H1 on 4 stages, SIGTERM after 3 steps (a checkpoint), resumed from it on 2 stages
+    under 1F1B: every step's loss is the uninterrupted 2-stage 1F1B run's, bit for bit."""
+    want = step_losses(_launch(_toml(tmp_path / "ref", "", "1f1b"), 2))
+    ckpt = tmp_path / "ckpt"
+    stopped = _launch(_toml(tmp_path / "zb", "", "zb-h1", stages=4, ckpt=ckpt), 4, stop_after=3)
+    resumed = _launch(_toml(tmp_path / "then", "", "1f1b", ckpt=ckpt), 2)
+    (start,) = [e for e in run_events(resumed) if e["event"] == "start"]
+    assert start["resumed_from"] and 3 <= start["step"] < 8 and start["stages"] == 2
+    got = {**step_losses(stopped), **step_losses(resumed)}
+    assert got == want and len(got) == 8
+
+
+def _toml(dst: Path, training: str, schedule: str, stages: int = 2, ckpt: Path | None = None) -> Path:
+    """The example, 8 steps, ``stages`` stages x 4 micro-batches on as many local slots."""
+    toml = copy_example(dst, {"steps": "8", "checkpoint_interval": "0", "stages": str(stages),
+                              "nodes": str(stages), "data_parallel": "1"})
+    extra = training + (f'checkpoint_dir = "{ckpt}"\n' if ckpt else "")
+    toml.write_text(toml.read_text().replace("seed = 1\n", f"seed = 1\n{extra}")
                     .replace("[pipeline]\n", f'[pipeline]\nschedule = "{schedule}"\n'))
-    proc = pswift("run", "--nodes", "2", "--run-dir", str(dst / "run"), str(toml))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (start,) = [e for e in run_events(dst / "run") if e["event"] == "start"]
-    assert start["schedule"] == schedule
-    return dst / "run"
+    return toml
+
+
+def _launch(toml: Path, nodes: int, stop_after: int | None = None) -> Path:
+    """`pswift run` of ``toml``; with ``stop_after``, SIGTERM once that many steps ran. Its run dir."""
+    run = toml.parent / "run"
+    proc = subprocess.Popen([*PSWIFT, "run", "--nodes", str(nodes), "--run-dir", str(run), str(toml)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if stop_after:
+        deadline = time.time() + 300
+        while sum(e["event"] == "step" for e in run_events(run, torn_ok=True)) < stop_after:
+            assert time.time() < deadline and proc.poll() is None, proc.communicate()[0][-3000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    schedules = {e["schedule"] for e in run_events(run) if e["event"] == "start"}
+    assert schedules == {"zb-h1" if "zb-h1" in toml.read_text() else "1f1b"}, schedules
+    return run

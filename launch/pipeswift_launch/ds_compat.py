@@ -9,6 +9,7 @@ DeepSpeed 0.19 has no public API for these, so they live here and nowhere else:
 - ``PipeEngine._exec_schedule`` (per engine) and ``TrainSchedule``'s arguments: ZB-H1's schedule
   where DeepSpeed builds its 1F1B one; ``using_bf16_optimizer`` and the bf16 optimizer's
   ``clear_lp_grads`` / ``update_hp_grads``: a weight pass adds its gradients as a backward does;
+  ``grad_layer``: the received-gradient buffers, which a deferred weight gradient must not alias;
 - ``deepspeed.comm.torch.build_shm_op``: skipped on CPU (a ~36 s JIT build training never uses);
 - ``engine.global_steps`` / ``global_samples`` and ``PipelineModule.micro_offset``: set when
   resuming from a checkpoint (the module seeds each layer's forward from (seed, micro-batches
@@ -103,6 +104,15 @@ def use_train_schedule(engine: Any, schedule_class: type) -> None:
                                    stage_id=sched.stage_id)
         return run(engine, sched)
     engine._exec_schedule = exec_schedule
+
+
+def received_gradients(engine: Any) -> list[Any]:
+    """The buffers DeepSpeed receives the next stage's gradients into (reused for every
+    micro-batch, and for received activations of the same shape)."""
+    layer = engine.grad_layer   # None until the first gradient is received
+    if layer is None:
+        return []
+    return [layer] if torch.is_tensor(layer) else [t for t in layer if torch.is_tensor(t)]
 
 
 @contextlib.contextmanager

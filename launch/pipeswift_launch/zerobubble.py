@@ -41,12 +41,17 @@ class WeightGrads:
         self.pending: deque[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = deque()
         self.collecting: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
 
-    def backward(self, run_b: Callable[[], None]) -> None:
-        """Run one backward pass (B), its weight gradients deferred to the next :meth:`weight`."""
+    def backward(self, run_b: Callable[[], None], reused: Callable[[], list[torch.Tensor]] = list) -> None:
+        """Run one backward pass (B), its weight gradients deferred to the next :meth:`weight`.
+        ``reused()``: buffers the engine writes again before that W (DeepSpeed's received
+        gradient, whose buffer also receives activations): an output gradient that is one of
+        them (passed through a residual add) is copied."""
         self.collecting = []
         try:
             run_b()
-            self.pending.append(self.collecting)
+            buffers = {t.untyped_storage().data_ptr() for t in reused()}
+            self.pending.append([(w, g.clone() if g.untyped_storage().data_ptr() in buffers else g, x)
+                                 for w, g, x in self.collecting])
         finally:
             self.collecting = None
 
@@ -139,7 +144,7 @@ def install(engine: Any) -> WeightGrads:
     backward = table[ds_schedule.BackwardPass]
 
     def run_backward(eng: Any, **kwargs: Any) -> None:
-        store.backward(lambda: backward(eng, **kwargs))
+        store.backward(lambda: backward(eng, **kwargs), lambda: ds_compat.received_gradients(eng))
 
     def run_weight(eng: Any) -> None:
         with ds_compat.gradients_added(eng):
