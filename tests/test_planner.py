@@ -116,6 +116,10 @@ def test_overheads_from_instruction_times():
                                          {"0": 0.03}, [0, 1], 4)
     assert single["send_s"] == 0 and single["last_stage_overhead_s"] == 0
     assert single["overhead_s"] == pytest.approx(0.15 / 4 - 0.03)
+    # under ZB-H1 the layers' timed backward leaves the weight gradients to WeightPass: counted
+    zb = overheads_from_instructions({"0": {"ForwardPass": 0.05, "BackwardPass": 0.06, "WeightPass": 0.04,
+                                            "step": 0.2}}, {"0": 0.03}, [0, 1], 4)
+    assert zb["overhead_s"] == pytest.approx(single["overhead_s"])
 
 
 def test_sends_and_the_loss_are_paid_where_they_happen():

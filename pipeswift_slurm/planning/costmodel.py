@@ -288,7 +288,7 @@ def overheads_from_instructions(instructions: dict[str, dict[str, float]], layer
     """Profile overheads from one profiled layout's instruction times (seconds per step per
     stage, as the launcher records them) and its per-layer seconds per micro-batch.
 
-    - per stage: (forward + backward + loading) / m minus the stage's layers;
+    - per stage: (forward + backward + ZB-H1's weight pass + loading) / m minus the stage's layers;
       ``overhead_s`` = the median over all but the last stage (a single stage: its own), and
       ``last_stage_overhead_s`` = what the last stage pays beyond that (the loss);
     - ``send_s`` = one send: the least a stage spent per send in either direction (a send
@@ -301,7 +301,8 @@ def overheads_from_instructions(instructions: dict[str, dict[str, float]], layer
     for s in range(P):
         ins = instructions.get(str(s)) or {}
         layers = sum(layer_seconds.get(str(i), 0.0) for i in range(boundaries[s], boundaries[s + 1]))
-        busy = ins.get("ForwardPass", 0.0) + ins.get("BackwardPass", 0.0) + ins.get("LoadMicroBatch", 0.0)
+        # ZB-H1's WeightPass: the weight gradients the layers' timed backward left out
+        busy = sum(ins.get(k, 0.0) for k in ("ForwardPass", "BackwardPass", "WeightPass", "LoadMicroBatch"))
         per_mb.append(max(0.0, busy / m - layers))
     common = sorted(per_mb[:-1] or per_mb)
     overhead = common[len(common) // 2]
