@@ -21,7 +21,8 @@ from pipeswift_slurm.planning.costmodel import DEFAULT_DEVICE_MEMORY, Hardware, 
 from pipeswift_slurm.errors import ConfigError, PswiftError
 from pipeswift_slurm.planning.risk import step_rel_sd
 from pipeswift_slurm.planning.planner import Candidate, PartitionChoice, PastRuns, PlanResult, plan, score
-from pipeswift_slurm.slurm.queue import MIN_SHARES, ClusterState, RuntimeShares, expected_ends, partition_problem
+from pipeswift_slurm.slurm.queue import (MIN_SHARES, ClusterState, PendingJob, RunningJob, RuntimeShares, expected_ends,
+                                         partition_problem)
 from pipeswift_slurm.stats import median, median_of
 
 Warn = Callable[[str], None]
@@ -107,21 +108,26 @@ def past_runs(cfg: TrainConfig, h: hist_mod.History | None) -> PastRuns:
 
 
 def runtime_shares(cluster: ClusterState, h: hist_mod.History) -> RuntimeShares:
-    """What the history knows of how the running jobs will end: the share of their limit jobs
-    of each user and partition really ran, and the predicted end of this user's pswift jobs
-    (their plan.json: the attempt's start + the predicted time on the nodes)."""
-    parts = sorted({j.partition for j in cluster.running if j.partition})
+    """What the history knows of how long the running and pending jobs will hold their nodes:
+    the share of their limit jobs of each user and partition really ran, and this user's pswift
+    jobs' predictions (their plan.json: the predicted time on the nodes; a running one's end is
+    its attempt's start + that)."""
+    jobs: list[RunningJob | PendingJob] = [*cluster.running, *cluster.pending]
+    parts = sorted({j.partition for j in jobs if j.partition})
     by_user, by_part = h.limit_shares(parts, MIN_SHARES) if parts else ({}, {})
-    names = {uid: runrows.user_name(uid) for uid in {j.user_id for j in cluster.running} if uid is not None}
-    by_job = {j.job_id: by_user[names[j.user_id]] for j in cluster.running
+    names = {uid: runrows.user_name(uid) for uid in {j.user_id for j in jobs} if uid is not None}
+    by_job = {j.job_id: by_user[names[j.user_id]] for j in jobs
               if j.user_id is not None and names[j.user_id] in by_user}
-    ends = {}
+    ends, holds = {}, {}
     for j in cluster.running:
         if j.user_id == os.getuid() and j.start_time is not None:
             held = _predicted_hold(j.job_id)
             if held is not None:
                 ends[j.job_id] = j.start_time + held
-    return RuntimeShares(by_job, by_part, ends)
+    for p in cluster.pending:
+        if p.user_id == os.getuid() and (held := _predicted_hold(p.job_id)) is not None:
+            holds[p.job_id] = held
+    return RuntimeShares(by_job, by_part, ends, holds)
 
 
 def _predicted_hold(job_id: str) -> float | None:

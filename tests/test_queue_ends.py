@@ -12,8 +12,11 @@ import os
 from pipeswift_slurm import autoplan, submit
 from pipeswift_slurm.history import rundir
 from pipeswift_slurm.history.store import History
-from pipeswift_slurm.slurm.queue import (MIN_SHARES, ClusterState, NodeState, RunningJob, RuntimeShares,
-                                         estimate_wait, expected_ends)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeswift_slurm.slurm.queue import (MIN_SHARES, ClusterState, FreeNodes, NodeState, PendingJob, RunningJob,
+                                         RuntimeShares, estimate_wait, expected_ends)
 
 from helpers import copy_example
 
@@ -81,8 +84,71 @@ def test_runtime_shares_reads_the_users_pswift_prediction_and_the_history(tmp_pa
     state = _cluster(_job("77", "n0", 10, 900, uid=os.getuid()), _job("78", "n1", 10, 3600, uid=os.getuid()))
     shares = autoplan.runtime_shares(state, h)
     assert shares.predicted_ends == {"77": NOW - 10 + held}
+    pending = ClusterState(NOW, state.nodes, state.running, [PendingJob("77", "low", 1, 900.0, os.getuid()),
+                                                             PendingJob("79", "low", 1, 3600.0, os.getuid())])
+    later = autoplan.runtime_shares(pending, h)
+    assert later.predicted_holds == {"77": held} and later.by_job["79"] == 0.5   # a pending job's too
     assert shares.by_job == {"77": 0.5, "78": 0.5}            # both the user's: the prediction wins for 77
     ends = {j.job_id: j.end_time for j in expected_ends(state, shares).running}
     assert ends == {"77": NOW - 10 + held, "78": NOW - 10 + 1800}
     assert json.loads((p.run_dir / "plan.json").read_text())["prediction"]["jct_s"] > 0
     h.close()
+
+
+# ----------------------------------------------------------------------- backfill, and pending jobs' ends
+
+def _four_nodes(busy: dict[int, float], pending: list[PendingJob]) -> ClusterState:
+    """n0..n3 of partition low; n<i> busy until NOW + busy[i] (a running job each), else idle."""
+    nodes = [NodeState(f"n{i}", "allocated" if i in busy else "idle", 4, 0 if i in busy else 4, ("low",))
+             for i in range(4)]
+    running = [RunningJob(f"r{i}", (f"n{i}",), NOW + s, NOW - 60, 1000, "low") for i, s in busy.items()]
+    return ClusterState(now=NOW, nodes=nodes, running=running, pending=pending)
+
+
+def test_a_short_job_backfills_into_the_hole_before_a_wide_job_ahead_and_a_long_one_waits():
+    # 2 nodes idle, 2 busy for 10 min; a 4-node job ahead starts when they free, for an hour
+    state = _four_nodes({2: 600, 3: 600}, [PendingJob("w", "low", 4, 3600.0)])
+    short = estimate_wait(state, 2, 4, "low", hold_s=300)
+    assert short.seconds == 0 and "backfill" in short.why and "70.0 min" in short.why   # after them
+    long = estimate_wait(state, 2, 4, "low", hold_s=900)     # would delay the wide job: after it
+    assert long.seconds == 600 + 3600 and "backfill" not in long.why
+    assert estimate_wait(state, 2, 4, "low").seconds == 4200  # no limit known: never in a hole
+
+
+def test_a_pending_job_holds_its_nodes_for_what_it_is_expected_to_run():
+    state = _four_nodes({0: 600, 1: 600, 2: 600, 3: 600}, [PendingJob("p", "low", 4, 3600.0, 1000)])
+    assert estimate_wait(state, 1, 4, "low").seconds == 600 + 3600
+    shared = expected_ends(state, RuntimeShares({"p": 0.25}, {}, {}))
+    assert shared.pending[0].hold_s == 900 and estimate_wait(shared, 1, 4, "low").seconds == 600 + 900
+    predicted = expected_ends(state, RuntimeShares({"p": 0.25}, {}, {}, predicted_holds={"p": 120.0}))
+    assert estimate_wait(predicted, 1, 4, "low").seconds == 600 + 120     # the prediction wins
+    assert expected_ends(state, RuntimeShares({}, {}, {}, {"p": 9999.0})).pending[0].hold_s == 3600  # never past the limit
+
+
+def _brute_earliest(free_at: list[float], taken: list[tuple[float, int, float]], count: int, hold: float) -> float:
+    """The earliest of the candidate times at which ``count`` nodes stay free for ``hold``,
+    checked at every breakpoint inside the window (the definition, quadratic)."""
+    def free(t: float) -> int:
+        return sum(1 for x in free_at if x <= t) - sum(c for s, c, d in taken if s <= t < s + d)
+    points = sorted({NOW, *[x for x in free_at if NOW < x < math.inf], *[s for s, _, _ in taken],
+                     *[s + d for s, _, d in taken if math.isfinite(d)]})
+    for t in points:
+        if all(free(u) >= count for u in points if t <= u < t + hold):
+            return t
+    return math.inf
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([0, 10, 20, 30, 50, math.inf]), min_size=1, max_size=6),
+       st.lists(st.tuples(st.integers(1, 6), st.sampled_from([5, 10, 25, 60, math.inf])), max_size=5),
+       st.integers(1, 6), st.sampled_from([1, 10, 30, math.inf]))
+def test_free_nodes_places_jobs_as_the_definition_says(offsets, jobs, count, hold):
+    free_at = [NOW + o for o in offsets]
+    profile, taken = FreeNodes(NOW, free_at), []
+    for n, d in jobs:
+        start = profile.earliest(n, d)
+        assert start == _brute_earliest(free_at, taken, n, d)
+        if math.isfinite(start):
+            profile.take(start, n, d)
+            taken.append((start, n, d))
+    assert profile.earliest(count, hold) == _brute_earliest(free_at, taken, count, hold)

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from pipeswift_slurm.planning import layouts
 from pipeswift_slurm.planning import interval
+from pipeswift_slurm.planning import limits
 from pipeswift_slurm.planning import risk
 from pipeswift_slurm.config import TrainConfig
 from pipeswift_slurm.planning.costmodel import (STATE_BYTES, Calibration, Hardware, Profile, calibrate, checkpoint_seconds,
@@ -263,10 +264,11 @@ def _calibrate(cands: list[Candidate], profile: Profile, hw: Hardware, history: 
 
 
 def _wait(cfg: TrainConfig, c: Candidate, cluster: ClusterState | None, history: PastRuns,
-          slurm_starts: dict[int, float | None] | None) -> WaitEstimate:
-    """The candidate's queue wait: live cluster state (or past waits), or sbatch --test-only's."""
+          slurm_starts: dict[int, float | None] | None, hold_s: float = math.inf) -> WaitEstimate:
+    """The candidate's queue wait: live cluster state (or past waits), or sbatch --test-only's.
+    ``hold_s``: the time limit it would ask for (backfill may start it in a hole that long)."""
     w = (estimate_wait(cluster, c.nodes, c.tasks_per_node * cfg.resources.cpus_per_task,
-                       cfg.job.partition) if cluster is not None else
+                       cfg.job.partition, hold_s) if cluster is not None else
          WaitEstimate(history.waits.get(c.nodes, 0.0), 0, 0, "no live cluster state"))
     if slurm_starts is None or c.nodes not in slurm_starts or cluster is None:
         return w
@@ -275,6 +277,19 @@ def _wait(cfg: TrainConfig, c: Candidate, cluster: ClusterState | None, history:
         return WaitEstimate(math.inf, w.free_now, w.usable, "sbatch --test-only: cannot start")
     wait = max(0.0, start - cluster.now)
     return WaitEstimate(wait, w.free_now, w.usable, f"sbatch --test-only: starts in {duration(wait)}")
+
+
+def asked_limit(cfg: TrainConfig, c: Candidate, setup_s: float, checkpoint_s: float) -> float:
+    """The time limit the candidate would ask Slurm for, in seconds (inf: none): [job] time as
+    written, or (time_policy "predicted") what pipeswift_slurm.planning.limits makes of its
+    setup and training at the estimated step time. What backfill fits in a hole."""
+    written = cfg.job.time_seconds
+    if cfg.job.time_policy == "as_written":
+        return math.inf if written is None else float(written)
+    lead = limits.lead_wanted(checkpoint_s, c.est.step_s)
+    held = setup_s + cfg.training.steps * c.est.step_s
+    got = limits.predicted(written, held, setup_s, lead).time_s
+    return math.inf if got is None else float(got)
 
 
 def _band(cfg: TrainConfig, c: Candidate, history: PastRuns, live: bool, step_key: Any) -> None:
@@ -378,7 +393,7 @@ def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState
     for c in cands:
         if c.estimate is None:
             continue
-        w = _wait(cfg, c, cluster, history, slurm_starts)
+        w = _wait(cfg, c, cluster, history, slurm_starts, asked_limit(cfg, c, setup, ckpt_s))
         if math.isinf(w.seconds):
             c.rejected, c.estimate, c.never_starts = f"never starts: {w.why}", None, True
             continue
