@@ -165,13 +165,16 @@ def test_squeue_active_text(version):
     assert run.end_time == int(time.mktime(time.strptime(
         (DATA / version / "squeue_active.txt").read_text().splitlines()[1].split("|")[6], "%Y-%m-%dT%H:%M:%S")))
     assert run.priority > 0 and pend.priority > 0
+    # the running job's start (its end less its limit) and whose jobs they are: queue.expected_ends
+    assert run.start_time == run.end_time - 3600 and pend.start_time is None
+    assert run.user_id == pend.user_id == 0
 
 
 def test_squeue_active_text_odd_lines():
-    text = "1|RUNNING|5|p|1|UNLIMITED|N/A|n1\nbroken line\n2|PENDING||p|2|1-00:00:00|N/A|\n"
+    text = "1|RUNNING|5|p|1|UNLIMITED|N/A|n1|1000|Unknown\nbroken line\n2|PENDING||p|2|1-00:00:00|N/A||x|N/A\n"
     a, b = slurm_json.squeue_active(text)
-    assert (a.time_limit_min, a.end_time, a.node_names) == (None, None, ("n1",))
-    assert (b.time_limit_min, b.priority, b.node_count) == (1440, 0, 2)
+    assert (a.time_limit_min, a.end_time, a.node_names, a.start_time, a.user_id) == (None, None, ("n1",), None, 1000)
+    assert (b.time_limit_min, b.priority, b.node_count, b.user_id) == (1440, 0, 2, None)
 
 
 def test_a_partition_that_cannot_hold_the_job_is_named_with_the_fix():

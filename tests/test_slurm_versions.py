@@ -26,7 +26,7 @@ ids = sys.argv[1:]
 print(json.dumps({
     "backend": slurm.backend().name, "now": state.now,
     "nodes": [[n.name, n.cpus, n.idle_cpus, list(n.partitions), n.state.split("+")[0]] for n in state.nodes],
-    "running": [[r.job_id, list(r.nodes), r.end_time] for r in state.running if r.job_id in ids],
+    "running": [[r.job_id, list(r.nodes), r.end_time, r.start_time, r.user_id] for r in state.running if r.job_id in ids],
     "pending": [[p.job_id, p.partition, p.node_count, p.time_limit_s] for p in state.pending if p.job_id in ids],
     "job": [getattr(slurm.job_info(i), k) for i in ids[:1] for k in ("state", "node_names", "node_count", "time_limit_min", "end_time")],
     "preempting": slurm.being_preempted(ids[0]),
@@ -76,6 +76,7 @@ def test_the_planner_sees_a_live_situation_the_same_on_every_version_and_backend
     held = got["running"][0][1]
     assert len(held) == 3 and got["running"][0][0] == hold
     assert abs(got["running"][0][2] - got["now"] - 3600) < 30        # start + 60 min
+    assert got["running"][0][2] - got["running"][0][3] == 3600 and got["running"][0][4] == os.getuid()
     assert got["pending"] == [[wait, "low", 4, 1800.0]]
     for name, cpus, idle, parts, state in got["nodes"]:
         assert cpus == 8 and parts == ["low", "high"]

@@ -183,7 +183,7 @@ def jobs(doc: dict[str, Any]) -> list[JobInfo]:
 
 
 #: ``squeue --format`` of :func:`squeue_active`: the fields the planner reads, "|"-separated
-ACTIVE_FORMAT = "%i|%T|%Q|%P|%D|%l|%e|%N"
+ACTIVE_FORMAT = "%i|%T|%Q|%P|%D|%l|%e|%N|%U|%S"
 #: squeue's job id, user, state and working directory (a pswift job's is its run directory)
 WORKDIR_FORMAT = "%i|%u|%T|%Z"
 
@@ -211,27 +211,25 @@ def squeue_active(text: str) -> list[JobInfo]:
     """Pending and running jobs from ``squeue --noheader --states=PENDING,RUNNING
     --format=ACTIVE_FORMAT`` with SLURM_TIME_FORMAT=standard. Used for the planner's cluster
     view: ``squeue --json`` lists every finished job still in memory too (22.05 ignores
-    --states with --json), megabytes on a busy cluster."""
-    import time
-
+    --states with --json), megabytes on a busy cluster. A running job's start and every job's
+    user id are what the queue estimate reads to end it early (queue.expected_ends)."""
     from pipeswift_slurm.config import slurm_time_seconds
     out = []
     for line in text.splitlines():
         f = line.split("|")
-        if len(f) != 8:
+        if len(f) != 10:
             continue
-        job_id, st, prio, part, count, limit, end, nodes = f
+        job_id, st, prio, part, count, limit, end, nodes, uid, start = f
         try:
             limit_min = None if limit in ("UNLIMITED", "NOT_SET", "INVALID", "") else slurm_time_seconds(limit) // 60
-            end_time = None if end in ("N/A", "NONE", "Unknown", "") else int(time.mktime(time.strptime(end, "%Y-%m-%dT%H:%M:%S")))
-        except (ValueError, OverflowError):
-            limit_min, end_time = None, None
+        except ValueError:
+            limit_min = None
         out.append(JobInfo(
             job_id=job_id, name="", state=state(st), reason="", partition=part, nodes=nodes,
             node_names=expand_hostlist(nodes) if st == "RUNNING" and nodes else (),
             node_count=int(count) if count.isdigit() else 0, restarts=0, submit_time=None,
-            start_time=None, end_time=end_time, time_limit_min=limit_min,
-            priority=int(prio) if prio.isdigit() else 0, qos=""))
+            start_time=epoch(start) if st == "RUNNING" else None, end_time=epoch(end), time_limit_min=limit_min,
+            priority=int(prio) if prio.isdigit() else 0, qos="", user_id=int(uid) if uid.isdigit() else None))
     return out
 
 
