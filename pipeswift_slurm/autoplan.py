@@ -153,7 +153,7 @@ def step_key_for(cfg: TrainConfig) -> Callable[[Candidate], str]:
                                           "stages": c.stages, "data_parallel": c.data_parallel,
                                           "micro_batches": c.micro_batches,
                                           "micro_batch_size": c.micro_batch_size,
-                                          "boundaries": c.boundaries})
+                                          "boundaries": c.boundaries}, cfg.pipeline.schedule)
     return key
 
 

@@ -85,6 +85,14 @@ def test_planner_uses_the_measured_profile_and_reports_its_error(trained, tmp_pa
     d = json.loads(pswift("plan", str(toml), "--no-live", "--json", env=env).stdout)
     assert d["profile_source"] == "history" and d["chosen"]["estimate"]["step_source"] == "measured"
     assert d["model_error"][0]["actual_step_s"] > 0
+    # a 1F1B step measured is not a ZB-H1 one: the same layout under the other schedule is estimated
+    zb = toml.with_name("zb.toml")
+    zb.write_text(toml.read_text().replace("[pipeline]", '[pipeline]\nschedule = "zb-h1"'))
+    z = json.loads(pswift("plan", str(zb), "--no-live", "--json", env=env).stdout)
+    def layout(c: dict) -> tuple:
+        return c["nodes"], c["stages"], c["micro_batches"], c["boundaries"]
+    (same,) = [c for c in z["candidates"] if layout(c) == layout(d["chosen"])]
+    assert same["estimate"]["step_source"] != "measured"
 
 
 def test_corrupt_or_missing_db_degrades_with_a_warning(trained, tmp_path):

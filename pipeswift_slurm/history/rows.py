@@ -72,10 +72,14 @@ def model_key(model: dict[str, Any], user: str) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
-def config_key(mkey: str, layout: LayoutSpec) -> str:
+def config_key(mkey: str, layout: LayoutSpec, schedule: str | None = None) -> str:
+    """What measured step times are kept under: the model, the layout and, other than DeepSpeed's
+    own 1F1B, the pipeline schedule (a ZB-H1 step is not a 1F1B one)."""
     parts = [mkey] + [str(layout.get(k)) for k in ("nodes", "tasks_per_node", "stages", "data_parallel",
                                                     "micro_batches", "micro_batch_size")]
     parts.append(",".join(map(str, layout.get("boundaries") or [])))
+    if schedule not in (None, "1f1b"):
+        parts.append(str(schedule))
     return "/".join(parts)
 
 
@@ -179,7 +183,7 @@ def _start(a: dict[str, Any], ev: dict[str, Any], mkey: str) -> None:
     lay["tasks_per_node"] = ev["world_size"] // max(1, ev["nodes"])
     a.update(nodes=ev["nodes"], stages=ev["stages"], data_parallel=ev["data_parallel"],
              micro_batches=ev["micro_batches"], micro_batch_size=ev["micro_batch_size"],
-             boundaries=json.dumps(ev["boundaries"]), config_key=config_key(mkey, lay),
+             boundaries=json.dumps(ev["boundaries"]), config_key=config_key(mkey, lay, ev.get("schedule")),
              start_step=ev["step"], resumed_from=ev["resumed_from"], setup_s=ev["setup_s"],
              load_s=ev["load_s"], **{k: ev[k] for k in HARDWARE})
     if ev["time"] is not None and ev["setup_s"] is not None:
