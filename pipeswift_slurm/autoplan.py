@@ -153,7 +153,7 @@ def step_key_for(cfg: TrainConfig) -> Callable[[Candidate], str]:
                                           "stages": c.stages, "data_parallel": c.data_parallel,
                                           "micro_batches": c.micro_batches,
                                           "micro_batch_size": c.micro_batch_size,
-                                          "boundaries": c.boundaries}, cfg.pipeline.schedule)
+                                          "boundaries": c.boundaries}, c.schedule)
     return key
 
 

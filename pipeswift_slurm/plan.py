@@ -71,7 +71,8 @@ class Plan(TypedDict):
     jct_slack: float
     #: whether the job may re-cut its stages in place from measured layer times
     rebalance: bool
-    #: [pipeline] schedule: "1f1b" or "zb-h1" (pipeswift_launch.zerobubble)
+    #: [pipeline] schedule: "1f1b" or "zb-h1" (pipeswift_launch.zerobubble); "auto" is resolved
+    #: by the planner before plan.json is written
     schedule: str
     #: the limits asked of Slurm (pipeswift_slurm.planning.limits): --time, --time-min, the
     #: USR2 lead before the limit, why; [job] time as the TOML writes it (a requeue's cap)

@@ -262,3 +262,32 @@ def test_a_config_that_would_not_fit_is_rejected_with_the_numbers_and_fits_in_bf
     proc = pswift("sbatch", "--dry-run", str(toml))
     assert proc.returncode == 0, proc.stderr
     assert "1 stage(s) x 2 dp" in proc.stderr and proc.stdout.startswith("#!/bin/bash\n")
+
+
+def test_schedule_auto_runs_zb_h1_only_where_the_history_measured_it_faster(tmp_path):
+    toml = big_toml(tmp_path)
+    toml.write_text(toml.read_text().replace("[pipeline]", '[pipeline]\nschedule = "auto"'))
+    cfg = load_config(toml)
+    prof = Profile(cfg.model.layer_costs, None, None, 1, "toml")
+    key = lambda c: f"{c.nodes}/{c.stages}/{c.schedule}"  # noqa: E731
+    hw = Hardware(host_cores=8)
+    base = plan(cfg, prof, hw, cluster(None), PastRuns(), key)
+    assert {c.schedule for c in base.candidates if c.estimate} == {"1f1b"}    # nothing measured: 1F1B
+    one, two = (base.best_per_nodes()[n].estimate.step_s for n in (1, 2))
+    seen = {"1/1/zb-h1": 0.8 * one,                      # faster than 1F1B's estimate: ZB-H1
+            "2/2/1f1b": two, "2/2/zb-h1": 1.05 * two}    # slower than 1F1B measured: the split does not pay
+    res = plan(cfg, prof, hw, cluster(None), PastRuns(step_times=seen), key)
+    best = res.best_per_nodes()
+    assert (best[1].schedule, best[1].estimate.step_source) == ("zb-h1", "measured")
+    assert best[1].estimate.step_s == pytest.approx(0.8 * one)
+    assert (best[2].schedule, best[2].estimate.step_s) == ("1f1b", pytest.approx(two))
+    assert best[4].schedule == "1f1b" and any('"auto": ZB-H1 on 1 layout(s)' in n for n in res.notes)
+    assert res.to_dict()["chosen"]["schedule"] == res.chosen.schedule
+
+
+def test_plan_json_never_says_auto(tmp_path):
+    from pipeswift_slurm import submit
+    toml = copy_example(tmp_path / "ex")
+    toml.write_text(toml.read_text().replace("[pipeline]", '[pipeline]\nschedule = "auto"'))
+    p = submit.prepare(toml, tmp_path / "run", live=False, learn=False)
+    assert p.plan["schedule"] == "1f1b"                  # nothing measured: DeepSpeed's own

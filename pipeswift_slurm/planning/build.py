@@ -160,7 +160,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         "jct_slack": j.jct_slack,
         "time_policy": j.time_policy,
         "rebalance": cfg.pipeline.rebalance,
-        "schedule": cfg.pipeline.schedule,
+        "schedule": _schedule(cfg, planned),
         **_limits_section(time_limits(cfg, planned), j.time_seconds),
         **_sections(cfg, run_dir),
         **chosen,
@@ -170,6 +170,14 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         "checkpoint_auto": _checkpoint_auto(cfg, planned),
     }
     return cast(Plan, doc)   # its keys: tests/test_settings.py and runnable()
+
+
+def _schedule(cfg: TrainConfig, planned: "PlanResult | None") -> str:
+    """The schedule the job runs: the chosen candidate's ("auto" resolved by the planner), or
+    1F1B for "auto" without one."""
+    if planned is not None and planned.chosen is not None:
+        return planned.chosen.schedule
+    return "1f1b" if cfg.pipeline.schedule == "auto" else cfg.pipeline.schedule
 
 
 def _limits_section(lim: Limits, written_s: int | None) -> dict[str, Any]:

@@ -68,6 +68,8 @@ class Candidate:
     stage_memory: list[float] = field(default_factory=list)
     #: rejected only because the cluster as it is now would never start it (it may later)
     never_starts: bool = False
+    #: the pipeline schedule it runs ([pipeline] schedule; "auto" resolved: :func:`_pick_schedules`)
+    schedule: str = "1f1b"
 
     @property
     def est(self) -> Estimate:
@@ -86,7 +88,7 @@ class Candidate:
         est = None if self.estimate is None else {
             k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in asdict(self.estimate).items()}
         return {**self.layout._asdict(), "estimate": est, "rejected": self.rejected,
-                "stage_memory": list(self.stage_memory)}
+                "stage_memory": list(self.stage_memory), "schedule": self.schedule}
 
 
 @dataclass
@@ -202,7 +204,8 @@ def _candidates(cfg: TrainConfig, profile: Profile, hw: Hardware) -> list[Candid
             continue
         for P, dp, mbs in ((P, dp, mbs) for P, dp in pairs for mbs in layouts.micro_batch_sizes(cfg, dp)):
             layout, why = _layout(cfg, profile, hw, nodes, P, dp, mbs)
-            c = Candidate(layout, rejected=why)
+            c = Candidate(layout, rejected=why, schedule="1f1b" if cfg.pipeline.schedule == "auto"
+                          else cfg.pipeline.schedule)
             cands.append(c)
             if why is not None:
                 continue
@@ -261,6 +264,25 @@ def _calibrate(cands: list[Candidate], profile: Profile, hw: Hardware, history: 
     for c, got in measured:
         c.est.step_s, c.est.step_source = got, "measured"
     return calibration
+
+
+def _pick_schedules(cands: list[Candidate], history: PastRuns, step_key: Any, notes: list[str]) -> None:
+    """[pipeline] schedule = "auto": each candidate runs ZB-H1 where the history measured ZB-H1
+    on its layout faster than 1F1B's step (measured, else estimated), else 1F1B. The step model
+    gives ZB-H1 no gain of its own: DeepSpeed sends an activation only after the stage received
+    a gradient, which keeps the bubble ZB-H1 would fill (measured about 1.0x on CPU; design.md)."""
+    picked = 0
+    for c in cands:
+        if c.estimate is None or step_key is None:
+            continue
+        c.schedule = "zb-h1"
+        zb = history.step_times.get(step_key(c))
+        c.schedule = "1f1b"
+        if zb is not None and zb < c.est.step_s:
+            c.schedule, c.est.step_s, c.est.step_source = "zb-h1", zb, "measured"
+            picked += 1
+    notes.append(f'schedule "auto": ZB-H1 on {picked} layout(s) where it was measured faster than 1F1B, '
+                 f"1F1B elsewhere (ZB-H1 is chosen only once measured: run it once with schedule = \"zb-h1\")")
 
 
 def _wait(cfg: TrainConfig, c: Candidate, cluster: ClusterState | None, history: PastRuns,
@@ -388,6 +410,8 @@ def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState
     notes: list[str] = []
     cands = _candidates(cfg, profile, hw)
     calibration = _calibrate(cands, profile, hw, history, step_key, notes)
+    if cfg.pipeline.schedule == "auto":
+        _pick_schedules(cands, history, step_key, notes)
     ckpt_s = checkpoint_seconds(profile.param_bytes)
     setup = history.setup_s if history.setup_s is not None else DEFAULT_SETUP_S
     for c in cands:
