@@ -344,11 +344,7 @@ def main() -> None:
             print(f"({policy}) {json.dumps(summary[policy])}", flush=True)
         if not args.quick:
             picture(runs, Path(args.picture))
-    a, b, c = summary["A"], summary["B"], summary["C"]
-    ratio = {"jct_mean_B_over_A": _ratio(b["jct_mean_s"], a["jct_mean_s"]),
-             "jct_p90_B_over_A": _ratio(b["jct_p90_s"], a["jct_p90_s"]),
-             "jct_mean_B_over_C": _ratio(b["jct_mean_s"], c["jct_mean_s"]),
-             "other_wait_B_over_A": _ratio(b["other_wait_mean_s"], a["other_wait_mean_s"])}
+    ratio = ratios(summary)
     res = {"benchmark": "workload", "jobs": args.jobs, "window_s": args.window, "seed": args.seed,
            "summary": summary, "ratios": ratio,
            "runs": {p: [{k: v for k, v in j.items() if k != "held"} for j in r["jobs"]] for p, r in runs.items()}}
@@ -356,10 +352,26 @@ def main() -> None:
                   what=f"{args.jobs} jobs of 3 users arriving over {args.window / 60:.0f} min on 4 nodes with "
                        f"backfill: training jobs as users submit them (A), through pswift with predicted "
                        f"limits (B) and with the limits as written (C)",
-                  figures=f"training JCT mean {_fmt(a['jct_mean_s'])} (A) / {_fmt(b['jct_mean_s'])} (B) / "
-                          f"{_fmt(c['jct_mean_s'])} (C) s, B/A {_fmt(ratio['jct_mean_B_over_A'], 2)}; p90 B/A "
-                          f"{_fmt(ratio['jct_p90_B_over_A'], 2)}; other users' wait B/A "
-                          f"{_fmt(ratio['other_wait_B_over_A'], 2)}; lost {a['jobs_lost']}/{b['jobs_lost']}/{c['jobs_lost']}")
+                  figures=figures(summary, ratio))
+
+
+def ratios(summary: dict[str, Any]) -> dict[str, float | None]:
+    a, b, c = summary["A"], summary["B"], summary["C"]
+    return {"jct_mean_B_over_A": _ratio(b["jct_mean_s"], a["jct_mean_s"]),
+            "jct_p90_B_over_A": _ratio(b["jct_p90_s"], a["jct_p90_s"]),
+            "jct_mean_B_over_C": _ratio(b["jct_mean_s"], c["jct_mean_s"]),
+            "other_wait_B_over_A": _ratio(b["other_wait_mean_s"], a["other_wait_mean_s"])}
+
+
+def figures(summary: dict[str, Any], ratio: dict[str, float | None]) -> str:
+    """The table row's figures: JCT, the other users' wait, jobs lost, start-time errors."""
+    a, b, c = summary["A"], summary["B"], summary["C"]
+    err = b["start_error_median_s"]
+    return (f"training JCT mean {_fmt(a['jct_mean_s'])} (A) / {_fmt(b['jct_mean_s'])} (B) / "
+            f"{_fmt(c['jct_mean_s'])} (C) s, B/A {_fmt(ratio['jct_mean_B_over_A'], 2)}; p90 B/A "
+            f"{_fmt(ratio['jct_p90_B_over_A'], 2)}; other users' wait B/A "
+            f"{_fmt(ratio['other_wait_B_over_A'], 2)}; lost {a['jobs_lost']}/{b['jobs_lost']}/{c['jobs_lost']}; "
+            f"start-time error (B, median) pswift {_fmt(err['pswift'])} s, Slurm {_fmt(err['slurm'])} s")
 
 
 def _ratio(x: float | None, y: float | None) -> float | None:
