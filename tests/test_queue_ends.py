@@ -152,3 +152,15 @@ def test_free_nodes_places_jobs_as_the_definition_says(offsets, jobs, count, hol
             profile.take(start, n, d)
             taken.append((start, n, d))
     assert profile.earliest(count, hold) == _brute_earliest(free_at, taken, count, hold)
+
+
+def test_the_jobs_ahead_are_placed_once_per_plan_and_a_changed_queue_is_placed_again():
+    state = _four_nodes({2: 600, 3: 600}, [PendingJob("w", "low", 4, 3600.0)])
+    first = [estimate_wait(state, n, 4, "low", hold) for n in (1, 2, 4) for hold in (300, 900, math.inf)]
+    assert len(state.placed) == 1                       # every candidate read the same placement
+    fresh = [estimate_wait(_four_nodes({2: 600, 3: 600}, [PendingJob("w", "low", 4, 3600.0)]), n, 4, "low", hold)
+             for n in (1, 2, 4) for hold in (300, 900, math.inf)]
+    assert first == fresh
+    assert estimate_wait(state, 2, 4, "low", 300).seconds == 0        # the hole before the wide job
+    state.pending.append(PendingJob("x", "low", 2, 600.0))             # ahead of us, and it fits the hole
+    assert estimate_wait(state, 2, 4, "low", 300).seconds == 600 + 3600 and len(state.placed) == 2

@@ -74,6 +74,9 @@ class ClusterState:
     pending: list[PendingJob] = field(default_factory=list)  # in priority order
     #: what the running jobs' end times are (expected_ends says so when it changed them)
     ends: str = "running jobs' time limits"
+    #: the jobs ahead as placed, per (partition, CPUs per node, jobs known): every candidate of
+    #: a plan asks the same state, and placing a busy site's queue is the costly part
+    placed: dict[tuple[object, ...], "tuple[int, FreeNodes, int]"] = field(default_factory=dict, repr=False, compare=False)
 
 
 def cluster_view(nodes: list[NodeState], jobs: list[JobInfo], now: float) -> ClusterState:
@@ -228,6 +231,27 @@ def estimate_wait(state: ClusterState, nodes: int, cpus_per_node: int,
         return WaitEstimate(math.inf, 0, len(usable),
                             f"partition {partition or '(default)'} has only {len(usable)} usable "
                             f"node(s) with {cpus_per_node} CPUs")
+    key = (partition, cpus_per_node, len(state.nodes), len(state.running), len(state.pending))
+    if key not in state.placed:
+        state.placed[key] = _jobs_ahead(state, usable, cpus_per_node, partition)
+    free_now, profile, ahead = state.placed[key]
+    start = profile.earliest(nodes, hold_s)
+    wait = max(0.0, start - state.now)
+    behind = (max(0.0, profile.earliest(nodes, math.inf) - state.now)
+              if ahead and math.isfinite(hold_s) else wait)
+    why = (f"{free_now} of {len(usable)} node(s) free now" +
+           (f", {ahead} pending job(s) ahead" if ahead else "") +
+           ("" if wait == 0 else f"; {nodes} free in {duration(wait)} ({state.ends})"
+            if not math.isinf(wait) else f"; {nodes} never free (unlimited jobs hold them)") +
+           (f"; backfill: its {duration(hold_s)} fits before the jobs ahead (after them: {duration(behind)})"
+            if behind > wait else ""))
+    return WaitEstimate(wait, free_now, len(usable), why)
+
+
+def _jobs_ahead(state: ClusterState, usable: list[NodeState], cpus_per_node: int,
+                partition: str | None) -> tuple[int, FreeNodes, int]:
+    """(usable nodes free now, the free nodes over time once the pending jobs ahead are placed
+    in priority order, how many were placed)."""
     busy_until: dict[str, float] = {}
     for j in state.running:
         for n in j.nodes:
@@ -246,14 +270,4 @@ def estimate_wait(state: ClusterState, nodes: int, cpus_per_node: int,
         ahead += 1
         if ahead == MAX_AHEAD:
             break
-    start = profile.earliest(nodes, hold_s)
-    wait = max(0.0, start - state.now)
-    behind = (max(0.0, profile.earliest(nodes, math.inf) - state.now)
-              if ahead and math.isfinite(hold_s) else wait)
-    why = (f"{free_now} of {len(usable)} node(s) free now" +
-           (f", {ahead} pending job(s) ahead" if ahead else "") +
-           ("" if wait == 0 else f"; {nodes} free in {duration(wait)} ({state.ends})"
-            if not math.isinf(wait) else f"; {nodes} never free (unlimited jobs hold them)") +
-           (f"; backfill: its {duration(hold_s)} fits before the jobs ahead (after them: {duration(behind)})"
-            if behind > wait else ""))
-    return WaitEstimate(wait, free_now, len(usable), why)
+    return free_now, profile, ahead
