@@ -352,7 +352,9 @@ def test_mixed_workload_in_reports_plot_and_doctor(cluster, tmp_path):
         assert rows[j]["cpus"] >= 1 and rows[j]["exit_code"] == "0:0"
     v = rows[victim]
     assert (v["pswift"], v["account"]) == (False, "chem")
-    assert v["attempts"] == v["preemptions"] + 1 >= 2     # 25.11 may stop its restart once more
+    # preempted at least once; a loaded host may see Slurm stop its restart once more (preempted
+    # again, or requeued when a node answered late: REQUEUED/NODE_FAIL is not a preemption)
+    assert v["preemptions"] >= 1 and v["attempts"] >= v["preemptions"] + 1
     assert v["wasted_hours"] * 3600 >= 2 * v["cpus"]      # its first attempt, whole, on its CPUs
     assert v["time_eff"] is not None and 0 < v["time_eff"] < 0.1    # its last attempt: ~1 s of 10 min
     r = rows[job]

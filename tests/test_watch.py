@@ -207,3 +207,21 @@ def test_the_registry_lives_where_platformdirs_puts_user_state_and_pswift_home_w
         assert rundir.state_dir() == Path(platformdirs.user_state_dir("pswift")), xdg
     monkeypatch.setenv("PSWIFT_HOME", str(tmp_path / "mine"))
     assert rundir.state_dir() == tmp_path / "mine"
+
+
+def test_an_attempt_the_events_show_running_gets_an_eta_before_squeue_says_running():
+    """A requeued job's new attempt starts while the last squeue still said PENDING (Slurm is
+    asked less often while nothing moves): its first progress line already carries the ETA."""
+    a0, a1 = attempt(0, ended="preempted"), attempt(1, start=40, step_s=1.0)
+    job = FakeJob([
+        (0, "PENDING", 1, summary([a0], step=40)),
+        (3, "PENDING", 1, summary([a0, a1], step=41)),    # squeue is not asked again until t=7
+        (60, "COMPLETED", 1, summary([a0, {**a1, "ended": "completed"}], step=100)),
+    ])
+    said: list[str] = []
+    watch.wait("9", Path("/r"), said.append, clock=job.clock, sleep=job.sleep, query=job.query,
+               summarize=job.summarize)
+    assert "job 9: step 40/100" in said                  # before the new attempt: no ETA
+    first = next(s for s in said if "step 41/" in s)
+    assert first == "job 9: step 41/100, ETA 59 s", said
+    assert said.index(first) < said.index("job 9: COMPLETED")

@@ -331,7 +331,9 @@ def wait(job_id: str, run: Path, say: Callable[[str], None], timeout: float | No
         if now_seen != seen:   # the job moved: Slurm's view will change soon
             next_query, interval = min(next_query, now + POLL_FIRST_S), 2 * POLL_FIRST_S
         seen = now_seen
-        p = progress(s, running=last_state == "RUNNING")
+        # the events see an attempt start before squeue (polled at up to POLL_MAX_S) says RUNNING
+        attempt_running = bool(s["attempts"]) and s["attempts"][-1]["ended"] in (None, "running")
+        p = progress(s, running=last_state == "RUNNING" or attempt_running)
         if p is not None and p.step != last_step and now >= next_progress:
             say(f"job {job_id}: {p.line()}")
             last_step, next_progress = p.step, now + PROGRESS_EVERY_S
