@@ -80,10 +80,11 @@ def example(dst: Path, steps: int, hidden: int) -> Path:
     return toml
 
 
-def run_pswift(toml: Path, work: Path) -> dict:
-    """`pswift run`, each with a fresh history (so every round plans the same, from layer_costs)."""
+def run_pswift(toml: Path, work: Path, history: Path | None = None) -> dict:
+    """`pswift run`, each with a fresh history (so every round plans the same, from layer_costs),
+    or with ``history``, the one given (the planner calibrated by the runs before)."""
     run = work / f"pswift-{time.monotonic_ns()}"
-    env = {**os.environ, "PSWIFT_HOME": str(run) + "-home", "PSWIFT_DB": str(run) + ".db"}
+    env = {**os.environ, "PSWIFT_HOME": str(run) + "-home", "PSWIFT_DB": str(history or f"{run}.db")}
     started = time.time()
     proc = subprocess.run([sys.executable, "-m", "pipeswift_slurm.cli.main", "run", "--run-dir", str(run), str(toml)],
                           capture_output=True, text=True, timeout=1800, env=env)

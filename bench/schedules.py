@@ -1,19 +1,23 @@
 """1F1B against ZB-H1 as DeepSpeed's engine runs them (issue 41, item 4): the same job through
-`pswift run`, 2 stages, m micro-batches, `[pipeline] schedule` the only difference, in alternated
+`pswift run`, P stages, m micro-batches, `[pipeline] schedule` the only difference, in alternated
 rounds (who goes first alternates), each its own processes, one per stage.
 
-Figures per m: the median over rounds of each run's median step time, ZB-H1 / 1F1B, against the
-ratio `pswift simulate` predicts for the stages' measured forward and backward times with the
-weight gradient taken as half the backward (the simulator's default when W is not measured).
-Both schedules must train the same numbers (fp32: the same losses bit for bit), or the bench
-stops. 4 stages are not measured: on this 2-core host they would share cores.
+Figures per (P, m): the median over rounds of each run's median step time, ZB-H1 / 1F1B, against
+the ratio `pswift simulate` predicts for uniform stages with the weight gradient taken as half
+the backward (the simulator's default when W is not measured); and each schedule's measured step
+against the step its plan.json predicted in the last round (the planner's step model, calibrated
+by the earlier rounds of that schedule: each schedule keeps its own history). Both schedules must
+train the same numbers (fp32: the same losses bit for bit), or the bench stops. With more stages
+than cores (4 on a 2-core host) the stages share cores: the figures then say so.
 
-    python bench/schedules.py [--rounds 4] [--steps 30] [--hidden 256] [--micro-batches 4,8] [--quick]
+    python bench/schedules.py [--rounds 4] [--steps 30] [--hidden 256] [--stages 2,4] [--micro-batches 4,8] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import statistics
 import sys
@@ -28,11 +32,12 @@ ROOT = benchlib.ROOT
 GLOBAL_BATCH = 32
 
 
-def job(dst: Path, steps: int, hidden: int, micro_batches: int, schedule: str) -> Path:
+def job(dst: Path, steps: int, hidden: int, stages: int, micro_batches: int, schedule: str) -> Path:
     toml = overhead.example(dst, steps, hidden)
     text = toml.read_text()
     mbs = GLOBAL_BATCH // micro_batches
     for old, new in (("micro_batch_size = 8", f"micro_batch_size = {mbs}"),
+                     ("nodes = 2 ", f"nodes = {stages} "),
                      ("[pipeline]\n", f'[pipeline]\nschedule = "{schedule}"\n')):
         assert old in text, old
         text = text.replace(old, new)
@@ -49,21 +54,25 @@ def predicted_ratio(stages: int, micro_batches: int) -> float:
     return zb / one
 
 
-def measure(work: Path, args: argparse.Namespace, m: int) -> dict:
-    tomls = {s: job(work / f"{s}-{m}", args.steps, args.hidden, m, s) for s in ("1f1b", "zb-h1")}
-    rounds = []
+def measure(work: Path, args: argparse.Namespace, p: int, m: int) -> dict:
+    tomls = {s: job(work / f"{s}-{p}-{m}", args.steps, args.hidden, p, m, s) for s in ("1f1b", "zb-h1")}
+    rounds, planned = [], {}
     for r in range(args.rounds):
         order = ("1f1b", "zb-h1") if r % 2 == 0 else ("zb-h1", "1f1b")
-        got = {s: overhead.run_pswift(tomls[s], work) for s in order}
+        got = {s: overhead.run_pswift(tomls[s], work, history=work / f"{s}-{p}-{m}.db") for s in order}
         if got["1f1b"]["losses"] != got["zb-h1"]["losses"]:
-            raise SystemExit(f"m={m}: ZB-H1 trained other numbers than 1F1B: not the same job")
+            raise SystemExit(f"P={p} m={m}: ZB-H1 trained other numbers than 1F1B: not the same job")
         rounds.append({s: statistics.median(g["step_times"]) for s, g in got.items()})
-        print(f"m={m} round {r + 1}/{args.rounds}: step {rounds[-1]['zb-h1']:.4f} s (ZB-H1) vs "
+        planned = {s: json.loads(Path(g["plan"]).read_text())["prediction"]["step_s"] for s, g in got.items()}
+        print(f"P={p} m={m} round {r + 1}/{args.rounds}: step {rounds[-1]['zb-h1']:.4f} s (ZB-H1) vs "
               f"{rounds[-1]['1f1b']:.4f} s (1F1B)", flush=True)
-    ratio = statistics.median(x["zb-h1"] for x in rounds) / statistics.median(x["1f1b"] for x in rounds)
+    measured = {s: statistics.median(x[s] for x in rounds) for s in ("1f1b", "zb-h1")}
     ratios = [x["zb-h1"] / x["1f1b"] for x in rounds]
-    return {"micro_batches": m, "stages": 2, "rounds": rounds, "ratio": ratio, "round_ratios": ratios,
-            "predicted_ratio": predicted_ratio(2, m)}
+    return {"micro_batches": m, "stages": p, "rounds": rounds, "ratio": measured["zb-h1"] / measured["1f1b"],
+            "round_ratios": ratios, "predicted_ratio": predicted_ratio(p, m), "measured_step_s": measured,
+            "planned_step_s": planned,
+            "model_error": {s: planned[s] / measured[s] - 1 for s in measured},
+            "shares_cores": p > (os.cpu_count() or 1)}
 
 
 def main() -> None:
@@ -71,20 +80,24 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--stages", default="2")
     ap.add_argument("--micro-batches", default="4,8")
-    ap.add_argument("--quick", action="store_true", help="one round of 4 steps at hidden 128, m = 4")
+    ap.add_argument("--quick", action="store_true", help="one round of 4 steps at hidden 128, P = 2, m = 4")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "schedules.json"))
     args = ap.parse_args()
     if args.quick:
-        args.rounds, args.steps, args.hidden, args.micro_batches = 1, 4, 128, "4"
+        args.rounds, args.steps, args.hidden, args.stages, args.micro_batches = 1, 4, 128, "2", "4"
     work = Path(tempfile.mkdtemp(prefix="pswift-schedules-"))
     try:
-        cells = [measure(work, args, int(m)) for m in args.micro_batches.split(",")]
+        cells = [measure(work, args, int(p), int(m))
+                 for p in args.stages.split(",") for m in args.micro_batches.split(",")]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     figures = "; ".join(
-        f"2 stages x {c['micro_batches']}: ZB-H1/1F1B {c['ratio']:.3f} (rounds {min(c['round_ratios']):.3f}-"
-        f"{max(c['round_ratios']):.3f}; simulated {c['predicted_ratio']:.3f})" for c in cells)
+        f"{c['stages']} stages x {c['micro_batches']}: ZB-H1/1F1B {c['ratio']:.3f} (rounds "
+        f"{min(c['round_ratios']):.3f}-{max(c['round_ratios']):.3f}; simulated {c['predicted_ratio']:.3f}; "
+        f"step model error 1F1B {c['model_error']['1f1b']:+.0%}, ZB-H1 {c['model_error']['zb-h1']:+.0%}"
+        + (", stages share cores" if c["shares_cores"] else "") + ")" for c in cells)
     figures += f"; {args.rounds} alternated rounds of {args.steps} steps, hidden {args.hidden}"
     benchlib.save(args.out, {"cells": cells}, quick=args.quick,
                   what="1F1B vs ZB-H1 in DeepSpeed's engine (bench/schedules.py)", figures=figures)

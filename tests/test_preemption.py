@@ -36,16 +36,16 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 
 @pytest.fixture(params=["partition", pytest.param("qos", marks=pytest.mark.every_version)])
-def preemption(request, monkeypatch) -> tuple[list[str], str]:
-    """(sbatch options of the preempting job, [job] lines of the preemptible one) for the two
-    common site set-ups: partition priority (partition high preempts low) on the main dev
-    cluster, and QOS preemption (normal preempts standby, PreemptType=preempt/qos, with slurmdbd)
-    on the accounting dev cluster."""
+def preemption(request, monkeypatch) -> tuple[list[str], str, str]:
+    """(sbatch options of the preempting job, [job] lines of the preemptible one, its pipeline
+    schedule) for the two common site set-ups: partition priority (partition high preempts low)
+    on the main dev cluster, the job under ZB-H1; and QOS preemption (normal preempts standby,
+    PreemptType=preempt/qos, with slurmdbd) on the accounting dev cluster, under 1F1B."""
     if request.param == "partition":
         request.getfixturevalue("cluster")
-        return ["-p", "high"], ""
+        return ["-p", "high"], "", "zb-h1"
     monkeypatch.setenv("SLURM_CONF", request.getfixturevalue("acct_cluster"))
-    return ["--qos=normal"], 'qos = "standby"\n'
+    return ["--qos=normal"], 'qos = "standby"\n', "1f1b"
 
 
 def status_once_forgotten(job: str, run: Path, tmp_path: Path, home: Path) -> None:
@@ -73,7 +73,10 @@ def status_once_forgotten(job: str, run: Path, tmp_path: Path, home: Path) -> No
 
 
 def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path):
-    preemptor, job_lines = preemption
+    """Preempted on 4 nodes (4 stages), resumed on 2 (2 stages) from the signal's checkpoint:
+    every step's loss and the final weights are an uninterrupted 1F1B run's, bit for bit, for a
+    job under 1F1B (QOS preemption) and under ZB-H1 (partition priority)."""
+    preemptor, job_lines, schedule = preemption
     early = None
     if "qos" in job_lines:   # a short job first: by this test's end the controller forgot it
         early_run = tmp_path / "early-run"
@@ -84,10 +87,13 @@ def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path
         early = proc.stdout.split()[3]
         all_idle()   # its nodes back, or the job below would be planned on the 2 others
     toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "50", "checkpoint_interval": "0"})
-    toml.write_text(toml.read_text().replace("[job]\n", "[job]\n" + job_lines, 1))
+    toml.write_text(toml.read_text().replace("[job]\n", "[job]\n" + job_lines, 1)
+                    .replace("[pipeline]\n", f'[pipeline]\nschedule = "{schedule}"\n', 1))
     run = tmp_path / "run"
     followed: list = []
     st = preempted_once(toml, run, 8, preemptor, followed=followed)
+    starts = [e for e in run_events(run, torn_ok=True) if e["event"] == "start"]
+    assert [(e["stages"], e["schedule"]) for e in starts] == [(4, schedule), (2, schedule)]
     a0, a1 = st["attempts"]
     assert (a0["nodes"], a0["stages"], a0["ended"]) == (4, 4, "preempted")
     assert (a1["nodes"], a1["stages"], a1["ended"]) == (2, 2, "completed")
@@ -105,6 +111,8 @@ def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path
     assert st["restarts"] == 1 and st["step"] == 50
     ckpt = [e for e in run_events(run, torn_ok=True) if e["event"] == "checkpoint" and e["reason"] == "signal"]
     assert len(ckpt) == 1 and ckpt[0]["seconds"] < 20  # within GraceTime (20 s)
+    # the uninterrupted run under 1F1B: ZB-H1's deferred weight gradients give the same bits
+    toml.write_text(toml.read_text().replace(f'schedule = "{schedule}"', 'schedule = "1f1b"'))
     ref = reference(toml, tmp_path, nodes=4)
     assert step_losses(run, torn_ok=True) == step_losses(ref, torn_ok=True)
     assert_same_weights(final_weights(run / "checkpoints", 50), final_weights(ref / "checkpoints", 50))

@@ -109,10 +109,15 @@ def test_a_backward_outside_the_schedule_keeps_its_weight_gradients():
     assert not store and torch.equal(lin.weight.grad, torch.full((2, 4), 3.0))
 
 
-def test_zb_h1_with_bf16_zero1_recompute_and_clipping_trains_with_1f1bs_losses(tmp_path):
-    """The same job, 2 stages x 4 micro-batches through `pswift run`, under 1F1B and ZB-H1."""
-    want = step_losses(_launch(_toml(tmp_path / "1f1b", BF16, "1f1b"), 2))
-    got = step_losses(_launch(_toml(tmp_path / "zb", BF16, "zb-h1"), 2))
+def test_zb_h1_with_bf16_zero1_recompute_clipping_and_tied_layers_trains_with_1f1bs_losses(tmp_path):
+    """The same job, 2 stages x 4 micro-batches through `pswift run`, under 1F1B and ZB-H1; its
+    model has an nn.Linear shared by both stages (DeepSpeed's TiedLayerSpec), whose weight
+    gradient is deferred on each stage and reduced across them after every weight pass."""
+    runs = {s: _launch(_tied(_toml(tmp_path / s, BF16, s)), 2) for s in ("1f1b", "zb-h1")}
+    (start,) = [e for e in run_events(runs["zb-h1"]) if e["event"] == "start"]
+    bounds = start["boundaries"]
+    assert bounds[0] < 1 < bounds[1] <= 6 < bounds[2], bounds     # the two uses on different stages
+    want, got = step_losses(runs["1f1b"]), step_losses(runs["zb-h1"])
     assert sorted(got) == sorted(want) == list(range(1, 9))
     a, b = ({s: float.fromhex(h) for s, h in d.items()} for d in (got, want))
     assert all(abs(a[s] - b[s]) <= 1e-5 * abs(b[s]) for s in b), (a, b)
@@ -129,6 +134,37 @@ def test_a_zb_h1_job_stopped_resumes_on_fewer_stages_under_1f1b_with_the_uninter
     assert start["resumed_from"] and 3 <= start["step"] < 8 and start["stages"] == 2
     got = {**step_losses(stopped), **step_losses(resumed)}
     assert got == want and len(got) == 8
+
+
+TIED_MODEL = """
+
+from deepspeed.pipe import TiedLayerSpec
+
+
+class Mix(nn.Module):
+    \"\"\"x + Linear(x): one nn.Linear whose weight and bias the first and the last stage share.\"\"\"
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        return x + self.lin(x)
+
+
+def build_tied_layers(hidden: int = 128, **kw):
+    layers = build_layers(hidden=hidden, **kw)
+    mix = TiedLayerSpec("mix", Mix, hidden, tied_weight_attr=["lin.weight", "lin.bias"])
+    return [layers[0], mix, *layers[1:-1], mix, layers[-1]]
+"""
+
+
+def _tied(toml: Path) -> Path:
+    """The example with TIED_MODEL's layers: a Mix shared by layer 1 and layer 6 of 8."""
+    (toml.parent / "model.py").write_text((toml.parent / "model.py").read_text() + TIED_MODEL)
+    toml.write_text(toml.read_text().replace('entry = "model:build_layers"', 'entry = "model:build_tied_layers"')
+                    .replace("num_layers = 6", "num_layers = 8").replace("layer_costs = [", "# layer_costs = ["))
+    return toml
 
 
 def _toml(dst: Path, training: str, schedule: str, stages: int = 2, ckpt: Path | None = None) -> Path:
