@@ -3,13 +3,17 @@
 A login-node install (``pip install pipeswift-slurm``, no torch) plans and queues happily, and
 each rank then dies on a compute node with ``No module named 'torch'`` after the queue wait.
 This asks the job's interpreter (``[job] python``, else this one) where it would find what the
-launcher imports, with ``importlib.util.find_spec`` in a child process: no module is imported
-(never torch on the submit path), so the answer costs one interpreter start-up.
+launcher imports, with ``importlib.util.find_spec``: no module is imported (never torch on the
+submit path). Another interpreter is asked in a child process (one start-up, while the
+submission plans); this one, the default, in this process (no child: on a login node's few cores
+a second interpreter start-up is a submission's largest cost after its own).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 
 #: what every rank imports: the launcher, the plan's reader, and the training stack
 NEEDED = ("pipeswift_launch", "pipeswift_slurm", "torch", "deepspeed")
@@ -20,13 +24,18 @@ _ASK = ("import importlib.util, sys\n"
 
 
 class Check:
-    """The question, asked at once in a child process (it runs while the submission plans);
-    :meth:`missing` and :meth:`problem` wait for its answer."""
+    """The question, asked at once in a child process (it runs while the submission plans), or
+    for this very interpreter in this process; :meth:`missing` and :meth:`problem` wait for its
+    answer."""
 
     def __init__(self, python: str) -> None:
         self.python = python
         self.error: OSError | None = None
         self.proc: subprocess.Popen[str] | None = None
+        # the same path (not the same binary: a venv's python links to the system's)
+        self.in_process = os.path.abspath(python) == os.path.abspath(sys.executable)
+        if self.in_process:
+            return
         try:
             self.proc = subprocess.Popen([python, "-c", _ASK, *NEEDED], stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
@@ -35,6 +44,9 @@ class Check:
 
     def missing(self, timeout: float = 30.0) -> list[str]:
         """The modules of NEEDED the interpreter cannot find (OSError when it cannot be run)."""
+        if self.in_process:
+            import importlib.util
+            return [m for m in NEEDED if importlib.util.find_spec(m) is None]
         if self.proc is None:
             raise self.error or OSError("not started")
         try:

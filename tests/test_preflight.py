@@ -1,5 +1,5 @@
 """A login-node install cannot queue a job that would die on every rank (issue 25): the job's
-interpreter is asked (find_spec in a child, nothing imported) before anything is written or
+interpreter is asked (find_spec, in a child unless it is this one; nothing imported) before anything is written or
 queued, and the launcher itself, started where torch is missing, says so in one line."""
 
 from __future__ import annotations
@@ -30,8 +30,15 @@ def with_python(toml: Path, python: str) -> Path:
     return toml
 
 
-def test_the_training_interpreter_passes_and_a_login_only_one_is_named_with_the_fix(login_python):
+def test_the_training_interpreter_passes_and_a_login_only_one_is_named_with_the_fix(login_python, monkeypatch):
     assert preflight.problem(sys.executable) is None
+    monkeypatch.setattr(preflight, "NEEDED", (*preflight.NEEDED, "no_such_module_x"))
+    here = preflight.Check(sys.executable)
+    assert here.proc is None       # this interpreter is asked in this process: no child started
+    child = subprocess.run([sys.executable, "-c", preflight._ASK, *preflight.NEEDED],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert here.missing() == child == ["no_such_module_x"]   # what a child of it answers
+    monkeypatch.undo()
     gone = preflight.missing(login_python)
     assert "torch" in gone and "deepspeed" in gone
     why = preflight.problem(login_python)

@@ -92,14 +92,21 @@ def test_submitting_with_a_history_imports_neither_numpy_nor_sqlite_utils(exampl
 
 @pytest.mark.slurm
 @pytest.mark.every_version
-def test_a_prefetched_cluster_state_is_the_one_a_direct_query_gives(cluster):
+def test_a_prefetched_cluster_state_is_the_one_a_direct_query_gives(cluster, monkeypatch):
     from pipeswift_slurm.slurm import client as slurm
     slurm._cache.pop("prefetch", None)
+    slurm._cache.pop("partitions", None)
     slurm.prefetch()
     assert "prefetch" in slurm._cache
     early = slurm.cluster_state(now=1.0)
     assert "prefetch" not in slurm._cache      # taken once
     assert early == slurm.cluster_state(now=1.0) and early.nodes
+    # the partitions' preemption the submission warns from was asked ahead too, and is Slurm's
+    with monkeypatch.context() as m:
+        m.setattr(slurm, "_run", lambda *a, **k: pytest.fail(f"asked Slurm again: {a}"))
+        ahead = slurm.partitions_preemption()     # waits for the prefetch's query, asks nothing
+    slurm._cache.pop("partitions")
+    assert ahead == slurm.partitions_preemption() and any(p.partition == "low" for p in ahead)
 
 
 def test_nothing_is_prefetched_without_a_slurm_configuration(monkeypatch, tmp_path):

@@ -258,10 +258,25 @@ def partition_node_count(partition: str) -> int | None:
 
 
 def _partitions() -> list[dict[str, str]]:
-    """Every partition's fields as ``scontrol -o show partition`` gives them, one dict each."""
+    """Every partition's fields as ``scontrol -o show partition`` gives them, one dict each (an
+    answer up to PARTITIONS_MAX_AGE_S old is reused: :func:`prefetch` asks it ahead of a submission)."""
+    import threading
+    import time
+    asking = _cache.get("asking partitions")
+    if asking is not None and asking is not threading.current_thread():
+        asking.join(QUERY_TIMEOUT)   # the prefetch's query, under way: its answer, not a second one
+    asked = _cache.get("partitions")
+    if asked is not None and time.monotonic() - asked[0] < PARTITIONS_MAX_AGE_S:
+        return cast("list[dict[str, str]]", asked[1])
     out = _run(["scontrol", "-o", "show", "partition"], timeout=QUERY_TIMEOUT).stdout
     fields = (dict(x.split("=", 1) for x in line.split() if "=" in x) for line in out.splitlines())
-    return [f for f in fields if "PartitionName" in f]
+    got = [f for f in fields if "PartitionName" in f]
+    _cache["partitions"] = (time.monotonic(), got)
+    return got
+
+
+#: how long an answer of `scontrol show partition` stands for the partitions (a submission's)
+PARTITIONS_MAX_AGE_S = 10.0
 
 
 def default_partition() -> str | None:
@@ -355,6 +370,10 @@ class _Prefetch:
         self.got: dict[str, Any] = {}
         self.thread = threading.Thread(target=self._fetch, daemon=True, name="pswift-prefetch")
         self.thread.start()
+        # the submission's warnings read the partitions (GraceTime); planning never waits for it
+        _cache["asking partitions"] = threading.Thread(target=_partitions_quietly, daemon=True,
+                                                       name="pswift-prefetch-partitions")
+        _cache["asking partitions"].start()
 
     def _ask(self, what: str, b: Any) -> None:
         try:
@@ -398,10 +417,17 @@ class _Prefetch:
         return self.got["nodes"], self.got["jobs"]
 
 
+def _partitions_quietly() -> None:
+    try:
+        partitions_preemption()   # the partitions and the configuration, cached
+    except Exception:
+        pass   # asked again, and reported, where it is needed
+
+
 def prefetch() -> None:
     """Start asking Slurm now, in background threads, what planning and submitting will ask
-    (the nodes, the queue, the requeue limit), so that the queries overlap with loading the
-    config and the planner; the next :func:`cluster_state` call takes the answer. Only where
+    (the nodes, the queue, the requeue limit, the partitions), so that the queries overlap with
+    loading the config and the planner; the next :func:`cluster_state` call takes the answer. Only where
     Slurm's configuration is there to read (:func:`config_source`: its file, the default or
     the configless cache; a client with none may wait on DNS: that is left to the query that
     needs it, with its timeout and its hint)."""
