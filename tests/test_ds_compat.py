@@ -151,3 +151,79 @@ def test_a_deepspeed_outside_the_range_is_one_line_with_the_fix(version):
 def test_the_supported_versions_pass():
     from pipeswift_launch.ds_compat import check_version
     assert check_version("0.19.8") == "0.19.8" and check_version("0.19.12+abc") == "0.19.12+abc"
+
+
+#: a few steps of every torch optimizer DeepSpeed hands a CPU job, with a closure, grad modes,
+#: state_dict and load_state_dict: the weights (hex) and whether torch._dynamo was imported
+OPTIMIZER_STEPS = r'''
+import sys, torch
+if sys.argv[1] == "eager":
+    from pipeswift_launch import ds_compat
+    assert ds_compat.eager_optimizers() > 0
+torch.manual_seed(0)
+out = []
+for cls, kw in ((torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1}), (torch.optim.Adam, {"lr": 1e-2}),
+                (torch.optim.SGD, {"lr": 1e-2, "momentum": 0.9})):
+    w = torch.nn.Parameter(torch.randn(8, 8))
+    opt = cls([w], **kw)
+    for i in range(3):
+        opt.zero_grad()
+        loss = (w @ torch.randn(8, 8)).square().sum()
+        loss.backward()
+        opt.step(lambda: loss) if i == 1 else opt.step()
+        assert torch.is_grad_enabled()
+    again = cls([w], **kw)
+    again.load_state_dict(opt.state_dict())
+    again.step()
+    with torch.no_grad():
+        opt.step()
+        assert not torch.is_grad_enabled()
+    out.append(w.detach().flatten().tolist())
+print([float(x).hex() for row in out for x in row])
+print("torch._dynamo" in sys.modules)
+'''
+
+
+def test_eager_optimizers_step_as_torch_does_without_importing_dynamo():
+    """The fence's eager_optimizers: torch's Adam, AdamW and SGD give the same weights bit for
+    bit as unchanged torch, and torch._dynamo is never imported (it is, unchanged)."""
+    import subprocess
+    import sys
+    got = subprocess.run([sys.executable, "-c", OPTIMIZER_STEPS, "eager"], capture_output=True, text=True, timeout=120)
+    want = subprocess.run([sys.executable, "-c", OPTIMIZER_STEPS, "torch"], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0 and want.returncode == 0, got.stderr[-2000:] + want.stderr[-2000:]
+    (got_weights, got_dynamo), (want_weights, want_dynamo) = got.stdout.splitlines()[-2:], want.stdout.splitlines()[-2:]
+    assert got_weights == want_weights
+    assert (got_dynamo, want_dynamo) == ("False", "True")
+
+
+def test_eager_optimizers_change_nothing_on_a_torch_it_was_not_verified_on():
+    from pipeswift_launch import ds_compat
+    assert ds_compat.eager_optimizers("2.12.1") == 0 and ds_compat.eager_optimizers("2.14.0") == 0
+
+
+#: on every rank's path (sitecustomize): importing torch._dynamo fails the rank
+NO_DYNAMO = '''
+import importlib.abc, sys
+class _NoDynamo(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "torch._dynamo":
+            raise ImportError("torch._dynamo imported")
+sys.meta_path.insert(0, _NoDynamo())
+'''
+
+
+def test_a_real_fp32_job_runs_and_checkpoints_without_torch_dynamo(tmp_path):
+    """`pswift run` of the example on 2 stages with clipping and a checkpoint each step, every
+    rank unable to import torch._dynamo: it completes (a launch no longer spends ~1.5 s of CPU a
+    rank on it; ZeRO and activation recompute still import it, through DeepSpeed and torch)."""
+    import os
+    from helpers import copy_example, pswift
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(NO_DYNAMO)
+    toml = copy_example(tmp_path / "ex", {"steps": "3", "checkpoint_interval": "1", "nodes": "2"})
+    toml.write_text(toml.read_text().replace("seed = 1\n", "seed = 1\ngradient_clipping = 1.0\n"))
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
+    proc = pswift("run", "--run-dir", str(tmp_path / "run"), str(toml), env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "attempt 0 ended: completed at step 3" in proc.stdout + proc.stderr

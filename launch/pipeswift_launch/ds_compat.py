@@ -26,7 +26,10 @@ DeepSpeed 0.19 has no public API for these, so they live here and nowhere else:
   point-to-point probe at start (:mod:`pipeswift_launch.probe`);
 - ``optimizer.optimizer`` (the torch optimizer inside ZeRO's and bf16's): the one step that
   changes weights and optimizer state, fenced (torch's public ``register_step_pre_hook``) so a
-  background checkpoint copies the state while the next forward and backward run.
+  background checkpoint copies the state while the next forward and backward run;
+- torch's own (``torch._compile._disable_dynamo``'s lazy wrapper, ``torch.optim``'s
+  ``_use_grad_for_differentiable``): :func:`eager_optimizers` keeps a job that compiles nothing
+  from importing ``torch._dynamo`` (~1.5 s of CPU a rank, each launch) for its optimizer.
 
 :func:`check_version` refuses a DeepSpeed outside the range these were verified on, in one
 line; ``tests/test_ds_compat.py`` exercises every access in seconds on CPU, without Slurm, so a
@@ -36,6 +39,7 @@ DeepSpeed upgrade that breaks one fails there first.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import re
 from typing import Any, Callable, Iterable, Iterator
@@ -76,6 +80,59 @@ def check_version(version: str | None = None) -> str:
 def skip_shm_build() -> None:
     """CPU only: init_distributed() would JIT-compile the shm op that training never uses."""
     setattr(importlib.import_module("deepspeed.comm.torch"), "build_shm_op", lambda: None)
+
+
+#: [lowest, first unsupported) torch version :func:`eager_optimizers` was verified on; outside
+#: it nothing is changed (the job only pays torch._dynamo's import, as it would without pswift)
+TORCH_EAGER_OPTIMIZERS = ((2, 13, 0), (2, 14, 0))
+#: the modules whose ``torch._disable_dynamo`` wrappers a training step calls (activation
+#: recompute's torch.utils.checkpoint reads torch._dynamo's config itself: a job with it imports it)
+_DISABLE_DYNAMO_MODULES = ("torch.optim.optimizer",)
+
+
+def eager_optimizers(version: str | None = None) -> int:
+    """Let torch's optimizers run without importing torch._dynamo; the wrappers changed.
+
+    torch wraps Optimizer's methods in ``_disable_dynamo`` (imports torch._dynamo at the first
+    call, to tell a compiler to skip them) and every ``step`` in ``_use_grad_for_differentiable``
+    (imports it at each call for a ``graph_break()``): in an eager job, ~1.5 s of CPU and 100 MB a
+    rank, at each launch, for markers no compiler reads. Here the wrapped functions run directly
+    and ``step`` keeps its grad-mode switch without the marker. The step's arithmetic is torch's
+    own (test_ds_compat: the same weights bit for bit, no torch._dynamo). A job whose model
+    compiles something imports torch._dynamo itself and is unaffected: pswift's engine never
+    compiles the optimizer. A job with ZeRO (DeepSpeed's Muon module calls torch.compile at
+    import) or activation recompute (torch's checkpoint reads torch._dynamo's config) imports it
+    anyway: the saving is the plain data-parallel and pipeline job's."""
+    if not TORCH_EAGER_OPTIMIZERS[0] <= _version_tuple(version or torch.__version__) < TORCH_EAGER_OPTIMIZERS[1]:
+        return 0
+    lazy = importlib.import_module("torch._compile")._disable_dynamo(lambda: None).__code__
+    changed = 0
+    for name in _DISABLE_DYNAMO_MODULES:
+        for obj in list(vars(importlib.import_module(name)).values()):
+            for fn in (vars(obj).values() if isinstance(obj, type) else (obj,)):
+                fn = getattr(fn, "__func__", fn)
+                if getattr(fn, "__code__", None) is lazy and hasattr(fn, "__wrapped__"):
+                    fn.__wrapped__.__dynamo_disable = fn.__wrapped__   # what the wrapper caches
+                    changed += 1
+    for cls in vars(torch.optim).values():
+        step = vars(cls).get("step") if isinstance(cls, type) else None
+        if step is not None and hasattr(step, "__wrapped__") and {"graph_break", "set_grad_enabled"} <= set(step.__code__.co_names):
+            cls.step = _eager_step(step.__wrapped__)
+            changed += 1
+    return changed
+
+
+def _eager_step(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``_use_grad_for_differentiable(step)`` without its torch._dynamo.graph_break()."""
+    @functools.wraps(step)
+    def eager_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        prev = torch.is_grad_enabled()
+        try:
+            torch.set_grad_enabled(self.defaults["differentiable"])
+            return step(self, *args, **kwargs)
+        finally:
+            torch.set_grad_enabled(prev)
+    return eager_step
 
 
 def instruction_table(engine: Any) -> dict[Any, Callable[..., Any]]:

@@ -175,6 +175,7 @@ def _setup(att: Attempt) -> None:
     ds_compat.check_version()
     if plan["device"] != "cuda":
         ds_compat.skip_shm_build()
+    ds_compat.eager_optimizers()
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     torch.set_num_threads(int(plan["cpus_per_task"]))
     backend, device = "gloo", torch.device("cpu")
