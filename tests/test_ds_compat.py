@@ -116,6 +116,19 @@ with ds_compat.gradients_added(engine):
     assert not p0.grad.any()
     p0.backward(torch.full_like(p0, 0.5))
 assert torch.equal(safe_get_full_grad(p0).float(), torch.full(p0.shape, 0.5)), safe_get_full_grad(p0)
+# ZB-H1's early gradient receive: the fields it reads exist (one stage receives nothing: None);
+# the receive itself runs between two real stages in test_zerobubble
+assert ds_compat.post_gradient_receive(engine) is None
+assert all(hasattr(engine, a) for a in ("next_stage", "dynamic_shape", "is_pipe_partitioned", "is_grad_partitioned"))
+import deepspeed.runtime.pipe.p2p as p2p
+plain_recv = p2p.recv
+engine.grad_layer = torch.zeros(2)
+class Done:
+    def wait(self): return None
+with ds_compat.posted_receive((engine.grad_layer, Done())):
+    assert p2p.recv is not plain_recv and p2p.recv(engine.grad_layer, 1) is None
+assert p2p.recv is plain_recv
+engine.grad_layer = None
 
 # fp32 + ZeRO-1: DeepSpeed's ZeRO optimizer with its (static) loss scaler, whose fields an fp16
 # job's dynamic scaler shares; no fp16 on CPU, so the dynamic one is only reachable on a GPU

@@ -4,6 +4,7 @@ passes, the deferred weight gradients against autograd's, and real 2-stage train
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import time
@@ -34,7 +35,7 @@ def test_every_backward_has_one_weight_pass_after_it_and_before_the_reduction(st
         # DeepSpeed's own instructions, in DeepSpeed's order: only weight passes were added
         ds = [[type(c).__name__ + (f"{c.kwargs['buffer_id']}" if "buffer_id" in c.kwargs else "") for c in s]
               for s in TrainSchedule(micro_batches=micro_batches, stages=stages, stage_id=stage).steps()]
-        assert [c for c in flat if c != "WeightPass"] == [c for s in ds for c in s]
+        assert [c for c in flat if c not in ("WeightPass", "PostRecvGrad")] == [c for s in ds for c in s]
         backwards = [i for i, c in enumerate(flat) if c.startswith("BackwardPass")]
         weights = [i for i, c in enumerate(flat) if c == "WeightPass"]
         assert len(backwards) == len(weights) == micro_batches
@@ -46,10 +47,18 @@ def test_every_backward_has_one_weight_pass_after_it_and_before_the_reduction(st
 
 
 def test_a_weight_pass_never_delays_a_send_the_next_stage_waits_for():
-    """Stage 0 of 2 runs its weight passes where it waits for stage 1's gradient (before RecvGrad);
-    the last stage after its receives, right before a forward pass."""
+    """Stage 0 of 2 runs its weight passes where it waits for stage 1's gradient (before RecvGrad,
+    whose receive it posts first: stage 1's blocking send then completes while they run); the
+    last stage after its receives, right before a forward pass."""
     first = [c for s in _schedule(2, 4, 0) for c in s]
     last = [c for s in _schedule(2, 4, 1) for c in s]
+    for stages, micro_batches in ((2, 4), (4, 8)):
+        for stage in range(stages - 1):
+            flat = " ".join(c for s in _schedule(stages, micro_batches, stage) for c in s)
+            groups = re.findall(r"((?:\S+ )?)((?:WeightPass )+)(RecvGrad\d+)", flat)
+            assert groups and all(before == "PostRecvGrad " for before, _, _ in groups), flat
+            assert flat.count("PostRecvGrad") == len(groups)
+    first = [c for c in first if c != "PostRecvGrad"]
     assert all(first[i + 1].startswith("RecvGrad") or first[i + 1] == "WeightPass" or first[i + 1] == "ReduceTiedGrads"
                for i, c in enumerate(first) if c == "WeightPass")
     assert all(last[i + 1].startswith("ForwardPass") or last[i + 1] in ("WeightPass", "ReduceTiedGrads")

@@ -10,6 +10,9 @@ DeepSpeed 0.19 has no public API for these, so they live here and nowhere else:
   where DeepSpeed builds its 1F1B one; ``using_bf16_optimizer`` and the bf16 optimizer's
   ``clear_lp_grads`` / ``update_hp_grads``: a weight pass adds its gradients as a backward does;
   ``grad_layer``: the received-gradient buffers, which a deferred weight gradient must not alias;
+  ``p2p.recv`` (module attribute), ``next_stage``, ``dynamic_shape``, ``is_pipe_partitioned`` /
+  ``is_grad_partitioned``: the next gradient's receive posted before the weight passes that fill
+  its wait (:func:`post_gradient_receive`), so that the next stage's send is not held up by them;
 - ``deepspeed.comm.torch.build_shm_op``: skipped on CPU (a ~36 s JIT build training never uses);
 - ``engine.global_steps`` / ``global_samples`` and ``PipelineModule.micro_offset``: set when
   resuming from a checkpoint (the module seeds each layer's forward from (seed, micro-batches
@@ -170,6 +173,41 @@ def received_gradients(engine: Any) -> list[Any]:
     if layer is None:
         return []
     return [layer] if torch.is_tensor(layer) else [t for t in layer if torch.is_tensor(t)]
+
+
+def post_gradient_receive(engine: Any) -> tuple[Any, Any] | None:
+    """(buffer, work): the next RecvGrad's receive posted now, non-blocking, into the buffer
+    DeepSpeed receives it in, so the next stage's (blocking) send completes while this one computes
+    weight passes. None where that buffer is not one plain tensor (before the first gradient,
+    tuple outputs, dynamic shapes, tensor-parallel partitioning): RecvGrad receives as usual."""
+    layer = engine.grad_layer
+    if (not torch.is_tensor(layer) or engine.dynamic_shape or engine.is_pipe_partitioned
+            or engine.is_grad_partitioned):
+        return None
+    source = engine.grid.stage_to_global(stage_id=engine.next_stage)
+    return layer, deepspeed.comm.irecv(layer, src=source)
+
+
+@contextlib.contextmanager
+def posted_receive(posted: tuple[Any, Any]) -> Iterator[None]:
+    """Within: DeepSpeed's p2p.recv into the posted buffer waits for the posted receive instead
+    of receiving again; leaving it unused is an error (the sender's data would go astray)."""
+    p2p = importlib.import_module("deepspeed.runtime.pipe.p2p")
+    plain, (buffer, work), used = p2p.recv, posted, []
+
+    def recv(tensor: Any, src_stage: int, async_op: bool = False) -> Any:
+        if tensor is buffer and not used:
+            used.append(work.wait())
+            return None
+        return plain(tensor, src_stage, async_op)
+
+    p2p.recv = recv
+    try:
+        yield
+    finally:
+        p2p.recv = plain
+    if not used:
+        raise RuntimeError("ZB-H1: a gradient receive posted early was not taken by RecvGrad")
 
 
 @contextlib.contextmanager

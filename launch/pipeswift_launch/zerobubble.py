@@ -34,6 +34,11 @@ class WeightPass(ds_schedule.PipeInstruction):  # type: ignore[misc]
     """Compute the deferred weight gradients of the oldest micro-batch whose B has run."""
 
 
+class PostRecvGrad(ds_schedule.PipeInstruction):  # type: ignore[misc]
+    """Post the next RecvGrad's receive before the weight passes that fill its wait: the next
+    stage's send (blocking until this stage receives) then completes while they run."""
+
+
 class WeightGrads:
     """The deferred weight-gradient products, one list per backward pass, oldest first."""
 
@@ -112,8 +117,9 @@ def split_linears(module: torch.nn.Module, store: WeightGrads) -> int:
 
 def _with_weight_passes(steps: Iterator[list[Any]], last_stage: bool) -> Iterator[list[Any]]:
     """DeepSpeed's 1F1B steps with a WeightPass for each BackwardPass: before the next
-    RecvGrad (the wait for the next stage's backward), on the last stage (which waits for
-    nobody's gradient) before its next ForwardPass, and the rest before the gradients are reduced."""
+    RecvGrad (the wait for the next stage's backward; its receive posted first), on the last
+    stage (which waits for nobody's gradient) before its next ForwardPass, and the rest before
+    the gradients are reduced."""
     owed = 0
     for cmds in steps:
         out: list[Any] = []
@@ -121,6 +127,8 @@ def _with_weight_passes(steps: Iterator[list[Any]], last_stage: bool) -> Iterato
             due = isinstance(cmd, (ds_schedule.RecvGrad, ds_schedule.ReduceTiedGrads)) or (
                 last_stage and isinstance(cmd, ds_schedule.ForwardPass))
             if due:
+                if owed and isinstance(cmd, ds_schedule.RecvGrad):
+                    out.append(PostRecvGrad())
                 out += [WeightPass() for _ in range(owed)]
                 owed = 0
             out.append(cmd)
@@ -155,9 +163,23 @@ def install(engine: Any) -> WeightGrads:
             raise RuntimeError(f"ZB-H1: {len(store)} weight pass(es) left at the step's end")
         reduce_tied(eng, **kwargs)
 
-    reduce_tied = table[ds_schedule.ReduceTiedGrads]
+    posted: list[tuple[Any, Any]] = []
+
+    def run_post(eng: Any) -> None:
+        receive = ds_compat.post_gradient_receive(eng)
+        if receive is not None:
+            posted.append(receive)
+
+    def run_recv_grad(eng: Any, **kwargs: Any) -> None:
+        if not posted:
+            return recv_grad(eng, **kwargs)
+        with ds_compat.posted_receive(posted.pop()):
+            recv_grad(eng, **kwargs)
+
+    reduce_tied, recv_grad = table[ds_schedule.ReduceTiedGrads], table[ds_schedule.RecvGrad]
     ds_compat.set_instruction_table(engine, {**table, ds_schedule.BackwardPass: run_backward,
                                              ds_schedule.ReduceTiedGrads: run_reduce,
-                                             WeightPass: run_weight})
+                                             ds_schedule.RecvGrad: run_recv_grad,
+                                             PostRecvGrad: run_post, WeightPass: run_weight})
     ds_compat.use_train_schedule(engine, ZeroBubbleH1)
     return store
