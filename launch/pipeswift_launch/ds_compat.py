@@ -192,8 +192,9 @@ def post_gradient_receive(engine: Any) -> tuple[Any, Any] | None:
 def posted_receive(posted: tuple[Any, Any]) -> Iterator[None]:
     """Within: DeepSpeed's p2p.recv into the posted buffer waits for the posted receive instead
     of receiving again; leaving it unused is an error (the sender's data would go astray)."""
-    p2p = importlib.import_module("deepspeed.runtime.pipe.p2p")
-    plain, (buffer, work), used = p2p.recv, posted, []
+    p2p: Any = importlib.import_module("deepspeed.runtime.pipe.p2p")
+    plain, (buffer, work) = p2p.recv, posted
+    used: list[Any] = []
 
     def recv(tensor: Any, src_stage: int, async_op: bool = False) -> Any:
         if tensor is buffer and not used:

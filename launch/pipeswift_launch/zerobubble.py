@@ -172,7 +172,8 @@ def install(engine: Any) -> WeightGrads:
 
     def run_recv_grad(eng: Any, **kwargs: Any) -> None:
         if not posted:
-            return recv_grad(eng, **kwargs)
+            recv_grad(eng, **kwargs)
+            return
         with ds_compat.posted_receive(posted.pop()):
             recv_grad(eng, **kwargs)
 
