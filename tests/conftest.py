@@ -12,12 +12,26 @@ from typing import Iterator
 
 import pytest
 
-from helpers import CLUSTER, CLUSTER_DIR, DEV, USER, copy_example
+from helpers import CLUSTER, CLUSTER_DIR, DEV, USER, Reference, copy_example
 
 
 @pytest.fixture
 def example(tmp_path: Path) -> Path:
     return copy_example(tmp_path / "tiny-gpt", {"steps": "12", "checkpoint_interval": "0"})
+
+
+@pytest.fixture
+def background_reference(tmp_path: Path) -> Iterator:
+    """Start the uninterrupted reference run of a TOML now (``helpers.Reference``); ``.wait()``
+    gives its run directory. One still running when the test ends is killed."""
+    started: list[Reference] = []
+
+    def start(toml: Path, nodes: int) -> Reference:
+        started.append(Reference(toml, tmp_path, nodes))
+        return started[-1]
+    yield start
+    for ref in started:
+        ref.kill()
 
 
 @pytest.fixture(autouse=True)

@@ -242,11 +242,30 @@ def wait_steps(run: Path, n: int, timeout: float = 120) -> None:
 def reference(toml: Path, tmp_path: Path, nodes: int) -> Path:
     """The uninterrupted run of ``toml`` on ``nodes`` local slots. The slow example's data sleep
     is left out (it paces signals, not the numbers): a 100-step reference takes 18 s, not 42."""
-    run = tmp_path / "reference"
-    proc = pswift("run", "--nodes", str(nodes), "--run-dir", str(run), str(toml),
-                  env={"PSWIFT_TEST_SLEEP": "0"})
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return run
+    return Reference(toml, tmp_path, nodes).wait()
+
+
+class Reference:
+    """`reference` started now, in the background: a test whose Slurm job mostly sleeps (the
+    slow example) computes the reference while it waits, rather than after it (the same run;
+    its rendezvous port is the kernel's choice, so it never meets the job's). The
+    ``background_reference`` fixture kills one a failed test leaves running."""
+
+    def __init__(self, toml: Path, tmp_path: Path, nodes: int):
+        self.run = tmp_path / "reference"
+        self.proc = subprocess.Popen([*PSWIFT, "run", "--nodes", str(nodes), "--run-dir", str(self.run), str(toml)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, "PSWIFT_TEST_SLEEP": "0"})
+
+    def wait(self, timeout: float = 600) -> Path:
+        out, _ = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, out[-4000:]
+        return self.run
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
 
 
 def slurm_log(run: Path) -> str:

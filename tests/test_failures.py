@@ -23,8 +23,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
 
 
 @pytest.mark.every_version
-def test_a_rank_killed_mid_run_restarts_in_the_allocation_and_ends_bitwise_equal(cluster, tmp_path):
+def test_a_rank_killed_mid_run_restarts_in_the_allocation_and_ends_bitwise_equal(cluster, tmp_path, background_reference):
     toml = slow_example(tmp_path / "ex", {"steps": "40", "checkpoint_interval": "10"})
+    uninterrupted = background_reference(toml, nodes=2)
     run = tmp_path / "run"
     submitted = submit.sbatch(toml, run_dir=run)             # the job object, as from Python
     job = submitted.job_id
@@ -44,7 +45,7 @@ def test_a_rank_killed_mid_run_restarts_in_the_allocation_and_ends_bitwise_equal
     assert crash["step"] - starts[1]["step"] <= 10 and starts[1]["resumed_from"]
     assert starts[1]["time"] - t_kill < 60, starts[1]["time"] - t_kill
     # every step, the repeated ones too, has the uninterrupted run's loss bit for bit
-    ref = step_losses(reference(toml, tmp_path, nodes=2), torn_ok=True)
+    ref = step_losses(uninterrupted.wait(), torn_ok=True)
     assert all(e["loss_hex"] == ref[e["step"]] for e in evs if e["event"] == "step")
     assert sorted(step_losses(run, torn_ok=True)) == sorted(ref) == list(range(1, 41))
     st = json.loads(pswift("status", job, "--json", check=True).stdout)
@@ -105,9 +106,11 @@ def test_a_step_and_checkpoint_longer_than_gracetime_is_said_at_plan_time(cluste
     assert "ok  preemption on low: REQUEUE, GraceTime 20 s" in pswift("doctor", check=True).stdout
 
 
-def test_with_no_restart_left_a_crash_requeues_the_job_without_the_dead_ranks_node(cluster, tmp_path):
+def test_with_no_restart_left_a_crash_requeues_the_job_without_the_dead_ranks_node(cluster, tmp_path,
+                                                                                  background_reference):
     toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "40", "checkpoint_interval": "5"})
     toml.write_text(toml.read_text().replace("[job]\n", "[job]\nmax_restarts = 0\n", 1))
+    uninterrupted = background_reference(toml, nodes=4)
     run = tmp_path / "run"
     job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
     wait_steps(run, 12)
@@ -122,7 +125,7 @@ def test_with_no_restart_left_a_crash_requeues_the_job_without_the_dead_ranks_no
     st = json.loads(pswift("status", job, "--json", check=True).stdout)
     a0, a1 = st["attempts"]
     assert a0["ended"] == "crashed" and a1["ended"] == "completed" and a1["start_step"] >= 10
-    assert step_losses(run, torn_ok=True) == step_losses(reference(toml, tmp_path, nodes=4), torn_ok=True)
+    assert step_losses(run, torn_ok=True) == step_losses(uninterrupted.wait(), torn_ok=True)
 
 
 def _parent(pid: int) -> int:

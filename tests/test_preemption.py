@@ -72,7 +72,7 @@ def status_once_forgotten(job: str, run: Path, tmp_path: Path, home: Path) -> No
     assert "None" not in text
 
 
-def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path):
+def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path, background_reference):
     """Preempted on 4 nodes (4 stages), resumed on 2 (2 stages) from the signal's checkpoint:
     every step's loss and the final weights are an uninterrupted 1F1B run's, bit for bit, for a
     job under 1F1B (QOS preemption) and under ZB-H1 (partition priority)."""
@@ -89,6 +89,10 @@ def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path
     toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "50", "checkpoint_interval": "0"})
     toml.write_text(toml.read_text().replace("[job]\n", "[job]\n" + job_lines, 1)
                     .replace("[pipeline]\n", f'[pipeline]\nschedule = "{schedule}"\n', 1))
+    # the uninterrupted run under 1F1B: ZB-H1's deferred weight gradients give the same bits
+    ref_toml = toml.with_name("reference.toml")
+    ref_toml.write_text(toml.read_text().replace(f'schedule = "{schedule}"', 'schedule = "1f1b"'))
+    uninterrupted = background_reference(ref_toml, nodes=4)
     run = tmp_path / "run"
     followed: list = []
     st = preempted_once(toml, run, 8, preemptor, followed=followed)
@@ -111,9 +115,7 @@ def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path
     assert st["restarts"] == 1 and st["step"] == 50
     ckpt = [e for e in run_events(run, torn_ok=True) if e["event"] == "checkpoint" and e["reason"] == "signal"]
     assert len(ckpt) == 1 and ckpt[0]["seconds"] < 20  # within GraceTime (20 s)
-    # the uninterrupted run under 1F1B: ZB-H1's deferred weight gradients give the same bits
-    toml.write_text(toml.read_text().replace(f'schedule = "{schedule}"', 'schedule = "1f1b"'))
-    ref = reference(toml, tmp_path, nodes=4)
+    ref = uninterrupted.wait()
     assert step_losses(run, torn_ok=True) == step_losses(ref, torn_ok=True)
     assert_same_weights(final_weights(run / "checkpoints", 50), final_weights(ref / "checkpoints", 50))
     if early is not None:
@@ -181,7 +183,8 @@ def _limits_of_each_attempt(job: str, timeout: float) -> tuple[str, dict[int, st
 
 
 @pytest.mark.every_version
-def test_a_prediction_too_short_reaches_its_limit_requeues_for_what_remains_and_completes(cluster, tmp_path):
+def test_a_prediction_too_short_reaches_its_limit_requeues_for_what_remains_and_completes(cluster, tmp_path,
+                                                                                          background_reference):
     # [job] time is an hour, but the planner predicts seconds (the data's sleep, 4 x 0.25 s a step,
     # is the fault: the model knows nothing of it), so the job asks Slurm for 3 minutes (twice the
     # USR2 lead of ~71 s, rounded up). USR2 comes 71 s before the limit (Slurm may send it up to a
@@ -190,6 +193,7 @@ def test_a_prediction_too_short_reaches_its_limit_requeues_for_what_remains_and_
     # a setup, a checkpoint, the lead and the slack): the second attempt completes.
     toml = slow_example(tmp_path / "ex", {"time": '"1:00:00"', "steps": "110", "checkpoint_interval": "0",
                                           "max_requeues": "6", "time_policy": '"predicted"'}, sleep_s=0.25)
+    uninterrupted = background_reference(toml, nodes=2)
     run = tmp_path / "run"
     proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
     assert proc.returncode == 0, proc.stderr
@@ -210,18 +214,21 @@ def test_a_prediction_too_short_reaches_its_limit_requeues_for_what_remains_and_
     assert len(asked) == len(ended) - 1 and all(3 <= a < 60 for a in asked), log[-3000:]
     assert limits.get(0) == "00:03:00" and limits.get(1) == f"00:{asked[0]:02d}:00", (limits, asked)
     assert st["step"] == 110
-    ref = reference(toml, tmp_path, nodes=2)
+    ref = uninterrupted.wait()
     assert step_losses(run, torn_ok=True) == step_losses(ref, torn_ok=True)
     assert_same_weights(final_weights(run / "checkpoints", 110), final_weights(ref / "checkpoints", 110))
 
 
-def test_kill_9_mid_checkpoint_restarts_in_the_allocation_from_the_previous_committed_one(cluster, tmp_path):
+def test_kill_9_mid_checkpoint_restarts_in_the_allocation_from_the_previous_committed_one(cluster, tmp_path,
+                                                                                          background_reference):
     """The last stage's writer is SIGKILLed inside the checkpoint of step 8 (its stage file on
     disk, no manifest): the same Slurm job starts its ranks again, drops the half-written
     checkpoint, resumes from step 4 and ends with the uninterrupted run's weights."""
     ckpt = tmp_path / "ckpt"
     toml = copy_example(tmp_path / "ex", {"steps": "12", "checkpoint_interval": "4"})
     toml.write_text(toml.read_text().replace("seed = 1", f'seed = 1\ncheckpoint_dir = "{ckpt}"'))
+    uninterrupted = background_reference(copy_example(tmp_path / "ex2", {"steps": "12", "checkpoint_interval": "4"}),
+                                         nodes=2)
     run = tmp_path / "run"
     proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml),
                   env={"PSWIFT_FAULT_KILL_IN_CHECKPOINT": "8"})
@@ -240,8 +247,7 @@ def test_kill_9_mid_checkpoint_restarts_in_the_allocation_from_the_previous_comm
     # keep_checkpoints = 2: only the two newest committed ones remain
     assert sorted(p.name for p in ckpt.iterdir()) == ["step_00000008", "step_00000012"]
 
-    ref_toml = copy_example(tmp_path / "ex2", {"steps": "12", "checkpoint_interval": "4"})
-    ref = reference(ref_toml, tmp_path, nodes=2)
+    ref = uninterrupted.wait()
     assert step_losses(run, torn_ok=True) == step_losses(ref, torn_ok=True)
     assert_same_weights(final_weights(ckpt, 12), final_weights(ref / "checkpoints", 12))
 
@@ -306,7 +312,8 @@ def test_a_stopped_rank_is_found_and_the_ranks_restart_in_the_allocation(cluster
     assert step_losses(run, torn_ok=True) == step_losses(ref, torn_ok=True)
 
 
-def test_a_storm_of_preemptions_loses_at_most_an_interval_each_and_ends_bitwise_equal(cluster, tmp_path):
+def test_a_storm_of_preemptions_loses_at_most_an_interval_each_and_ends_bitwise_equal(cluster, tmp_path,
+                                                                                      background_reference):
     """Three preemptions, the first and third at random steps, the second while a periodic
     checkpoint is half written (stage files on disk, no manifest yet): the job completes with the
     uninterrupted run's weights, each resume starts from a committed checkpoint at most one
@@ -317,6 +324,7 @@ def test_a_storm_of_preemptions_loses_at_most_an_interval_each_and_ends_bitwise_
     interval, steps, preemptions = 5, 70, 3
     toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": str(steps), "max_requeues": "8",
                                           "checkpoint_interval": str(interval)})
+    uninterrupted = background_reference(toml, nodes=4)
     run = tmp_path / "run"
     job = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml),
                  env={"PSWIFT_FAULT_SLOW_CHECKPOINT": "20:4"}, check=True).stdout.strip()
@@ -360,6 +368,6 @@ def test_a_storm_of_preemptions_loses_at_most_an_interval_each_and_ends_bitwise_
     for prev, nxt in zip(st["attempts"], st["attempts"][1:]):
         assert prev["end_step"] - interval <= nxt["start_step"] <= prev["end_step"], (prev, nxt)
     assert st["restarts"] == preemptions and st["step"] == steps
-    ref = reference(toml, tmp_path, nodes=4)
+    ref = uninterrupted.wait()
     assert step_losses(run, torn_ok=True) == step_losses(ref, torn_ok=True)
     assert_same_weights(final_weights(run / "checkpoints", steps), final_weights(ref / "checkpoints", steps))

@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -152,7 +153,21 @@ def test_the_history_keeps_the_final_layouts_steps_and_the_relayout(tmp_path):
 # measured 14.6 s saved against a 7.3 s cost and rightly kept the cut)
 WRONG = {"layer_costs": "[0.0001, 0.001, 0.001, 0.001, 0.001, 0.1]",    # cuts [0, 5, 6] on 2 stages
          "kwargs": "{ vocab = 96, hidden = 128, heads = 4, blocks = 4, seq_len = 32, slow_block = 0, slow_factor = 3 }",
-         "steps": "200", "global_batch_size": "64", "checkpoint_interval": "0"}
+         "steps": "120", "global_batch_size": "64", "checkpoint_interval": "0"}
+
+
+def static_run(run: Path, cut: list[int], steps: int) -> Path:
+    """The WRONG example trained locally on 2 slots with an explicit ``cut`` (an explicit cut
+    stays: no re-layout)."""
+    toml = copy_example(run.with_name(run.name + "-ex"), {**WRONG, "pipeline.partition": str(cut), "steps": str(steps)})
+    proc = pswift("run", "--nodes", "2", "--run-dir", str(run), str(toml))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not any(e["event"] == "relayout" for e in run_events(run))
+    return run
+
+
+def static_step_s(run: Path) -> float:
+    return median(e["step_time"] for e in run_events(run) if e["event"] == "step" and e["step"] > 2)
 
 
 @pytest.mark.slurm
@@ -170,29 +185,26 @@ def test_a_job_cut_from_wrong_costs_rebalances_once_in_place_and_matches_a_stati
     (r,) = a["relayouts"]
     assert r["boundaries_from"] == [0, 5, 6] and r["boundaries_to"] == [0, 2, 6]
     assert "re-layout 1: launching again" in log()
-    # the new cut is faster than the one it replaced, in the same job; how fast is held below
-    # against a static run of that cut on the same host (a ratio). The gain against the model's
-    # prediction moves with the host's load on 2 oversubscribed cores (CI runs measured 68 % and
-    # 28 % of it), so it is bench/dynamic.py's figure, not an assertion here.
     after = median(e["step_time"] for e in a["steps"] if e["step"] > r["step"] + 1)
-    assert after < r["step_s"], (r, after)
     # plan.json: the measured cut for the next attempts, revision 1, the record
     plan = json.loads((run / "plan.json").read_text())
     assert plan["revision"] == 1 and plan["layouts"]["2"]["boundaries"] == [0, 2, 6]
     assert plan["layouts"]["2"]["partition"] == "measured" and plan["relayouts"][0]["job_id"] == job
-    # bitwise the losses of a static run that used the final cut from the start (its first 60
+    # bitwise the losses of a static run that used the final cut from the start (its first 40
     # steps: the re-layout resumed at step 4)
-    static = copy_example(tmp_path / "static", {**WRONG, "pipeline.partition": "[0, 2, 6]", "steps": "60"})
-    ref = tmp_path / "reference"
-    proc = pswift("run", "--nodes", "2", "--run-dir", str(ref), str(static))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert not any(e["event"] == "relayout" for e in run_events(ref))   # an explicit cut stays
+    ref = static_run(tmp_path / "reference", [0, 2, 6], 40)
     got, want = step_losses(run), step_losses(ref)
-    assert len(got) == 200 and len(want) == 60 and all(got[s] == want[s] for s in want), \
+    assert len(got) == 120 and len(want) == 40 and all(got[s] == want[s] for s in want), \
         [s for s in want if got.get(s) != want[s]][:5]
-    # ... and about its speed, measured on the same host in the same test (a ratio, not a time)
-    static_s = median(e["step_time"] for e in run_events(ref) if e["event"] == "step" and e["step"] > 2)
-    assert after <= 1.3 * static_s, (after, static_s)
+    # ... and about its speed, on the same host in the same test (ratios, not times): the job's
+    # steps after the re-layout as fast as that static run, and faster than a static run of the
+    # cut it replaced. Medians of many steps each: the 3 steps the re-layout measured before it
+    # are too few on 2 oversubscribed cores (a CI run once measured 0.346 s before, 0.349 after).
+    # The gain against the model's prediction moves with the host's load (CI runs measured 68 %
+    # and 28 % of it), so it is bench/dynamic.py's figure, not an assertion here.
+    old_s = static_step_s(static_run(tmp_path / "old-cut", [0, 5, 6], 24))
+    new_s = static_step_s(ref)
+    assert new_s < old_s and after < old_s and after <= 1.3 * new_s, (after, new_s, old_s)
     # status and doctor say what was predicted and what was measured
     status = pswift("status", job, check=True).stdout
     assert "re-laid out at step 4: [0, 5, 6] -> [0, 2, 6]" in status and "(predicted" in status
