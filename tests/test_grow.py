@@ -60,9 +60,11 @@ def test_free_nodes_leave_out_the_jobs_own_busy_ones_and_what_pending_jobs_ask_f
 # 400 steps: growing must save 2x the requeue's ~15 s (setup + 10 s) over the steps left when the
 # holder ends; here 1 -> 2 nodes saves ~0.19 s a step (0.53 -> 0.35 s), 70 s over the ~377 left;
 # at 300 steps a host doing 0.23 s steps saved 15.5 s over 208 and rightly stayed
-# 150 steps: the job grew at step 14 here (7.5 s after its start, the holder's 10 s less its own
-# planning), ~0.4 s a step after; 400 steps spent ~110 s of CI training after the grow
-BIG = {"nodes": "[1, 2]", "steps": "150", "checkpoint_interval": "0", "data_parallel": "1",
+# 300 steps: the job grows only where 2 nodes save at least 2x the requeue's ~12 s over the steps
+# left (~0.15 s a step here: 0.49 s on 1 node, 0.35 on 2), so it must see the holder end with well
+# over 160 steps to go; with 150 steps a CI run saw it end at 134 to go (19.8 s: not growing).
+# 400 steps spent ~60 s more of CI after the grow
+BIG = {"nodes": "[1, 2]", "steps": "300", "checkpoint_interval": "0", "data_parallel": "1",
        "global_batch_size": "128", "micro_batch_size": "16", "time": '"0:30:00"'}
 
 
@@ -101,7 +103,7 @@ def test_a_job_started_on_one_node_grows_when_the_holder_ends(cluster, tmp_path)
     assert attempts[1]["start"]["nodes"] == g["nodes_to"] > 1 and attempts[1]["ended"] == "completed"
     assert attempts[1]["start"]["step"] == g["step"] and attempts[1]["start"]["resumed_from"]
     steps = [e["step"] for e in evs if e["event"] == "step"]
-    assert sorted(steps) == list(range(1, 151))   # none lost, none repeated across the grow
+    assert sorted(steps) == list(range(1, 301))   # none lost, none repeated across the grow
     status = pswift("status", job, check=True).stdout
     assert f"grew at step {g['step']} of attempt 0: 1 -> {g['nodes_to']} node(s)" in status
     # the grown attempt started from the cut attempt 0 measured, when that differed from the plan's
