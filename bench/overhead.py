@@ -91,11 +91,13 @@ def run_pswift(toml: Path, work: Path, history: Path | None = None) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"pswift run failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     from pipeswift_slurm import events
-    steps = [e for e in events.read(run)[0] if e["event"] == "step"]
-    start = next(e for e in events.read(run)[0] if e["event"] == "start")
+    evs = events.read(run)[0]
+    steps = [e for e in evs if e["event"] == "step"]
+    start = next(e for e in evs if e["event"] == "start")
+    profile = next((e for e in evs if e["event"] == "layer_profile"), {})
     return {"step_times": [e["step_time"] for e in steps], "losses": [e["loss"] for e in steps],
             "to_last_step_s": steps[-1]["time"] - started, "plan": str(run / "plan.json"),
-            "boundaries": start["boundaries"]}
+            "boundaries": start["boundaries"], "instructions": profile.get("instructions") or {}}
 
 
 def run_bare(plan: Path, work: Path, world: int) -> dict:

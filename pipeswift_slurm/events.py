@@ -116,6 +116,8 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
              "free": (_count, False), "step_s": (_num, False), "predicted_step_s": (_num, False),
              "remaining": (_count, False), "gain_s": (_num, False), "cost_s": (_num, False)},
     "layer_profile": {"micro_batch_size": (_count, True), "seconds": (_by_layer(_num), True),
+                      # ZB-H1: each split layer's weight pass W (part of its seconds)
+                      "weight_seconds": (_by_layer(_num), False),
                       "micro_batches": (_count, False), "boundaries": (_boundaries, False),
                       "samples": (_count, False), "param_bytes": (_by_layer(_count), False),
                       "activation_bytes": (_by_layer(_count), False),

@@ -111,10 +111,16 @@ ds_compat.use_train_schedule(engine, Counted)
 engine.train_batch(data_iter=iter(batches))
 assert built == [(2, 1, 0)], built
 assert ds_compat.received_gradients(engine) == []   # one stage: no gradient received
+assert [i for i, _ in ds_compat.stage_layers(engine.module)] == [0, 1, 2]   # the three Linears
+assert hasattr(engine.optimizer, "immediate_grad_update") and ds_compat.hooks_gradients(engine) is False
+# an activation sent early: the fields it reads (one stage sends nothing; its first send is DeepSpeed's)
+assert all(hasattr(engine, a) for a in ("first_output_send", "dynamic_shape", "has_attention_mask",
+                                        "has_bool_tensors", "pipe_buffers"))
+assert engine.first_output_send and ds_compat.post_activation_send(engine, 0) is None
 p0.grad = torch.full_like(p0, 7.0)   # cleared by the bracket, as DeepSpeed's backward clears it
 with ds_compat.gradients_added(engine):
     assert not p0.grad.any()
-    p0.backward(torch.full_like(p0, 0.5))
+    p0.grad.add_(torch.full_like(p0, 0.5))         # as zerobubble.WeightGrads adds a W
 assert torch.equal(safe_get_full_grad(p0).float(), torch.full(p0.shape, 0.5)), safe_get_full_grad(p0)
 # ZB-H1's early gradient receive: the fields it reads exist (one stage receives nothing: None);
 # the receive itself runs between two real stages in test_zerobubble

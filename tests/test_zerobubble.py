@@ -35,21 +35,26 @@ def test_every_backward_has_one_weight_pass_after_it_and_before_the_reduction(st
         # DeepSpeed's own instructions, in DeepSpeed's order: only weight passes were added
         ds = [[type(c).__name__ + (f"{c.kwargs['buffer_id']}" if "buffer_id" in c.kwargs else "") for c in s]
               for s in TrainSchedule(micro_batches=micro_batches, stages=stages, stage_id=stage).steps()]
-        assert [c for c in flat if c not in ("WeightPass", "PostRecvGrad")] == [c for s in ds for c in s]
+        assert [c for c in flat if c not in ("WeightPass", "PostRecvGrad") and not c.startswith("PostSend")] == [
+            c for s in ds for c in s]
         backwards = [i for i, c in enumerate(flat) if c.startswith("BackwardPass")]
         weights = [i for i, c in enumerate(flat) if c == "WeightPass"]
         assert len(backwards) == len(weights) == micro_batches
         assert all(b < w for b, w in zip(backwards, weights))        # W of micro-batch k after its B
         assert max(weights) < flat.index("ReduceTiedGrads")
-        # at most the 1F1B in-flight count of weight passes wait (their inputs are held until W)
-        owed = max(sum(b < i for b in backwards) - sum(w < i for w in weights) for i in range(len(flat)))
-        assert owed <= min(stages - stage, micro_batches) + 1
+        # ZB-H1's memory: no stage holds more micro-batches (forward done, weight pass not) than
+        # the first stage does in 1F1B, but for the one whose weight pass waits for the next RecvGrad
+        forwards = [i for i, c in enumerate(flat) if c.startswith("ForwardPass")]
+        held = max(sum(f < i for f in forwards) - sum(w < i for w in weights) for i in range(len(flat) + 1))
+        assert held <= min(stages, micro_batches) + (stage < stages - 1)
 
 
 def test_a_weight_pass_never_delays_a_send_the_next_stage_waits_for():
     """Stage 0 of 2 runs its weight passes where it waits for stage 1's gradient (before RecvGrad,
-    whose receive it posts first: stage 1's blocking send then completes while they run); the
-    last stage after its receives, right before a forward pass."""
+    whose receive it posts first: stage 1's blocking send then completes while they run), and
+    sends each activation as soon as its forward is done; the last stage (which every other
+    waits for) holds its weight passes back until ZB-H1's memory bound, then runs one right
+    before a forward pass, and the rest at the end."""
     first = [c for s in _schedule(2, 4, 0) for c in s]
     last = [c for s in _schedule(2, 4, 1) for c in s]
     for stages, micro_batches in ((2, 4), (4, 8)):
@@ -63,12 +68,20 @@ def test_a_weight_pass_never_delays_a_send_the_next_stage_waits_for():
                for i, c in enumerate(first) if c == "WeightPass")
     assert all(last[i + 1].startswith("ForwardPass") or last[i + 1] in ("WeightPass", "ReduceTiedGrads")
                for i, c in enumerate(last) if c == "WeightPass")
+    assert " ".join(last).endswith("BackwardPass1 SendGrad1 WeightPass WeightPass ReduceTiedGrads ReduceGrads OptimizerStep")
+    assert "".join(last).count("ForwardPass") == 4 and not any(c.startswith("PostSend") for c in last)
+    for stages, micro_batches in ((2, 4), (4, 8)):
+        for stage in range(stages - 1):
+            flat = [c for s in _schedule(stages, micro_batches, stage) for c in s]
+            posts = [i for i, c in enumerate(flat) if c.startswith("PostSendActivation")]
+            assert len(posts) == micro_batches and all(
+                flat[i - 1] == "ForwardPass" + flat[i][len("PostSendActivation"):] for i in posts)
 
 
 def _grads(model: torch.nn.Module, x: torch.Tensor, split: bool, micro_batches: int = 3,
-           hooks: bool = False) -> dict[str, torch.Tensor]:
+           hooks: bool = False, hooked: bool = False) -> dict[str, torch.Tensor]:
     from pipeswift_launch.zerobubble import WeightGrads, split_linears
-    store = WeightGrads()
+    store = WeightGrads(hooked=hooked)
     if split:
         assert split_linears(model, store) == sum(type(m) is torch.nn.Linear for m in model.modules())
     model.zero_grad(set_to_none=True)
@@ -88,10 +101,11 @@ def _grads(model: torch.nn.Module, x: torch.Tensor, split: bool, micro_batches: 
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.parametrize("hooked", [False, True], ids=["added", "through-autograd"])
 @pytest.mark.parametrize("hooks", [False, True], ids=["plain", "saved-tensor-hooks"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(3, 5, 16), (3, 2, 7, 16), (3, 16)], ids=["3d", "4d", "2d"])
-def test_deferred_weight_gradients_equal_autograds(dtype, shape, hooks):
+def test_deferred_weight_gradients_equal_autograds(dtype, shape, hooks, hooked):
     torch.manual_seed(0)
 
     def model() -> torch.nn.Module:
@@ -99,7 +113,8 @@ def test_deferred_weight_gradients_equal_autograds(dtype, shape, hooks):
         return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
                                    torch.nn.Linear(32, 16, bias=False)).to(dtype)
     x = torch.randn(*shape, dtype=dtype)
-    want, got = _grads(model(), x, split=False, hooks=hooks), _grads(model(), x, split=True, hooks=hooks)
+    want = _grads(model(), x, split=False, hooks=hooks)
+    got = _grads(model(), x, split=True, hooks=hooks, hooked=hooked)
     assert want.keys() == got.keys()
     bad = {n: float((want[n].float() - got[n].float()).abs().max()) for n in want if not torch.equal(want[n], got[n])}
     if dtype == torch.float32 and len(shape) == 3:
@@ -107,6 +122,29 @@ def test_deferred_weight_gradients_equal_autograds(dtype, shape, hooks):
     else:
         assert all(v <= 1e-5 * float(want[n].float().abs().max()) + (1e-2 if dtype == torch.bfloat16 else 0)
                    for n, v in bad.items()), bad
+
+
+@pytest.mark.parametrize("hooked", [False, True])
+def test_gradient_hooks_see_the_deferred_gradients_only_when_the_store_is_hooked(hooked):
+    """The bf16 optimizer's immediate_grad_update takes each gradient from a post-accumulate
+    hook: such a store hands W's products to autograd; a plain one adds them (no engine run)."""
+    from pipeswift_launch.zerobubble import WeightGrads, split_linears
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 2)
+    seen: list[torch.Tensor] = []
+
+    def hook(p: torch.Tensor) -> None:       # B's undefined weight gradient runs it too
+        if p.grad is not None:
+            seen.append(p.grad.clone())
+    lin.weight.register_post_accumulate_grad_hook(hook)
+    store = WeightGrads(hooked=hooked)
+    split_linears(lin, store)
+    for k in range(2):
+        store.backward(lambda k=k: lin(torch.full((3, 4), float(k + 1))).sum().backward())
+        store.weight()
+    assert torch.equal(lin.weight.grad, torch.full((2, 4), 9.0))
+    # the last W's sum reaches the hook only through autograd
+    assert ([float(s[0, 0]) for s in seen][-1:] == [9.0]) == hooked, seen
 
 
 def test_a_backward_outside_the_schedule_keeps_its_weight_gradients():
@@ -130,6 +168,28 @@ def test_zb_h1_with_bf16_zero1_recompute_clipping_and_tied_layers_trains_with_1f
     assert sorted(got) == sorted(want) == list(range(1, 9))
     a, b = ({s: float.fromhex(h) for s, h in d.items()} for d in (got, want))
     assert all(abs(a[s] - b[s]) <= 1e-5 * abs(b[s]) for s in b), (a, b)
+    _weight_passes_profiled_per_layer(runs, tmp_path)
+
+
+def _weight_passes_profiled_per_layer(runs: dict[str, Path], tmp_path: Path) -> None:
+    """ZB-H1's profile times each layer's weight pass W apart (part of the layer's seconds, as
+    1F1B's backward holds it); 1F1B's has none; the history keeps it per layer."""
+    import sqlite3
+
+    from pipeswift_slurm.history.store import History
+    profiles = {s: next(e for e in run_events(r) if e["event"] == "layer_profile") for s, r in runs.items()}
+    assert not profiles["1f1b"].get("weight_seconds")
+    zb = profiles["zb-h1"]
+    w, sec = zb["weight_seconds"], zb["seconds"]
+    blocks = [str(i) for i in range(2, 6)]        # the example's blocks (layers 1 and 6: the tied Mix)
+    assert set(blocks) <= set(w) and all(0 < w[k] < sec[k] for k in blocks), (w, sec)
+    h = History(tmp_path / "h.db")
+    try:
+        assert h.ingest_run_dir(runs["zb-h1"])
+    finally:
+        h.close()
+    rows = dict(sqlite3.connect(tmp_path / "h.db").execute("SELECT layer, weight_seconds FROM layer_profiles"))
+    assert {str(k): v for k, v in rows.items() if v is not None} == w
 
 
 def test_a_zb_h1_job_stopped_resumes_on_fewer_stages_under_1f1b_with_the_uninterrupted_losses(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from deepspeed.pipe import LayerSpec
 
 
@@ -24,20 +25,38 @@ class Embedding(nn.Module):
         return self.tok(tokens) + self.pos(pos)[None]
 
 
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention, its projections plain ``nn.Linear`` layers (as GPT-2's
+    c_attn and c_proj): ZB-H1 defers their weight gradients (nn.MultiheadAttention's own weights
+    are raw parameters it cannot split)."""
+
+    def __init__(self, hidden: int, heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden {hidden} is not a multiple of heads {heads}: change one of them")
+        self.heads, self.dropout = heads, dropout
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.out = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                           is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, t, h))
+
+
 class Block(nn.Module):
     def __init__(self, hidden: int, heads: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(hidden)
-        self.attn = nn.MultiheadAttention(hidden, heads, batch_first=True, dropout=dropout)
+        self.attn = CausalSelfAttention(hidden, heads, dropout)
         self.ln2 = nn.LayerNorm(hidden)
         self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden),
                                  nn.Dropout(dropout))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        t = x.shape[1]
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
-        h = self.ln1(x)
-        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
 

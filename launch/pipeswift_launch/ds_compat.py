@@ -4,15 +4,21 @@ DeepSpeed 0.19 has no public API for these, so they live here and nowhere else:
 
 - ``PipelineModule._partition_layers`` (overridden), ``_layer_specs``, ``_topo``, ``_set_bounds``:
   explicit stage boundaries (:class:`ExplicitPipe`);
+- ``PipelineModule.forward_funcs`` / ``_local_start``: this stage's layers and their indices in
+  the whole model (per-layer profiling, ZB-H1's weight passes timed per layer);
 - ``PipeEngine._INSTRUCTION_MAP``: timing each pipeline instruction while profiling, and
   ZB-H1's weight pass (:mod:`pipeswift_launch.zerobubble`);
 - ``PipeEngine._exec_schedule`` (per engine) and ``TrainSchedule``'s arguments: ZB-H1's schedule
   where DeepSpeed builds its 1F1B one; ``using_bf16_optimizer`` and the bf16 optimizer's
-  ``clear_lp_grads`` / ``update_hp_grads``: a weight pass adds its gradients as a backward does;
+  ``clear_lp_grads`` / ``update_hp_grads`` / ``immediate_grad_update``: a weight pass adds its
+  gradients as a backward does (through autograd where the optimizer hooks gradients);
   ``grad_layer``: the received-gradient buffers, which a deferred weight gradient must not alias;
   ``p2p.recv`` (module attribute), ``next_stage``, ``dynamic_shape``, ``is_pipe_partitioned`` /
   ``is_grad_partitioned``: the next gradient's receive posted before the weight passes that fill
   its wait (:func:`post_gradient_receive`), so that the next stage's send is not held up by them;
+  ``pipe_buffers["outputs"]``, ``first_output_send``, ``has_attention_mask`` /
+  ``has_bool_tensors``: an activation sent as soon as its forward is done
+  (:func:`post_activation_send`);
 - ``deepspeed.comm.torch.build_shm_op``: skipped on CPU (a ~36 s JIT build training never uses);
 - ``engine.global_steps`` / ``global_samples`` and ``PipelineModule.micro_offset``: set when
   resuming from a checkpoint (the module seeds each layer's forward from (seed, micro-batches
@@ -138,6 +144,13 @@ def _eager_step(step: Callable[..., Any]) -> Callable[..., Any]:
     return eager_step
 
 
+def stage_layers(module: Any) -> list[tuple[int, torch.nn.Module]]:
+    """This stage's layers that are modules, each with its index in the whole model."""
+    start = int(module._local_start)
+    return [(start + i, layer) for i, layer in enumerate(module.forward_funcs)
+            if isinstance(layer, torch.nn.Module)]
+
+
 def instruction_table(engine: Any) -> dict[Any, Callable[..., Any]]:
     """The engine's {instruction type: method} table (its own, else its class's)."""
     return dict(engine._INSTRUCTION_MAP)
@@ -188,6 +201,19 @@ def post_gradient_receive(engine: Any) -> tuple[Any, Any] | None:
     return layer, deepspeed.comm.irecv(layer, src=source)
 
 
+def post_activation_send(engine: Any, buffer_id: int) -> Any:
+    """The work of the activation send of ``buffer_id``'s forward output, posted now
+    (non-blocking), where DeepSpeed's SendActivation would send it later, after the previous
+    micro-batch's gradient arrived: the next stage may start that forward while this one computes
+    weight passes. None where DeepSpeed's own send must run (its first one, which sends the
+    shape first; dynamic shapes; an output that is not one plain floating tensor)."""
+    out = engine.pipe_buffers["outputs"][buffer_id]
+    if (engine.first_output_send or engine.dynamic_shape or not torch.is_tensor(out) or not out.is_floating_point()
+            or engine.has_attention_mask or engine.has_bool_tensors):
+        return None
+    return deepspeed.comm.isend(out, dst=engine.grid.stage_to_global(stage_id=engine.next_stage))
+
+
 @contextlib.contextmanager
 def posted_receive(posted: tuple[Any, Any]) -> Iterator[None]:
     """Within: DeepSpeed's p2p.recv into the posted buffer waits for the posted receive instead
@@ -211,13 +237,21 @@ def posted_receive(posted: tuple[Any, Any]) -> Iterator[None]:
         raise RuntimeError("ZB-H1: a gradient receive posted early was not taken by RecvGrad")
 
 
+def hooks_gradients(engine: Any) -> bool:
+    """Whether the optimizer takes each weight gradient from a hook as autograd accumulates it
+    (the bf16 optimizer's ``immediate_grad_update``): a gradient added outside autograd would
+    bypass it."""
+    return bool(getattr(engine, "using_bf16_optimizer", False)) and bool(
+        getattr(engine.optimizer, "immediate_grad_update", False))
+
+
 @contextlib.contextmanager
 def gradients_added(engine: Any) -> Iterator[None]:
     """Around gradients added outside DeepSpeed's backward pass, what its pipeline backward does
     around one: with the bf16 optimizer (fp32 accumulation, not immediate), the low-precision
     gradients are cleared before and added to the fp32 ones after."""
     opt = engine.optimizer
-    bf16 = bool(getattr(engine, "using_bf16_optimizer", False)) and not getattr(opt, "immediate_grad_update", False)
+    bf16 = bool(getattr(engine, "using_bf16_optimizer", False)) and not hooks_gradients(engine)
     if bf16:
         opt.clear_lp_grads()
     yield

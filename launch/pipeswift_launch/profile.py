@@ -2,7 +2,10 @@
 
 Forward: module pre/post hooks. Backward: autograd hooks on the layer's output (its gradient
 arrives: the layer's backward starts) and input (its gradient is ready: the backward ends). A
-first layer whose input needs no gradient gets 2x its forward as backward. Times are per
+first layer whose input needs no gradient gets 2x its forward as backward. Under ZB-H1 that
+backward is B (input gradients) and the layer's share of each weight pass W is timed apart
+(:meth:`LayerProfiler.weight_time`): its seconds are F + B + W as 1F1B's are F + backward, and
+W is reported on its own. Times are per
 micro-batch on this rank's device, as the planner and the simulator use them. Memory: each
 layer's output, and (without activation checkpointing, whose own saved-tensor hooks must stay
 innermost) the bytes autograd saves for its backward: every tensor packed during its forward
@@ -28,19 +31,32 @@ class LayerProfiler:
         self.sync, self.saved = sync, saved
         self.fwd: dict[int, list[float]] = defaultdict(list)
         self.bwd: dict[int, list[float]] = defaultdict(list)
+        self.wgrad: dict[int, list[float]] = defaultdict(list)   # ZB-H1: each W's share per layer
+        self._wgrad_pass: dict[int, float] = defaultdict(float)
         self.act_bytes: dict[int, int] = {}
         self.saved_bytes: dict[int, int] = {}
         self.param_bytes: dict[int, int] = {}
         self.handles: list[Any] = []
         self.active = False
-        start = int(module._local_start)
-        for i, layer in enumerate(module.forward_funcs):
-            if isinstance(layer, torch.nn.Module):
-                idx = start + i
-                # fp32 bytes whatever the precision: the cost model scales them (costmodel.STATE_BYTES)
-                self.param_bytes[idx] = 4 * sum(p.numel() for p in layer.parameters())
-                self.handles.append(layer.register_forward_pre_hook(self._pre(idx)))
-                self.handles.append(layer.register_forward_hook(self._post(idx)))
+        for idx, layer in ds_compat.stage_layers(module):
+            # fp32 bytes whatever the precision: the cost model scales them (costmodel.STATE_BYTES)
+            self.param_bytes[idx] = 4 * sum(p.numel() for p in layer.parameters())
+            self.handles.append(layer.register_forward_pre_hook(self._pre(idx)))
+            self.handles.append(layer.register_forward_hook(self._post(idx)))
+
+    def weight_time(self, layer: int, seconds: float) -> None:
+        """ZB-H1: ``seconds`` of the current weight pass spent on ``layer``'s weights."""
+        self._wgrad_pass[layer] += seconds
+
+    def weight_pass_done(self) -> None:
+        """ZB-H1: one weight pass (one micro-batch's weight gradients) is over."""
+        for layer, seconds in self._wgrad_pass.items():
+            self.wgrad[layer].append(seconds)
+        self._wgrad_pass.clear()
+
+    def now(self) -> float:
+        """A timestamp that (on CUDA) includes the device's work queued so far."""
+        return self._now()
 
     def _now(self) -> float:
         if self.sync:
@@ -102,15 +118,20 @@ class LayerProfiler:
         return hook
 
     def result(self) -> dict[str, Any]:
-        """{seconds: {layer: fwd+bwd}, param_bytes, activation_bytes, samples} for this stage."""
+        """{seconds: {layer: fwd+bwd}, weight_seconds: {layer: ZB-H1's W, part of seconds},
+        param_bytes, activation_bytes, samples} for this stage."""
         def med(xs: list[float]) -> float:
             return sorted(xs)[len(xs) // 2]
-        seconds = {}
+        seconds, weight_seconds = {}, {}
         for idx, f in self.fwd.items():
             fwd = med(f)
             bwd = med(self.bwd[idx]) if self.bwd.get(idx) else 2.0 * fwd
             seconds[str(idx)] = fwd + bwd
-        return {"seconds": seconds, "param_bytes": {str(k): v for k, v in self.param_bytes.items()},
+            if self.wgrad.get(idx):
+                weight_seconds[str(idx)] = med(self.wgrad[idx])
+                seconds[str(idx)] += weight_seconds[str(idx)]
+        return {"seconds": seconds, "weight_seconds": weight_seconds,
+                "param_bytes": {str(k): v for k, v in self.param_bytes.items()},
                 "activation_bytes": {str(k): v for k, v in self.act_bytes.items()},
                 "saved_bytes": {str(k): v for k, v in self.saved_bytes.items()},
                 "samples": min((len(v) for v in self.fwd.values()), default=0)}

@@ -115,6 +115,7 @@ class Attempt:
     grow_to: int = 0                 # rank 0: the node count a growth asks for
     trained_from: tuple[int, float] = (0, 0.0)   # (step, time) this attempt's training began
     hardware: dict[str, Any] = field(default_factory=dict)   # probe.measure's, for the start event
+    weight_grads: Any = None         # ZB-H1's deferred weight gradients (zerobubble.WeightGrads)
 
     @property
     def rank(self) -> int:
@@ -195,7 +196,7 @@ def _setup(att: Attempt) -> None:
     att.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                config=ds_config(plan, layout))
     if plan["schedule"] == "zb-h1":
-        zerobubble.install(att.engine)
+        att.weight_grads = zerobubble.install(att.engine)
     att.dist = dist
     att.boundaries = [int(b) for b in att.engine.module.parts]
     att.checkpoints = Checkpointer(att.engine, dist, Path(plan["training"]["checkpoint_dir"]), att.rank,
@@ -312,8 +313,11 @@ def _checkpoint_every_s(att: Attempt) -> float:
 
 
 def _profilers(att: Attempt) -> LayerProfiler:
-    return LayerProfiler(att.engine.module, sync=att.plan["device"] == "cuda",
-                         saved=not int(att.plan["training"]["activation_checkpoint_interval"]))
+    profiler = LayerProfiler(att.engine.module, sync=att.plan["device"] == "cuda",
+                             saved=not int(att.plan["training"]["activation_checkpoint_interval"]))
+    if att.weight_grads is not None:
+        att.weight_grads.watch = profiler    # ZB-H1: its weight passes timed per layer
+    return profiler
 
 
 def _step_end(att: Attempt, flag: Any, dog: Watchdog, every: int, proposal: Any, watcher: Any,
@@ -419,8 +423,8 @@ def _emit_profile(profiler: LayerProfiler, timer: InstructionTimer, att: Attempt
     profiler.remove()
     timer.remove()
     allp = collectives.all_gather(mine, world, device=engine.device)
-    merged: dict[str, Any] = {"seconds": {}, "param_bytes": {}, "activation_bytes": {}, "saved_bytes": {},
-                              "instructions": {}}
+    merged: dict[str, Any] = {"seconds": {}, "weight_seconds": {}, "param_bytes": {}, "activation_bytes": {},
+                              "saved_bytes": {}, "instructions": {}}
     samples = []
     for p in allp:
         if p:

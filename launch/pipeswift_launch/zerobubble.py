@@ -7,8 +7,11 @@ blocking sends and receives, which keeps the stages from deadlocking, is untouch
 weight passes move.
 
 Exactness: W computes ``grad_out^T @ input`` as autograd's matrix-multiply backward does and
-hands it to the weight through autograd (``Tensor.backward``), so gradient hooks see it and
-each weight's gradient sums the micro-batches in 1F1B's order. With DeepSpeed's bf16 optimizer
+adds it to the weight's gradient as autograd's AccumulateGrad does (the first one taken as it
+is, the others added in place), so each weight's gradient sums the micro-batches in 1F1B's
+order. Not through autograd itself (``Tensor.backward`` clones the first gradient of each step
+and starts the autograd engine once per weight: a few per cent of the backward on CPU), unless
+the optimizer takes gradients from hooks autograd runs (``WeightGrads.hooked``). With DeepSpeed's bf16 optimizer
 (fp32 accumulation) each W is bracketed as DeepSpeed brackets B (low-precision gradients
 cleared before, added to the fp32 ones after), so every gradient is added once, in the same order.
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -39,12 +42,36 @@ class PostRecvGrad(ds_schedule.PipeInstruction):  # type: ignore[misc]
     stage's send (blocking until this stage receives) then completes while they run."""
 
 
+class PostSendActivation(ds_schedule.BufferOpInstruction):  # type: ignore[misc]
+    """Send the forward's output as soon as the forward is done (non-blocking; waited for before
+    that micro-batch's backward, whose gradient the next stage sends only after receiving it);
+    DeepSpeed's own SendActivation of it, after the previous micro-batch's gradient, then sends
+    nothing. Without it that send waits behind the weight passes filling that gradient's wait."""
+
+
+class WeightWatch(Protocol):
+    """Who times the weight passes per layer (:class:`pipeswift_launch.profile.LayerProfiler`)."""
+    active: bool
+
+    def now(self) -> float: ...
+    def weight_time(self, layer: int, seconds: float) -> None: ...
+    def weight_pass_done(self) -> None: ...
+
+
+#: one deferred product: (weight, output gradient, input, the weight's layer in the model)
+Deferred = tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]
+
+
 class WeightGrads:
     """The deferred weight-gradient products, one list per backward pass, oldest first."""
 
-    def __init__(self) -> None:
-        self.pending: deque[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = deque()
-        self.collecting: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+    def __init__(self, hooked: bool = False) -> None:
+        #: the weight gradients go through autograd (``Tensor.backward``): hooks must see them
+        self.hooked = hooked
+        #: while its ``active``: each weight pass timed per layer
+        self.watch: WeightWatch | None = None
+        self.pending: deque[list[Deferred]] = deque()
+        self.collecting: list[Deferred] | None = None
 
     def backward(self, run_b: Callable[[], None], reused: Callable[[], list[torch.Tensor]] = list) -> None:
         """Run one backward pass (B), its weight gradients deferred to the next :meth:`weight`.
@@ -55,15 +82,32 @@ class WeightGrads:
         try:
             run_b()
             buffers = {t.untyped_storage().data_ptr() for t in reused()}
-            self.pending.append([(w, g.clone() if g.untyped_storage().data_ptr() in buffers else g, x)
-                                 for w, g, x in self.collecting])
+            self.pending.append([(w, g.clone() if g.untyped_storage().data_ptr() in buffers else g, x, layer)
+                                 for w, g, x, layer in self.collecting])
         finally:
             self.collecting = None
 
     def weight(self) -> None:
-        """W: the oldest backward pass's weight gradients, each accumulated through autograd."""
-        for weight, grad_out, inputs in self.pending.popleft():
-            weight.backward(grad_out.t().mm(inputs))
+        """W: the oldest backward pass's weight gradients, each added to its weight's gradient."""
+        deferred, watch = self.pending.popleft(), self.watch
+        if watch is None or not watch.active:
+            for weight, grad_out, inputs, _ in deferred:
+                self._add(weight, grad_out, inputs)
+            return
+        t = watch.now()
+        for weight, grad_out, inputs, layer in deferred:
+            self._add(weight, grad_out, inputs)
+            watch.weight_time(layer, -t + (t := watch.now()))
+        watch.weight_pass_done()
+
+    def _add(self, weight: torch.Tensor, grad_out: torch.Tensor, inputs: torch.Tensor) -> None:
+        grad = grad_out.t().mm(inputs)
+        if self.hooked or (weight.grad is None and grad.stride() != weight.stride()):
+            weight.backward(grad)        # AccumulateGrad: hooks, and the weight's layout
+        elif weight.grad is None:
+            weight.grad = grad
+        else:
+            weight.grad.add_(grad)
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -74,12 +118,12 @@ class _SplitLinear(torch.autograd.Function):  # type: ignore[misc]
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                store: WeightGrads) -> torch.Tensor:
+                store: WeightGrads, layer: int) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         # the parameter itself: under saved-tensor hooks (pswift's layer profiler, activation
         # offloading) saved_tensors gives a new tensor object, whose .backward() may not reach
         # the parameter's gradient
-        ctx.param, ctx.store, ctx.has_bias = weight, store, bias is not None
+        ctx.param, ctx.store, ctx.layer, ctx.has_bias = weight, store, layer, bias is not None
         return F.linear(x, weight, bias)
 
     @staticmethod
@@ -94,44 +138,57 @@ class _SplitLinear(torch.autograd.Function):  # type: ignore[misc]
             if ctx.store.collecting is None:          # a backward outside the schedule: at once
                 gw = g2.t().mm(x2)
             else:
-                ctx.store.collecting.append((ctx.param, g2, x2))
-        return gx, gw, gb, None
+                ctx.store.collecting.append((ctx.param, g2, x2, ctx.layer))
+        return gx, gw, gb, None, None
 
 
-def _split_forward(layer: torch.nn.Linear, store: WeightGrads, x: torch.Tensor) -> torch.Tensor:
-    if torch.is_grad_enabled() and layer.weight.requires_grad:
-        return _SplitLinear.apply(x, layer.weight, layer.bias, store)
-    return F.linear(x, layer.weight, layer.bias)
+def _split_forward(linear: torch.nn.Linear, store: WeightGrads, layer: int, x: torch.Tensor) -> torch.Tensor:
+    if torch.is_grad_enabled() and linear.weight.requires_grad:
+        return _SplitLinear.apply(x, linear.weight, linear.bias, store, layer)
+    return F.linear(x, linear.weight, linear.bias)
 
 
-def split_linears(module: torch.nn.Module, store: WeightGrads) -> int:
+def split_linears(module: torch.nn.Module, store: WeightGrads, layer: int = -1) -> int:
     """Every ``nn.Linear`` (the class itself, not a subclass with its own forward) of ``module``
-    defers its weight gradient to ``store``; returns how many."""
+    defers its weight gradient to ``store``, which times it as ``layer``'s (-1: none); returns
+    how many it split (one split already is left as it is)."""
     n = 0
-    for layer in module.modules():
-        if type(layer) is torch.nn.Linear:
-            layer.forward = functools.partial(_split_forward, layer, store)
+    for linear in module.modules():
+        if type(linear) is torch.nn.Linear and not isinstance(linear.__dict__.get("forward"), functools.partial):
+            linear.forward = functools.partial(_split_forward, linear, store, layer)
             n += 1
     return n
 
 
-def _with_weight_passes(steps: Iterator[list[Any]], last_stage: bool) -> Iterator[list[Any]]:
-    """DeepSpeed's 1F1B steps with a WeightPass for each BackwardPass: before the next
-    RecvGrad (the wait for the next stage's backward; its receive posted first), on the last
-    stage (which waits for nobody's gradient) before its next ForwardPass, and the rest before
-    the gradients are reduced."""
-    owed = 0
+def _with_weight_passes(steps: Iterator[list[Any]], stage_id: int, stages: int) -> Iterator[list[Any]]:
+    """DeepSpeed's 1F1B steps with a WeightPass for each BackwardPass, where ZB-H1 runs it.
+
+    - Every stage but the last: each forward's output sent at once (PostSendActivation), and
+      the weight passes owed before the next RecvGrad (the wait for the next stage's backward;
+      its receive posted first).
+    - The last stage (on the critical path: every other stage waits for its gradients): a weight
+      pass only before a ForwardPass that would hold more micro-batches in flight (forward done,
+      weight pass not) than the first stage's ``stages`` (ZB-H1's memory bound, 1F1B's peak).
+    - Every stage: the rest before the gradients are reduced."""
+    last = stage_id == stages - 1
+    owed = in_flight = 0
     for cmds in steps:
         out: list[Any] = []
         for cmd in cmds:
-            due = isinstance(cmd, (ds_schedule.RecvGrad, ds_schedule.ReduceTiedGrads)) or (
-                last_stage and isinstance(cmd, ds_schedule.ForwardPass))
-            if due:
-                if owed and isinstance(cmd, ds_schedule.RecvGrad):
-                    out.append(PostRecvGrad())
-                out += [WeightPass() for _ in range(owed)]
-                owed = 0
+            due = 0
+            if isinstance(cmd, ds_schedule.ReduceTiedGrads) or (not last and isinstance(cmd, ds_schedule.RecvGrad)):
+                due = owed
+            elif last and isinstance(cmd, ds_schedule.ForwardPass):
+                due = min(owed, max(0, in_flight - stages + 1))
+            if due and isinstance(cmd, ds_schedule.RecvGrad):
+                out.append(PostRecvGrad())
+            out += [WeightPass() for _ in range(due)]
+            owed, in_flight = owed - due, in_flight - due
             out.append(cmd)
+            if isinstance(cmd, ds_schedule.ForwardPass):
+                in_flight += 1
+                if not last:
+                    out.append(PostSendActivation(cmd.buffer_id))
             owed += isinstance(cmd, ds_schedule.BackwardPass)
         yield out
 
@@ -140,18 +197,36 @@ class ZeroBubbleH1(ds_schedule.TrainSchedule):  # type: ignore[misc]
     """DeepSpeed's TrainSchedule with the weight passes of ZB-H1 added."""
 
     def steps(self) -> Iterator[list[Any]]:
-        return _with_weight_passes(super().steps(), self.stage_id == self.stages - 1)
+        return _with_weight_passes(super().steps(), self.stage_id, self.stages)
 
 
 def install(engine: Any) -> WeightGrads:
     """Train ``engine`` with ZB-H1 from its next step: its Linear layers split, its schedule
     and instruction table extended. Returns the queue (empty after every step)."""
-    store = WeightGrads()
-    split_linears(engine.module, store)
+    store = WeightGrads(hooked=ds_compat.hooks_gradients(engine))
+    for idx, layer in ds_compat.stage_layers(engine.module):
+        split_linears(layer, store, idx)
+    split_linears(engine.module, store)      # a tied layer called through its forward_fn: untimed
     table = ds_compat.instruction_table(engine)
     backward = table[ds_schedule.BackwardPass]
 
+    sent: dict[int, Any] = {}     # buffer id: its activation send posted by PostSendActivation
+
+    def run_post_send(eng: Any, buffer_id: int) -> None:
+        if buffer_id in sent:
+            raise RuntimeError(f"ZB-H1: buffer {buffer_id}'s activation posted again before its backward")
+        work = ds_compat.post_activation_send(eng, buffer_id)
+        if work is not None:
+            sent[buffer_id] = work
+
+    def run_send_activation(eng: Any, buffer_id: int, **kwargs: Any) -> None:
+        if buffer_id not in sent:
+            send_activation(eng, buffer_id=buffer_id, **kwargs)
+
     def run_backward(eng: Any, **kwargs: Any) -> None:
+        work = sent.pop(kwargs.get("buffer_id", -1), None)
+        if work is not None:     # the next stage received it: its gradient came back
+            work.wait()
         store.backward(lambda: backward(eng, **kwargs), lambda: ds_compat.received_gradients(eng))
 
     def run_weight(eng: Any) -> None:
@@ -159,8 +234,9 @@ def install(engine: Any) -> WeightGrads:
             store.weight()
 
     def run_reduce(eng: Any, **kwargs: Any) -> None:
-        if store:
-            raise RuntimeError(f"ZB-H1: {len(store)} weight pass(es) left at the step's end")
+        if store or sent:
+            raise RuntimeError(f"ZB-H1: {len(store)} weight pass(es), {len(sent)} activation send(s) "
+                               f"left at the step's end")
         reduce_tied(eng, **kwargs)
 
     posted: list[tuple[Any, Any]] = []
@@ -178,9 +254,12 @@ def install(engine: Any) -> WeightGrads:
             recv_grad(eng, **kwargs)
 
     reduce_tied, recv_grad = table[ds_schedule.ReduceTiedGrads], table[ds_schedule.RecvGrad]
+    send_activation = table[ds_schedule.SendActivation]
     ds_compat.set_instruction_table(engine, {**table, ds_schedule.BackwardPass: run_backward,
                                              ds_schedule.ReduceTiedGrads: run_reduce,
                                              ds_schedule.RecvGrad: run_recv_grad,
+                                             ds_schedule.SendActivation: run_send_activation,
+                                             PostSendActivation: run_post_send,
                                              PostRecvGrad: run_post, WeightPass: run_weight})
     ds_compat.use_train_schedule(engine, ZeroBubbleH1)
     return store

@@ -196,6 +196,7 @@ def _profile(ev: dict[str, Any], mkey: str, profiles: list[dict[str, Any]],
     for layer, sec in ev["seconds"].items():
         profiles.append({"model_key": mkey, "micro_batch_size": ev["micro_batch_size"],
                          "layer": int(layer), "seconds": sec,
+                         "weight_seconds": (ev.get("weight_seconds") or {}).get(layer),
                          "param_bytes": (ev["param_bytes"] or {}).get(layer),
                          "activation_bytes": (ev["activation_bytes"] or {}).get(layer),
                          "saved_bytes": (ev["saved_bytes"] or {}).get(layer),

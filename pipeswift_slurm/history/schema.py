@@ -230,6 +230,10 @@ MIGRATIONS: list[str] = [
     ALTER TABLE job_rollup ADD COLUMN nodelist TEXT;
     ALTER TABLE job_rollup ADD COLUMN mem_mb REAL;
     """ + _rollup("(SELECT DISTINCT cluster, job_id FROM slurm_jobs)"),
+    # 15: a layer's weight-gradient pass W measured apart under ZB-H1 (issue 41; part of seconds)
+    """
+    ALTER TABLE layer_profiles ADD COLUMN weight_seconds REAL;
+    """,
 ]
 
 #: upsert one attempt: a source that does not know a field (the plugin knows no MaxRSS, sacct

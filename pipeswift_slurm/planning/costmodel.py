@@ -301,7 +301,7 @@ def overheads_from_instructions(instructions: dict[str, dict[str, float]], layer
     for s in range(P):
         ins = instructions.get(str(s)) or {}
         layers = sum(layer_seconds.get(str(i), 0.0) for i in range(boundaries[s], boundaries[s + 1]))
-        # ZB-H1's WeightPass: the weight gradients the layers' timed backward left out
+        # ZB-H1's WeightPass: the layers' weight gradients (their seconds include them)
         busy = sum(ins.get(k, 0.0) for k in ("ForwardPass", "BackwardPass", "WeightPass", "LoadMicroBatch"))
         per_mb.append(max(0.0, busy / m - layers))
     common = sorted(per_mb[:-1] or per_mb)
