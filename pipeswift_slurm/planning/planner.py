@@ -269,8 +269,8 @@ def _calibrate(cands: list[Candidate], profile: Profile, hw: Hardware, history: 
 def _pick_schedules(cands: list[Candidate], history: PastRuns, step_key: Any, notes: list[str]) -> None:
     """[pipeline] schedule = "auto": each candidate runs ZB-H1 where the history measured ZB-H1
     on its layout faster than 1F1B's step (measured, else estimated), else 1F1B. The step model
-    gives ZB-H1 no gain of its own: DeepSpeed sends an activation only after the stage received
-    a gradient, which keeps the bubble ZB-H1 would fill (measured about 1.0x on CPU; design.md)."""
+    gives ZB-H1 no gain of its own: the gain rests on the share of each layer's backward that is
+    a splittable weight gradient, which only a ZB-H1 run measures (design.md)."""
     picked = 0
     for c in cands:
         if c.estimate is None or step_key is None:
