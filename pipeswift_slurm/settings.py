@@ -175,7 +175,8 @@ SETTINGS: tuple[Setting, ...] = (
       "times when that pays (explicit boundaries never are)", plan="top"),
     S("pipeline", "schedule", "choice", "1f1b", "the pipeline schedule the engine runs: DeepSpeed's "
       "1F1B, or ZB-H1 (zero bubble: each backward computes input gradients first and the `nn.Linear` "
-      "weight gradients later, where the stage would wait; the same activation memory as 1F1B), or "
+      "weight gradients later, where the stage would wait; every stage may hold the micro-batches "
+      "the first holds in 1F1B, plus one), or "
       "`\"auto\"`: ZB-H1 where the history measured it faster than 1F1B on the layout, else 1F1B",
       choices=("1f1b", "zb-h1", "auto"), plan="top"),
 )

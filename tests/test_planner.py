@@ -242,6 +242,25 @@ def test_recompute_trades_a_forward_for_activation_memory():
     assert activation_memory(1.0, 4, 2, 0) == 8.0 and activation_memory(1.0, 4, 2, 2) == 2 * 2 + 2
 
 
+def test_zb_h1_memory_counts_the_micro_batches_its_weight_passes_hold():
+    """pswift's ZB-H1 holds up to the first stage's 1F1B count on every stage (the last stage's
+    deferred weight passes), one more where a W waits for the next RecvGrad: the memory check
+    counts them, so a layout that fits 1F1B only is refused under ZB-H1, its stage named."""
+    from pipeswift_slurm.planning.costmodel import held_micro_batches
+    assert [held_micro_batches("1f1b", 4, 8, s, 4 - s) for s in range(4)] == [4, 3, 2, 1]
+    assert [held_micro_batches("zb-h1", 4, 8, s, 4 - s) for s in range(4)] == [5, 5, 5, 4]
+    assert [held_micro_batches("zb-h1", 4, 2, s, min(4 - s, 2)) for s in range(4)] == [3, 3, 3, 2]
+    prof = Profile((1.0,) * 8, (1e8,) * 8, (1e9,) * 8, 1, "toml")
+    one = estimate_step(prof, [0, 2, 4, 6, 8], 8, 1, 1, 1, Hardware())
+    zb = estimate_step(prof, [0, 2, 4, 6, 8], 8, 1, 1, 1, Hardware(), "zb-h1")
+    assert zb.step_s == one.step_s
+    assert zb.stage_memory[3] - one.stage_memory[3] == pytest.approx(3 * 2 * 1e9)   # 3 more of 2 layers
+    assert zb.stage_memory[0] - one.stage_memory[0] == pytest.approx(1 * 2 * 1e9)
+    hw = Hardware(device_memory=(one.stage_memory[0] + zb.stage_memory[0]) / 2)
+    assert estimate_step(prof, [0, 2, 4, 6, 8], 8, 1, 1, 1, hw).fits
+    assert not estimate_step(prof, [0, 2, 4, 6, 8], 8, 1, 1, 1, hw, "zb-h1").fits
+
+
 def test_a_config_that_would_not_fit_is_rejected_with_the_numbers_and_fits_in_bf16_zero1(tmp_path, monkeypatch):
     """4 GB of fp32 weights a layer, 6 layers, 2 slots of 80 GB, one stage: fp32 (16 bytes a
     parameter) needs 96 GB a slot and is refused before anything is submitted; bf16 + ZeRO-1

@@ -94,10 +94,12 @@ class WeightGrads:
             for weight, grad_out, inputs, _ in deferred:
                 self._add(weight, grad_out, inputs)
             return
-        t = watch.now()
+        before = watch.now()
         for weight, grad_out, inputs, layer in deferred:
             self._add(weight, grad_out, inputs)
-            watch.weight_time(layer, -t + (t := watch.now()))
+            after = watch.now()
+            watch.weight_time(layer, after - before)
+            before = after
         watch.weight_pass_done()
 
     def _add(self, weight: torch.Tensor, grad_out: torch.Tensor, inputs: torch.Tensor) -> None:

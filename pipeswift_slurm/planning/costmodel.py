@@ -179,9 +179,21 @@ def oversubscribed(stages: int, data_parallel: int, tasks_per_node: int, hw: Har
     return hw.crowded(min(hw.ranks_per_host or tasks_per_node, stages * data_parallel))
 
 
+def held_micro_batches(schedule: str, stages: int, micro_batches: int, stage: int, in_1f1b: int) -> int:
+    """Micro-batches whose activations stage ``stage`` may hold at once: 1F1B's ``in_1f1b``;
+    under pswift's ZB-H1 (pipeswift_launch.zerobubble) up to the first stage's 1F1B count on
+    every stage, one more where a weight pass waits for the next stage's gradient (counted
+    whole, though a weight pass keeps only its Linear inputs and output gradients)."""
+    if schedule != "zb-h1":
+        return in_1f1b
+    return max(in_1f1b, min(stages, micro_batches) + (stage < stages - 1))
+
+
 def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: int,
                   micro_batch_size: int, data_parallel: int, tasks_per_node: int,
-                  hw: Hardware) -> StepEstimate:
+                  hw: Hardware, schedule: str = "1f1b") -> StepEstimate:
+    """The step time and each stage's memory of this layout (``schedule``: the memory it holds;
+    the time is 1F1B's for either schedule)."""
     costs = _scaled(profile, micro_batch_size)
     P = len(boundaries) - 1
     fwd, bwd = stage_times(costs, boundaries)
@@ -230,7 +242,8 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
     for s in range(P):
         memory.append(state_factor(profile, data_parallel) * params[s]
                       + stage_activations(profile, boundaries[s], boundaries[s + 1], micro_batch_size,
-                                          sim.peak_in_flight[s]))
+                                          held_micro_batches(schedule, P, micro_batches, s,
+                                                             sim.peak_in_flight[s])))
     return StepEstimate(step_s=step, compute_s=compute * contention, p2p_s=2 * (P - 1) * p2p,
                         allreduce_s=allreduce, optimizer_s=optimizer, contention=contention,
                         bubble_ratio=sim.bubble_ratio, stage_memory=tuple(memory),

@@ -210,7 +210,7 @@ def _candidates(cfg: TrainConfig, profile: Profile, hw: Hardware) -> list[Candid
             if why is not None:
                 continue
             est = estimate_step(profile, c.boundaries, c.micro_batches, c.micro_batch_size, dp,
-                                c.tasks_per_node, hw)
+                                c.tasks_per_node, hw, c.schedule)
             c.stage_memory = list(est.stage_memory)
             if not est.fits:
                 s = max(range(P), key=lambda i: est.stage_memory[i])
