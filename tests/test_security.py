@@ -350,16 +350,18 @@ def test_the_real_plugin_reads_a_users_run_dir_as_that_user_only(cluster, public
     while time.time() < deadline:
         if CLUSTER_DB.exists():   # (on a fresh cluster the plugin creates it with the first record)
             db = sqlite3.connect(CLUSTER_DB)
-            # one row per attempt: a loaded host may see Slurm requeue a launch (a node that answered late)
-            got = db.execute(f"SELECT DISTINCT job_id, user FROM slurm_jobs WHERE job_id IN "
-                             f"({','.join('?' * len(ids))})", ids).fetchall()
+            # one row per attempt: a loaded host may see Slurm requeue a launch (a node that answered
+            # late); this test's own jobs only: the cluster's DB outlives a controller's job ids
+            got = db.execute("SELECT DISTINCT job_id, user FROM slurm_jobs WHERE job_id IN (?, ?) AND "
+                             "work_dir IN (?, ?)", [*ids, str(run), str(bad)]).fetchall()
         pending = [f for j in ids for f in CLUSTER_SPOOL.glob(f"{j}.*.json")]
         if len(got) == 2 and not pending:
             break
         time.sleep(0.5)
     assert not pending, f"the plugin left spool files (merge failed or timed out): {pending}"
     assert sorted(got) == sorted((j, USER) for j in ids)
-    rows = db.execute("SELECT job_id, user, run_dir FROM jobs WHERE job_id IN (?, ?)", ids).fetchall()
+    rows = db.execute("SELECT job_id, user, run_dir FROM jobs WHERE job_id IN (?, ?) AND run_dir IN (?, ?)",
+                      [*ids, str(run), str(bad)]).fetchall()
     assert rows == [(ids[0], USER, str(run))]     # the bad one was refused, the good one is the user's
     shadow = Path("/etc/shadow").read_bytes().split(b"\n")[0]     # root's line, e.g. root:*:19000:0:...
     assert len(shadow) > 8 and shadow not in CLUSTER_DB.read_bytes()   # (an index may hold "root:" itself)
