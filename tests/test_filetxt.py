@@ -18,10 +18,11 @@ FORMAT = ("JobId={job} UserId={user}({uid}) GroupId={user}({uid}) Name={name} Jo
 
 def written(job: int, user: str, name: str, work: str, state: str = "COMPLETED", part: str = "low",
             nodes: int = 1, cut: bool = True) -> str:
-    """One record as Slurm writes it (22.05: cut to 1,023 bytes, without its newline)."""
+    """One record as Slurm writes it (22.05: cut to 1,023 bytes, without its newline; a cut
+    through a character leaves its first bytes, read back as the reader does, surrogate-escaped)."""
     rec = FORMAT.format(job=job, user=user, uid=1000 + job, name=name, state=state, part=part, nodes=nodes, work=work)
     raw = rec.encode()
-    return raw[:filetxt.CUT_AT].decode("utf-8", "ignore") if cut and len(raw) > filetxt.CUT_AT + 1 else rec
+    return raw[:filetxt.CUT_AT].decode("utf-8", "surrogateescape") if cut and len(raw) > filetxt.CUT_AT + 1 else rec
 
 
 text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r\x00"), max_size=1100)
@@ -52,3 +53,19 @@ def test_a_record_taken_is_slurms_and_plain_neighbours_are_never_lost(jobs, cutt
     neighbours = sum(plain for _, _, plain in jobs)
     assert sum(r["USERNAME"] == "alice" for r in got.records) == neighbours
     assert len(got.records) + got.refused == len(lines)
+
+
+def test_a_cut_through_a_character_keeps_the_next_record_and_invalid_bytes_read_as_replacement(tmp_path):
+    """22.05 cuts at byte 1,023 even inside a character: the file is read surrogate-escaped, so
+    the next record still starts at that byte and is taken; a name's bytes that are not UTF-8
+    come out as U+FFFD, never as text SQLite cannot store."""
+    name = "x" * 300 + "é" * 400                   # the cut falls inside an é for one of two offsets
+    cuts = [written(100, "mallory", name[:n], "/w", cut=True).encode("utf-8", "surrogateescape") for n in (699, 700)]
+    assert any(len(c.decode("utf-8", "ignore").encode()) < len(c) for c in cuts)    # one cut inside a character
+    for raw in cuts:
+        (tmp_path / "jobcomp.txt").write_bytes(raw + written(101, "alice", "train", "/home/alice").encode() + b"\n")
+        got = filetxt.read(tmp_path / "jobcomp.txt", cutting=True)
+        assert [r["JOBID"] for r in got.records] == ["101"] and got.refused == 1
+    (tmp_path / "jobcomp.txt").write_bytes(written(102, "bob", "a", "/w").encode().replace(b"Name=a", b"Name=a\xff"))
+    (rec,) = filetxt.read(tmp_path / "jobcomp.txt", cutting=False).records
+    assert rec["JOBNAME"] == "a\ufffd" and rec["JOBNAME"].encode()

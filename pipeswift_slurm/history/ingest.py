@@ -90,7 +90,7 @@ def _jobcomp(h: History, path: Path, got: Ingested) -> None:
         version: tuple[int, int, int] | None = slurm.slurm_version()
     except SlurmError:
         version = None
-    parsed = filetxt.parse(path.read_text(encoding="utf-8", errors="replace"), filetxt.cuts_records(version))
+    parsed = filetxt.read(path, filetxt.cuts_records(version))
     got.jobcomp = (len(parsed.records), h.add_slurm_records(parsed.records, "filetxt"))
     if parsed.refused:
         got.warnings.append(f"warning: {path}: {parsed.refused} record(s) refused: a key repeated, a record "

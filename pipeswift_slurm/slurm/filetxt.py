@@ -24,6 +24,7 @@ environment) or ``sacct --json``; docs/admin.md says so.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, NamedTuple
 
 #: Slurm 22.05's record buffer: a longer record is cut to this many bytes, without its newline
@@ -81,6 +82,12 @@ def _record(text: str) -> dict[str, Any] | None:
     return None if m is None else m.groupdict()
 
 
+def read(path: Path, cutting: bool) -> Parsed:
+    """:func:`parse` of the file at ``path``, read surrogate-escaped: a record cut inside a
+    character keeps its byte count, so the next one still starts at byte CUT_AT of the line."""
+    return parse(path.read_text(encoding="utf-8", errors="surrogateescape"), cutting)
+
+
 def parse(text: str, cutting: bool) -> Parsed:
     """The records of a jobcomp/filetxt file (as sacct's keys, upper case: JOBID, USERNAME,
     JOBSTATE...) and how many were refused (see the module's rules); ``cutting``: written by a
@@ -111,7 +118,9 @@ def _ends_as_slurm_does(piece: str) -> bool:
     return _END.search(piece) is not None
 
 
-def _as_record(f: dict[str, str]) -> dict[str, Any]:
+def _as_record(raw: dict[str, str]) -> dict[str, Any]:
+    # bytes that are not UTF-8 (read surrogate-escaped, to count bytes) as U+FFFD
+    f = {k: v.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for k, v in raw.items() if v is not None}
     return {"JOBID": f["JobId"], "USERNAME": f["UserId"] or None, "JOBNAME": f["Name"],
             "JOBSTATE": f["JobState"], "PARTITION": f["Partition"], "LIMIT": f["TimeLimit"],
             "START": f["StartTime"], "END": f["EndTime"], "NODES": f["NodeList"], "NODECNT": f["NodeCnt"],
