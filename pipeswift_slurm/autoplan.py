@@ -47,14 +47,14 @@ def _layer_costs(cfg: TrainConfig, h: hist_mod.History | None) -> Profile | None
         got = h.layer_profile(_model_key(cfg))
         n = cfg.layer_count
         if got is not None and (n is None or len(got[1]) == n):
-            mbs, secs, params, acts, saved = got
+            mbs, secs, params, acts, saved, weight = got
             over = h.pipe_overheads(_model_key(cfg), mbs) or {}
             return Profile(tuple(secs), tuple(params) if any(params) else None,
                            tuple(acts) if any(acts) else None, mbs, "history",
                            overhead_s=over.get("overhead_s", 0.0),
                            last_stage_overhead_s=over.get("last_stage_overhead_s", 0.0),
                            send_s=over.get("send_s", 0.0), step_overhead_s=over.get("step_overhead_s"),
-                           saved_bytes=every_known(saved))
+                           saved_bytes=every_known(saved), weight_fraction=tuple(weight))
     if cfg.model.layer_costs is not None:
         return Profile(cfg.model.layer_costs, cfg.model.layer_memory, None,
                        cfg.training.micro_batch_size, "toml")

@@ -125,6 +125,28 @@ def test_locked_db_does_not_break_planning(trained, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_a_layers_weight_share_measured_under_zb_h1_outlives_a_later_1f1b_profile(tmp_path):
+    """A ZB-H1 run measures each layer's weight pass W: the planner reads W's share of the
+    layer's seconds; a later 1F1B profile (which cannot measure W) renews the seconds and keeps
+    the share; a model never run under ZB-H1 has none (the planner then assumes one)."""
+    from helpers import run_dir
+    prof = {"event": "layer_profile", "attempt": 0, "micro_batch_size": 1}
+    zb = {**prof, "time": 12.5, "seconds": {"0": 0.2, "1": 400.0}, "weight_seconds": {"0": 0.05, "1": 100.0}}
+    later = {**prof, "time": 20.0, "seconds": {"0": 0.3, "1": 500.0}}
+    h = History(tmp_path / "h.db")
+    try:
+        h.ingest_run_dir(run_dir(tmp_path / "1f1b-only"))
+        mkey = h.conn.execute("SELECT model_key FROM layer_profiles").fetchone()[0]
+        assert h.layer_profile(mkey).weight_fraction == [None, None]
+        h.ingest_run_dir(run_dir(tmp_path / "zb", [json.dumps(zb).encode()]))
+        assert h.layer_profile(mkey).weight_fraction == [0.25, 0.25]
+        h.ingest_run_dir(run_dir(tmp_path / "1f1b", [json.dumps(later).encode()]))
+        got = h.layer_profile(mkey)
+        assert got.seconds == [0.3, 500.0] and got.weight_fraction == [0.25, 0.25]
+    finally:
+        h.close()
+
+
 def test_partition_preemption_history_raises_expected_loss(tmp_path):
     from pipeswift_slurm.history.store import History
     db = tmp_path / "h.db"

@@ -253,12 +253,39 @@ def test_zb_h1_memory_counts_the_micro_batches_its_weight_passes_hold():
     prof = Profile((1.0,) * 8, (1e8,) * 8, (1e9,) * 8, 1, "toml")
     one = estimate_step(prof, [0, 2, 4, 6, 8], 8, 1, 1, 1, Hardware())
     zb = estimate_step(prof, [0, 2, 4, 6, 8], 8, 1, 1, 1, Hardware(), "zb-h1")
-    assert zb.step_s == one.step_s
     assert zb.stage_memory[3] - one.stage_memory[3] == pytest.approx(3 * 2 * 1e9)   # 3 more of 2 layers
     assert zb.stage_memory[0] - one.stage_memory[0] == pytest.approx(1 * 2 * 1e9)
     hw = Hardware(device_memory=(one.stage_memory[0] + zb.stage_memory[0]) / 2)
     assert estimate_step(prof, [0, 2, 4, 6, 8], 8, 1, 1, 1, hw).fits
     assert not estimate_step(prof, [0, 2, 4, 6, 8], 8, 1, 1, 1, hw, "zb-h1").fits
+
+
+def test_zb_h1_step_model_fills_the_bubble_with_the_weight_passes_measured_or_assumed():
+    """Under ZB-H1 the step model simulates the order pswift's engine runs on the stage times,
+    each stage's W its layers' measured share: with F = B = W on 2 stages it is the paper's
+    m(F+B+W) + (p-1)(F+B-W) against 1F1B's (m+p-1)(F+B+W), on 4 the engine's own order; no
+    splittable weight gradient, no gain; unmeasured, the assumed share."""
+    from pipeswift_slurm.planning.costmodel import WEIGHT_FRACTION_ASSUMED
+    from pipeswift_slurm.planning.simulate import simulate
+    paper = Profile((1.0,) * 8, weight_fraction=(1 / 3,) * 8)          # F = B = W = 4/3 a stage of 4 layers
+    two = estimate_step(paper, [0, 4, 8], 8, 1, 1, 1, Hardware(), "zb-h1")
+    assert two.compute_s == pytest.approx(8 * 4.0 + 1 * 4 / 3, rel=1e-3)
+    cut, m = [0, 2, 4, 6, 8], 8
+    one = estimate_step(paper, cut, m, 1, 1, 1, Hardware())
+    zb = estimate_step(paper, cut, m, 1, 1, 1, Hardware(), "zb-h1")
+    assert one.compute_s == pytest.approx(11 * 2.0, rel=1e-3)
+    as_run = simulate([2 / 3] * 4, [4 / 3] * 4, m, "zb-h1", wgrad=[2 / 3] * 4, as_run=True).step_time
+    assert zb.compute_s == pytest.approx(as_run, rel=1e-3) and 8 * 2.0 + 3 * 2 / 3 < as_run < 22
+    assert zb.step_s - zb.compute_s == pytest.approx(one.step_s - one.compute_s)   # the rest unchanged
+    assert zb.bubble_ratio < one.bubble_ratio
+    none = paper._replace(weight_fraction=(0.0,) * 8)                  # nothing to defer
+    assert estimate_step(none, cut, m, 1, 1, 1, Hardware(), "zb-h1").step_s == pytest.approx(one.step_s)
+    assert (paper.weight_fractions()[1], none.weight_fractions()[1]) == (True, True)
+    guessed = paper._replace(weight_fraction=(1 / 3,) * 7 + (None,))
+    assert guessed.weight_fractions() == ([1 / 3] * 7 + [WEIGHT_FRACTION_ASSUMED], False)
+    assert Profile((1.0,) * 8).weight_fractions() == ([WEIGHT_FRACTION_ASSUMED] * 8, False)
+    assert estimate_step(paper, [0, 8], m, 1, 1, 1, Hardware(), "zb-h1").step_s == \
+        pytest.approx(estimate_step(paper, [0, 8], m, 1, 1, 1, Hardware()).step_s)   # one stage: no bubble
 
 
 def test_a_config_that_would_not_fit_is_rejected_with_the_numbers_and_fits_in_bf16_zero1(tmp_path, monkeypatch):
@@ -283,25 +310,41 @@ def test_a_config_that_would_not_fit_is_rejected_with_the_numbers_and_fits_in_bf
     assert "1 stage(s) x 2 dp" in proc.stderr and proc.stdout.startswith("#!/bin/bash\n")
 
 
-def test_schedule_auto_runs_zb_h1_only_where_the_history_measured_it_faster(tmp_path):
+def test_schedule_auto_runs_zb_h1_where_measured_or_modelled_faster_and_1f1b_where_the_split_does_not_pay(tmp_path):
+    """Per layout: ZB-H1 where the history measured it faster than 1F1B, or, unmeasured, where
+    the step model (the measured weight-pass shares, else assumed ones, said so) saves at least
+    ZB_MODEL_MIN_GAIN of the step; 1F1B where the layers have nothing to defer, the bubble is too
+    small to pay, or ZB-H1 was measured slower."""
+    from pipeswift_slurm.planning.planner import ZB_MODEL_MIN_GAIN
     toml = big_toml(tmp_path)
     toml.write_text(toml.read_text().replace("[pipeline]", '[pipeline]\nschedule = "auto"'))
     cfg = load_config(toml)
-    prof = Profile(cfg.model.layer_costs, None, None, 1, "toml")
     key = lambda c: f"{c.nodes}/{c.stages}/{c.schedule}"  # noqa: E731
     hw = Hardware(host_cores=8)
-    base = plan(cfg, prof, hw, cluster(None), PastRuns(), key)
-    assert {c.schedule for c in base.candidates if c.estimate} == {"1f1b"}    # nothing measured: 1F1B
-    one, two = (base.best_per_nodes()[n].estimate.step_s for n in (1, 2))
-    seen = {"1/1/zb-h1": 0.8 * one,                      # faster than 1F1B's estimate: ZB-H1
-            "2/2/1f1b": two, "2/2/zb-h1": 1.05 * two}    # slower than 1F1B measured: the split does not pay
-    res = plan(cfg, prof, hw, cluster(None), PastRuns(step_times=seen), key)
-    best = res.best_per_nodes()
-    assert (best[1].schedule, best[1].estimate.step_source) == ("zb-h1", "measured")
-    assert best[1].estimate.step_s == pytest.approx(0.8 * one)
-    assert (best[2].schedule, best[2].estimate.step_s) == ("1f1b", pytest.approx(two))
-    assert best[4].schedule == "1f1b" and any('"auto": ZB-H1 on 1 layout(s)' in n for n in res.notes)
-    assert res.to_dict()["chosen"]["schedule"] == res.chosen.schedule
+
+    def run(weight: tuple | None, seen: dict | None = None):
+        prof = Profile(cfg.model.layer_costs, None, None, 1, "toml", weight_fraction=weight)
+        res = plan(cfg, prof, hw, cluster(None), PastRuns(step_times=seen or {}), key)
+        return res, {c.nodes: c for c in res.candidates if c.estimate}
+
+    flat, by = run((0.0,) * 8)                           # measured: no layer has a weight pass to defer
+    assert {c.schedule for c in by.values()} == {"1f1b"}
+    assert any("ZB-H1 on 0 layout(s)" in n and "shares a ZB-H1 run measured" in n for n in flat.notes)
+    one, two, four = (by[n].est.step_s for n in (1, 2, 4))
+    res, by = run(None)                                  # nothing measured: the assumed share
+    assert (by[1].schedule, by[2].schedule, by[4].schedule) == ("1f1b", "1f1b", "zb-h1")   # m = 32: 4 stages' bubble pays
+    assert by[4].est.step_s < (1 - ZB_MODEL_MIN_GAIN) * four and by[4].est.step_source == "model"
+    assert any("modelled at least 2% faster" in n and "assumed 25%" in n for n in res.notes)
+    assert res.chosen.schedule == res.to_dict()["chosen"]["schedule"] == "zb-h1"
+    seen = {"1/1/zb-h1": 0.8 * one,                      # measured faster than 1F1B's estimate: ZB-H1
+            "2/2/1f1b": two, "2/2/zb-h1": 1.05 * two,    # measured slower than 1F1B: the split does not pay
+            "4/4/1f1b": four}                            # 1F1B measured: ZB-H1 = that x the model's ratio
+    res, by = run(None, seen)
+    assert (by[1].schedule, by[1].est.step_source, by[1].est.step_s) == ("zb-h1", "measured", pytest.approx(0.8 * one))
+    assert (by[2].schedule, by[2].est.step_s) == ("1f1b", pytest.approx(two))
+    assert by[4].schedule == "zb-h1" and by[4].est.step_source == "calibrated"
+    assert 0.9 * four < by[4].est.step_s < (1 - ZB_MODEL_MIN_GAIN) * four
+    assert any('"auto": ZB-H1 on 2 layout(s) (1 measured faster than 1F1B, 1 modelled' in n for n in res.notes)
 
 
 def test_plan_json_never_says_auto(tmp_path):
@@ -309,4 +352,4 @@ def test_plan_json_never_says_auto(tmp_path):
     toml = copy_example(tmp_path / "ex")
     toml.write_text(toml.read_text().replace("[pipeline]", '[pipeline]\nschedule = "auto"'))
     p = submit.prepare(toml, tmp_path / "run", live=False, learn=False)
-    assert p.plan["schedule"] == "1f1b"                  # nothing measured: DeepSpeed's own
+    assert p.plan["schedule"] in ("1f1b", "zb-h1")       # resolved by the planner's model

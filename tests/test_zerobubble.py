@@ -50,6 +50,18 @@ def test_every_backward_has_one_weight_pass_after_it_and_before_the_reduction(st
         assert held <= held_micro_batches("zb-h1", stages, micro_batches, stage, min(stages - stage, micro_batches))
 
 
+@pytest.mark.parametrize("stages,micro_batches", [(2, 4), (4, 8), (4, 2), (3, 5), (1, 3)])
+def test_the_planner_simulates_the_order_the_engine_runs(stages, micro_batches):
+    """The step model's ZB-H1 (simulate(..., as_run=True)) runs each stage's forwards, backwards
+    and weight passes in the order the engine's instruction stream has them."""
+    from pipeswift_slurm.planning.simulate import _order_zb_h1_as_run
+    kind = {"ForwardPass": "F", "BackwardPass": "B", "WeightPass": "W"}
+    for stage in range(stages):
+        ran = [kind[k] for c in (c for s in _schedule(stages, micro_batches, stage) for c in s)
+               if (k := c.rstrip("0123456789")) in kind]
+        assert ran == [op for op, _, _ in _order_zb_h1_as_run(stage, stages, micro_batches)], stage
+
+
 def test_a_weight_pass_never_delays_a_send_the_next_stage_waits_for():
     """Stage 0 of 2 runs its weight passes where it waits for stage 1's gradient (before RecvGrad,
     whose receive it posts first: stage 1's blocking send then completes while they run), and

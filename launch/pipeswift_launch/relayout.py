@@ -70,6 +70,7 @@ def measured_profile(plan: Plan, layout: LayoutSpec, profiled: dict[str, Any],
     params = [profiled.get("param_bytes", {}).get(str(i)) for i in range(n)]
     acts = [profiled.get("activation_bytes", {}).get(str(i)) for i in range(n)]
     saved = [(profiled.get("saved_bytes") or {}).get(str(i)) for i in range(n)]
+    weight = [(profiled.get("weight_seconds") or {}).get(str(i)) for i in range(n)]
     over: dict[str, float] = {}
     if profiled.get("instructions"):
         over = overheads_from_instructions(profiled["instructions"], secs, boundaries,
@@ -80,7 +81,9 @@ def measured_profile(plan: Plan, layout: LayoutSpec, profiled: dict[str, Any],
                    int(layout["micro_batch_size"]), "measured", **over,
                    precision=t["precision"], zero_stage=int(t["zero_stage"]),
                    recompute_interval=int(t["activation_checkpoint_interval"]),
-                   saved_bytes=every_known(saved))
+                   saved_bytes=every_known(saved),
+                   weight_fraction=tuple(None if w is None or not float(secs[str(i)]) > 0
+                                         else min(1.0, float(w) / float(secs[str(i)])) for i, w in enumerate(weight)))
 
 
 def hardware(plan: Plan) -> Hardware:
@@ -101,7 +104,7 @@ def step_times(plan: Plan, profile: Profile) -> dict[int, float]:
         except PartitionError:
             continue
         out[int(n)] = estimate_step(profile, cut, lay["micro_batches"], lay["micro_batch_size"],
-                                    int(lay["data_parallel"]), lay["tasks_per_node"], hw).step_s
+                                    int(lay["data_parallel"]), lay["tasks_per_node"], hw, plan["schedule"]).step_s
     return out
 
 
@@ -120,7 +123,7 @@ def propose(plan: Plan, layout: LayoutSpec, boundaries: list[int], profiled: dic
     except PartitionError as e:
         keep.why = f"no cut fits ({e})"
         return keep
-    args = (layout["micro_batches"], layout["micro_batch_size"], dp, layout["tasks_per_node"], hw)
+    args = (layout["micro_batches"], layout["micro_batch_size"], dp, layout["tasks_per_node"], hw, plan["schedule"])
     old_s, new_s = estimate_step(profile, boundaries, *args).step_s, estimate_step(profile, new, *args).step_s
     p = Proposal(False, "", new, step_s=median_of(step_times),
                  remaining=max(0, int(plan["training"]["steps"]) - step))

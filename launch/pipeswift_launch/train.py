@@ -469,7 +469,8 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
     if predicted is not None and profile is not None:   # this count as it runs now, not as a re-cut would
         predicted[denv.nodes] = estimate_step(
             profile, att.boundaries, att.layout["micro_batches"], att.layout["micro_batch_size"],
-            int(att.layout["data_parallel"]), att.layout["tasks_per_node"], relayout.hardware(plan)).step_s
+            int(att.layout["data_parallel"]), att.layout["tasks_per_node"], relayout.hardware(plan),
+            plan["schedule"]).step_s
 
     def check() -> Any:
         state = slurm().cluster_state()

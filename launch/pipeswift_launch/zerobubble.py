@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from deepspeed.runtime.pipe import schedule as ds_schedule
 
+from pipeswift_slurm.planning.simulate import weight_passes_due
+
 from . import ds_compat
 
 
@@ -163,25 +165,20 @@ def split_linears(module: torch.nn.Module, store: WeightGrads, layer: int = -1) 
 
 
 def _with_weight_passes(steps: Iterator[list[Any]], stage_id: int, stages: int) -> Iterator[list[Any]]:
-    """DeepSpeed's 1F1B steps with a WeightPass for each BackwardPass, where ZB-H1 runs it.
-
-    - Every stage but the last: each forward's output sent at once (PostSendActivation), and
-      the weight passes owed before the next RecvGrad (the wait for the next stage's backward;
-      its receive posted first).
-    - The last stage (on the critical path: every other stage waits for its gradients): a weight
-      pass only before a ForwardPass that would hold more micro-batches in flight (forward done,
-      weight pass not) than the first stage's ``stages`` (ZB-H1's memory bound, 1F1B's peak).
-    - Every stage: the rest before the gradients are reduced."""
+    """DeepSpeed's 1F1B steps with a WeightPass for each BackwardPass, where ZB-H1 runs it
+    (:func:`weight_passes_due`, the rule the planner simulates): on every stage but the last,
+    the passes owed before the next RecvGrad (its receive posted first), and each forward's
+    output sent at once (PostSendActivation); on the last, before a ForwardPass that would hold
+    more than ``stages`` micro-batches; the rest before the gradients are reduced."""
     last = stage_id == stages - 1
     owed = in_flight = 0
     for cmds in steps:
         out: list[Any] = []
         for cmd in cmds:
-            due = 0
-            if isinstance(cmd, ds_schedule.ReduceTiedGrads) or (not last and isinstance(cmd, ds_schedule.RecvGrad)):
-                due = owed
-            elif last and isinstance(cmd, ds_schedule.ForwardPass):
-                due = min(owed, max(0, in_flight - stages + 1))
+            op = ("end" if isinstance(cmd, ds_schedule.ReduceTiedGrads) else
+                  "B" if isinstance(cmd, ds_schedule.RecvGrad) else
+                  "F" if isinstance(cmd, ds_schedule.ForwardPass) else None)
+            due = 0 if op is None else weight_passes_due(op, last, owed, in_flight, stages)
             if due and isinstance(cmd, ds_schedule.RecvGrad):
                 out.append(PostRecvGrad())
             out += [WeightPass() for _ in range(due)]

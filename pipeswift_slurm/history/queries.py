@@ -14,6 +14,17 @@ if TYPE_CHECKING:
     from pipeswift_slurm.history.selection import Selection
 
 
+class LayerProfile(NamedTuple):
+    """A model's per-layer profile as the planner reads it (one micro-batch size)."""
+    micro_batch_size: int
+    seconds: list[float]
+    param_bytes: list[int]
+    activation_bytes: list[int]
+    saved_bytes: list[int | None]
+    #: W's share of each layer's seconds, as a ZB-H1 run measured it (None: never measured)
+    weight_fraction: list[float | None]
+
+
 #: sacct's AllocTRES of the newest attempt ("cpu=4,mem=8000M,node=1,gres/gpu=2"), what is known of it
 _ALLOC_TRES = ("NULLIF(trim(COALESCE('cpu=' || r.cpus, '') || COALESCE(',mem=' || CAST(r.mem_mb AS INTEGER) || 'M', '')"
                " || COALESCE(',node=' || r.nodes, '') || CASE WHEN r.gpus > 0 THEN ',gres/gpu=' || r.gpus ELSE '' END,"
@@ -81,18 +92,20 @@ class Queries:
         return sorted({r[0] for r in rows if r[0] and (not among or r[0] in among)})
 
     # ------------------------------------------------------------------------- the planner
-    def layer_profile(self, mkey: str) -> tuple[int, list[float], list[int], list[int], list[int | None]] | None:
-        """(micro_batch_size, seconds, param bytes, activation bytes, saved bytes per layer),
-        newest profile (saved bytes None where not measured)."""
+    def layer_profile(self, mkey: str) -> LayerProfile | None:
+        """The model's newest profile (saved bytes None where not measured; a layer's weight
+        fraction is the newest measured at any micro-batch size, None where none was)."""
         rows = list(self.conn.execute(
-            "SELECT micro_batch_size, layer, seconds, param_bytes, activation_bytes, saved_bytes "
-            "FROM layer_profiles WHERE model_key = ? ORDER BY updated DESC, layer", [mkey]))
+            "SELECT micro_batch_size, layer, seconds, param_bytes, activation_bytes, saved_bytes, "
+            "COALESCE(weight_fraction, (SELECT o.weight_fraction FROM layer_profiles o WHERE o.model_key = "
+            "l.model_key AND o.layer = l.layer AND o.weight_fraction IS NOT NULL ORDER BY o.updated DESC "
+            "LIMIT 1)) FROM layer_profiles l WHERE model_key = ? ORDER BY updated DESC, layer", [mkey]))
         if not rows:
             return None
         mbs = rows[0][0]
         mine = sorted((r for r in rows if r[0] == mbs), key=lambda r: r[1])
-        return (mbs, [r[2] for r in mine], [int(r[3] or 0) for r in mine], [int(r[4] or 0) for r in mine],
-                [r[5] for r in mine])
+        return LayerProfile(mbs, [r[2] for r in mine], [int(r[3] or 0) for r in mine],
+                            [int(r[4] or 0) for r in mine], [r[5] for r in mine], [r[6] for r in mine])
 
     def pipe_overheads(self, mkey: str, micro_batch_size: int) -> dict[str, float] | None:
         """The engine's overheads outside the layers for this model (newest profile)."""

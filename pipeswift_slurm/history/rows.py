@@ -194,9 +194,10 @@ def _profile(ev: dict[str, Any], mkey: str, profiles: list[dict[str, Any]],
              overheads: list[dict[str, Any]]) -> None:
     t = ev["time"]
     for layer, sec in ev["seconds"].items():
+        w = (ev.get("weight_seconds") or {}).get(layer)
         profiles.append({"model_key": mkey, "micro_batch_size": ev["micro_batch_size"],
-                         "layer": int(layer), "seconds": sec,
-                         "weight_seconds": (ev.get("weight_seconds") or {}).get(layer),
+                         "layer": int(layer), "seconds": sec, "weight_seconds": w,
+                         "weight_fraction": min(1.0, w / sec) if w is not None and sec and sec > 0 else None,
                          "param_bytes": (ev["param_bytes"] or {}).get(layer),
                          "activation_bytes": (ev["activation_bytes"] or {}).get(layer),
                          "saved_bytes": (ev["saved_bytes"] or {}).get(layer),

@@ -234,6 +234,13 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE layer_profiles ADD COLUMN weight_seconds REAL;
     """,
+    # 16: W's share of the layer's seconds, kept when a later profile (1F1B's) cannot measure it:
+    #     the planner's ZB-H1 model (schedule = "auto") reads it
+    """
+    ALTER TABLE layer_profiles ADD COLUMN weight_fraction REAL;
+    UPDATE layer_profiles SET weight_fraction = weight_seconds / seconds
+        WHERE weight_seconds IS NOT NULL AND seconds > 0;
+    """,
 ]
 
 #: upsert one attempt: a source that does not know a field (the plugin knows no MaxRSS, sacct

@@ -171,7 +171,8 @@ class History(Queries):
             conn.execute(f"DELETE {same}", key)
             job_pk = _insert(conn, "jobs", [{**got.job, "cluster": got.job["cluster"] or known or ""}])
             _insert(conn, "attempts", [{**a, "job": job_pk} for a in got.attempts])
-            _insert(conn, "layer_profiles", got.profiles, ("model_key", "micro_batch_size", "layer"))
+            _insert(conn, "layer_profiles", got.profiles, ("model_key", "micro_batch_size", "layer"),
+                    keep=("weight_fraction",))   # a 1F1B profile cannot measure it
             _insert(conn, "pipe_overheads", got.overheads, ("model_key", "micro_batch_size"))
             _insert(conn, "plan_decisions", [{**d, "job": job_pk} for d in got.decisions])
             _insert(conn, "relayouts", [{**r, "job": job_pk} for r in got.relayouts], ("job", "attempt", "step"))
@@ -366,16 +367,18 @@ def _quote(name: str) -> str:
 
 
 def _insert(conn: sqlite3.Connection, table: str, rows: list[dict[str, Any]],
-            upsert_on: tuple[str, ...] | None = None) -> int | None:
+            upsert_on: tuple[str, ...] | None = None, keep: tuple[str, ...] = ()) -> int | None:
     """Insert ``rows`` (dicts; a key missing in one is NULL there) into ``table``, updating the
-    row with the same ``upsert_on`` key instead when given; returns the last rowid."""
+    row with the same ``upsert_on`` key instead when given (the ``keep`` columns keep their value
+    where the new row has none); returns the last rowid."""
     if not rows:
         return None
     cols = list(dict.fromkeys(k for r in rows for k in r))
     sql = (f"INSERT INTO {_quote(table)} ({', '.join(map(_quote, cols))}) "
            f"VALUES ({', '.join('?' * len(cols))})")
     if upsert_on:
-        sets = [f"{_quote(c)} = excluded.{_quote(c)}" for c in cols if c not in upsert_on]
+        sets = [f"{_quote(c)} = COALESCE(excluded.{_quote(c)}, {_quote(c)})" if c in keep else
+                f"{_quote(c)} = excluded.{_quote(c)}" for c in cols if c not in upsert_on]
         sql += (f" ON CONFLICT ({', '.join(map(_quote, upsert_on))}) DO "
                 + (f"UPDATE SET {', '.join(sets)}" if sets else "NOTHING"))
     values = [tuple(r.get(c) for c in cols) for r in rows]

@@ -19,7 +19,7 @@ others (:func:`calibrate`).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from pipeswift_slurm.planning.partition import balanced_boundaries
 from pipeswift_slurm.planning.simulate import closed_form_1f1b, simulate, simulate_shared_1f1b, stage_times
@@ -40,6 +40,10 @@ STATE_BYTES = {("fp32", 0): (4, 4, 8, False), ("fp32", 1): (4, 4, 12, True),
 SIMULATED_OPS_MAX = 2048
 
 
+#: the share of a layer's forward + backward that is its weight gradient W where no ZB-H1 run
+#: measured it: a third when F = B = W (the zero-bubble paper's transformer layer), about 0.27
+#: measured on the example on CPU; a quarter, so that ZB-H1 is not chosen on a hopeful guess
+WEIGHT_FRACTION_ASSUMED = 0.25
 #: bytes per task slot assumed when neither PSWIFT_DEVICE_MEMORY nor plan.json says
 DEFAULT_DEVICE_MEMORY = {"cuda": 80e9, "cpu": 16e9}
 
@@ -108,6 +112,15 @@ class Profile(NamedTuple):
     #: bytes each layer keeps for its backward per micro-batch (autograd's saved tensors,
     #: parameters left out), measured by the launcher; None: estimated from layer outputs
     saved_bytes: tuple[int, ...] | None = None
+    #: the share of each layer's seconds that is its weight-gradient pass W, as a ZB-H1 run
+    #: measured it (None where no run did: :data:`WEIGHT_FRACTION_ASSUMED`)
+    weight_fraction: tuple[float | None, ...] | None = None
+
+    def weight_fractions(self) -> tuple[list[float], bool]:
+        """Each layer's W share of its seconds, and whether all of them were measured."""
+        known = self.weight_fraction or ()
+        got = [known[i] if i < len(known) and known[i] is not None else None for i in range(len(self.costs))]
+        return [WEIGHT_FRACTION_ASSUMED if f is None else float(f) for f in got], None not in got
 
     def scaled(self, factor: float) -> "Profile":
         """Every time in the profile times ``factor`` (a calibration: this host runs slower)."""
@@ -192,8 +205,9 @@ def held_micro_batches(schedule: str, stages: int, micro_batches: int, stage: in
 def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: int,
                   micro_batch_size: int, data_parallel: int, tasks_per_node: int,
                   hw: Hardware, schedule: str = "1f1b") -> StepEstimate:
-    """The step time and each stage's memory of this layout (``schedule``: the memory it holds;
-    the time is 1F1B's for either schedule)."""
+    """The step time and each stage's memory of this layout under ``schedule`` ("zb-h1": each
+    stage's weight passes, :meth:`Profile.weight_fractions` of its layers, fill its bubbles;
+    simulated where the pipeline is small enough, else 1F1B's time)."""
     costs = _scaled(profile, micro_batch_size)
     P = len(boundaries) - 1
     fwd, bwd = stage_times(costs, boundaries)
@@ -215,6 +229,9 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
     exact = P * micro_batches <= SIMULATED_OPS_MAX
     sim = (simulate(fwd, bwd, micro_batches, "1f1b", p2p=p2p, keep_ops=False) if exact
            else closed_form_1f1b(fwd, bwd, micro_batches, p2p))
+    # ZB-H1 against 1F1B on the same stage times: the share of the makespan it leaves
+    zero_bubble, bubble = ((_zero_bubble(profile, costs, boundaries, fwd, bwd, micro_batches, p2p, sim.step_time))
+                           if schedule == "zb-h1" and exact and P > 1 else (1.0, sim.bubble_ratio))
     params = [sum(profile.param_bytes[a:b]) for a, b in zip(boundaries, boundaries[1:])] \
         if profile.param_bytes else [0] * P
     allreduce = (2 * (data_parallel - 1) / data_parallel * max(params) / hw.allreduce_bandwidth
@@ -236,6 +253,7 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
         over = demand * hw.threads_per_rank / hw.host_cores
         makespan *= over / hw.shared_efficiency if over > 1.0 else 1.0
     contention = makespan / sim.step_time if sim.step_time else 1.0
+    makespan *= zero_bubble
     compute = makespan - 2 * (P - 1) * p2p if P > 1 else makespan
     step = makespan + allreduce + optimizer
     memory = []
@@ -246,8 +264,22 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
                                                              sim.peak_in_flight[s])))
     return StepEstimate(step_s=step, compute_s=compute * contention, p2p_s=2 * (P - 1) * p2p,
                         allreduce_s=allreduce, optimizer_s=optimizer, contention=contention,
-                        bubble_ratio=sim.bubble_ratio, stage_memory=tuple(memory),
+                        bubble_ratio=bubble, stage_memory=tuple(memory),
                         fits=max(memory) <= hw.device_memory)
+
+
+def _zero_bubble(profile: Profile, costs: Sequence[float], boundaries: Sequence[int],
+                 fwd: Sequence[float], bwd: Sequence[float], micro_batches: int, p2p: float,
+                 one_f_one_b: float) -> tuple[float, float]:
+    """ZB-H1's simulated makespan (in the order pswift's engine runs it) over 1F1B's
+    (``one_f_one_b``) on the same stage times, and its bubble ratio; each stage's W is the
+    weight share of its layers' seconds (the ratio scales a shared host's makespan too: the
+    passes move, the work stays)."""
+    share, _ = profile.weight_fractions()
+    wgrad = [min(b, sum(costs[i] * share[i] for i in range(lo, hi)))
+             for b, lo, hi in zip(bwd, boundaries, boundaries[1:])]
+    zb = simulate(fwd, bwd, micro_batches, "zb-h1", p2p=p2p, wgrad=wgrad, keep_ops=False, as_run=True)
+    return (min(1.0, zb.step_time / one_f_one_b) if one_f_one_b > 0 else 1.0), zb.bubble_ratio
 
 
 class Calibration(NamedTuple):
@@ -259,20 +291,26 @@ class Calibration(NamedTuple):
     oversubscribed: int = 0
 
 
-Measured = tuple[Sequence[int], int, int, int, int, float]
+#: a measured config: (boundaries, micro_batches, micro_batch_size, data_parallel,
+#: tasks_per_node, seconds), and the schedule it ran as a seventh item where not 1F1B
+Measured = tuple[Any, ...]
+
+
+def _estimated(prof: Profile, row: Measured, hw: Hardware) -> float:
+    """The model's step time of a measured config (its schedule's)."""
+    bounds, m, mbs, dp, tpn = row[:5]
+    return estimate_step(prof, bounds, m, mbs, dp, tpn, hw, row[6] if len(row) > 6 else "1f1b").step_s
 
 
 def calibrate(profile: Profile, measured: list[Measured], hw: Hardware) -> Calibration:
     """Fit the calibration to measured step times.
 
-    ``measured``: (boundaries, micro_batches, micro_batch_size, data_parallel, tasks_per_node,
-    seconds) per measured config. ``scale`` = the median of measured / estimated over the
+    ``measured``: :data:`Measured` per measured config. ``scale`` = the median of measured / estimated over the
     configs whose ranks have a core each (all configs when none has); then, if some measured
     configs oversubscribe their host, ``shared_efficiency`` = the median over them of the
     simulated shared makespan / (measured - per-step work), within [0.2, 2]."""
     def ratios(prof: Profile, rows: list[Measured]) -> list[float]:
-        return sorted(seconds / est for bounds, m, mbs, dp, tpn, seconds in rows
-                      if (est := estimate_step(prof, bounds, m, mbs, dp, tpn, hw).step_s) > 0)
+        return sorted(r[5] / est for r in rows if (est := _estimated(prof, r, hw)) > 0)
 
     over = [r for r in measured if oversubscribed(len(r[0]) - 1, r[3], r[4], hw)]
     plain = [r for r in measured if r not in over] or over
@@ -287,11 +325,11 @@ def calibrate(profile: Profile, measured: list[Measured], hw: Hardware) -> Calib
         # step = shared makespan / efficiency + per-step work: two estimates separate the parts
         tuned = profile.scaled(scale)
         ideal, half = hw._replace(shared_efficiency=1.0), hw._replace(shared_efficiency=0.5)
-        for bounds, m, mbs, dp, tpn, seconds in over:
-            whole = estimate_step(tuned, bounds, m, mbs, dp, tpn, ideal).step_s
-            shared = estimate_step(tuned, bounds, m, mbs, dp, tpn, half).step_s - whole
-            if shared > 0 and seconds > whole - shared:
-                effs.append(shared / (seconds - (whole - shared)))
+        for r in over:
+            whole = _estimated(tuned, r, ideal)
+            shared = _estimated(tuned, r, half) - whole
+            if shared > 0 and r[5] > whole - shared:
+                effs.append(shared / (r[5] - (whole - shared)))
     eff = min(2.0, max(0.2, median_of(sorted(effs)))) if effs else 1.0
     return Calibration(scale, eff, len(measured), len(over))
 

@@ -18,8 +18,8 @@ from pipeswift_slurm.planning import interval
 from pipeswift_slurm.planning import limits
 from pipeswift_slurm.planning import risk
 from pipeswift_slurm.config import TrainConfig
-from pipeswift_slurm.planning.costmodel import (STATE_BYTES, Calibration, Hardware, Profile, calibrate, checkpoint_seconds,
-                        estimate_step, stage_cut, state_factor)
+from pipeswift_slurm.planning.costmodel import (STATE_BYTES, WEIGHT_FRACTION_ASSUMED, Calibration, Hardware, Profile,
+                                                calibrate, checkpoint_seconds, estimate_step, stage_cut, state_factor)
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.fmt import duration
 from pipeswift_slurm.planning.layouts import Layout
@@ -233,23 +233,30 @@ def _memory_fix(profile: Profile, dp: int) -> str:
     return f"; try [training] {' or '.join(fixes)}" if fixes else ""
 
 
+def _measured_step(c: Candidate, schedule: str, history: PastRuns, step_key: Any) -> float | None:
+    """The history's step time of candidate ``c``'s layout run under ``schedule``."""
+    if step_key is None:
+        return None
+    was, c.schedule = c.schedule, schedule
+    try:
+        return history.step_times.get(step_key(c)) or None
+    finally:
+        c.schedule = was
+
+
 def _calibrate(cands: list[Candidate], profile: Profile, hw: Hardware, history: PastRuns,
-               step_key: Any, notes: list[str]) -> Calibration:
-    """Measured configs replace their estimate, and the ratio measured / estimated (this host,
-    this software, the profiling hooks' cost) scales every other candidate."""
-    measured = []
-    for c in cands:
-        if c.estimate is not None and step_key is not None:
-            got = history.step_times.get(step_key(c))
-            if got:
-                measured.append((c, got))
+               step_key: Any, notes: list[str], schedules: tuple[str, ...]) -> Calibration:
+    """Measured configs (under any of ``schedules``) replace their estimate, and the ratio
+    measured / estimated (this host, this software, the profiling hooks' cost) scales every
+    other candidate."""
+    measured = [(c, got, s) for c in cands if c.estimate is not None for s in schedules
+                if (got := _measured_step(c, s, history, step_key))]
     if not measured:
         return Calibration()
     calibration = calibrate(profile, [(c.boundaries, c.micro_batches, c.micro_batch_size,
-                                       c.data_parallel, c.tasks_per_node, got)
-                                      for c, got in measured], hw)
-    tuned = profile.scaled(calibration.scale)
-    tuned_hw = hw._replace(shared_efficiency=calibration.shared_efficiency)
+                                       c.data_parallel, c.tasks_per_node, got, s)
+                                      for c, got, s in measured], hw)
+    tuned, tuned_hw = _tuned(profile, hw, calibration)
     note = (f"calibrated by {len(measured)} measured config(s): measured / estimated step time = "
             f"{calibration.scale:.3f}, applied to the others")
     if 0 < calibration.oversubscribed < calibration.measured:
@@ -258,31 +265,58 @@ def _calibrate(cands: list[Candidate], profile: Profile, hw: Hardware, history: 
     notes.append(note)
     for c in cands:
         if c.estimate is not None:
-            c.estimate.step_s = estimate_step(tuned, c.boundaries, c.micro_batches, c.micro_batch_size,
-                                              c.data_parallel, c.tasks_per_node, tuned_hw).step_s
+            c.estimate.step_s = _modelled(tuned, tuned_hw, c, c.schedule).step_s
             c.estimate.step_source = "calibrated"
-    for c, got in measured:
-        c.est.step_s, c.est.step_source = got, "measured"
+    for c, got, s in measured:
+        if s == c.schedule:
+            c.est.step_s, c.est.step_source = got, "measured"
     return calibration
 
 
-def _pick_schedules(cands: list[Candidate], history: PastRuns, step_key: Any, notes: list[str]) -> None:
-    """[pipeline] schedule = "auto": each candidate runs ZB-H1 where the history measured ZB-H1
-    on its layout faster than 1F1B's step (measured, else estimated), else 1F1B. The step model
-    gives ZB-H1 no gain of its own: the gain rests on the share of each layer's backward that is
-    a splittable weight gradient, which only a ZB-H1 run measures (design.md)."""
-    picked = 0
+def _tuned(profile: Profile, hw: Hardware, calibration: Calibration) -> tuple[Profile, Hardware]:
+    """The profile and hardware as the calibration corrects them."""
+    return profile.scaled(calibration.scale), hw._replace(shared_efficiency=calibration.shared_efficiency)
+
+
+def _modelled(profile: Profile, hw: Hardware, c: Candidate, schedule: str) -> Any:
+    return estimate_step(profile, c.boundaries, c.micro_batches, c.micro_batch_size, c.data_parallel,
+                         c.tasks_per_node, hw, schedule)
+
+
+#: the least share of the step ZB-H1's model must save to be chosen unmeasured: the model does
+#: not see the few dispatches pswift's ZB-H1 adds per micro-batch (its weight passes, early sends)
+ZB_MODEL_MIN_GAIN = 0.02
+
+
+def _pick_schedules(cands: list[Candidate], profile: Profile, hw: Hardware, calibration: Calibration,
+                    history: PastRuns, step_key: Any, notes: list[str]) -> None:
+    """[pipeline] schedule = "auto": each candidate (planned under 1F1B) runs ZB-H1 where the
+    history measured ZB-H1 on its layout faster than its 1F1B step (measured, else estimated),
+    or, unmeasured, where the step model says ZB-H1 saves at least ZB_MODEL_MIN_GAIN of it
+    (1F1B's step times the modelled ZB-H1 / 1F1B ratio) and its stages still fit; else 1F1B.
+    The model's weight passes are the W shares a ZB-H1 run measured, or assumed (said so)."""
+    tuned, tuned_hw = _tuned(profile, hw, calibration)
+    by: dict[str, int] = {"measured": 0, "modelled": 0}
     for c in cands:
-        if c.estimate is None or step_key is None:
+        if c.estimate is None:
             continue
-        c.schedule = "zb-h1"
-        zb = history.step_times.get(step_key(c))
-        c.schedule = "1f1b"
-        if zb is not None and zb < c.est.step_s:
-            c.schedule, c.est.step_s, c.est.step_source = "zb-h1", zb, "measured"
-            picked += 1
-    notes.append(f'schedule "auto": ZB-H1 on {picked} layout(s) where it was measured faster than 1F1B, '
-                 f"1F1B elsewhere (ZB-H1 is chosen only once measured: run it once with schedule = \"zb-h1\")")
+        zb = _modelled(tuned, tuned_hw, c, "zb-h1")
+        ratio = zb.step_s / (_modelled(tuned, tuned_hw, c, "1f1b").step_s or 1.0)
+        seen = _measured_step(c, "zb-h1", history, step_key)
+        if not zb.fits or (seen is None and ratio > 1 - ZB_MODEL_MIN_GAIN) or (seen or 0) >= c.est.step_s:
+            continue
+        how = "measured" if seen is not None else "modelled"
+        c.schedule, c.stage_memory, by[how] = "zb-h1", list(zb.stage_memory), by[how] + 1
+        c.est.step_s = seen if seen is not None else c.est.step_s * ratio
+        c.est.step_source = ("measured" if seen is not None else   # a measured 1F1B step x the model's ratio
+                             "model" if c.est.step_source == "model" else "calibrated")
+    _, all_measured = profile.weight_fractions()
+    w = ("the weight-gradient shares a ZB-H1 run measured" if all_measured else
+         f"weight passes assumed {WEIGHT_FRACTION_ASSUMED:.0%} of each unmeasured layer's time "
+         f"(run once with schedule = \"zb-h1\" to measure them)")
+    notes.append(f'schedule "auto": ZB-H1 on {by["measured"] + by["modelled"]} layout(s) '
+                 f'({by["measured"]} measured faster than 1F1B, {by["modelled"]} modelled at least '
+                 f'{ZB_MODEL_MIN_GAIN:.0%} faster with {w}), 1F1B elsewhere')
 
 
 def _wait(cfg: TrainConfig, c: Candidate, cluster: ClusterState | None, history: PastRuns,
@@ -409,9 +443,11 @@ def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState
     history = history or PastRuns()
     notes: list[str] = []
     cands = _candidates(cfg, profile, hw)
-    calibration = _calibrate(cands, profile, hw, history, step_key, notes)
-    if cfg.pipeline.schedule == "auto":
-        _pick_schedules(cands, history, step_key, notes)
+    auto = cfg.pipeline.schedule == "auto"
+    calibration = _calibrate(cands, profile, hw, history, step_key, notes,
+                             ("1f1b", "zb-h1") if auto else (cfg.pipeline.schedule,))
+    if auto:
+        _pick_schedules(cands, profile, hw, calibration, history, step_key, notes)
     ckpt_s = checkpoint_seconds(profile.param_bytes)
     setup = history.setup_s if history.setup_s is not None else DEFAULT_SETUP_S
     for c in cands:

@@ -8,7 +8,10 @@ same model for its step-time estimate.
 
 The zero-bubble schedule is a greedy ZB-H1: B and W are split, W runs whenever the next F/B
 would wait, and activation memory stays at the 1F1B peak. With uniform stages it gives the
-paper's makespan (4 stages x 8 micro-batches, F=B=W=1: 27 vs 1F1B's 33). ZB-H2 holds up to
+paper's makespan (4 stages x 8 micro-batches, F=B=W=1: 27 vs 1F1B's 33). ``as_run=True``
+simulates instead the fixed order pswift's engine runs (:func:`weight_passes_due`, the one
+rule pipeswift_launch.zerobubble follows): the paper's on 2 stages, 29 at 4 x 8; the planner's
+step model uses it. ZB-H2 holds up to
 2p - 1 micro-batches, fills the warm-up with extra forwards and, with the paper's optimizer
 post-validation, runs steps back to back: its step time is that period (F=B=W=1: 24, no bubble;
 m(F+B+W) + (p-1)(F+B-2W) when the warm-up fills stage 0's wait, as with F = B = W).
@@ -88,6 +91,41 @@ def _order_1f1b(d: int, devices: int, m: int) -> list[tuple[str, int, int]]:
             nf += 1
         order.append(("B", d, nb))
     return order
+
+
+def weight_passes_due(op: str, last: bool, owed: int, held: int, stages: int) -> int:
+    """pswift's ZB-H1 (pipeswift_launch.zerobubble runs it, the planner simulates it): how many
+    of the ``owed`` deferred weight passes a stage runs, oldest first, just before ``op``:
+
+    - "B", a backward (after the gradient's receive is posted) on every stage but the last: all
+      of them; they fill the wait for the next stage's gradient;
+    - "F", a forward on the last stage (on the critical path: every other stage waits for its
+      gradients): only as many as keep ``held`` micro-batches (forward done, weight pass not)
+      within the first stage's 1F1B peak, ``stages`` (ZB-H1's memory bound);
+    - "end", before the step's gradients are reduced: the rest."""
+    if op == "end":
+        return owed
+    if op == "B" and not last:
+        return owed
+    if op == "F" and last:
+        return min(owed, max(0, held - stages + 1))
+    return 0
+
+
+def _order_zb_h1_as_run(d: int, devices: int, m: int) -> list[tuple[str, int, int]]:
+    """1F1B's F/B order with the weight passes where pswift's engine runs them."""
+    last, held = d == devices - 1, 0
+    owed: list[int] = []
+    order: list[tuple[str, int, int]] = []
+    for kind, s, k in _order_1f1b(d, devices, m):
+        due = weight_passes_due(kind, last, len(owed), held, devices)
+        order += [("W", s, owed.pop(0)) for _ in range(due)]
+        held -= due
+        order.append((kind, s, k))
+        held += kind == "F"
+        if kind == "B":
+            owed.append(k)
+    return order + [("W", d, k) for k in owed[:weight_passes_due("end", last, len(owed), held, devices)]]
 
 
 def _order_zb_h2(d: int, devices: int, m: int) -> list[tuple[str, int, int]]:
@@ -179,15 +217,19 @@ def closed_form_1f1b(fwd: Sequence[float], bwd: Sequence[float], micro_batches: 
 
 def simulate(fwd: Sequence[float], bwd: Sequence[float], micro_batches: int,
              schedule: str = "1f1b", p2p: float = 0.0, chunks: int = 1,
-             wgrad: Sequence[float] | None = None, keep_ops: bool = True) -> SimResult:
+             wgrad: Sequence[float] | None = None, keep_ops: bool = True, as_run: bool = False) -> SimResult:
     """Simulate one optimizer step.
 
     ``fwd``/``bwd``: per-stage (per-device) times for one micro-batch; ``interleaved`` splits
     each device's time evenly over its ``chunks`` model chunks.
     ``wgrad``: zero-bubble only, the part of ``bwd`` that is weight gradient (default: half;
     the CLI's ``--wgrad`` adds it to ``--bwd``, which is then the input gradient alone).
+    ``as_run``: "zb-h1" in the order pswift's engine runs it, not the paper's greedy one.
     """
     m, v, devices, vf, vb, vw = _virtual_stages(fwd, bwd, micro_batches, schedule, p2p, chunks, wgrad)
+    if schedule == "zb-h1" and as_run:
+        orders = [_order_zb_h1_as_run(d, devices, m) for d in range(devices)]
+        return _run_orders(orders, schedule, devices, m, v, vf, vb, p2p, keep_ops, vw)
     if schedule == "gpipe":
         orders = [_order_gpipe(d, devices, m) for d in range(devices)]
     elif schedule == "interleaved":
@@ -235,10 +277,13 @@ def _virtual_stages(fwd: Sequence[float], bwd: Sequence[float], micro_batches: i
 
 
 def _run_orders(orders: list[list[tuple[str, int, int]]], schedule: str, devices: int, m: int,
-                v: int, vf: list[float], vb: list[float], p2p: float, keep_ops: bool) -> SimResult:
-    """Run each device's operation order as early as its inputs allow (GPipe, 1F1B, interleaved)."""
+                v: int, vf: list[float], vb: list[float], p2p: float, keep_ops: bool,
+                vw: list[float] | None = None) -> SimResult:
+    """Run each device's operation order as early as its inputs allow (GPipe, 1F1B, interleaved,
+    ZB-H1 as run: ``vw`` the weight passes' times; a micro-batch is then held until its W)."""
     nv = devices * v
-    dur = {"F": vf, "B": vb}
+    dur = {"F": vf, "B": vb, "W": vw or []}
+    freed_by = "W" if vw is not None else "B"
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * devices
     ptr = [0] * devices
@@ -260,7 +305,7 @@ def _run_orders(orders: list[list[tuple[str, int, int]]], schedule: str, devices
                 done[(kind, s, k)] = end
                 free[d] = end
                 busy[d] += dur[kind][s]
-                in_flight[d] += 1 if kind == "F" else -1
+                in_flight[d] += 1 if kind == "F" else -(kind == freed_by)
                 peak[d] = max(peak[d], in_flight[d])
                 if keep_ops:
                     ops.append(Op(kind, s, k, d, ready, end))
