@@ -147,6 +147,30 @@ def test_a_layers_weight_share_measured_under_zb_h1_outlives_a_later_1f1b_profil
         h.close()
 
 
+def test_a_submission_passes_over_completed_jobs_in_the_registry_unread(tmp_path, monkeypatch):
+    """Each submission ingests the user's registered runs: one the history holds as completed is
+    passed over (its registry entry predates its end) even if its files changed; an entry
+    written after that end (a new job reusing the id) is read and ingested."""
+    from helpers import run_dir
+    from pipeswift_slurm.history.rundir import register_job, state_dir
+    monkeypatch.setenv("PSWIFT_HOME", str(tmp_path / "home"))
+    done = run_dir(tmp_path / "done")           # completes at time 13.0 (helpers.GOOD), job 4242
+    register_job("4242", done)
+    os.utime(state_dir() / "jobs" / "4242.json", (5.0, 5.0))       # registered at its submission
+    h = History(tmp_path / "h.db")
+    try:
+        assert h.ingest_registered() == 1
+        with open(done / "events.jsonl", "a") as f:                # changed since: not read again
+            f.write(json.dumps({"event": "step", "attempt": 0, "time": 14.0, "step": 3, "loss": 1.0}) + "\n")
+        assert h.ingest_registered() == 0
+        again = run_dir(tmp_path / "again")     # Slurm gave the id to a new job: its entry is newer
+        register_job("4242", again)
+        assert h.ingest_registered() == 1
+        assert {r[0] for r in h.conn.execute("SELECT run_dir FROM jobs")} == {str(done), str(again)}
+    finally:
+        h.close()
+
+
 def test_partition_preemption_history_raises_expected_loss(tmp_path):
     from pipeswift_slurm.history.store import History
     db = tmp_path / "h.db"

@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any, Iterator, TypeVar
 
 from pipeswift_slurm import events as events_mod
-from pipeswift_slurm import userfiles
-from pipeswift_slurm.history import eventfold
 from pipeswift_slurm.history import views as history_views
 from pipeswift_slurm.errors import PswiftError
 from pipeswift_slurm.fmt import no_progress
@@ -141,6 +139,8 @@ class History(Queries):
                                    [run]).fetchone()
         if row is not None and row[0] == size and row[1] == mtime:
             return False
+        from pipeswift_slurm import userfiles      # (the reading modules load only for a changed run:
+        from pipeswift_slurm.history import eventfold   # a submission checks the user's runs)
         fold = eventfold.Fold()   # events.jsonl is folded as it is read, never held whole
         try:
             if owner is None:
@@ -185,10 +185,20 @@ class History(Queries):
     def ingest_registered(self, measured_only: bool = False, progress: Any = no_progress) -> int:
         """Ingest every run directory in the per-user job registry; returns how many changed
         (a directory refused as unsafe is skipped; with ``measured_only``, one without events).
+        A job the history holds as completed is passed over unread while its registry entry is
+        older than its end (an entry written since is a new job that reuses the id): each
+        submission scans the user's whole registry, so a finished job costs one stat, not a read.
         ``progress(what, total)``: a context giving ``advance(n)`` (fmt.progress draws a bar)."""
         n = 0
         jobs = state_dir() / "jobs"
-        entries = sorted(jobs.glob("*.json")) if jobs.is_dir() else []
+        ended = dict(self.conn.execute("SELECT job_id, MAX(end_time) FROM jobs WHERE state = 'completed' "
+                                       "AND end_time IS NOT NULL GROUP BY job_id"))
+        try:
+            with os.scandir(jobs) as found:
+                entries = sorted(jobs / e.name for e in found
+                                 if e.name.endswith(".json") and not _finished(e, ended.get(e.name[:-5])))
+        except OSError:
+            entries = []
         with progress("run directories", len(entries)) as advance:
             for f in entries:
                 try:
@@ -446,6 +456,7 @@ _SPOOL_KEY = re.compile(r"^[A-Z_]{1,32}$|^recorded_at$")
 
 def _read_spool(path: Path) -> dict[str, Any]:
     """One spool record, read without following a symlink or blocking on a FIFO, bounded."""
+    from pipeswift_slurm import userfiles
     try:
         files = userfiles.read_one(str(path), SPOOL_MAX)
     except userfiles.UnsafeFile as e:
@@ -473,6 +484,16 @@ def _record_owner(rec: dict[str, Any]) -> Owner | None:
                  job_id=str(rec["JOBID"]) if rec.get("JOBID") else None,
                  partition=str(rec["PARTITION"]) if rec.get("PARTITION") else None,
                  cluster=str(rec.get("CLUSTER") or ""))
+
+
+def _finished(entry: os.DirEntry[str], end_time: float | None) -> bool:
+    """Is the registry ``entry`` a job that completed at ``end_time`` (and not one written later)?"""
+    if end_time is None:
+        return False
+    try:
+        return entry.stat(follow_symlinks=False).st_mtime <= end_time
+    except OSError:
+        return False
 
 
 def _lstat_regular(path: str) -> bool:
