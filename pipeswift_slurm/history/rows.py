@@ -18,14 +18,14 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from pipeswift_slurm.history import eventfold
 from pipeswift_slurm.planning.costmodel import overheads_from_instructions
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.stats import median, quantiles
-from pipeswift_slurm.userfiles import RunFiles
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:   # the ingest's modules load when a run is ingested: planning reads keys only
+    from pipeswift_slurm.history import eventfold
     from pipeswift_slurm.plan import LayoutSpec, Plan
+    from pipeswift_slurm.userfiles import RunFiles
 
 _JOB_ID = re.compile(r"^[0-9]{1,20}(_[0-9]{1,10})?$")
 
@@ -135,6 +135,7 @@ def rows(run: str, files: RunFiles, owner: Owner, fold: eventfold.Fold | None = 
         text = job_id_file.decode("ascii", "replace").strip()
         job_id = text if _JOB_ID.match(text) else None
     if fold is None:
+        from pipeswift_slurm.history import eventfold
         fold = eventfold.read_attempts(files.data.get("events.jsonl") or b"")
     mkey = model_key(_dict(plan.get("model")), owner.user)
     pred = _dict(plan.get("prediction"))
@@ -260,6 +261,7 @@ def _total(xs: Any) -> float | None:
 
 def _relayout_rows(grouped: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The relayouts table's rows: each in-job re-layout and each growth."""
+    from pipeswift_slurm.history import eventfold
     rows = [{"attempt": a["attempt"], "kind": "relayout",
              **{k: v for k, v in r.items() if k not in ("from", "to")},
              "boundaries_from": json.dumps(r["from"]), "boundaries_to": json.dumps(r["to"])}

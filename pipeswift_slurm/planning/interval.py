@@ -24,8 +24,7 @@ checkpoint cost it measured. Pure: no Slurm, no torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 PRIOR_FAILURES_PER_NODE_HOUR = 419 / (54 * 24 * 2048)
 PRIOR_NODE_HOURS = 100.0
@@ -33,8 +32,7 @@ PRIOR_NODE_HOURS = 100.0
 MIN_EVERY_S = 10.0
 
 
-@dataclass(frozen=True)
-class Interruptions:
+class Interruptions(NamedTuple):
     """What the job can expect: preemptions per hour of run time (its partition's), failures per
     node-hour (smoothed towards the prior), and where they came from."""
     preemptions_per_hour: float = 0.0
@@ -67,8 +65,7 @@ def smoothed(failures: float, node_hours: float, preemptions_per_hour: float) ->
     return Interruptions(max(0.0, preemptions_per_hour), rate, src)
 
 
-@dataclass(frozen=True)
-class Every:
+class Every(NamedTuple):
     """How often to checkpoint, and which bound decided (for `pswift plan` and the launcher)."""
     seconds: float       # inf: never worth one (no interruption expected)
     young_daly_s: float
@@ -96,8 +93,7 @@ def every(stall_s: float, write_s: float, mtbf_s: float, io_share: float) -> Eve
     return Every(seconds, yd, io, by)
 
 
-@dataclass(frozen=True)
-class Expected:
+class Expected(NamedTuple):
     """A run's checkpoint terms: save every ``every_s`` (inf: only at the end and on a signal),
     ``checkpoints`` written, and the expected seconds interruptions add to the JCT."""
     every_s: float
