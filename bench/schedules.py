@@ -6,7 +6,8 @@ Figures per (P, m): the median over rounds of each run's median step time, ZB-H1
 the ratio `pswift simulate` predicts for uniform stages with the weight gradient taken as half
 the backward (the simulator's default when W is not measured), and the ratio it simulates on
 this job's own stages (F, B and W per stage from the ZB-H1 run's instruction timer, plus the
-step's fixed optimizer and reduction time), with the measured gain as a share of that one; and
+step's fixed optimizer and reduction time), with the measured gain as a share of that one, and
+the same in the order the engine runs (the planner's step model of this job); and
 each schedule's measured step
 against the step its plan.json predicted in the last round (the planner's step model, calibrated
 by the earlier rounds of that schedule: each schedule keeps its own history). Both schedules must
@@ -57,10 +58,12 @@ def predicted_ratio(stages: int, micro_batches: int) -> float:
     return zb / one
 
 
-def job_predicted_ratio(instructions: dict[str, dict[str, float]], micro_batches: int) -> float | None:
+def job_predicted_ratio(instructions: dict[str, dict[str, float]], micro_batches: int,
+                        as_run: bool = False) -> float | None:
     """ZB-H1 / 1F1B step time by pswift's simulator on this job's own stages: each stage's F, B
     and W per micro-batch from the ZB-H1 run's instruction timer (its first profiled steps), the
-    step's fixed part (optimizer, gradient reduction: the slowest stage's) added to both."""
+    step's fixed part (optimizer, gradient reduction: the slowest stage's) added to both;
+    ``as_run``: ZB-H1 in the order the engine runs it (the planner's step model), not the paper's."""
     from pipeswift_slurm.planning.simulate import simulate
     stages = [instructions[s] for s in sorted(instructions, key=int)]
     if not stages or any("WeightPass" not in ins for ins in stages):
@@ -71,13 +74,13 @@ def job_predicted_ratio(instructions: dict[str, dict[str, float]], micro_batches
     fixed = max(sum(ins.get(k, 0.0) for k in ("OptimizerStep", "ReduceGrads", "ReduceTiedGrads")) for ins in stages)
     whole = [x + y for x, y in zip(b, w)]
     one = simulate(f, whole, micro_batches, "1f1b").step_time + fixed
-    zb = simulate(f, whole, micro_batches, "zb-h1", wgrad=w).step_time + fixed
+    zb = simulate(f, whole, micro_batches, "zb-h1", wgrad=w, as_run=as_run).step_time + fixed
     return zb / one
 
 
 def measure(work: Path, args: argparse.Namespace, p: int, m: int) -> dict:
     tomls = {s: job(work / f"{s}-{p}-{m}", args.steps, args.hidden, p, m, s) for s in ("1f1b", "zb-h1")}
-    rounds, planned, job_ratios = [], {}, []
+    rounds, planned, job_ratios, as_run = [], {}, [], []
     for r in range(args.rounds):
         order = ("1f1b", "zb-h1") if r % 2 == 0 else ("zb-h1", "1f1b")
         got = {s: overhead.run_pswift(tomls[s], work, history=work / f"{s}-{p}-{m}.db") for s in order}
@@ -86,15 +89,19 @@ def measure(work: Path, args: argparse.Namespace, p: int, m: int) -> dict:
         rounds.append({s: statistics.median(g["step_times"]) for s, g in got.items()})
         planned = {s: json.loads(Path(g["plan"]).read_text())["prediction"]["step_s"] for s, g in got.items()}
         job_ratios.append(job_predicted_ratio(got["zb-h1"]["instructions"], m))
+        as_run.append(job_predicted_ratio(got["zb-h1"]["instructions"], m, as_run=True))
         print(f"P={p} m={m} round {r + 1}/{args.rounds}: step {rounds[-1]['zb-h1']:.4f} s (ZB-H1) vs "
               f"{rounds[-1]['1f1b']:.4f} s (1F1B)", flush=True)
     measured = {s: statistics.median(x[s] for x in rounds) for s in ("1f1b", "zb-h1")}
     ratios = [x["zb-h1"] / x["1f1b"] for x in rounds]
     ratio, known = measured["zb-h1"] / measured["1f1b"], [r for r in job_ratios if r is not None]
     job_ratio = statistics.median(known) if known else None
+    model = [r for r in as_run if r is not None]
     return {"micro_batches": m, "stages": p, "rounds": rounds, "ratio": ratio,
             "round_ratios": ratios, "predicted_ratio": predicted_ratio(p, m),
             "job_predicted_ratio": job_ratio,
+            # the same on the order the engine runs: the planner's step model of this job
+            "job_as_run_ratio": statistics.median(model) if model else None,
             # the measured gain as a share of the gain simulated on this job's own stage times
             "gain_share": (1 - ratio) / (1 - job_ratio) if job_ratio is not None and job_ratio < 1 else None,
             "measured_step_s": measured,
@@ -125,7 +132,8 @@ def main() -> None:
         f"{c['stages']} stages x {c['micro_batches']}: ZB-H1/1F1B {c['ratio']:.3f} (rounds "
         f"{min(c['round_ratios']):.3f}-{max(c['round_ratios']):.3f}; simulated {c['predicted_ratio']:.3f} "
         f"uniform, {c['job_predicted_ratio'] or float('nan'):.3f} on the job's measured F/B/W "
-        f"(measured gain {c['gain_share'] if c['gain_share'] is not None else float('nan'):.0%} of it); "
+        f"(measured gain {c['gain_share'] if c['gain_share'] is not None else float('nan'):.0%} of it), "
+        f"{c['job_as_run_ratio'] or float('nan'):.3f} in the order the engine runs (the step model's); "
         f"step model error 1F1B {c['model_error']['1f1b']:+.0%}, ZB-H1 {c['model_error']['zb-h1']:+.0%}"
         + (", stages share cores" if c["shares_cores"] else "") + ")" for c in cells)
     figures += f"; {args.rounds} alternated rounds of {args.steps} steps, hidden {args.hidden}"

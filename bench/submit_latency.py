@@ -3,11 +3,12 @@ bare function, on the running dev cluster, same run.
 
 Each submission is a fresh interpreter, as a user's command is: the `pswift` command's `sbatch --parsable
 train.toml -- --hold` (the example, planned with live cluster state and the history) with an empty
-history and with a history of --jobs Slurm job attempts, and `python -c` that imports submitit
+history and with a history of --jobs Slurm job attempts whose user has --registered finished pswift
+jobs in the job registry (each submission checks them), and `python -c` that imports submitit
 and submits ``sum([1, 2])`` for the same partition and node count, held too. The three alternate,
 in a rotated order each round; medians of --repeats; every held job is cancelled at the end.
 
-    scripts/with-slurm 22.05 python bench/submit_latency.py [--repeats 10] [--jobs 1000000] [--quick]
+    scripts/with-slurm 22.05 python bench/submit_latency.py [--repeats 10] [--jobs 1000000] [--registered 2000] [--quick]
 """
 
 from __future__ import annotations
@@ -60,15 +61,49 @@ def big_history(db: Path, jobs: int) -> None:
     h.close()
 
 
+#: a finished pswift job's run directory, as the registry of a user who submits often holds many
+PAST_PLAN = {"version": 1, "job_name": "past", "partition": "low", "submitted_at": 1.0,
+             "model": {"entry": "model:layers", "kwargs": {}, "num_layers": 2}, "training": {"steps": 2}}
+PAST_EVENTS = [{"event": "start", "attempt": 0, "time": 10.0, "nodes": 1, "world_size": 1, "stages": 1,
+                "data_parallel": 1, "micro_batches": 2, "micro_batch_size": 1, "boundaries": [0, 2],
+                "step": 0, "setup_s": 1.0},
+               {"event": "step", "attempt": 0, "time": 11.0, "step": 1, "loss": 2.0, "step_time": 0.5},
+               {"event": "end", "attempt": 0, "time": 13.0, "reason": "completed", "step": 1}]
+
+
+def past_runs(home: Path, db: Path, jobs: int) -> None:
+    """``jobs`` completed pswift jobs in the job registry under ``home``, ingested into ``db``
+    (a submission checks the user's registered runs for what ran since)."""
+    import json
+    from pipeswift_slurm.history.rundir import register_job
+    from pipeswift_slurm.history.store import History
+    os.environ["PSWIFT_HOME"] = str(home)
+    events = "".join(json.dumps(e) + "\n" for e in PAST_EVENTS)
+    for i in range(jobs):
+        run = home / "runs" / f"past-{i}"
+        run.mkdir(parents=True)
+        (run / "plan.json").write_text(json.dumps(PAST_PLAN))
+        (run / "JOB_ID").write_text(f"{100_000 + i}\n")
+        (run / "events.jsonl").write_text(events)
+        register_job(str(100_000 + i), run)
+        os.utime(home / "jobs" / f"{100_000 + i}.json", (5.0, 5.0))     # submitted before it ended
+    h = History(db)
+    h.ingest_registered()
+    h.close()
+    del os.environ["PSWIFT_HOME"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=1_000_000)
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--registered", type=int, default=2000,
+                    help="completed jobs in the big-history user's job registry")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "submit_latency.json"))
     ap.add_argument("--quick", action="store_true", help="10k jobs, 2 repeats (CI: the bench still runs)")
     args = ap.parse_args()
     if args.quick:
-        args.jobs, args.repeats = 10_000, 2
+        args.jobs, args.repeats, args.registered = 10_000, 2, 20
     pswift = shutil.which("pswift", path=str(Path(sys.executable).parent)) or "pswift"
     # what pip does at install time, which an editable install and PYTHONDONTWRITEBYTECODE skip:
     # byte-compile the package, so that both sides import compiled modules
@@ -78,13 +113,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pswift-bench-") as tmp:
         tmp_path = Path(tmp)
         big_history(tmp_path / "big.db", args.jobs)
+        past_runs(tmp_path / "big-home", tmp_path / "big.db", args.registered)
         base = {**os.environ, "PSWIFT_HOME": str(tmp_path / "home")}
         cmds = {
             "submitit": ([sys.executable, "-c", SUBMITIT, str(tmp_path / "submitit")], base),
             "pswift": ([pswift, "sbatch", "--parsable", str(EXAMPLE), "--", "--hold"],
                        {**base, "PSWIFT_DB": str(tmp_path / "empty.db")}),
             "pswift_big_history": ([pswift, "sbatch", "--parsable", str(EXAMPLE), "--", "--hold"],
-                                   {**base, "PSWIFT_DB": str(tmp_path / "big.db")}),
+                                   {**base, "PSWIFT_DB": str(tmp_path / "big.db"),
+                                    "PSWIFT_HOME": str(tmp_path / "big-home")}),
         }
         names = list(cmds)
         try:
@@ -99,6 +136,7 @@ def main() -> None:
                 subprocess.run(["scancel", *job_ids], capture_output=True, timeout=60)
     med = {k: statistics.median(v) for k, v in times.items()}
     res = {"benchmark": "submit_latency", "repeats": args.repeats, "history_jobs": args.jobs,
+           "registered_jobs": args.registered,
            "median_s": med, "min_s": {k: min(v) for k, v in times.items()},
            "max_s": {k: max(v) for k, v in times.items()}, "seconds": times,
            "ratio": med["pswift"] / med["submitit"],
@@ -108,7 +146,8 @@ def main() -> None:
                        f"batch script, run directory, real `sbatch`) vs submitit submitting a bare "
                        f"function, each a fresh interpreter, held jobs, {args.repeats} rotated rounds",
                   figures=f"median {med['pswift']:.3f} s vs submitit {med['submitit']:.3f} s "
-                          f"({res['ratio']:.2f}×); with a {args.jobs:,}-job history "
+                          f"({res['ratio']:.2f}×); with a {args.jobs:,}-job history and "
+                          f"{args.registered:,} finished jobs in the user's registry "
                           f"{med['pswift_big_history']:.3f} s ({res['ratio_big_history']:.2f}×)")
 
 

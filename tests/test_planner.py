@@ -353,3 +353,14 @@ def test_plan_json_never_says_auto(tmp_path):
     toml.write_text(toml.read_text().replace("[pipeline]", '[pipeline]\nschedule = "auto"'))
     p = submit.prepare(toml, tmp_path / "run", live=False, learn=False)
     assert p.plan["schedule"] in ("1f1b", "zb-h1")       # resolved by the planner's model
+
+
+def test_zb_h1_models_no_gain_where_the_stages_share_cores():
+    """4 stages on a 2-core host: a stage's bubble is another stage's work already (measured
+    1.01-1.03x of 1F1B there), so the model gives ZB-H1 no gain; on 4 cores it does."""
+    prof = Profile((1.0,) * 8, weight_fraction=(1 / 3,) * 8)
+    cut = [0, 2, 4, 6, 8]
+    for cores, gains in ((2, False), (4, True)):
+        hw = Hardware(host_cores=cores, ranks_per_host=4)
+        one, zb = (estimate_step(prof, cut, 8, 1, 1, 4, hw, s).step_s for s in ("1f1b", "zb-h1"))
+        assert (zb < 0.98 * one) is gains and zb <= one + 1e-12

@@ -229,9 +229,12 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
     exact = P * micro_batches <= SIMULATED_OPS_MAX
     sim = (simulate(fwd, bwd, micro_batches, "1f1b", p2p=p2p, keep_ops=False) if exact
            else closed_form_1f1b(fwd, bwd, micro_batches, p2p))
-    # ZB-H1 against 1F1B on the same stage times: the share of the makespan it leaves
-    zero_bubble, bubble = ((_zero_bubble(profile, costs, boundaries, fwd, bwd, micro_batches, p2p, sim.step_time))
-                           if schedule == "zb-h1" and exact and P > 1 else (1.0, sim.bubble_ratio))
+    # ZB-H1 against 1F1B on the same stage times: the share of the makespan it leaves; none where
+    # more ranks than cores share a host (a stage's bubble is another's work there: measured
+    # 1.01-1.03x of 1F1B with 4 stages on 2 cores, bench/schedules.py)
+    fills = schedule == "zb-h1" and exact and P > 1 and not oversubscribed(P, data_parallel, tasks_per_node, hw)
+    zero_bubble, bubble = (_zero_bubble(profile, costs, boundaries, fwd, bwd, micro_batches, p2p, sim.step_time)
+                           if fills else (1.0, sim.bubble_ratio))
     params = [sum(profile.param_bytes[a:b]) for a, b in zip(boundaries, boundaries[1:])] \
         if profile.param_bytes else [0] * P
     allreduce = (2 * (data_parallel - 1) / data_parallel * max(params) / hw.allreduce_bandwidth
@@ -273,8 +276,7 @@ def _zero_bubble(profile: Profile, costs: Sequence[float], boundaries: Sequence[
                  one_f_one_b: float) -> tuple[float, float]:
     """ZB-H1's simulated makespan (in the order pswift's engine runs it) over 1F1B's
     (``one_f_one_b``) on the same stage times, and its bubble ratio; each stage's W is the
-    weight share of its layers' seconds (the ratio scales a shared host's makespan too: the
-    passes move, the work stays)."""
+    weight share of its layers' seconds."""
     share, _ = profile.weight_fractions()
     wgrad = [min(b, sum(costs[i] * share[i] for i in range(lo, hi)))
              for b, lo, hi in zip(bwd, boundaries, boundaries[1:])]
