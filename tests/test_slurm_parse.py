@@ -236,6 +236,19 @@ def test_a_json_answer_that_could_not_load_is_an_outage_not_an_empty_queue():
     assert slurm_json.failed_loads(doc("25.11", "squeue.json")) is None
 
 
+def test_what_slurm_says_while_slurmctld_restarts_is_an_outage_and_a_refusal_is_not():
+    """Clients' words while slurmctld is down or shutting down (a restart saving its state
+    answered `scontrol requeue` with "Unexpected message received" on 22.05) are retried; a
+    refusal is not."""
+    from pipeswift_slurm.slurm.outage import unreachable
+    for said in ("scontrol: error: Unable to contact slurm controller (connect failure)",
+                 "Unexpected message received for job 2520", "Socket timed out on send/recv operation"):
+        assert unreachable(said), said
+    for said in ("Invalid job id specified", "Requested operation is presently disabled for job 2520",
+                 "Access/permission denied"):
+        assert not unreachable(said), said
+
+
 def test_one_epoch_reader_takes_every_form_slurm_writes_a_time_in():
     """records.epoch is the one reader of Slurm's times (squeue/sacct JSON, pyslurm, a jobcomp
     environment, filetxt's text)."""
