@@ -88,18 +88,22 @@ def jct_samples(t: JctTerms, n: int = SAMPLES, seed: int = 0) -> list[float]:
 def draws(t: JctTerms, n: int = SAMPLES, seed: int = 0) -> list[tuple[float, float]]:
     """``n`` sampled (queue wait, time on the nodes) pairs of one JCT each."""
     rng = random.Random(seed)
+    gauss, choice, uniform01 = rng.gauss, rng.choice, rng.random   # the submit path plans: ~2x faster
     rel = t.rel_sd if t.rel_sd is not None else MODEL_REL_SD.get(t.step_source, MODEL_REL_SD["model"])
     noise = math.sqrt(t.step_var * t.steps) if t.step_var else 0.0
-    mean_train = t.steps * t.step_s
+    mean_train, rate, every = t.steps * t.step_s, t.preemptions_per_s, t.checkpoint_interval_s
+    queues, setups, checkpoint = t.queue_samples, t.setup_samples, t.checkpoint_s
     out: list[tuple[float, float]] = []
     for _ in range(n):
-        queue = rng.choice(t.queue_samples) if t.queue_samples else t.queue_s
-        setup = rng.choice(t.setup_samples) if t.setup_samples else t.setup_s
-        train = max(0.0, mean_train * (1.0 + rng.gauss(0.0, rel)) + (rng.gauss(0.0, noise) if noise else 0.0))
+        queue = choice(queues) if queues else t.queue_s
+        setup = choice(setups) if setups else t.setup_s
+        train = mean_train * (1.0 + gauss(0.0, rel)) + (gauss(0.0, noise) if noise else 0.0)
+        train = train if train > 0.0 else 0.0
         lost = 0.0
-        for _ in range(_poisson(rng, t.preemptions_per_s * train)):
-            lost += setup + rng.random() * t.checkpoint_interval_s
-        out.append((queue, setup + train + t.checkpoint_s + lost))
+        if rate > 0:    # no preemption draws no number
+            for _ in range(_poisson(rng, rate * train)):
+                lost += setup + uniform01() * every
+        out.append((queue, setup + train + checkpoint + lost))
     return out
 
 
