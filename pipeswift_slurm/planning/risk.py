@@ -88,7 +88,7 @@ def jct_samples(t: JctTerms, n: int = SAMPLES, seed: int = 0) -> list[float]:
 def draws(t: JctTerms, n: int = SAMPLES, seed: int = 0) -> list[tuple[float, float]]:
     """``n`` sampled (queue wait, time on the nodes) pairs of one JCT each."""
     rng = random.Random(seed)
-    gauss, choice, uniform01 = rng.gauss, rng.choice, rng.random   # the submit path plans: ~2x faster
+    gauss, choice, uniform01 = rng.gauss, rng.choice, rng.random   # looked up once: every submission plans
     rel = t.rel_sd if t.rel_sd is not None else MODEL_REL_SD.get(t.step_source, MODEL_REL_SD["model"])
     noise = math.sqrt(t.step_var * t.steps) if t.step_var else 0.0
     mean_train, rate, every = t.steps * t.step_s, t.preemptions_per_s, t.checkpoint_interval_s
