@@ -149,11 +149,12 @@ def test_the_history_keeps_the_final_layouts_steps_and_the_relayout(tmp_path):
 
 # ------------------------------------------------------ the whole loop: real Slurm, real DeepSpeed
 
-# 200 steps: the re-layout must save 2x its cost over the steps left (a CI host at 120 steps
-# measured 14.6 s saved against a 7.3 s cost and rightly kept the cut)
+# 200 steps: the re-layout must save 2x its cost over the steps left. At 120 steps CI hosts
+# rightly kept the cut twice (14.6 s saved against a 7.3 s cost; 9.9 s against 5.2 s): a later
+# cut of CI time back to 120 brought the flake back.
 WRONG = {"layer_costs": "[0.0001, 0.001, 0.001, 0.001, 0.001, 0.1]",    # cuts [0, 5, 6] on 2 stages
          "kwargs": "{ vocab = 96, hidden = 128, heads = 4, blocks = 4, seq_len = 32, slow_block = 0, slow_factor = 3 }",
-         "steps": "120", "global_batch_size": "64", "checkpoint_interval": "0"}
+         "steps": "200", "global_batch_size": "64", "checkpoint_interval": "0"}
 
 
 def static_run(run: Path, cut: list[int], steps: int) -> Path:
@@ -200,7 +201,7 @@ def test_a_job_cut_from_wrong_costs_rebalances_once_in_place_and_matches_a_stati
     # steps: the re-layout resumed at step 4)
     ref = static_run(tmp_path / "reference", [0, 2, 6], 40)
     got, want = step_losses(run), step_losses(ref)
-    assert len(got) == 120 and len(want) == 40 and all(got[s] == want[s] for s in want), \
+    assert len(got) == 200 and len(want) == 40 and all(got[s] == want[s] for s in want), \
         [s for s in want if got.get(s) != want[s]][:5]
     # ... and about its speed, on the same host in the same test (ratios, not times): the job's
     # steps after the re-layout as fast as that static run, and faster than a static run of the
