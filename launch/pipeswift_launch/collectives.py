@@ -53,3 +53,27 @@ def broadcast(obj: Any, src: int, rank: int, group: Any = None, device: Any = "c
     buf = mine if rank == src else torch.empty(n, dtype=torch.uint8, device=device)
     dist.broadcast(buf, src, group=group)
     return _decode(buf, n)
+
+
+class StepFlags:
+    """Numbers every rank agrees on at each step's end, the largest over the ranks (stop, a
+    checkpoint due...). On CUDA they go up through pinned memory without waiting and come back
+    in one read: with rank 0's read of the loss, the only device synchronisations pswift adds to
+    a step (each assignment into a device tensor and each ``.item()`` is one: gpu-check's sync
+    audit counted eight a step before)."""
+
+    def __init__(self, n: int, device: Any) -> None:
+        self.mine = [0.0] * n
+        self.on_device = torch.zeros(n, device=device)
+        cuda = self.on_device.device.type == "cuda"
+        self.host = torch.zeros(n).pin_memory() if cuda else None
+
+    def agree(self) -> list[float]:
+        """Every rank's ``mine``, the largest of each over the ranks (a collective: every rank calls)."""
+        if self.host is None:
+            self.on_device.copy_(torch.tensor(self.mine))
+        else:   # the last copy out of ``host`` ended before the last agree's read returned
+            self.host.copy_(torch.tensor(self.mine))
+            self.on_device.copy_(self.host, non_blocking=True)
+        dist.all_reduce(self.on_device, op=dist.ReduceOp.MAX)
+        return [float(x) for x in self.on_device.tolist()]

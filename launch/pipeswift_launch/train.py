@@ -242,7 +242,7 @@ def _train(att: Attempt) -> int:
     m, mbs = att.layout["micro_batches"], att.layout["micro_batch_size"]
     dp_rank = engine.grid.data_parallel_id
     steps, every = int(t["steps"]), int(t["checkpoint_interval"])
-    flag = torch.zeros(4, device=engine.device)   # FLAG_STOP, FLAG_DRIFT, FLAG_DUE, FLAG_WRITING
+    flags = collectives.StepFlags(4, engine.device)   # FLAG_STOP, FLAG_DRIFT, FLAG_DUE, FLAG_WRITING
     att.checkpoints.saved_at = time.time()
     stop_code = int(Stop.NONE)
     run_dir = Path(plan["run_dir"])
@@ -283,12 +283,15 @@ def _train(att: Attempt) -> int:
                 proposal = _relayout_proposal(att, profiled, window)
                 drift.settle(att.step, window)
                 watcher = watcher or _watch_for_growth(att, step_times, profiled)
-        flag[FLAG_DRIFT] = float(att.rank == 0 and not profiler.handles and drift.drifted(att.step, step_times))
-        flag[FLAG_DUE] = float(att.rank == 0 and time.time() - att.checkpoints.saved_at >= _checkpoint_every_s(att))
-        stop_code = _step_end(att, flag, dog, every, proposal, watcher, profiled)
+        flags.mine[FLAG_DRIFT] = float(att.rank == 0 and not profiler.handles and drift.drifted(att.step, step_times))
+        flags.mine[FLAG_DUE] = float(att.rank == 0 and time.time() - att.checkpoints.saved_at >= _checkpoint_every_s(att))
+        flags.mine[FLAG_STOP] = float(requested())
+        flags.mine[FLAG_WRITING] = float(att.checkpoints.writing())
+        agreed = flags.agree()
+        stop_code = _step_end(att, agreed, dog, every, proposal, watcher, profiled)
         if stop_code:
             break
-        if flag[FLAG_DRIFT].item() and not profiler.handles:   # every rank: profile the next steps again
+        if agreed[FLAG_DRIFT] and not profiler.handles:   # every rank: profile the next steps again
             profiler, timer = _profilers(att), InstructionTimer(engine, sync=plan["device"] == "cuda")
             first = att.step
     dog.stop()
@@ -320,20 +323,18 @@ def _profilers(att: Attempt) -> LayerProfiler:
     return profiler
 
 
-def _step_end(att: Attempt, flag: Any, dog: Watchdog, every: int, proposal: Any, watcher: Any,
+def _step_end(att: Attempt, agreed: list[float], dog: Watchdog, every: int, proposal: Any, watcher: Any,
               profiled: dict[str, Any] | None) -> int:
-    """Every rank, same point of every step: agree whether anyone asked to stop (a signal, rank
-    0's growth watcher), save what the step calls for, or re-lay out; the stop code (0: go on)."""
+    """Every rank, same point of every step, with the flags all ranks ``agreed`` on (whether
+    anyone asked to stop: a signal, rank 0's growth watcher): save what the step calls for, or
+    re-lay out; the stop code (0: go on)."""
     steps = int(att.plan["training"]["steps"])
-    flag[FLAG_STOP] = float(requested())
-    flag[FLAG_WRITING] = float(att.checkpoints.writing())
-    att.dist.all_reduce(flag, op=att.dist.ReduceOp.MAX)
-    stop_code, writing = int(flag[FLAG_STOP].item()), bool(flag[FLAG_WRITING].item())
+    stop_code, writing = int(agreed[FLAG_STOP]), bool(agreed[FLAG_WRITING])
     if att.checkpoints.pending is not None and not writing:   # every rank's file is on disk: commit
         att.checkpoints.finish_pending()
     # a periodic checkpoint due while the last one is still being written starts once that one
     # is committed (a later step's end): training never waits for a write
-    att.checkpoints.due |= bool((every and att.step % every == 0) or flag[FLAG_DUE].item())
+    att.checkpoints.due |= bool((every and att.step % every == 0) or agreed[FLAG_DUE])
     periodic = att.checkpoints.due and not writing
     if stop_code or att.step >= steps:
         with dog.paused():
