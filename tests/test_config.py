@@ -187,6 +187,9 @@ def test_every_training_setting_reaches_deepspeeds_config(tmp_path):
         "cos_min_ratio": 0.1}}
     assert cfg["wall_clock_breakdown"] is True
     assert plan["training"]["activation_checkpoint_interval"] == 2
+    # the job gives its stage's size: ZeRO's gradient bucket no larger than it (DeepSpeed's 5e8 else)
+    assert ds_config(plan, plan["layouts"]["2"], 1234)["zero_optimization"] == {"stage": 1, "reduce_bucket_size": 1234}
+    assert ds_config(plan, plan["layouts"]["2"], 10 ** 10)["zero_optimization"]["reduce_bucket_size"] == 500_000_000
 
 
 @pytest.mark.parametrize("size,needle", [(7, "has 7 bytes, not a whole number of uint16 tokens"),

@@ -228,8 +228,30 @@ def test_training_state_per_parameter_follows_precision_and_zero_sharding():
     f = lambda precision, zero, dp: state_factor(base._replace(precision=precision, zero_stage=zero), dp)  # noqa: E731
     assert f("fp32", 0, 4) == 4.0                       # weights, grads, Adam: 16 bytes a parameter
     assert f("fp32", 1, 1) == 5.0 and f("fp32", 1, 4) == 2.75   # + a master copy, sharded
-    assert f("bf16", 1, 2) == 3.0 and f("bf16", 1, 8) < f("bf16", 1, 2)
+    assert f("bf16", 1, 2) == 3.5 and f("bf16", 1, 8) < f("bf16", 1, 2)   # + the bf16 grads the pipeline keeps
     assert f("fp16", 0, 8) == 4.0                       # a full fp32 copy without ZeRO
+
+
+def test_optimizers_buckets_and_temporaries_count_in_a_stages_memory():
+    """DeepSpeed's ZeRO optimizer (fp16, fp32) holds two gradient buckets of up to 5e8 elements
+    (2 GB in fp16 on a 1M-parameter stage, gpu-check on an H200); pswift asks for buckets no
+    larger than the stage, and the memory model counts them; bf16's optimizer has none. On CUDA
+    torch's foreach AdamW adds one fp32 temporary per parameter of the rank's share."""
+    from pipeswift_slurm.planning.costmodel import ZERO_BUCKET_ELEMENTS, optimizer_extra_bytes, state_factor
+    small, big = 4e6, 4 * 2e9   # fp32 bytes: 1M and 2G parameters
+    prof = Profile((1.0,), (small,), None, 1, "toml")
+    at = lambda precision, zero, b=small, dp=1, dev="cpu": optimizer_extra_bytes(  # noqa: E731
+        prof._replace(precision=precision, zero_stage=zero), b, dp, dev)
+    assert at("fp16", 1) == 2 * 1e6 * 2 and at("fp32", 1) == 2 * 1e6 * 4
+    assert at("fp16", 1, big) == 2 * ZERO_BUCKET_ELEMENTS * 2      # DeepSpeed's default caps it
+    assert at("bf16", 1) == at("fp16", 0) == at("fp32", 0) == 0
+    assert at("bf16", 1, dev="cuda") == small and at("bf16", 1, dp=4, dev="cuda") == small / 4
+    assert at("fp32", 0, dp=4, dev="cuda") == small                 # unsharded without ZeRO
+    one = estimate_step(prof._replace(precision="fp16", zero_stage=1), [0, 1], 1, 1, 1, 1, Hardware())
+    none = estimate_step(prof._replace(precision="fp16", zero_stage=0), [0, 1], 1, 1, 1, 1, Hardware())
+    assert one.stage_memory[0] - none.stage_memory[0] == pytest.approx(
+        at("fp16", 1) + (state_factor(prof._replace(precision="fp16", zero_stage=1), 1)
+                         - state_factor(prof._replace(precision="fp16", zero_stage=0), 1)) * small)
 
 
 def test_recompute_trades_a_forward_for_activation_memory():
@@ -289,20 +311,21 @@ def test_zb_h1_step_model_fills_the_bubble_with_the_weight_passes_measured_or_as
 
 
 def test_a_config_that_would_not_fit_is_rejected_with_the_numbers_and_fits_in_bf16_zero1(tmp_path, monkeypatch):
-    """4 GB of fp32 weights a layer, 6 layers, 2 slots of 80 GB, one stage: fp32 (16 bytes a
+    """4 GB of fp32 weights a layer, 6 layers, 2 slots of 90 GB, one stage: fp32 (16 bytes a
     parameter) needs 96 GB a slot and is refused before anything is submitted; bf16 + ZeRO-1
-    over the 2 data-parallel ranks (2 + 4 + 12 / 2 bytes) needs 72 GB and fits."""
+    over the 2 data-parallel ranks (2 + 2 + 4 + 12 / 2 bytes: the pipeline keeps the bf16
+    gradients beside the fp32 ones) needs 84 GB and fits."""
     toml = copy_example(tmp_path / "ex", {"nodes": "2", "data_parallel": "None", "stages": "1",
                                           "layer_costs": "[0.1, 0.1, 0.1, 0.1, 0.1, 0.1]"})
     toml.write_text(toml.read_text().replace("data_parallel = None", "")
                     .replace("layer_costs =", "layer_memory = [4e9, 4e9, 4e9, 4e9, 4e9, 4e9]\nlayer_costs =")
                     .replace("layer_memory = [4e9", "layer_memory = [4000000000")
                     .replace(", 4e9", ", 4000000000"))
-    monkeypatch.setenv("PSWIFT_DEVICE_MEMORY", "80e9")
+    monkeypatch.setenv("PSWIFT_DEVICE_MEMORY", "90e9")
     proc = pswift("sbatch", "--dry-run", str(toml))
     errors = [line for line in proc.stderr.splitlines() if not line.startswith("warning:")]
     assert proc.returncode == 2 and len(errors) == 1 and errors[0].startswith("Error: "), proc.stderr
-    assert "no layout fits: does not fit: training state 96.00 GB over 1 stage(s) x 2 dp, device memory 80.00 GB" in proc.stderr, proc.stderr
+    assert "no layout fits: does not fit: training state 96.00 GB over 1 stage(s) x 2 dp, device memory 90.00 GB" in proc.stderr, proc.stderr
     assert "zero_stage = 1" in proc.stderr and "activation_checkpoint_interval" in proc.stderr
     toml.write_text(toml.read_text().replace("seed = 1\n", 'seed = 1\nzero_stage = 1\nprecision = "bf16"\n'))
     proc = pswift("sbatch", "--dry-run", str(toml))

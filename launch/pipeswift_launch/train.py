@@ -18,7 +18,7 @@ from pipeswift_slurm import events as events_schema
 from pipeswift_slurm.codes import Exit, Stop
 from pipeswift_slurm.plan import relaid_out, write_plan
 from pipeswift_slurm.planning import decide, interval, limits
-from pipeswift_slurm.planning.costmodel import estimate_step
+from pipeswift_slurm.planning.costmodel import estimate_step, zero_bucket_elements
 
 from . import (collectives, data, ds_compat, grow, launchrec, metrics, probe, relayout, rendezvous, rng, signals,
                zerobubble)
@@ -76,9 +76,10 @@ def _scheduler(t: TrainingSpec, lr: float) -> dict[str, Any]:
     return {}
 
 
-def ds_config(plan: Plan, layout: LayoutSpec) -> dict[str, Any]:
+def ds_config(plan: Plan, layout: LayoutSpec, stage_elements: int | None = None) -> dict[str, Any]:
     """DeepSpeed's configuration: every setting from plan.json's training section (train.toml
-    refuses ds_config keys pswift sets or cannot checkpoint)."""
+    refuses ds_config keys pswift sets or cannot checkpoint); with this rank's ``stage_elements``
+    (parameters), ZeRO's gradient bucket no larger than the stage (costmodel.zero_bucket_elements)."""
     t = plan["training"]
     opt: dict[str, Any] = _deep_merge({"type": "AdamW", "params": {"lr": 1e-3}}, t["optimizer"])
     opt["params"].setdefault("torch_adam", True)  # FusedAdam would JIT-compile for a minute on CPU
@@ -87,7 +88,9 @@ def ds_config(plan: Plan, layout: LayoutSpec) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": layout["micro_batch_size"],
         "gradient_accumulation_steps": layout["micro_batches"],
         "optimizer": opt,
-        "zero_optimization": {"stage": int(t["zero_stage"])},
+        "zero_optimization": {"stage": int(t["zero_stage"]),
+                              **({"reduce_bucket_size": zero_bucket_elements(stage_elements)}
+                                 if stage_elements is not None and int(t["zero_stage"]) else {})},
         "steps_per_print": 10 ** 9,
         "wall_clock_breakdown": False,
         **_precision(t),
@@ -194,7 +197,7 @@ def _setup(att: Attempt) -> None:
     if plan["training"]["gradient_clipping"] and layout["stages"] > 1:
         ds_compat.mark_model_parallel(model.parameters())
     att.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                               config=ds_config(plan, layout))
+                                               config=ds_config(plan, layout, sum(p.numel() for p in model.parameters())))
     if plan["schedule"] == "zb-h1":
         att.weight_grads = zerobubble.install(att.engine)
     att.dist = dist
