@@ -8,7 +8,7 @@ pswift / bare; and the wall time from starting the processes to the last step, p
 (pswift's final checkpoint comes after the last step: not counted). The rounds' spread of
 the step ratio says what a round resolves on this host.
 
-    python bench/overhead.py [--rounds 8] [--steps 40] [--hidden 256] [--quick] [--out bench/results/overhead.json]
+    python bench/overhead.py [--rounds 8] [--steps 40] [--hidden 256] [--device cuda] [--quick] [--out FILE]
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
 ROOT = benchlib.ROOT
-#: one rank of the bare loop: argv = plan.json, rank, world size, port, out.json
+#: one rank of the bare loop: argv = plan.json, rank, world size, port, out.json, device
 BARE = r'''
 import json, os, sys, time
 started = time.time()
-plan_path, rank, world, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+plan_path, rank, world, port, out, device = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
 os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                  MASTER_PORT=port, DS_ACCELERATOR="cpu")
+                  MASTER_PORT=port, DS_ACCELERATOR=device)
 import logging, torch, deepspeed
 from pipeswift_slurm.plan import parse_plan
 from pipeswift_launch import data, ds_compat, rng
@@ -45,12 +45,14 @@ layout = plan["layouts"][str(world)]
 ds_compat.skip_shm_build()
 logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 torch.set_num_threads(int(plan["cpus_per_task"]))
-deepspeed.init_distributed(dist_backend="gloo")
+if device == "cuda":
+    torch.cuda.set_device(rank)
+deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
 seed = int(plan["training"]["seed"])
 rng.reseed(seed, 0, 0)
 model = build_pipe(plan, layout)
 rng.reseed(seed, 0, rank)
-engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(plan, layout))
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(plan, layout, sum(p.numel() for p in model.parameters())))
 t = plan["training"]
 fn, kwargs, m, mbs = data.source(plan), dict(plan["model"]["kwargs"]), layout["micro_batches"], layout["micro_batch_size"]
 times, losses = [], []
@@ -65,15 +67,18 @@ if rank == 0:
 '''
 
 
-def example(dst: Path, steps: int, hidden: int) -> Path:
-    """The tiny-gpt example, 2 stages x 4 micro-batches, widened to ``hidden``, no checkpoint
-    but the final one."""
+def example(dst: Path, steps: int, hidden: int, device: str = "cpu", world: int = 2) -> Path:
+    """The tiny-gpt example, ``world`` stages x 4 micro-batches (2 on CPU), widened to ``hidden``,
+    no checkpoint but the final one; on CUDA one GPU a stage, on one node."""
     from pipeswift_slurm.starter import init
     init(dst, "tiny-gpt")
     toml = dst / "train.toml"
     text = toml.read_text()
+    on_gpu = (("nodes = 2 ", "nodes = 1 "), ("tasks_per_node = 1", f"tasks_per_node = {world}"),
+              ('device = "cpu"', f'device = "cuda"\ngpus_per_node = {world}'),
+              ('stages = "auto"', f"stages = {world}")) if device == "cuda" else ()
     for old, new in (("steps = 40", f"steps = {steps}"), ("hidden = 128", f"hidden = {hidden}"),
-                     ("checkpoint_interval = 20 ", "checkpoint_interval = 0  ")):
+                     ("checkpoint_interval = 20 ", "checkpoint_interval = 0  "), *on_gpu):
         assert old in text, old
         text = text.replace(old, new)
     toml.write_text(text)
@@ -100,14 +105,14 @@ def run_pswift(toml: Path, work: Path, history: Path | None = None) -> dict:
             "boundaries": start["boundaries"], "instructions": profile.get("instructions") or {}}
 
 
-def run_bare(plan: Path, work: Path, world: int) -> dict:
+def run_bare(plan: Path, work: Path, world: int, device: str) -> dict:
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     out = work / f"bare-{time.monotonic_ns()}.json"
     started = time.time()
-    procs = [subprocess.Popen([sys.executable, "-c", BARE, str(plan), str(r), str(world), port, str(out)],
+    procs = [subprocess.Popen([sys.executable, "-c", BARE, str(plan), str(r), str(world), port, str(out), device],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
     logs = [p.communicate(timeout=1800)[0] for p in procs]
     if any(p.returncode for p in procs):
@@ -122,19 +127,26 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--quick", action="store_true", help="one round of 4 steps at hidden 128 (CI: the bench still runs)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "overhead.json"))
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: one stage a GPU, up to 2 (nccl); cpu: 2 stages (gloo)")
+    ap.add_argument("--out", default=None, help="default bench/results/overhead.json (overhead.cuda.json on CUDA: a second row of the table)")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.steps, args.hidden = 1, 4, 128
+    out = args.out or str(ROOT / "bench" / "results" / f"overhead{'.cuda' if args.device == 'cuda' else ''}.json")
+    world = 2
+    if args.device == "cuda":
+        import torch   # the bench's own process: how many GPUs
+        world = min(2, torch.cuda.device_count())
     work = Path(tempfile.mkdtemp(prefix="pswift-overhead-"))
     try:
-        toml = example(work / "ex", args.steps, args.hidden)
+        toml = example(work / "ex", args.steps, args.hidden, args.device, world)
         rounds, plan, cut = [], None, None
         for r in range(args.rounds):
             order = ("pswift", "bare") if r % 2 == 0 else ("bare", "pswift")   # round 0: pswift first
             got: dict[str, dict] = {}
             for who in order:
-                got[who] = run_pswift(toml, work) if who == "pswift" else run_bare(plan, work, 2)
+                got[who] = run_pswift(toml, work) if who == "pswift" else run_bare(plan, work, world, args.device)
                 if who == "pswift":   # the bare loop trains the first run's plan: every round's is the same
                     plan, cut = plan or Path(shutil.copy(got[who]["plan"], work / "plan.json")), cut or got[who]["boundaries"]
                     if got[who]["boundaries"] != cut:
@@ -155,8 +167,9 @@ def main() -> None:
     wall_ratio = statistics.median(wall_ratios)
     figures = (f"step time pswift/bare {step_ratio:.3f} (rounds {min(step_ratios):.3f}-{max(step_ratios):.3f}), "
                f"launch to last step {wall_ratio:.3f} ({min(wall_ratios):.3f}-{max(wall_ratios):.3f}); "
-               f"{args.rounds} alternated rounds of {args.steps} steps, 2 stages x 4 micro-batches, hidden {args.hidden}")
-    benchlib.save(args.out, {"rounds": rounds, "step_ratio": step_ratio, "wall_ratio": wall_ratio,
+               f"{args.rounds} alternated rounds of {args.steps} steps, {world} stage(s) x 4 micro-batches, "
+               f"hidden {args.hidden}, {args.device}")
+    benchlib.save(out, {"rounds": rounds, "step_ratio": step_ratio, "wall_ratio": wall_ratio,
                              "step_ratios": step_ratios, "wall_ratios": wall_ratios},
                   quick=args.quick, what="pswift's own cost per step against bare DeepSpeed (bench/overhead.py)",
                   figures=figures)
