@@ -31,7 +31,9 @@ TRAIN_STATE_FACTOR = 4
 #: weights + Adam's two moments, whether DeepSpeed shards the last over data-parallel ranks).
 #: fp32 ZeRO-0 steps the weights themselves; ZeRO-1 keeps a separate fp32 partition; the bf16
 #: optimizer partitions its fp32 state even at ZeRO-0 and, at ZeRO-1, accumulates gradients in
-#: fp32 (pipeswift_launch/train.py); fp16 without ZeRO keeps a full fp32 copy.
+#: fp32 (pipeswift_launch/train.py) beside the bf16 ones the pipeline engine keeps (2 + 4, seen
+#: by gpu-check); fp16 without ZeRO keeps a full fp32 copy. What the optimizers hold beyond
+#: this: optimizer_extra_bytes (the stage cut's memory cap does not count it yet).
 STATE_BYTES = {("fp32", 0): (4, 4, 8, False), ("fp32", 1): (4, 4, 12, True),
                ("bf16", 0): (2, 2, 12, True), ("bf16", 1): (2, 6, 12, True),
                ("fp16", 0): (2, 2, 12, False), ("fp16", 1): (2, 2, 12, True)}
