@@ -21,7 +21,8 @@ from typing import Any, Iterator
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny-gpt"
 CLUSTER = ROOT / "scripts" / "slurm-dev-cluster"
-PSWIFT = [sys.executable, "-m", "pipeswift_slurm.cli.main"]
+#: the console script's own entry point (pipeswift_slurm.cli.entry: the early Slurm queries, the fast exit)
+PSWIFT = [sys.executable, "-m", "pipeswift_slurm.cli.entry"]
 
 
 def pswift(*args: str, env: dict | None = None, timeout: float = 600, cwd: str | None = None,

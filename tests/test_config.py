@@ -139,7 +139,7 @@ def test_missing_file_is_one_clear_line(tmp_path):
 def test_bad_toml_through_the_real_cli(tmp_path):
     """The installed entry point, in a subprocess: one line on stderr, exit 2, no traceback."""
     p = copy_example(tmp_path / "x", {"steps": '"many"'})
-    proc = subprocess.run([sys.executable, "-m", "pipeswift_slurm.cli.main", "sbatch", str(p)],
+    proc = subprocess.run([sys.executable, "-m", "pipeswift_slurm.cli.entry", "sbatch", str(p)],
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"Error: {p.resolve()}: [training] steps must be an integer, got string 'many'"

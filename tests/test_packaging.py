@@ -52,7 +52,7 @@ def test_the_wheel_installs_alone_with_its_plugins_one_version_and_the_license(t
                            capture_output=True, text=True, env=env, check=True, cwd=tmp_path)
     where, version = json.loads(probe.stdout)
     assert Path(where).is_relative_to(site) and version == __version__
-    pswift = [sys.executable, "-m", "pipeswift_slurm.cli.main"]
+    pswift = [sys.executable, "-m", "pipeswift_slurm.cli.entry"]   # the console script's entry point
     got = subprocess.run([*pswift, "--version"], capture_output=True, text=True, env=env, check=True,
                          cwd=tmp_path).stdout
     assert got.strip() == f"pswift, version {version}"
