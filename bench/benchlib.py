@@ -38,6 +38,17 @@ def command_line() -> str:
     return prefix + shlex.join(["python", str(script), *args])
 
 
+def median_interval(values: list[float], level: float = 0.9, draws: int = 4000) -> tuple[float, float]:
+    """A bootstrap interval of the median of ``values``: the median of ``draws`` resamples (with
+    replacement, a fixed seed), their central ``level`` share. Says what a run's rounds resolve."""
+    import random
+    import statistics
+    rnd = random.Random(0)
+    meds = sorted(statistics.median(rnd.choices(values, k=len(values))) for _ in range(draws))
+    cut = int(draws * (1 - level) / 2)
+    return meds[cut], meds[draws - 1 - cut]
+
+
 def save(out: str | Path, result: dict[str, Any], *, quick: bool, what: str, figures: str) -> None:
     """Write ``result`` to ``out`` with the command, the host and the table row."""
     result = {**result, "command": command_line(), "quick": quick,

@@ -3,10 +3,11 @@ and by a bare DeepSpeed loop (the same layers, boundaries, data, seed and DeepSp
 pswift's own builders, none of its hooks, timers, events, watchdog or stop flags), in
 alternated rounds (who goes first alternates), each its own processes, one per stage.
 
-Figures: the median over rounds of each run's median step time (engine.train_batch alone),
-pswift / bare; and the wall time from starting the processes to the last step, pswift / bare
-(pswift's final checkpoint comes after the last step: not counted). The rounds' spread of
-the step ratio says what a round resolves on this host.
+Figures: the median over rounds of each round's own ratio, pswift / bare (the two ran seconds
+apart: a drift of the host's speed falls on both), of the median step time (engine.train_batch
+alone) and of the wall time from starting the processes to the last step (pswift's final
+checkpoint comes after the last step: not counted), each with a bootstrap 90 % interval of that
+median: what the run's rounds resolve on this host. The ratio of the step medians is kept beside.
 
     python bench/overhead.py [--rounds 8] [--steps 40] [--hidden 256] [--device cuda] [--quick] [--out FILE]
 """
@@ -63,7 +64,10 @@ for step in range(int(t["steps"])):
     times.append(time.time() - ts)
     losses.append(float(loss.item()))
 if rank == 0:
-    json.dump({"step_times": times, "losses": losses, "last_step_at": time.time(), "started": started}, open(out, "w"))
+    with open(out, "w") as f:
+        json.dump({"step_times": times, "losses": losses, "last_step_at": time.time(), "started": started}, f)
+from pipeswift_launch.hardexit import exit_now   # gloo's threads may abort the interpreter's teardown
+exit_now(0)
 '''
 
 
@@ -162,15 +166,19 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     step_ratios = [x["pswift"]["median_step_s"] / x["bare"]["median_step_s"] for x in rounds]
     wall_ratios = [x["pswift"]["to_last_step_s"] / x["bare"]["to_last_step_s"] for x in rounds]
-    step_ratio = statistics.median(x["pswift"]["median_step_s"] for x in rounds) / \
+    step_ratio, wall_ratio = statistics.median(step_ratios), statistics.median(wall_ratios)
+    of_medians = statistics.median(x["pswift"]["median_step_s"] for x in rounds) / \
         statistics.median(x["bare"]["median_step_s"] for x in rounds)
-    wall_ratio = statistics.median(wall_ratios)
-    figures = (f"step time pswift/bare {step_ratio:.3f} (rounds {min(step_ratios):.3f}-{max(step_ratios):.3f}), "
-               f"launch to last step {wall_ratio:.3f} ({min(wall_ratios):.3f}-{max(wall_ratios):.3f}); "
-               f"{args.rounds} alternated rounds of {args.steps} steps, {world} stage(s) x 4 micro-batches, "
-               f"hidden {args.hidden}, {args.device}")
+    step_ci, wall_ci = benchlib.median_interval(step_ratios), benchlib.median_interval(wall_ratios)
+    figures = (f"step time pswift/bare {step_ratio:.3f} (90 % interval {step_ci[0]:.3f}-{step_ci[1]:.3f}; "
+               f"rounds {min(step_ratios):.3f}-{max(step_ratios):.3f}; ratio of the medians {of_medians:.3f}), "
+               f"launch to last step {wall_ratio:.3f} ({wall_ci[0]:.3f}-{wall_ci[1]:.3f}; rounds "
+               f"{min(wall_ratios):.3f}-{max(wall_ratios):.3f}); {args.rounds} alternated rounds of {args.steps} "
+               f"steps, {world} stage(s) x 4 micro-batches, hidden {args.hidden}, {args.device}")
     benchlib.save(out, {"rounds": rounds, "step_ratio": step_ratio, "wall_ratio": wall_ratio,
-                             "step_ratios": step_ratios, "wall_ratios": wall_ratios},
+                        "step_ratio_interval": step_ci, "wall_ratio_interval": wall_ci,
+                        "step_ratio_of_medians": of_medians,
+                        "step_ratios": step_ratios, "wall_ratios": wall_ratios},
                   quick=args.quick, what="pswift's own cost per step against bare DeepSpeed (bench/overhead.py)",
                   figures=figures)
 
