@@ -2,7 +2,9 @@
 `pswift run`, P stages, m micro-batches, `[pipeline] schedule` the only difference, in alternated
 rounds (who goes first alternates), each its own processes, one per stage.
 
-Figures per (P, m): the median over rounds of each run's median step time, ZB-H1 / 1F1B, against
+Figures per (P, m): the median over rounds of each round's own ratio of the runs' median step
+times, ZB-H1 / 1F1B (the two ran seconds apart), with a bootstrap 90 % interval of that median
+(what the rounds resolve; the ratio of the medians is kept beside), against
 the ratio `pswift simulate` predicts for uniform stages with the weight gradient taken as half
 the backward (the simulator's default when W is not measured), and the ratio it simulates on
 this job's own stages (F, B and W per stage from the ZB-H1 run's instruction timer, plus the
@@ -94,10 +96,12 @@ def measure(work: Path, args: argparse.Namespace, p: int, m: int) -> dict:
               f"{rounds[-1]['1f1b']:.4f} s (1F1B)", flush=True)
     measured = {s: statistics.median(x[s] for x in rounds) for s in ("1f1b", "zb-h1")}
     ratios = [x["zb-h1"] / x["1f1b"] for x in rounds]
-    ratio, known = measured["zb-h1"] / measured["1f1b"], [r for r in job_ratios if r is not None]
+    ratio, known = statistics.median(ratios), [r for r in job_ratios if r is not None]
     job_ratio = statistics.median(known) if known else None
     model = [r for r in as_run if r is not None]
     return {"micro_batches": m, "stages": p, "rounds": rounds, "ratio": ratio,
+            "ratio_interval": benchlib.median_interval(ratios),
+            "ratio_of_medians": measured["zb-h1"] / measured["1f1b"],
             "round_ratios": ratios, "predicted_ratio": predicted_ratio(p, m),
             "job_predicted_ratio": job_ratio,
             # the same on the order the engine runs: the planner's step model of this job
@@ -129,7 +133,8 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     figures = "; ".join(
-        f"{c['stages']} stages x {c['micro_batches']}: ZB-H1/1F1B {c['ratio']:.3f} (rounds "
+        f"{c['stages']} stages x {c['micro_batches']}: ZB-H1/1F1B {c['ratio']:.3f} (90 % interval "
+        f"{c['ratio_interval'][0]:.3f}-{c['ratio_interval'][1]:.3f}; rounds "
         f"{min(c['round_ratios']):.3f}-{max(c['round_ratios']):.3f}; simulated {c['predicted_ratio']:.3f} "
         f"uniform, {c['job_predicted_ratio'] or float('nan'):.3f} on the job's measured F/B/W "
         f"(measured gain {c['gain_share'] if c['gain_share'] is not None else float('nan'):.0%} of it), "
