@@ -9,7 +9,10 @@ the ratio `pswift simulate` predicts for uniform stages with the weight gradient
 the backward (the simulator's default when W is not measured), and the ratio it simulates on
 this job's own stages (F, B and W per stage from the ZB-H1 run's instruction timer, plus the
 step's fixed optimizer and reduction time), with the measured gain as a share of that one, and
-the same in the order the engine runs (the planner's step model of this job); and
+the same in the order the engine runs (the planner's step model of this job); then that order
+with the 1F1B side from the 1F1B run's own F and whole backward (so what the split itself costs,
+the autograd function around each Linear and the weight pass apart, is counted: `split_cost`,
+the stages' F + B + W under ZB-H1 over their F + backward under 1F1B); and
 each schedule's measured step
 against the step its plan.json predicted in the last round (the planner's step model, calibrated
 by the earlier rounds of that schedule: each schedule keeps its own history). Both schedules must
@@ -60,29 +63,63 @@ def predicted_ratio(stages: int, micro_batches: int) -> float:
     return zb / one
 
 
-def job_predicted_ratio(instructions: dict[str, dict[str, float]], micro_batches: int,
-                        as_run: bool = False) -> float | None:
-    """ZB-H1 / 1F1B step time by pswift's simulator on this job's own stages: each stage's F, B
-    and W per micro-batch from the ZB-H1 run's instruction timer (its first profiled steps), the
-    step's fixed part (optimizer, gradient reduction: the slowest stage's) added to both;
-    ``as_run``: ZB-H1 in the order the engine runs it (the planner's step model), not the paper's."""
-    from pipeswift_slurm.planning.simulate import simulate
+def stage_passes(instructions: dict[str, dict[str, float]], micro_batches: int
+                 ) -> tuple[list[float], list[float], list[float], float] | None:
+    """One run's stages, in order, from its instruction timer (its first profiled steps): F,
+    the whole backward (B + W) and W per micro-batch, and the step's fixed part (optimizer,
+    gradient reduction: the slowest stage's)."""
     stages = [instructions[s] for s in sorted(instructions, key=int)]
-    if not stages or any("WeightPass" not in ins for ins in stages):
+    if not stages:
         return None
     f = [ins["ForwardPass"] / micro_batches for ins in stages]
-    b = [ins["BackwardPass"] / micro_batches for ins in stages]
-    w = [ins["WeightPass"] / micro_batches for ins in stages]
+    w = [ins.get("WeightPass", 0.0) / micro_batches for ins in stages]
+    whole = [ins["BackwardPass"] / micro_batches + x for ins, x in zip(stages, w)]
     fixed = max(sum(ins.get(k, 0.0) for k in ("OptimizerStep", "ReduceGrads", "ReduceTiedGrads")) for ins in stages)
-    whole = [x + y for x, y in zip(b, w)]
-    one = simulate(f, whole, micro_batches, "1f1b").step_time + fixed
-    zb = simulate(f, whole, micro_batches, "zb-h1", wgrad=w, as_run=as_run).step_time + fixed
-    return zb / one
+    return f, whole, w, fixed
+
+
+def job_predicted_ratio(instructions: dict[str, dict[str, float]], micro_batches: int,
+                        as_run: bool = False, one_f1b: dict[str, dict[str, float]] | None = None) -> float | None:
+    """ZB-H1 / 1F1B step time by pswift's simulator on this job's own stages: each stage's F, B
+    and W per micro-batch from the ZB-H1 run's instruction timer, the step's fixed part added to
+    both; ``as_run``: ZB-H1 in the order the engine runs it (the planner's step model), not the
+    paper's; ``one_f1b``: the 1F1B side from the 1F1B run's own F and whole backward (what the
+    split costs counted), the fixed part the mean of the two runs' (the same optimizer step)."""
+    from pipeswift_slurm.planning.simulate import simulate
+    zb = stage_passes(instructions, micro_batches)
+    if zb is None or any("WeightPass" not in ins for ins in instructions.values()):
+        return None
+    one = stage_passes(one_f1b, micro_batches) if one_f1b else zb
+    if one is None:
+        return None
+    fixed = (zb[3] + one[3]) / 2
+    f, whole, w, _ = zb
+    zb_step = simulate(f, whole, micro_batches, "zb-h1", wgrad=w, as_run=as_run).step_time + fixed
+    return zb_step / (simulate(one[0], one[1], micro_batches, "1f1b").step_time + fixed)
+
+
+def split_cost(one_f1b: dict[str, dict[str, float]], zb: dict[str, dict[str, float]]) -> float | None:
+    """The stages' F + B + W under ZB-H1 over their F + backward under 1F1B: the compute the
+    split itself adds (the autograd function around each Linear, the weight pass apart)."""
+    def compute(instructions: dict[str, dict[str, float]]) -> float:
+        return sum(ins["ForwardPass"] + ins["BackwardPass"] + ins.get("WeightPass", 0.0)
+                   for ins in instructions.values())
+    return compute(zb) / compute(one_f1b) if one_f1b and zb else None
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _share(ratio: float, simulated: float | None) -> float | None:
+    """The measured gain as a share of a simulated one (none where no gain is simulated)."""
+    return (1 - ratio) / (1 - simulated) if simulated is not None and simulated < 1 else None
 
 
 def measure(work: Path, args: argparse.Namespace, p: int, m: int) -> dict:
     tomls = {s: job(work / f"{s}-{p}-{m}", args.steps, args.hidden, p, m, s) for s in ("1f1b", "zb-h1")}
-    rounds, planned, job_ratios, as_run = [], {}, [], []
+    rounds, planned, profiles = [], {}, []
     for r in range(args.rounds):
         order = ("1f1b", "zb-h1") if r % 2 == 0 else ("zb-h1", "1f1b")
         got = {s: overhead.run_pswift(tomls[s], work, history=work / f"{s}-{p}-{m}.db") for s in order}
@@ -90,28 +127,48 @@ def measure(work: Path, args: argparse.Namespace, p: int, m: int) -> dict:
             raise SystemExit(f"P={p} m={m}: ZB-H1 trained other numbers than 1F1B: not the same job")
         rounds.append({s: statistics.median(g["step_times"]) for s, g in got.items()})
         planned = {s: json.loads(Path(g["plan"]).read_text())["prediction"]["step_s"] for s, g in got.items()}
-        job_ratios.append(job_predicted_ratio(got["zb-h1"]["instructions"], m))
-        as_run.append(job_predicted_ratio(got["zb-h1"]["instructions"], m, as_run=True))
+        profiles.append((got["1f1b"]["instructions"], got["zb-h1"]["instructions"]))
         print(f"P={p} m={m} round {r + 1}/{args.rounds}: step {rounds[-1]['zb-h1']:.4f} s (ZB-H1) vs "
               f"{rounds[-1]['1f1b']:.4f} s (1F1B)", flush=True)
     measured = {s: statistics.median(x[s] for x in rounds) for s in ("1f1b", "zb-h1")}
     ratios = [x["zb-h1"] / x["1f1b"] for x in rounds]
-    ratio, known = statistics.median(ratios), [r for r in job_ratios if r is not None]
-    job_ratio = statistics.median(known) if known else None
-    model = [r for r in as_run if r is not None]
+    ratio = statistics.median(ratios)
+    job_ratio = _median([job_predicted_ratio(zb, m) for _, zb in profiles])
+    own_ratio = _median([job_predicted_ratio(zb, m, as_run=True, one_f1b=one) for one, zb in profiles])
     return {"micro_batches": m, "stages": p, "rounds": rounds, "ratio": ratio,
             "ratio_interval": benchlib.median_interval(ratios),
             "ratio_of_medians": measured["zb-h1"] / measured["1f1b"],
             "round_ratios": ratios, "predicted_ratio": predicted_ratio(p, m),
             "job_predicted_ratio": job_ratio,
             # the same on the order the engine runs: the planner's step model of this job
-            "job_as_run_ratio": statistics.median(model) if model else None,
+            "job_as_run_ratio": _median([job_predicted_ratio(zb, m, as_run=True) for _, zb in profiles]),
             # the measured gain as a share of the gain simulated on this job's own stage times
-            "gain_share": (1 - ratio) / (1 - job_ratio) if job_ratio is not None and job_ratio < 1 else None,
+            "gain_share": _share(ratio, job_ratio),
+            # the order the engine runs, 1F1B from its own run's passes: the split's cost counted
+            "own_passes_ratio": own_ratio,
+            "own_passes_gain_share": _share(ratio, own_ratio),
+            "split_cost": _median([split_cost(one, zb) for one, zb in profiles]),
             "measured_step_s": measured,
             "planned_step_s": planned,
             "model_error": {s: planned[s] / measured[s] - 1 for s in measured},
             "shares_cores": p > (os.cpu_count() or 1)}
+
+
+def _figures(c: dict) -> str:
+    def num(x: float | None, fmt: str) -> str:
+        return "n/a" if x is None else format(x, fmt)
+    share = c["own_passes_gain_share"]
+    own = (f"{num(c['own_passes_ratio'], '.3f')} with 1F1B's own passes (the split costs "
+           f"{num(c['split_cost'] and c['split_cost'] - 1, '+.1%')} of F + B; "
+           + (f"measured gain {share:.0%} of it)" if share is not None else "no gain simulated)"))
+    return (f"{c['stages']} stages x {c['micro_batches']}: ZB-H1/1F1B {c['ratio']:.3f} (90 % interval "
+            f"{c['ratio_interval'][0]:.3f}-{c['ratio_interval'][1]:.3f}; rounds "
+            f"{min(c['round_ratios']):.3f}-{max(c['round_ratios']):.3f}; simulated {c['predicted_ratio']:.3f} "
+            f"uniform, {num(c['job_predicted_ratio'], '.3f')} on the ZB-H1 run's F/B/W "
+            f"(measured gain {num(c['gain_share'], '.0%')} of it), "
+            f"{num(c['job_as_run_ratio'], '.3f')} in the order the engine runs (the step model's), {own}; "
+            f"step model error 1F1B {c['model_error']['1f1b']:+.0%}, ZB-H1 {c['model_error']['zb-h1']:+.0%}"
+            + (", stages share cores" if c["shares_cores"] else "") + ")")
 
 
 def main() -> None:
@@ -132,15 +189,7 @@ def main() -> None:
                  for p in args.stages.split(",") for m in args.micro_batches.split(",")]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    figures = "; ".join(
-        f"{c['stages']} stages x {c['micro_batches']}: ZB-H1/1F1B {c['ratio']:.3f} (90 % interval "
-        f"{c['ratio_interval'][0]:.3f}-{c['ratio_interval'][1]:.3f}; rounds "
-        f"{min(c['round_ratios']):.3f}-{max(c['round_ratios']):.3f}; simulated {c['predicted_ratio']:.3f} "
-        f"uniform, {c['job_predicted_ratio'] or float('nan'):.3f} on the job's measured F/B/W "
-        f"(measured gain {c['gain_share'] if c['gain_share'] is not None else float('nan'):.0%} of it), "
-        f"{c['job_as_run_ratio'] or float('nan'):.3f} in the order the engine runs (the step model's); "
-        f"step model error 1F1B {c['model_error']['1f1b']:+.0%}, ZB-H1 {c['model_error']['zb-h1']:+.0%}"
-        + (", stages share cores" if c["shares_cores"] else "") + ")" for c in cells)
+    figures = "; ".join(_figures(c) for c in cells)
     figures += f"; {args.rounds} alternated rounds of {args.steps} steps, hidden {args.hidden}"
     benchlib.save(args.out, {"cells": cells}, quick=args.quick,
                   what="1F1B vs ZB-H1 in DeepSpeed's engine (bench/schedules.py)", figures=figures)
