@@ -286,18 +286,21 @@ def test_zb_h1_step_model_fills_the_bubble_with_the_weight_passes_measured_or_as
     """Under ZB-H1 the step model simulates the order pswift's engine runs on the stage times,
     each stage's W its layers' measured share: with F = B = W on 2 stages it is the paper's
     m(F+B+W) + (p-1)(F+B-W) against 1F1B's (m+p-1)(F+B+W), on 4 the engine's own order; no
-    splittable weight gradient, no gain; unmeasured, the assumed share."""
-    from pipeswift_slurm.planning.costmodel import WEIGHT_FRACTION_ASSUMED
+    splittable weight gradient, no gain; unmeasured, the assumed share. On CPU each split stage's
+    passes take ZB_SPLIT_COST_CPU longer (measured), on a GPU they are not counted longer."""
+    from pipeswift_slurm.planning.costmodel import WEIGHT_FRACTION_ASSUMED, ZB_SPLIT_COST_CPU
     from pipeswift_slurm.planning.simulate import simulate
     paper = Profile((1.0,) * 8, weight_fraction=(1 / 3,) * 8)          # F = B = W = 4/3 a stage of 4 layers
+    gpu = estimate_step(paper, [0, 4, 8], 8, 1, 1, 1, Hardware(device="cuda"), "zb-h1")
+    assert gpu.compute_s == pytest.approx(8 * 4.0 + 1 * 4 / 3, rel=1e-3)
     two = estimate_step(paper, [0, 4, 8], 8, 1, 1, 1, Hardware(), "zb-h1")
-    assert two.compute_s == pytest.approx(8 * 4.0 + 1 * 4 / 3, rel=1e-3)
+    assert 0 < ZB_SPLIT_COST_CPU and two.compute_s == pytest.approx(gpu.compute_s * (1 + ZB_SPLIT_COST_CPU), rel=1e-3)
     cut, m = [0, 2, 4, 6, 8], 8
     one = estimate_step(paper, cut, m, 1, 1, 1, Hardware())
     zb = estimate_step(paper, cut, m, 1, 1, 1, Hardware(), "zb-h1")
     assert one.compute_s == pytest.approx(11 * 2.0, rel=1e-3)
     as_run = simulate([2 / 3] * 4, [4 / 3] * 4, m, "zb-h1", wgrad=[2 / 3] * 4, as_run=True).step_time
-    assert zb.compute_s == pytest.approx(as_run, rel=1e-3) and 8 * 2.0 + 3 * 2 / 3 < as_run < 22
+    assert zb.compute_s == pytest.approx(as_run * (1 + ZB_SPLIT_COST_CPU), rel=1e-3) and 8 * 2.0 + 3 * 2 / 3 < as_run < 22
     assert zb.step_s - zb.compute_s == pytest.approx(one.step_s - one.compute_s)   # the rest unchanged
     assert zb.bubble_ratio < one.bubble_ratio
     none = paper._replace(weight_fraction=(0.0,) * 8)                  # nothing to defer
@@ -337,10 +340,15 @@ def test_schedule_auto_runs_zb_h1_where_measured_or_modelled_faster_and_1f1b_whe
     """Per layout: ZB-H1 where the history measured it faster than 1F1B, or, unmeasured, where
     the step model (the measured weight-pass shares, else assumed ones, said so) saves at least
     ZB_MODEL_MIN_GAIN of the step; 1F1B where the layers have nothing to defer, the bubble is too
-    small to pay, or ZB-H1 was measured slower."""
+    small to pay for the split (m = 32: on no layout; m = 16: on 4 stages, not 2), or ZB-H1 was
+    measured slower."""
     from pipeswift_slurm.planning.planner import ZB_MODEL_MIN_GAIN
     toml = big_toml(tmp_path)
     toml.write_text(toml.read_text().replace("[pipeline]", '[pipeline]\nschedule = "auto"'))
+    wide = plan(load_config(toml), Profile(load_config(toml).model.layer_costs, None, None, 1, "toml"),
+                Hardware(host_cores=8), cluster(None), PastRuns())
+    assert {c.schedule for c in wide.candidates if c.estimate} == {"1f1b"}   # m = 32: the split costs more
+    toml.write_text(toml.read_text().replace("global_batch_size = 32", "global_batch_size = 16"))
     cfg = load_config(toml)
     key = lambda c: f"{c.nodes}/{c.stages}/{c.schedule}"  # noqa: E731
     hw = Hardware(host_cores=8)
@@ -355,7 +363,7 @@ def test_schedule_auto_runs_zb_h1_where_measured_or_modelled_faster_and_1f1b_whe
     assert any("ZB-H1 on 0 layout(s)" in n and "shares a ZB-H1 run measured" in n for n in flat.notes)
     one, two, four = (by[n].est.step_s for n in (1, 2, 4))
     res, by = run(None)                                  # nothing measured: the assumed share
-    assert (by[1].schedule, by[2].schedule, by[4].schedule) == ("1f1b", "1f1b", "zb-h1")   # m = 32: 4 stages' bubble pays
+    assert (by[1].schedule, by[2].schedule, by[4].schedule) == ("1f1b", "1f1b", "zb-h1")   # m = 16: 4 stages' bubble pays
     assert by[4].est.step_s < (1 - ZB_MODEL_MIN_GAIN) * four and by[4].est.step_source == "model"
     assert any("modelled at least 2% faster" in n and "assumed 25%" in n for n in res.notes)
     assert res.chosen.schedule == res.to_dict()["chosen"]["schedule"] == "zb-h1"

@@ -257,12 +257,14 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
     exact = P * micro_batches <= SIMULATED_OPS_MAX
     sim = (simulate(fwd, bwd, micro_batches, "1f1b", p2p=p2p, keep_ops=False) if exact
            else closed_form_1f1b(fwd, bwd, micro_batches, p2p))
-    # ZB-H1 against 1F1B on the same stage times: the share of the makespan it leaves; none where
-    # more ranks than cores share a host (a stage's bubble is another's work there: measured
-    # 1.01-1.03x of 1F1B with 4 stages on 2 cores, bench/schedules.py)
+    # ZB-H1 against 1F1B on the same stage times: the share of the makespan it leaves (above 1
+    # where the split costs more than the bubble it fills); none where more ranks than cores share
+    # a host (a stage's bubble is another's work there: measured 0.97-1.00x of 1F1B with 4 stages
+    # on 2 cores, bench/schedules.py)
     fills = schedule == "zb-h1" and exact and P > 1 and not oversubscribed(P, data_parallel, tasks_per_node, hw)
-    zero_bubble, bubble = (_zero_bubble(profile, costs, boundaries, fwd, bwd, micro_batches, p2p, sim.step_time)
-                           if fills else (1.0, sim.bubble_ratio))
+    split_cost = ZB_SPLIT_COST_CPU if hw.device == "cpu" else 0.0
+    zero_bubble, bubble = (_zero_bubble(profile, costs, boundaries, fwd, bwd, micro_batches, p2p, sim.step_time,
+                                        split_cost) if fills else (1.0, sim.bubble_ratio))
     params = [sum(profile.param_bytes[a:b]) for a, b in zip(boundaries, boundaries[1:])] \
         if profile.param_bytes else [0] * P
     allreduce = (2 * (data_parallel - 1) / data_parallel * max(params) / hw.allreduce_bandwidth
@@ -300,17 +302,28 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
                         fits=max(memory) <= hw.device_memory)
 
 
+#: what pswift's ZB-H1 itself costs a CPU stage, as a share of its F and B + W: the autograd
+#: function around each Linear, the weight product computed apart, and the core time gloo's
+#: posted sends and receives take while the stage computes. Measured +2.4 % of F + B at 2 stages
+#: x 4 micro-batches of 8 and +3.5 % at x 8 of 4, hidden 256 (bench/schedules.py `split_cost`,
+#: 12 rounds). Not measured on a GPU (its kernels run behind the Python that launches them): 0 there
+ZB_SPLIT_COST_CPU = 0.03
+
+
 def _zero_bubble(profile: Profile, costs: Sequence[float], boundaries: Sequence[int],
                  fwd: Sequence[float], bwd: Sequence[float], micro_batches: int, p2p: float,
-                 one_f_one_b: float) -> tuple[float, float]:
-    """ZB-H1's simulated makespan (in the order pswift's engine runs it) over 1F1B's
-    (``one_f_one_b``) on the same stage times, and its bubble ratio; each stage's W is the
-    weight share of its layers' seconds."""
+                 one_f_one_b: float, split_cost: float) -> tuple[float, float]:
+    """ZB-H1's simulated makespan (in the order pswift's engine runs it, each pass ``split_cost``
+    longer) over 1F1B's (``one_f_one_b``) on the stage times, and its bubble ratio; each stage's W
+    is the weight share of its layers' seconds. Above 1 where the split costs more than the
+    bubble it fills."""
     share, _ = profile.weight_fractions()
     wgrad = [min(b, sum(costs[i] * share[i] for i in range(lo, hi)))
              for b, lo, hi in zip(bwd, boundaries, boundaries[1:])]
-    zb = simulate(fwd, bwd, micro_batches, "zb-h1", p2p=p2p, wgrad=wgrad, keep_ops=False, as_run=True)
-    return (min(1.0, zb.step_time / one_f_one_b) if one_f_one_b > 0 else 1.0), zb.bubble_ratio
+    longer = [1.0 + split_cost if w > 0 else 1.0 for w in wgrad]    # a stage with nothing split: none
+    zb = simulate([f * x for f, x in zip(fwd, longer)], [b * x for b, x in zip(bwd, longer)], micro_batches,
+                  "zb-h1", p2p=p2p, wgrad=[w * x for w, x in zip(wgrad, longer)], keep_ops=False, as_run=True)
+    return (zb.step_time / one_f_one_b if one_f_one_b > 0 else 1.0), zb.bubble_ratio
 
 
 class Calibration(NamedTuple):

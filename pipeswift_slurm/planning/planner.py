@@ -283,8 +283,9 @@ def _modelled(profile: Profile, hw: Hardware, c: Candidate, schedule: str) -> An
                          c.tasks_per_node, hw, schedule)
 
 
-#: the least share of the step ZB-H1's model must save to be chosen unmeasured: the model does
-#: not see the few dispatches pswift's ZB-H1 adds per micro-batch (its weight passes, early sends)
+#: the least share of the step ZB-H1's model must save to be chosen unmeasured: the model counts
+#: the split's cost on CPU (costmodel.ZB_SPLIT_COST_CPU), not the few dispatches pswift's ZB-H1 adds per
+#: micro-batch (its weight passes, early sends)
 ZB_MODEL_MIN_GAIN = 0.02
 
 
