@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+from click.testing import CliRunner
 
-from helpers import EXAMPLE, copy_example, pswift
+from helpers import copy_example, pswift
 from pipeswift_slurm.cli import entry
 
 
@@ -59,7 +61,6 @@ def test_a_fast_exit_flushes_everything_and_keeps_the_status(status):
 def test_the_real_command_through_the_entry_point_prints_and_writes_all_it_would(tmp_path, monkeypatch):
     """`pswift sbatch --dry-run` and `pswift plan --json` through the console script's entry (fast
     exit) print what the CLI prints in-process; a bad TOML is one line and exit 2."""
-    from click.testing import CliRunner
     from pipeswift_slurm.cli.main import cli
     toml = copy_example(tmp_path / "ex")
     monkeypatch.chdir(tmp_path)
@@ -79,7 +80,6 @@ def test_the_real_command_through_the_entry_point_prints_and_writes_all_it_would
 
 
 def in_process_script(cli, toml, env) -> str:
-    from click.testing import CliRunner
     out = CliRunner().invoke(cli, ["sbatch", "--dry-run", str(toml)], env=env)
     assert out.exit_code == 0, out.output
     return out.stdout
@@ -87,6 +87,5 @@ def in_process_script(cli, toml, env) -> str:
 
 def masked(script: str) -> str:
     """The batch script with its run directory's name (date and a random suffix) masked."""
-    import re
     assert script.startswith("#!/bin/bash\n") and script.count("\n") > 50
     return re.sub(r"pswift-runs/[^/\s]+", "pswift-runs/RUN", script)

@@ -345,8 +345,9 @@ def test_schedule_auto_runs_zb_h1_where_measured_or_modelled_faster_and_1f1b_whe
     from pipeswift_slurm.planning.planner import ZB_MODEL_MIN_GAIN
     toml = big_toml(tmp_path)
     toml.write_text(toml.read_text().replace("[pipeline]", '[pipeline]\nschedule = "auto"'))
-    wide = plan(load_config(toml), Profile(load_config(toml).model.layer_costs, None, None, 1, "toml"),
-                Hardware(host_cores=8), cluster(None), PastRuns())
+    at_32 = load_config(toml)
+    wide = plan(at_32, Profile(at_32.model.layer_costs, None, None, 1, "toml"), Hardware(host_cores=8),
+                cluster(None), PastRuns())
     assert {c.schedule for c in wide.candidates if c.estimate} == {"1f1b"}   # m = 32: the split costs more
     toml.write_text(toml.read_text().replace("global_batch_size = 32", "global_batch_size = 16"))
     cfg = load_config(toml)
