@@ -210,3 +210,12 @@ def test_the_closed_form_stays_near_the_simulator_for_uneven_stages(f, data):
     c = data.draw(st.floats(0.0, 0.5)) * min(x + y for x, y in zip(f, b))
     sim = simulate(f, b, m, "1f1b", p2p=c, keep_ops=False).step_time
     assert abs(closed_form_1f1b(f, b, m, c).step_time - sim) <= 0.3 * sim
+
+
+def test_zero_bubble_h2_runs_h1s_order_where_its_own_would_lose():
+    """Found by the property above: 5 stages x 5 micro-batches, F = 3, B = 2, W = 1.5. H2's extra
+    forwards first make its period 47.5, H1's order takes 46.5; H2 holds enough to run H1's."""
+    h1 = simulate([3.0] * 5, [3.5] * 5, 5, "zb-h1", wgrad=[1.5] * 5, keep_ops=False)
+    h2 = simulate([3.0] * 5, [3.5] * 5, 5, "zb-h2", wgrad=[1.5] * 5, keep_ops=False)
+    assert h1.step_time == pytest.approx(46.5)
+    assert (h2.schedule, h2.step_time) == ("zb-h2", pytest.approx(46.5))

@@ -14,7 +14,8 @@ rule pipeswift_launch.zerobubble follows): the paper's on 2 stages, 29 at 4 x 8;
 step model uses it. ZB-H2 holds up to
 2p - 1 micro-batches, fills the warm-up with extra forwards and, with the paper's optimizer
 post-validation, runs steps back to back: its step time is that period (F=B=W=1: 24, no bubble;
-m(F+B+W) + (p-1)(F+B-2W) when the warm-up fills stage 0's wait, as with F = B = W).
+m(F+B+W) + (p-1)(F+B-2W) when the warm-up fills stage 0's wait, as with F = B = W); where its
+order loses to H1's (a forward much slower than B + W, few micro-batches), it runs H1's.
 
 Operations (one micro-batch on one virtual stage): ``F`` forward, ``B`` backward (input and
 weight gradients; only the input gradient in the zero-bubble schedule), ``W`` weight gradient
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Sequence
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
@@ -239,7 +240,11 @@ def simulate(fwd: Sequence[float], bwd: Sequence[float], micro_batches: int,
     if schedule == "zb-h1":
         return _simulate_zb(orders, vf, vb, vw, devices, m, p2p, keep_ops)
     if schedule == "zb-h2":
-        return _simulate_zb_h2(vf, vb, vw, devices, m, p2p, keep_ops)
+        # H2 holds more than H1 needs, so it can always run H1's order: where its own (extra
+        # forwards first, which a forward slower than B + W can make late) loses, it runs H1's
+        h2 = _simulate_zb_h2(vf, vb, vw, devices, m, p2p, keep_ops)
+        h1 = _simulate_zb(orders, vf, vb, vw, devices, m, p2p, keep_ops)
+        return h2 if h2.step_time <= h1.step_time else replace(h1, schedule="zb-h2")
     return _run_orders(orders, schedule, devices, m, v, vf, vb, p2p, keep_ops)
 
 
