@@ -178,7 +178,7 @@ SETTINGS: tuple[Setting, ...] = (
       "weight gradients later, where the stage would wait; every stage may hold the micro-batches "
       "the first holds in 1F1B, plus one), or "
       "`\"auto\"`: per layout, ZB-H1 where the history measured it faster than 1F1B, or where the "
-      "step model says it saves at least 2 % (with the weight-pass shares a ZB-H1 run measured, "
+      "step model says it saves at least 1 % (with the weight-pass shares a ZB-H1 run measured, "
       "else assumed: the plan says so), else 1F1B",
       choices=("1f1b", "zb-h1", "auto"), plan="top"),
 )

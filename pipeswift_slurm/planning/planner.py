@@ -284,9 +284,9 @@ def _modelled(profile: Profile, hw: Hardware, c: Candidate, schedule: str) -> An
 
 
 #: the least share of the step ZB-H1's model must save to be chosen unmeasured: the model counts
-#: the split's cost on CPU (costmodel.ZB_SPLIT_COST_CPU), not the few dispatches pswift's ZB-H1 adds per
-#: micro-batch (its weight passes, early sends)
-ZB_MODEL_MIN_GAIN = 0.02
+#: what the split costs on CPU (costmodel.ZB_SPLIT_COST_CPU, a share of the passes, and
+#: ZB_DISPATCH_S_CPU, seconds a micro-batch), each measured within about 1 % of the step
+ZB_MODEL_MIN_GAIN = 0.01
 
 
 def _pick_schedules(cands: list[Candidate], profile: Profile, hw: Hardware, calibration: Calibration,
