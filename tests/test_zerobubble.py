@@ -67,7 +67,8 @@ def test_a_weight_pass_never_delays_a_send_the_next_stage_waits_for():
     whose receive it posts first: stage 1's blocking send then completes while they run), and
     sends each activation as soon as its forward is done; the last stage (which every other
     waits for) holds its weight passes back until ZB-H1's memory bound, then runs one right
-    before a forward pass, and the rest at the end."""
+    before a forward pass's input is received (filling that wait, after the previous gradient
+    went), and the rest at the end."""
     first = [c for s in _schedule(2, 4, 0) for c in s]
     last = [c for s in _schedule(2, 4, 1) for c in s]
     for stages, micro_batches in ((2, 4), (4, 8)):
@@ -79,7 +80,9 @@ def test_a_weight_pass_never_delays_a_send_the_next_stage_waits_for():
     first = [c for c in first if c != "PostRecvGrad"]
     assert all(first[i + 1].startswith("RecvGrad") or first[i + 1] == "WeightPass" or first[i + 1] == "ReduceTiedGrads"
                for i, c in enumerate(first) if c == "WeightPass")
-    assert all(last[i + 1].startswith("ForwardPass") or last[i + 1] in ("WeightPass", "ReduceTiedGrads")
+    assert all(last[i + 1].startswith("RecvActivation") or last[i + 1] in ("WeightPass", "ReduceTiedGrads")
+               for i, c in enumerate(last) if c == "WeightPass")
+    assert all(last[i - 1].startswith("SendGrad") or last[i - 1] == "WeightPass"
                for i, c in enumerate(last) if c == "WeightPass")
     assert " ".join(last).endswith("BackwardPass1 SendGrad1 WeightPass WeightPass ReduceTiedGrads ReduceGrads OptimizerStep")
     assert "".join(last).count("ForwardPass") == 4 and not any(c.startswith("PostSend") for c in last)

@@ -168,16 +168,20 @@ def _with_weight_passes(steps: Iterator[list[Any]], stage_id: int, stages: int) 
     """DeepSpeed's 1F1B steps with a WeightPass for each BackwardPass, where ZB-H1 runs it
     (:func:`weight_passes_due`, the rule the planner simulates): on every stage but the last,
     the passes owed before the next RecvGrad (its receive posted first), and each forward's
-    output sent at once (PostSendActivation); on the last, before a ForwardPass that would hold
-    more than ``stages`` micro-batches; the rest before the gradients are reduced."""
+    output sent at once (PostSendActivation); on the last, before a forward that would hold
+    more than ``stages`` micro-batches (before its RecvActivation: they fill the wait for its
+    input); the rest before the gradients are reduced."""
     last = stage_id == stages - 1
+    # the last stage's forward first waits for its input (RecvActivation, in the forward's step):
+    # the weight passes due before it fill that wait
+    forward_at = ds_schedule.RecvActivation if last and stages > 1 else ds_schedule.ForwardPass
     owed = in_flight = 0
     for cmds in steps:
         out: list[Any] = []
         for cmd in cmds:
             op = ("end" if isinstance(cmd, ds_schedule.ReduceTiedGrads) else
                   "B" if isinstance(cmd, ds_schedule.RecvGrad) else
-                  "F" if isinstance(cmd, ds_schedule.ForwardPass) else None)
+                  "F" if isinstance(cmd, forward_at) else None)
             due = 0 if op is None else weight_passes_due(op, last, owed, in_flight, stages)
             if due and isinstance(cmd, ds_schedule.RecvGrad):
                 out.append(PostRecvGrad())
