@@ -313,9 +313,9 @@ ZB_SPLIT_COST_CPU = 0.03
 #: the extra instructions (the weight passes, the posted send after each forward and receive
 #: before the weight passes) and gloo's threads waking on a busy host. Measured as the ZB-H1
 #: step beyond the one simulated on its own run's passes, a stage slot (m + P - 1 of them) each:
-#: 1.17 and 1.15 ms at 2 stages x 4 and x 8, hidden 256; 0.98 ms at 2 x 8 and -0.85 ms (noise:
-#: the interval is +-5 ms a step) at 2 x 4, hidden 512 (bench/schedules.py). Not measured on a
-#: GPU: 0 there
+#: 1.17 and 1.15 ms at 2 stages x 4 and x 8, hidden 256; 0.69 and 0.93 ms at hidden 128; 0.94 ms
+#: at 2 x 8 and -0.77 ms (noise: +-4 ms a step) at 2 x 4, hidden 512 (bench/schedules.py). Not
+#: measured on a GPU: 0 there
 ZB_DISPATCH_S_CPU = 0.001
 
 
