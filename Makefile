@@ -90,7 +90,7 @@ pyslurm: slurm-new setup
 # every benchmark, full size, each writing bench/results/NAME.json (CI runs them in quick mode
 # through tests/test_bench_quick.py), then docs/benchmarks.md's table from those files
 bench: setup tools
-	for b in simulator partition history_scale plan_worst_case job_submit ingest_cap checkpoint step_time_model overhead schedules; do \
+	for b in simulator partition history_scale plan_worst_case job_submit ingest_cap checkpoint step_time_model overhead schedules gloo_posted; do \
 	  $(PY) bench/$$b.py || exit 1; done
 	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm 22.05 $(CLUSTER) start
 	scripts/with-slurm 22.05 $(PY) bench/submit_latency.py

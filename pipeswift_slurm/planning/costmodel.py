@@ -310,8 +310,10 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
 ZB_SPLIT_COST_CPU = 0.03
 
 #: what else pswift's ZB-H1 costs a CPU stage per micro-batch, in seconds, outside its passes:
-#: the extra instructions (the weight passes, the posted send after each forward and receive
-#: before the weight passes) and gloo's threads waking on a busy host. Measured as the ZB-H1
+#: waits for data the other stage already sent (gloo delivers a send posted before a backward
+#: late while the sender runs it: 0.28 ms idle, 1.66 ms in backward passes, bench/gloo_posted.py;
+#: traced, the last stage's RecvActivation waits ~3.3 ms a micro-batch at 2 x 8, hidden 256;
+#: posting that receive early moves the wait, 1.002x) and the extra instructions. Measured as the ZB-H1
 #: step beyond the one simulated on its own run's passes, a stage slot (m + P - 1 of them) each:
 #: 1.17 and 1.15 ms at 2 stages x 4 and x 8, hidden 256; 0.69 and 0.93 ms at hidden 128; 0.94 ms
 #: at 2 x 8 and -0.77 ms (noise: +-4 ms a step) at 2 x 4, hidden 512 (bench/schedules.py). Not
