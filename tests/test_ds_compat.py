@@ -126,6 +126,9 @@ assert torch.equal(safe_get_full_grad(p0).float(), torch.full(p0.shape, 0.5)), s
 # the receive itself runs between two real stages in test_zerobubble
 assert ds_compat.post_gradient_receive(engine) is None
 assert all(hasattr(engine, a) for a in ("next_stage", "dynamic_shape", "is_pipe_partitioned", "is_grad_partitioned"))
+# and its early activation receive (the last stage's): one stage receives no activation (None)
+assert ds_compat.post_activation_receive(engine) is None
+assert all(hasattr(engine, a) for a in ("pipe_recv_buf", "prev_stage"))
 import deepspeed.runtime.pipe.p2p as p2p
 plain_recv = p2p.recv
 engine.grad_layer = torch.zeros(2)

@@ -35,7 +35,8 @@ def test_every_backward_has_one_weight_pass_after_it_and_before_the_reduction(st
         # DeepSpeed's own instructions, in DeepSpeed's order: only weight passes were added
         ds = [[type(c).__name__ + (f"{c.kwargs['buffer_id']}" if "buffer_id" in c.kwargs else "") for c in s]
               for s in TrainSchedule(micro_batches=micro_batches, stages=stages, stage_id=stage).steps()]
-        assert [c for c in flat if c not in ("WeightPass", "PostRecvGrad") and not c.startswith("PostSend")] == [
+        assert [c for c in flat if c not in ("WeightPass", "PostRecvGrad", "PostRecvActivation")
+                and not c.startswith("PostSend")] == [
             c for s in ds for c in s]
         backwards = [i for i, c in enumerate(flat) if c.startswith("BackwardPass")]
         weights = [i for i, c in enumerate(flat) if c == "WeightPass"]
@@ -63,21 +64,31 @@ def test_the_planner_simulates_the_order_the_engine_runs(stages, micro_batches):
 
 
 def test_a_weight_pass_never_delays_a_send_the_next_stage_waits_for():
-    """Stage 0 of 2 runs its weight passes where it waits for stage 1's gradient (before RecvGrad,
-    whose receive it posts first: stage 1's blocking send then completes while they run), and
-    sends each activation as soon as its forward is done; the last stage (which every other
+    """Stage 0 of 2 runs its weight passes where it waits for stage 1's gradient (before RecvGrad)
+    and sends each activation as soon as its forward is done; the last stage (which every other
     waits for) holds its weight passes back until ZB-H1's memory bound, then runs one right
     before a forward pass's input is received (filling that wait, after the previous gradient
-    went), and the rest at the end."""
+    went), and the rest at the end. Every receive a send could find unposted is posted early:
+    on the first stage each gradient's as soon as the backward that used the last one ran, on
+    the last each activation's as soon as the last one was received, on a middle stage (whose
+    activations and gradients DeepSpeed receives into one buffer) a gradient's right before the
+    weight passes ahead of its RecvGrad, with no activation received in between."""
     first = [c for s in _schedule(2, 4, 0) for c in s]
     last = [c for s in _schedule(2, 4, 1) for c in s]
-    for stages, micro_batches in ((2, 4), (4, 8)):
-        for stage in range(stages - 1):
+    for stages, micro_batches in ((2, 4), (4, 8), (3, 5)):
+        flat = " ".join(c for s in _schedule(stages, micro_batches, 0) for c in s)
+        assert re.findall(r"(BackwardPass\d+) PostRecvGrad", flat) == re.findall(r"BackwardPass\d+", flat)[:-1], flat
+        assert flat.count("PostRecvGrad") == micro_batches - 1 and "PostRecvActivation" not in flat
+        flat = " ".join(c for s in _schedule(stages, micro_batches, stages - 1) for c in s)
+        assert re.findall(r"(RecvActivation\d+) PostRecvActivation", flat) == re.findall(r"RecvActivation\d+", flat)[:-1]
+        assert flat.count("PostRecvActivation") == micro_batches - 1 and "PostRecvGrad" not in flat
+        for stage in range(1, stages - 1):
             flat = " ".join(c for s in _schedule(stages, micro_batches, stage) for c in s)
             groups = re.findall(r"((?:\S+ )?)((?:WeightPass )+)(RecvGrad\d+)", flat)
             assert groups and all(before == "PostRecvGrad " for before, _, _ in groups), flat
-            assert flat.count("PostRecvGrad") == len(groups)
+            assert flat.count("PostRecvGrad") == len(groups) and "PostRecvActivation" not in flat
     first = [c for c in first if c != "PostRecvGrad"]
+    last = [c for c in last if c != "PostRecvActivation"]
     assert all(first[i + 1].startswith("RecvGrad") or first[i + 1] == "WeightPass" or first[i + 1] == "ReduceTiedGrads"
                for i, c in enumerate(first) if c == "WeightPass")
     assert all(last[i + 1].startswith("RecvActivation") or last[i + 1] in ("WeightPass", "ReduceTiedGrads")

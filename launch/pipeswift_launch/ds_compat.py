@@ -14,8 +14,10 @@ DeepSpeed 0.19 has no public API for these, so they live here and nowhere else:
   gradients as a backward does (through autograd where the optimizer hooks gradients);
   ``grad_layer``: the received-gradient buffers, which a deferred weight gradient must not alias;
   ``p2p.recv`` (module attribute), ``next_stage``, ``dynamic_shape``, ``is_pipe_partitioned`` /
-  ``is_grad_partitioned``: the next gradient's receive posted before the weight passes that fill
-  its wait (:func:`post_gradient_receive`), so that the next stage's send is not held up by them;
+  ``is_grad_partitioned``: the next gradient's receive posted as soon as the last one was used
+  (:func:`post_gradient_receive`), so that the next stage's send is not held up;
+  ``pipe_recv_buf``, ``prev_stage``: the next activation's receive posted as soon as the last
+  one was taken (:func:`post_activation_receive`);
   ``pipe_buffers["outputs"]``, ``first_output_send``, ``has_attention_mask`` /
   ``has_bool_tensors``: an activation sent as soon as its forward is done
   (:func:`post_activation_send`);
@@ -190,15 +192,29 @@ def received_gradients(engine: Any) -> list[Any]:
 
 def post_gradient_receive(engine: Any) -> tuple[Any, Any] | None:
     """(buffer, work): the next RecvGrad's receive posted now, non-blocking, into the buffer
-    DeepSpeed receives it in, so the next stage's (blocking) send completes while this one computes
-    weight passes. None where that buffer is not one plain tensor (before the first gradient,
-    tuple outputs, dynamic shapes, tensor-parallel partitioning): RecvGrad receives as usual."""
+    DeepSpeed receives it in (free again once the backward that used it ran), so the next
+    stage's (blocking) send completes whatever this one computes then. None where that buffer is
+    not one plain tensor (before the first gradient, tuple outputs, dynamic shapes,
+    tensor-parallel partitioning): RecvGrad receives as usual."""
     layer = engine.grad_layer
     if (not torch.is_tensor(layer) or engine.dynamic_shape or engine.is_pipe_partitioned
             or engine.is_grad_partitioned):
         return None
     source = engine.grid.stage_to_global(stage_id=engine.next_stage)
     return layer, deepspeed.comm.irecv(layer, src=source)
+
+
+def post_activation_receive(engine: Any) -> tuple[Any, Any] | None:
+    """(buffer, work): the next RecvActivation's receive posted now, non-blocking, into the buffer
+    DeepSpeed receives activations in (its RecvActivation clones each one out at once, so it is
+    free again after it). None where that buffer is not one plain tensor (before the first
+    activation, tuple inputs, dynamic shapes, tensor-parallel partitioning): RecvActivation
+    receives as usual."""
+    buffer = engine.pipe_recv_buf
+    if not torch.is_tensor(buffer) or engine.dynamic_shape or engine.is_pipe_partitioned:
+        return None
+    source = engine.grid.stage_to_global(stage_id=engine.prev_stage)
+    return buffer, deepspeed.comm.irecv(buffer, src=source)
 
 
 def post_activation_send(engine: Any, buffer_id: int) -> Any:

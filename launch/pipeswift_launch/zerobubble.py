@@ -40,8 +40,17 @@ class WeightPass(ds_schedule.PipeInstruction):  # type: ignore[misc]
 
 
 class PostRecvGrad(ds_schedule.PipeInstruction):  # type: ignore[misc]
-    """Post the next RecvGrad's receive before the weight passes that fill its wait: the next
-    stage's send (blocking until this stage receives) then completes while they run."""
+    """Post the next RecvGrad's receive as soon as its buffer is free (after the backward that
+    used the last gradient): the next stage's send (blocking until this stage receives) then
+    completes at once, whatever this stage computes then."""
+
+
+class PostRecvActivation(ds_schedule.PipeInstruction):  # type: ignore[misc]
+    """Post the next RecvActivation's receive as soon as its buffer is free (after the last
+    RecvActivation). Gloo writes a send whose receive is posted from the sender's own thread
+    at once; one posted before its receive waits for the sender's gloo thread, which a stage
+    busy with a backward pass delays by milliseconds (bench/gloo_posted.py): the receiving stage
+    then waits for data sent long before."""
 
 
 class PostSendActivation(ds_schedule.BufferOpInstruction):  # type: ignore[misc]
@@ -164,18 +173,27 @@ def split_linears(module: torch.nn.Module, store: WeightGrads, layer: int = -1) 
     return n
 
 
-def _with_weight_passes(steps: Iterator[list[Any]], stage_id: int, stages: int) -> Iterator[list[Any]]:
+def _with_weight_passes(steps: Iterator[list[Any]], stage_id: int, stages: int,
+                        micro_batches: int) -> Iterator[list[Any]]:
     """DeepSpeed's 1F1B steps with a WeightPass for each BackwardPass, where ZB-H1 runs it
     (:func:`weight_passes_due`, the rule the planner simulates): on every stage but the last,
-    the passes owed before the next RecvGrad (its receive posted first), and each forward's
-    output sent at once (PostSendActivation); on the last, before a forward that would hold
-    more than ``stages`` micro-batches (before its RecvActivation: they fill the wait for its
-    input); the rest before the gradients are reduced."""
+    the passes owed before the next RecvGrad, and each forward's output sent at once
+    (PostSendActivation); on the last, before a forward that would hold more than ``stages``
+    micro-batches (before its RecvActivation: they fill the wait for its input); the rest
+    before the gradients are reduced. On the first stage, which receives only gradients, and
+    the last, which receives only activations, each receive but a step's first is posted as
+    soon as its buffer is free (PostRecvGrad after a backward, PostRecvActivation after a
+    RecvActivation), so every send to them finds its receive posted; a middle stage posts its
+    gradient's receive before the weight passes that precede its RecvGrad."""
     last = stage_id == stages - 1
+    # DeepSpeed receives activations and gradients into one buffer: a stage that receives both
+    # (a middle one) posts a gradient's receive only where no activation can arrive before it
+    # is taken, right before the weight passes that precede its RecvGrad
+    middle = 0 < stage_id < stages - 1
     # the last stage's forward first waits for its input (RecvActivation, in the forward's step):
     # the weight passes due before it fill that wait
     forward_at = ds_schedule.RecvActivation if last and stages > 1 else ds_schedule.ForwardPass
-    owed = in_flight = 0
+    owed = in_flight = backwards = received = 0
     for cmds in steps:
         out: list[Any] = []
         for cmd in cmds:
@@ -183,7 +201,7 @@ def _with_weight_passes(steps: Iterator[list[Any]], stage_id: int, stages: int) 
                   "B" if isinstance(cmd, ds_schedule.RecvGrad) else
                   "F" if isinstance(cmd, forward_at) else None)
             due = 0 if op is None else weight_passes_due(op, last, owed, in_flight, stages)
-            if due and isinstance(cmd, ds_schedule.RecvGrad):
+            if due and middle and isinstance(cmd, ds_schedule.RecvGrad):
                 out.append(PostRecvGrad())
             out += [WeightPass() for _ in range(due)]
             owed, in_flight = owed - due, in_flight - due
@@ -192,7 +210,14 @@ def _with_weight_passes(steps: Iterator[list[Any]], stage_id: int, stages: int) 
                 in_flight += 1
                 if not last:
                     out.append(PostSendActivation(cmd.buffer_id))
-            owed += isinstance(cmd, ds_schedule.BackwardPass)
+            if isinstance(cmd, ds_schedule.BackwardPass):
+                owed, backwards = owed + 1, backwards + 1
+                if stage_id == 0 and not last and backwards < micro_batches:
+                    out.append(PostRecvGrad())
+            if isinstance(cmd, ds_schedule.RecvActivation):
+                received += 1
+                if last and received < micro_batches:
+                    out.append(PostRecvActivation())
         yield out
 
 
@@ -200,7 +225,33 @@ class ZeroBubbleH1(ds_schedule.TrainSchedule):  # type: ignore[misc]
     """DeepSpeed's TrainSchedule with the weight passes of ZB-H1 added."""
 
     def steps(self) -> Iterator[list[Any]]:
-        return _with_weight_passes(super().steps(), self.stage_id, self.stages)
+        return _with_weight_passes(super().steps(), self.stage_id, self.stages, self.micro_batches)
+
+
+def _posted_receives(post: Callable[[Any], Any], receive: Callable[..., None], posted: list[tuple[Any, Any]],
+                     others: list[tuple[Any, Any]]) -> tuple[Callable[[Any], None], Callable[..., None]]:
+    """(run the Post instruction, run the receive it posts for): the next ``receive`` takes what
+    ``post`` posted (kept in ``posted`` until then; nothing where it returned None) and otherwise
+    receives as DeepSpeed does. A post into a buffer that a receive in ``posted`` or ``others``
+    still fills is an error (DeepSpeed's activation and gradient buffers can share storage)."""
+
+    def run_post(eng: Any) -> None:
+        work = post(eng)
+        if work is None:
+            return
+        storage = work[0].untyped_storage().data_ptr()
+        if any(buffer.untyped_storage().data_ptr() == storage for buffer, _ in (*posted, *others)):
+            raise RuntimeError("ZB-H1: a receive posted into a buffer another posted receive still fills")
+        posted.append(work)
+
+    def run_receive(eng: Any, **kwargs: Any) -> None:
+        if not posted:
+            receive(eng, **kwargs)
+            return
+        with ds_compat.posted_receive(posted.pop()):
+            receive(eng, **kwargs)
+
+    return run_post, run_receive
 
 
 def install(engine: Any) -> WeightGrads:
@@ -236,33 +287,28 @@ def install(engine: Any) -> WeightGrads:
         with ds_compat.gradients_added(eng):
             store.weight()
 
+    grads_posted: list[tuple[Any, Any]] = []
+    acts_posted: list[tuple[Any, Any]] = []
+    grad_post, grad_recv = _posted_receives(ds_compat.post_gradient_receive, table[ds_schedule.RecvGrad],
+                                            grads_posted, acts_posted)
+    act_post, act_recv = _posted_receives(ds_compat.post_activation_receive, table[ds_schedule.RecvActivation],
+                                          acts_posted, grads_posted)
+
     def run_reduce(eng: Any, **kwargs: Any) -> None:
-        if store or sent:
-            raise RuntimeError(f"ZB-H1: {len(store)} weight pass(es), {len(sent)} activation send(s) "
-                               f"left at the step's end")
+        if store or sent or grads_posted or acts_posted:
+            raise RuntimeError(f"ZB-H1: {len(store)} weight pass(es), {len(sent)} activation send(s), "
+                               f"{len(grads_posted) + len(acts_posted)} posted receive(s) left at the step's end")
         reduce_tied(eng, **kwargs)
 
-    posted: list[tuple[Any, Any]] = []
-
-    def run_post(eng: Any) -> None:
-        receive = ds_compat.post_gradient_receive(eng)
-        if receive is not None:
-            posted.append(receive)
-
-    def run_recv_grad(eng: Any, **kwargs: Any) -> None:
-        if not posted:
-            recv_grad(eng, **kwargs)
-            return
-        with ds_compat.posted_receive(posted.pop()):
-            recv_grad(eng, **kwargs)
-
-    reduce_tied, recv_grad = table[ds_schedule.ReduceTiedGrads], table[ds_schedule.RecvGrad]
+    reduce_tied = table[ds_schedule.ReduceTiedGrads]
     send_activation = table[ds_schedule.SendActivation]
     ds_compat.set_instruction_table(engine, {**table, ds_schedule.BackwardPass: run_backward,
                                              ds_schedule.ReduceTiedGrads: run_reduce,
-                                             ds_schedule.RecvGrad: run_recv_grad,
+                                             ds_schedule.RecvGrad: grad_recv,
+                                             ds_schedule.RecvActivation: act_recv,
                                              ds_schedule.SendActivation: run_send_activation,
                                              PostSendActivation: run_post_send,
-                                             PostRecvGrad: run_post, WeightPass: run_weight})
+                                             PostRecvGrad: grad_post, PostRecvActivation: act_post,
+                                             WeightPass: run_weight})
     ds_compat.use_train_schedule(engine, ZeroBubbleH1)
     return store
