@@ -262,9 +262,9 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
     # a host (a stage's bubble is another's work there: measured 0.97-1.00x of 1F1B with 4 stages
     # on 2 cores, bench/schedules.py)
     fills = schedule == "zb-h1" and exact and P > 1 and not oversubscribed(P, data_parallel, tasks_per_node, hw)
-    split = (ZB_SPLIT_COST_CPU, ZB_DISPATCH_S_CPU) if hw.device == "cpu" else (0.0, 0.0)
+    split = ZB_SPLIT_COST_CPU if hw.device == "cpu" else 0.0
     zero_bubble, bubble = (_zero_bubble(profile, costs, boundaries, fwd, bwd, micro_batches, p2p, sim.step_time,
-                                        *split) if fills else (1.0, sim.bubble_ratio))
+                                        split) if fills else (1.0, sim.bubble_ratio))
     params = [sum(profile.param_bytes[a:b]) for a, b in zip(boundaries, boundaries[1:])] \
         if profile.param_bytes else [0] * P
     allreduce = (2 * (data_parallel - 1) / data_parallel * max(params) / hw.allreduce_bandwidth
@@ -303,37 +303,29 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
 
 
 #: what pswift's ZB-H1 itself costs a CPU stage, as a share of its F and B + W: the autograd
-#: function around each Linear, the weight product computed apart, and the core time gloo's
-#: posted sends and receives take while the stage computes. Measured +2.4 % of F + B at 2 stages
-#: x 4 micro-batches of 8 and +3.5 % at x 8 of 4, hidden 256 (bench/schedules.py `split_cost`,
-#: 12 rounds). Not measured on a GPU (its kernels run behind the Python that launches them): 0 there
+#: function around each Linear and the weight product computed apart. Measured +2.4 % of F + B at
+#: 2 stages x 4 micro-batches of 8 and +3.5 % at x 8 of 4, hidden 256 (bench/schedules.py
+#: `split_cost`, 12 rounds; -1.5 % and +5.8 % in 8 later rounds, +5 % at hidden 128). Not measured
+#: on a GPU (its kernels run behind the Python that launches them): 0 there. Nothing else is
+#: counted: a ZB-H1 step lost 0.7-1.2 ms a stage slot beyond the one simulated on its own passes
+#: while its receives were posted late (gloo then waits for the sender's thread); with them posted
+#: as soon as their buffer is free it is 0.33 and 0.11 ms at 2 x 4 and 2 x 8, hidden 256, 0.41 and
+#: -0.17 ms at hidden 128, within the noise of a step
 ZB_SPLIT_COST_CPU = 0.03
-
-#: what else pswift's ZB-H1 costs a CPU stage per micro-batch, in seconds, outside its passes:
-#: waits for data the other stage already sent (gloo delivers a send posted before a backward
-#: late while the sender runs it: 0.28 ms idle, 1.66 ms in backward passes, bench/gloo_posted.py;
-#: traced, the last stage's RecvActivation waits ~3.3 ms a micro-batch at 2 x 8, hidden 256;
-#: posting that receive early moves the wait, 1.002x) and the extra instructions. Measured as the ZB-H1
-#: step beyond the one simulated on its own run's passes, a stage slot (m + P - 1 of them) each:
-#: 1.17 and 1.15 ms at 2 stages x 4 and x 8, hidden 256; 0.69 and 0.93 ms at hidden 128; 0.94 ms
-#: at 2 x 8 and -0.77 ms (noise: +-4 ms a step) at 2 x 4, hidden 512 (bench/schedules.py). Not
-#: measured on a GPU: 0 there
-ZB_DISPATCH_S_CPU = 0.001
 
 
 def _zero_bubble(profile: Profile, costs: Sequence[float], boundaries: Sequence[int],
                  fwd: Sequence[float], bwd: Sequence[float], micro_batches: int, p2p: float,
-                 one_f_one_b: float, split_cost: float, dispatch_s: float) -> tuple[float, float]:
+                 one_f_one_b: float, split_cost: float) -> tuple[float, float]:
     """ZB-H1's simulated makespan (in the order pswift's engine runs it, each pass ``split_cost``
-    longer, each forward ``dispatch_s`` seconds more) over 1F1B's (``one_f_one_b``) on the stage
-    times, and its bubble ratio; each stage's W is the weight share of its layers' seconds. Above
-    1 where the split costs more than the bubble it fills."""
+    longer) over 1F1B's (``one_f_one_b``) on the stage times, and its bubble ratio; each stage's
+    W is the weight share of its layers' seconds. Above 1 where the split costs more than the
+    bubble it fills."""
     share, _ = profile.weight_fractions()
     wgrad = [min(b, sum(costs[i] * share[i] for i in range(lo, hi)))
              for b, lo, hi in zip(bwd, boundaries, boundaries[1:])]
     longer = [1.0 + split_cost if w > 0 else 1.0 for w in wgrad]    # a stage with nothing split: none
-    added = [dispatch_s if w > 0 else 0.0 for w in wgrad]
-    zb = simulate([f * x + d for f, x, d in zip(fwd, longer, added)], [b * x for b, x in zip(bwd, longer)],
+    zb = simulate([f * x for f, x in zip(fwd, longer)], [b * x for b, x in zip(bwd, longer)],
                   micro_batches, "zb-h1", p2p=p2p, wgrad=[w * x for w, x in zip(wgrad, longer)],
                   keep_ops=False, as_run=True)
     return (zb.step_time / one_f_one_b if one_f_one_b > 0 else 1.0), zb.bubble_ratio

@@ -284,8 +284,8 @@ def _modelled(profile: Profile, hw: Hardware, c: Candidate, schedule: str) -> An
 
 
 #: the least share of the step ZB-H1's model must save to be chosen unmeasured: the model counts
-#: what the split costs on CPU (costmodel.ZB_SPLIT_COST_CPU, a share of the passes, and
-#: ZB_DISPATCH_S_CPU, seconds a micro-batch), each measured within about 1 % of the step
+#: what the split costs on CPU (costmodel.ZB_SPLIT_COST_CPU, a share of the passes), measured
+#: within about 1 % of the step
 ZB_MODEL_MIN_GAIN = 0.01
 
 
