@@ -4,7 +4,10 @@ engine: each backward pass B computes input gradients only, the weight gradients
 order, where the stage would otherwise wait for its neighbour. Activations in flight are 1F1B's:
 the forward and backward passes and every transfer keep DeepSpeed's own order (so its pairing of
 blocking sends and receives, which keeps the stages from deadlocking, is untouched); only the
-weight passes move.
+weight passes move. Transfers only start earlier: an activation is sent as soon as its forward
+is done, and a receive is posted as soon as its buffer is free (taken, and waited for, where
+DeepSpeed receives), so that a send finds its receive posted; not a middle stage's activations,
+which DeepSpeed receives into the buffer its gradients come in.
 
 Exactness: W computes ``grad_out^T @ input`` as autograd's matrix-multiply backward does and
 adds it to the weight's gradient as autograd's AccumulateGrad does (the first one taken as it
