@@ -16,8 +16,9 @@ DeepSpeed 0.19 has no public API for these, so they live here and nowhere else:
   ``p2p.recv`` (module attribute), ``next_stage``, ``dynamic_shape``, ``is_pipe_partitioned`` /
   ``is_grad_partitioned``: the next gradient's receive posted as soon as the last one was used
   (:func:`post_gradient_receive`), so that the next stage's send is not held up;
-  ``pipe_recv_buf``, ``prev_stage``: the next activation's receive posted as soon as the last
-  one was taken (:func:`post_activation_receive`);
+  ``pipe_recv_buf``, ``prev_stage``, ``_grad_layer_buf``: the next activation's receive posted
+  as soon as the last one was taken, into a buffer that no gradient is received in
+  (:func:`post_activation_receive`);
   ``pipe_buffers["outputs"]``, ``first_output_send``, ``has_attention_mask`` /
   ``has_bool_tensors``: an activation sent as soon as its forward is done
   (:func:`post_activation_send`);
@@ -209,10 +210,17 @@ def post_activation_receive(engine: Any) -> tuple[Any, Any] | None:
     DeepSpeed receives activations in (its RecvActivation clones each one out at once, so it is
     free again after it). None where that buffer is not one plain tensor (before the first
     activation, tuple inputs, dynamic shapes, tensor-parallel partitioning): RecvActivation
-    receives as usual."""
+    receives as usual. A buffer DeepSpeed shares with its gradient receives (``_grad_layer_buf``,
+    which it allocates both from) is replaced by one of its own first, so a middle stage can
+    post both receives at once."""
     buffer = engine.pipe_recv_buf
     if not torch.is_tensor(buffer) or engine.dynamic_shape or engine.is_pipe_partitioned:
         return None
+    shared = {t.untyped_storage().data_ptr() for t in engine._grad_layer_buf if torch.is_tensor(t)}
+    if buffer.untyped_storage().data_ptr() in shared:
+        # DeepSpeed receives a middle stage's gradients into this storage too: a receive posted
+        # into it could be overwritten by a gradient received before it is taken
+        buffer = engine.pipe_recv_buf = torch.empty_like(buffer)
     source = engine.grid.stage_to_global(stage_id=engine.prev_stage)
     return buffer, deepspeed.comm.irecv(buffer, src=source)
 

@@ -6,8 +6,8 @@ the forward and backward passes and every transfer keep DeepSpeed's own order (s
 blocking sends and receives, which keeps the stages from deadlocking, is untouched); only the
 weight passes move. Transfers only start earlier: an activation is sent as soon as its forward
 is done, and a receive is posted as soon as its buffer is free (taken, and waited for, where
-DeepSpeed receives), so that a send finds its receive posted; not a middle stage's activations,
-which DeepSpeed receives into the buffer its gradients come in.
+DeepSpeed receives), so that a send finds its receive posted; a middle stage's activations then
+get a buffer of their own (DeepSpeed receives them into the one its gradients come in).
 
 Exactness: W computes ``grad_out^T @ input`` as autograd's matrix-multiply backward does and
 adds it to the weight's gradient as autograd's AccumulateGrad does (the first one taken as it
@@ -183,16 +183,11 @@ def _with_weight_passes(steps: Iterator[list[Any]], stage_id: int, stages: int,
     the passes owed before the next RecvGrad, and each forward's output sent at once
     (PostSendActivation); on the last, before a forward that would hold more than ``stages``
     micro-batches (before its RecvActivation: they fill the wait for its input); the rest
-    before the gradients are reduced. On the first stage, which receives only gradients, and
-    the last, which receives only activations, each receive but a step's first is posted as
-    soon as its buffer is free (PostRecvGrad after a backward, PostRecvActivation after a
-    RecvActivation), so every send to them finds its receive posted; a middle stage posts its
-    gradient's receive before the weight passes that precede its RecvGrad."""
+    before the gradients are reduced. Each receive but a step's first is posted as soon as its
+    buffer is free (PostRecvGrad after a backward on every stage but the last,
+    PostRecvActivation after a RecvActivation on every stage but the first), so every send
+    finds its receive posted."""
     last = stage_id == stages - 1
-    # DeepSpeed receives activations and gradients into one buffer: a stage that receives both
-    # (a middle one) posts a gradient's receive only where no activation can arrive before it
-    # is taken, right before the weight passes that precede its RecvGrad
-    middle = 0 < stage_id < stages - 1
     # the last stage's forward first waits for its input (RecvActivation, in the forward's step):
     # the weight passes due before it fill that wait
     forward_at = ds_schedule.RecvActivation if last and stages > 1 else ds_schedule.ForwardPass
@@ -204,8 +199,6 @@ def _with_weight_passes(steps: Iterator[list[Any]], stage_id: int, stages: int,
                   "B" if isinstance(cmd, ds_schedule.RecvGrad) else
                   "F" if isinstance(cmd, forward_at) else None)
             due = 0 if op is None else weight_passes_due(op, last, owed, in_flight, stages)
-            if due and middle and isinstance(cmd, ds_schedule.RecvGrad):
-                out.append(PostRecvGrad())
             out += [WeightPass() for _ in range(due)]
             owed, in_flight = owed - due, in_flight - due
             out.append(cmd)
@@ -215,11 +208,11 @@ def _with_weight_passes(steps: Iterator[list[Any]], stage_id: int, stages: int,
                     out.append(PostSendActivation(cmd.buffer_id))
             if isinstance(cmd, ds_schedule.BackwardPass):
                 owed, backwards = owed + 1, backwards + 1
-                if stage_id == 0 and not last and backwards < micro_batches:
+                if not last and backwards < micro_batches:
                     out.append(PostRecvGrad())
             if isinstance(cmd, ds_schedule.RecvActivation):
                 received += 1
-                if last and received < micro_batches:
+                if received < micro_batches:
                     out.append(PostRecvActivation())
         yield out
 
