@@ -17,7 +17,9 @@ each schedule's measured step
 against the step its plan.json predicted in the last round (the planner's step model, calibrated
 by the earlier rounds of that schedule: each schedule keeps its own history). Both schedules must
 train the same numbers (fp32: the same losses bit for bit), or the bench stops. With more stages
-than cores (4 on a 2-core host) the stages share cores: the figures then say so.
+than cores (4 on a 2-core host) the stages share cores: the figures then say so, and add the
+ratio simulated with them sharing the host's cores (the planner's model there), the measured gain
+as a share of it.
 
     python bench/schedules.py [--rounds 4] [--steps 30] [--hidden 256] [--stages 2,4] [--micro-batches 4,8] [--quick]
 """
@@ -98,6 +100,24 @@ def job_predicted_ratio(instructions: dict[str, dict[str, float]], micro_batches
     return zb_step / (simulate(one[0], one[1], micro_batches, "1f1b").step_time + fixed)
 
 
+def shared_ratio(one_f1b: dict[str, dict[str, float]], zb: dict[str, dict[str, float]], micro_batches: int,
+                 cores: int, step_1f1b: float) -> float | None:
+    """ZB-H1 / 1F1B by pswift's simulator with the stages sharing this host's ``cores`` (the
+    planner's step model where more ranks than cores share a host: a stage's bubble is partly
+    another's work): each side simulated on its own run's passes (wall times, so stretched by
+    that sharing alike), their ratio applied to the measured 1F1B step less its fixed part."""
+    from pipeswift_slurm.planning.simulate import simulate_shared
+    one, two = stage_passes(one_f1b, micro_batches), stage_passes(zb, micro_batches)
+    if one is None or two is None or any("WeightPass" not in ins for ins in zb.values()):
+        return None
+    fixed, host = (one[3] + two[3]) / 2, [0] * len(one[0])
+    if step_1f1b <= fixed:
+        return None
+    sim = (simulate_shared(two[0], two[1], micro_batches, 0.0, host, cores, wgrad=two[2])
+           / simulate_shared(one[0], one[1], micro_batches, 0.0, host, cores))
+    return (sim * (step_1f1b - fixed) + fixed) / step_1f1b
+
+
 def split_cost(one_f1b: dict[str, dict[str, float]], zb: dict[str, dict[str, float]]) -> float | None:
     """The stages' F + B + W under ZB-H1 over their F + backward under 1F1B: the compute the
     split itself adds (the autograd function around each Linear, the weight pass apart)."""
@@ -135,6 +155,9 @@ def measure(work: Path, args: argparse.Namespace, p: int, m: int) -> dict:
     ratio = statistics.median(ratios)
     job_ratio = _median([job_predicted_ratio(zb, m) for _, zb in profiles])
     own_ratio = _median([job_predicted_ratio(zb, m, as_run=True, one_f1b=one) for one, zb in profiles])
+    cores = os.cpu_count() or 1
+    shared = (_median([shared_ratio(one, zb, m, cores, x["1f1b"]) for (one, zb), x in zip(profiles, rounds)])
+              if p > cores else None)
     return {"micro_batches": m, "stages": p, "rounds": rounds, "ratio": ratio,
             "ratio_interval": benchlib.median_interval(ratios),
             "ratio_of_medians": measured["zb-h1"] / measured["1f1b"],
@@ -151,7 +174,9 @@ def measure(work: Path, args: argparse.Namespace, p: int, m: int) -> dict:
             "measured_step_s": measured,
             "planned_step_s": planned,
             "model_error": {s: planned[s] / measured[s] - 1 for s in measured},
-            "shares_cores": p > (os.cpu_count() or 1)}
+            "shares_cores": p > cores, "cores": cores,
+            # where the stages share cores: simulated with them sharing, as the planner models it
+            "shared_ratio": shared, "shared_gain_share": _share(ratio, shared)}
 
 
 def _figures(c: dict) -> str:
@@ -168,7 +193,9 @@ def _figures(c: dict) -> str:
             f"(measured gain {num(c['gain_share'], '.0%')} of it), "
             f"{num(c['job_as_run_ratio'], '.3f')} in the order the engine runs (the step model's), {own}; "
             f"step model error 1F1B {c['model_error']['1f1b']:+.0%}, ZB-H1 {c['model_error']['zb-h1']:+.0%}"
-            + (", stages share cores" if c["shares_cores"] else "") + ")")
+            + (f", stages share cores: {num(c.get('shared_ratio'), '.3f')} simulated with them sharing "
+               f"{c.get('cores')} cores (measured gain {num(c.get('shared_gain_share'), '.0%')} of it)"
+               if c["shares_cores"] else "") + ")")
 
 
 def main() -> None:

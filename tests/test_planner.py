@@ -417,12 +417,27 @@ def test_plan_json_never_says_auto(tmp_path):
     assert p.plan["schedule"] in ("1f1b", "zb-h1")       # resolved by the planner's model
 
 
-def test_zb_h1_models_no_gain_where_the_stages_share_cores():
-    """4 stages on a 2-core host: a stage's bubble is another stage's work already (measured
-    1.01-1.03x of 1F1B there), so the model gives ZB-H1 no gain; on 4 cores it does."""
+def test_zb_h1_where_the_stages_share_cores_gains_only_what_processor_sharing_leaves():
+    """4 stages on a 2-core host: a stage's bubble is partly another stage's work already, so
+    the model simulates ZB-H1 with the stages sharing the cores (measured 0.96x of 1F1B at 4 x 4
+    there, bench/schedules.py): some gain at 4 micro-batches, less than on 4 cores, none left at
+    8 (where the split costs what the shared bubble gives back); each exactly the shared
+    simulation of the split passes."""
+    from pipeswift_slurm.planning.costmodel import ZB_SPLIT_COST_CPU
+    from pipeswift_slurm.planning.simulate import simulate_shared
     prof = Profile((1.0,) * 8, weight_fraction=(1 / 3,) * 8)
-    cut = [0, 2, 4, 6, 8]
-    for cores, gains in ((2, False), (4, True)):
+    cut, c = [0, 2, 4, 6, 8], ZB_SPLIT_COST_CPU
+
+    def ratio(cores: int, m: int) -> float:
         hw = Hardware(host_cores=cores, ranks_per_host=4)
-        one, zb = (estimate_step(prof, cut, 8, 1, 1, 4, hw, s).step_s for s in ("1f1b", "zb-h1"))
-        assert (zb < 0.98 * one) is gains and zb <= one + 1e-12
+        one, zb = (estimate_step(prof, cut, m, 1, 1, 4, hw, s) for s in ("1f1b", "zb-h1"))
+        assert zb.optimizer_s == one.optimizer_s == 0 and zb.allreduce_s == one.allreduce_s == 0
+        return zb.step_s / one.step_s
+    for m in (4, 8):
+        f, b, w = [2 / 3 * (1 + c)] * 4, [4 / 3 * (1 + c)] * 4, [2 / 3 * (1 + c)] * 4
+        p2p = Hardware().p2p_latency
+        shared = simulate_shared(f, b, m, p2p, [0] * 4, 2, wgrad=w) / simulate_shared([2 / 3] * 4, [4 / 3] * 4, m,
+                                                                                       p2p, [0] * 4, 2)
+        assert ratio(2, m) == pytest.approx(shared, rel=1e-9)
+        assert ratio(4, m) < ratio(2, m) - 0.05
+    assert ratio(2, 4) < 0.98 and ratio(2, 8) > 0.98

@@ -154,19 +154,28 @@ def test_bad_input_is_a_clear_error():
 @settings(max_examples=100, deadline=None)
 @given(f=st.lists(st.floats(0.1, 5.0), min_size=1, max_size=5), data=st.data())
 def test_shared_cores_simulation(f, data):
-    from pipeswift_slurm.planning.simulate import simulate_shared_1f1b
+    """Processor sharing: with a core per rank, the plain simulator; with fewer, no faster than it
+    nor than the work over the cores; for 1F1B and for ZB-H1."""
+    from pipeswift_slurm.planning.simulate import simulate_shared
     P = len(f)
     b = data.draw(st.lists(st.floats(0.1, 5.0), min_size=P, max_size=P))
     m = data.draw(st.integers(1, 8))
     c = data.draw(st.floats(0.0, 0.5))
     # with a core per rank it is exactly the list-scheduling simulator
-    assert simulate_shared_1f1b(f, b, m, c, [0] * P, cores=P) == pytest.approx(
+    assert simulate_shared(f, b, m, c, [0] * P, cores=P) == pytest.approx(
         simulate(f, b, m, "1f1b", p2p=c).step_time)
     # with fewer cores: no faster than the uncontended run, nor than the work over the cores
     cores = data.draw(st.integers(1, P))
-    shared = simulate_shared_1f1b(f, b, m, c, [0] * P, cores=cores)
+    shared = simulate_shared(f, b, m, c, [0] * P, cores=cores)
     assert shared >= simulate(f, b, m, "1f1b", p2p=c).step_time - 1e-9
     assert shared >= m * (sum(f) + sum(b)) / cores - 1e-9
+    # ZB-H1 as pswift's engine runs it, each W a share of the backward: the same two bounds
+    w = [x * data.draw(st.floats(0.0, 1.0)) for x in b]
+    assert simulate_shared(f, b, m, c, [0] * P, cores=P, wgrad=w) == pytest.approx(
+        simulate(f, b, m, "zb-h1", p2p=c, wgrad=w, as_run=True).step_time)
+    zb = simulate_shared(f, b, m, c, [0] * P, cores=cores, wgrad=w)
+    assert zb >= simulate(f, b, m, "zb-h1", p2p=c, wgrad=w, as_run=True).step_time - 1e-9
+    assert zb >= m * (sum(f) + sum(b)) / cores - 1e-9
 
 
 @pytest.mark.parametrize("P,m", [(1, 1), (2, 8), (4, 4), (7, 33), (16, 64)])

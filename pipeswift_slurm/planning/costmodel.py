@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Sequence
 
 from pipeswift_slurm.planning.partition import balanced_boundaries
-from pipeswift_slurm.planning.simulate import closed_form_1f1b, simulate, simulate_shared_1f1b, stage_times
+from pipeswift_slurm.planning.simulate import closed_form_1f1b, simulate, simulate_shared, stage_times
 from pipeswift_slurm.stats import median_of
 
 #: bytes per parameter byte held by training: weights + gradients + Adam's two moments (fp32)
@@ -258,13 +258,14 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
     sim = (simulate(fwd, bwd, micro_batches, "1f1b", p2p=p2p, keep_ops=False) if exact
            else closed_form_1f1b(fwd, bwd, micro_batches, p2p))
     # ZB-H1 against 1F1B on the same stage times: the share of the makespan it leaves (above 1
-    # where the split costs more than the bubble it fills); none where more ranks than cores share
-    # a host (a stage's bubble is another's work there: measured 0.97-1.00x of 1F1B with 4 stages
-    # on 2 cores, bench/schedules.py)
-    fills = schedule == "zb-h1" and exact and P > 1 and not oversubscribed(P, data_parallel, tasks_per_node, hw)
-    split = ZB_SPLIT_COST_CPU if hw.device == "cpu" else 0.0
-    zero_bubble, bubble = (_zero_bubble(profile, costs, boundaries, fwd, bwd, micro_batches, p2p, sim.step_time,
-                                        split) if fills else (1.0, sim.bubble_ratio))
+    # where the split costs more than the bubble it fills); where more ranks than cores share a
+    # host, with them sharing its cores (below); none with data-parallel replicas sharing it
+    crowded = oversubscribed(P, data_parallel, tasks_per_node, hw)
+    shared = bool(exact and hw.host_cores and crowded and data_parallel == 1)
+    zb_passes = (_split_passes(profile, costs, boundaries, fwd, bwd, ZB_SPLIT_COST_CPU if hw.device == "cpu" else 0.0)
+                 if schedule == "zb-h1" and exact and P > 1 and (shared or not crowded) else None)
+    zero_bubble, bubble = (_zero_bubble(zb_passes, micro_batches, p2p, sim.step_time) if zb_passes
+                           else (1.0, sim.bubble_ratio))
     params = [sum(profile.param_bytes[a:b]) for a, b in zip(boundaries, boundaries[1:])] \
         if profile.param_bytes else [0] * P
     allreduce = (2 * (data_parallel - 1) / data_parallel * max(params) / hw.allreduce_bandwidth
@@ -273,13 +274,20 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
                  else TRAIN_STATE_FACTOR * max(params) / hw.optimizer_bandwidth)
     makespan = sim.step_time
     ranks = hw.ranks_per_host or tasks_per_node
-    if exact and hw.host_cores and oversubscribed(P, data_parallel, tasks_per_node, hw) and data_parallel == 1:
+    if shared:
         # more busy ranks than cores on a host: the stages sharing it slow each other down
         # while they overlap (processor sharing over the same 1F1B graph), and the host loses
         # some of its time to switching between them (measured: roughly a constant share)
-        host_of = [d // max(1, ranks) for d in range(P)]
-        makespan = simulate_shared_1f1b(fwd, bwd, micro_batches, p2p, host_of, hw.host_cores,
-                                        hw.threads_per_rank) / hw.shared_efficiency
+        host_of, cores = [d // max(1, ranks) for d in range(P)], hw.host_cores or 1
+        makespan = simulate_shared(fwd, bwd, micro_batches, p2p, host_of, cores, hw.threads_per_rank)
+        if zb_passes:
+            # a stage's bubble is partly another's work there: ZB-H1 gains only the time no rank
+            # of the host can run (simulated 0.94x of 1F1B at 4 uniform stages x 4 on 2 cores, 0.81x
+            # on 4; measured 0.96x, bench/schedules.py)
+            f, b, w = zb_passes
+            zero_bubble = simulate_shared(f, b, micro_batches, p2p, host_of, cores, hw.threads_per_rank,
+                                          wgrad=w) / makespan if makespan > 0 else 1.0
+        makespan /= hw.shared_efficiency
     elif hw.device == "cpu" and hw.host_cores:
         # data-parallel replicas on a host: all ranks busy at once, averaged
         demand = min(ranks, P * data_parallel) * (sum(sim.busy) / (P * sim.step_time or 1.0))
@@ -314,20 +322,25 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
 ZB_SPLIT_COST_CPU = 0.03
 
 
-def _zero_bubble(profile: Profile, costs: Sequence[float], boundaries: Sequence[int],
-                 fwd: Sequence[float], bwd: Sequence[float], micro_batches: int, p2p: float,
-                 one_f_one_b: float, split_cost: float) -> tuple[float, float]:
-    """ZB-H1's simulated makespan (in the order pswift's engine runs it, each pass ``split_cost``
-    longer) over 1F1B's (``one_f_one_b``) on the stage times, and its bubble ratio; each stage's
-    W is the weight share of its layers' seconds. Above 1 where the split costs more than the
-    bubble it fills."""
+def _split_passes(profile: Profile, costs: Sequence[float], boundaries: Sequence[int], fwd: Sequence[float],
+                  bwd: Sequence[float], split_cost: float) -> tuple[list[float], list[float], list[float]]:
+    """Each stage's F, whole backward and W under pswift's ZB-H1: W the weight share of its
+    layers' seconds, every pass of a stage with something split ``split_cost`` longer."""
     share, _ = profile.weight_fractions()
     wgrad = [min(b, sum(costs[i] * share[i] for i in range(lo, hi)))
              for b, lo, hi in zip(bwd, boundaries, boundaries[1:])]
     longer = [1.0 + split_cost if w > 0 else 1.0 for w in wgrad]    # a stage with nothing split: none
-    zb = simulate([f * x for f, x in zip(fwd, longer)], [b * x for b, x in zip(bwd, longer)],
-                  micro_batches, "zb-h1", p2p=p2p, wgrad=[w * x for w, x in zip(wgrad, longer)],
-                  keep_ops=False, as_run=True)
+    return ([f * x for f, x in zip(fwd, longer)], [b * x for b, x in zip(bwd, longer)],
+            [w * x for w, x in zip(wgrad, longer)])
+
+
+def _zero_bubble(passes: tuple[list[float], list[float], list[float]], micro_batches: int, p2p: float,
+                 one_f_one_b: float) -> tuple[float, float]:
+    """ZB-H1's simulated makespan on ``passes`` (:func:`_split_passes`, in the order pswift's
+    engine runs it) over 1F1B's (``one_f_one_b``), and its bubble ratio. Above 1 where the split
+    costs more than the bubble it fills."""
+    f, b, w = passes
+    zb = simulate(f, b, micro_batches, "zb-h1", p2p=p2p, wgrad=w, keep_ops=False, as_run=True)
     return (zb.step_time / one_f_one_b if one_f_one_b > 0 else 1.0), zb.bubble_ratio
 
 

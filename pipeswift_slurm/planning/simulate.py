@@ -458,17 +458,26 @@ def step_time(fwd: Sequence[float], bwd: Sequence[float], micro_batches: int,
     return simulate(fwd, bwd, micro_batches, schedule, p2p, keep_ops=False).step_time
 
 
-def simulate_shared_1f1b(fwd: Sequence[float], bwd: Sequence[float], micro_batches: int,
-                         p2p: float, host_of: Sequence[int], cores: float,
-                         threads_per_rank: int = 1) -> float:
-    """1F1B makespan when the ranks of one host share its cores (fluid processor sharing).
+def simulate_shared(fwd: Sequence[float], bwd: Sequence[float], micro_batches: int,
+                    p2p: float, host_of: Sequence[int], cores: float,
+                    threads_per_rank: int = 1, wgrad: Sequence[float] | None = None) -> float:
+    """1F1B's makespan when the ranks of one host share its cores (fluid processor sharing);
+    with ``wgrad`` (the part of each stage's ``bwd`` that is weight gradient), ZB-H1's in the
+    order pswift's engine runs it.
 
-    Each device runs its 1F1B order; an operation needs its inputs (plus ``p2p`` across
+    Each device runs its order; an operation needs its inputs (plus ``p2p`` across
     devices) and then progresses at rate min(1, cores / (busy ranks on its host x threads)).
-    Only for the contended case (CPU ranks outnumbering cores); otherwise :func:`simulate`."""
+    Only for the contended case (CPU ranks outnumbering cores); otherwise :func:`simulate`.
+    There a stage's bubble is another stage's work, so what ZB-H1 gains is what it saves of
+    the time no rank of a host can run."""
     P, m = len(fwd), int(micro_batches)
-    orders = [_order_1f1b(d, P, m) for d in range(P)]
-    dur = {"F": list(fwd), "B": list(bwd)}
+    if wgrad is None:
+        orders = [_order_1f1b(d, P, m) for d in range(P)]
+        dur = {"F": list(fwd), "B": list(bwd)}
+    else:
+        _, _, _, vf, vb, vw = _virtual_stages(fwd, bwd, m, "zb-h1", p2p, 1, wgrad)
+        orders = [_order_zb_h1_as_run(d, P, m) for d in range(P)]
+        dur = {"F": vf, "B": vb, "W": vw}
     done: dict[tuple[str, int, int], float] = {}
     ptr = [0] * P
     remaining: dict[int, float] = {}  # work left of each device's running op (absent: none running)
@@ -498,7 +507,7 @@ def simulate_shared_1f1b(fwd: Sequence[float], bwd: Sequence[float], micro_batch
                 t = ready_time(d)
                 if t is not None and t > now:
                     nxt.append(t)
-        if not nxt:  # pragma: no cover - the 1F1B order cannot deadlock
+        if not nxt:  # pragma: no cover - the 1F1B and ZB-H1 orders cannot deadlock
             raise SimulationError("shared-core simulation stalled")
         t_next = min(nxt)
         for d in active:
