@@ -18,8 +18,8 @@ against the step its plan.json predicted in the last round (the planner's step m
 by the earlier rounds of that schedule: each schedule keeps its own history). Both schedules must
 train the same numbers (fp32: the same losses bit for bit), or the bench stops. With more stages
 than cores (4 on a 2-core host) the stages share cores: the figures then say so, and add the
-ratio simulated with them sharing the host's cores (the planner's model there), the measured gain
-as a share of it.
+ratio the step model simulates there (the stages sharing the host's cores, on the 1F1B run's
+passes with ZB-H1's measured W share and the split's cost), the measured gain as a share of it.
 
     python bench/schedules.py [--rounds 4] [--steps 30] [--hidden 256] [--stages 2,4] [--micro-batches 4,8] [--quick]
 """
@@ -102,18 +102,23 @@ def job_predicted_ratio(instructions: dict[str, dict[str, float]], micro_batches
 
 def shared_ratio(one_f1b: dict[str, dict[str, float]], zb: dict[str, dict[str, float]], micro_batches: int,
                  cores: int, step_1f1b: float) -> float | None:
-    """ZB-H1 / 1F1B by pswift's simulator with the stages sharing this host's ``cores`` (the
-    planner's step model where more ranks than cores share a host: a stage's bubble is partly
-    another's work): each side simulated on its own run's passes (wall times, so stretched by
-    that sharing alike), their ratio applied to the measured 1F1B step less its fixed part."""
+    """ZB-H1 / 1F1B as the planner's step model simulates it where more ranks than cores share a
+    host (a stage's bubble partly another's work): both with the stages sharing ``cores``, on the
+    1F1B run's own passes, ZB-H1's W the share of each backward its run measured and every pass
+    ZB_SPLIT_COST_CPU longer (the split's cost measured on stages with a core each: the wall
+    times of stages sharing cores stretch with what runs beside them); that ratio applied to the
+    measured 1F1B step less its fixed part."""
+    from pipeswift_slurm.planning.costmodel import ZB_SPLIT_COST_CPU
     from pipeswift_slurm.planning.simulate import simulate_shared
     one, two = stage_passes(one_f1b, micro_batches), stage_passes(zb, micro_batches)
     if one is None or two is None or any("WeightPass" not in ins for ins in zb.values()):
         return None
-    fixed, host = (one[3] + two[3]) / 2, [0] * len(one[0])
+    fixed, host, longer = (one[3] + two[3]) / 2, [0] * len(one[0]), 1 + ZB_SPLIT_COST_CPU
     if step_1f1b <= fixed:
         return None
-    sim = (simulate_shared(two[0], two[1], micro_batches, 0.0, host, cores, wgrad=two[2])
+    share = [w / whole if whole > 0 else 0.0 for w, whole in zip(two[2], two[1])]
+    sim = (simulate_shared([f * longer for f in one[0]], [b * longer for b in one[1]], micro_batches, 0.0, host,
+                           cores, wgrad=[b * x * longer for b, x in zip(one[1], share)])
            / simulate_shared(one[0], one[1], micro_batches, 0.0, host, cores))
     return (sim * (step_1f1b - fixed) + fixed) / step_1f1b
 
@@ -175,7 +180,7 @@ def measure(work: Path, args: argparse.Namespace, p: int, m: int) -> dict:
             "planned_step_s": planned,
             "model_error": {s: planned[s] / measured[s] - 1 for s in measured},
             "shares_cores": p > cores, "cores": cores,
-            # where the stages share cores: simulated with them sharing, as the planner models it
+            # where the stages share cores: simulated with them sharing, as the step model does
             "shared_ratio": shared, "shared_gain_share": _share(ratio, shared)}
 
 
