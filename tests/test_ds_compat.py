@@ -129,6 +129,13 @@ assert all(hasattr(engine, a) for a in ("next_stage", "dynamic_shape", "is_pipe_
 # and its early activation receive (the last stage's): one stage receives no activation (None)
 assert ds_compat.post_activation_receive(engine) is None
 assert all(hasattr(engine, a) for a in ("pipe_recv_buf", "prev_stage"))
+# a middle stage's activations get a buffer of their own: DeepSpeed allocates its activation and
+# gradient receives from one list, the same storage when the shapes match
+assert isinstance(engine._grad_layer_buf, list)
+shared = engine._allocate_or_extend_buffers(0, [2, 3], torch.float32)
+assert shared.untyped_storage().data_ptr() == engine._allocate_or_extend_buffers(0, [2, 3], torch.float32
+                                                                                  ).untyped_storage().data_ptr()
+engine._grad_layer_buf = []
 import deepspeed.runtime.pipe.p2p as p2p
 plain_recv = p2p.recv
 engine.grad_layer = torch.zeros(2)
