@@ -282,8 +282,8 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
         makespan = simulate_shared(fwd, bwd, micro_batches, p2p, host_of, cores, hw.threads_per_rank)
         if zb_passes:
             # a stage's bubble is partly another's work there: ZB-H1 gains only the time no rank
-            # of the host can run (simulated 0.94x of 1F1B at 4 uniform stages x 4 on 2 cores, 0.81x
-            # on 4; measured 0.96x, bench/schedules.py)
+            # of the host can run (simulated 0.94x of 1F1B at 4 uniform stages x 4 on 2 cores, 0.97x
+            # with the split's cost, 0.81x on 4 cores; measured 0.96x, bench/schedules.py)
             f, b, w = zb_passes
             zero_bubble = simulate_shared(f, b, micro_batches, p2p, host_of, cores, hw.threads_per_rank,
                                           wgrad=w) / makespan if makespan > 0 else 1.0
