@@ -18,8 +18,9 @@ against the step its plan.json predicted in the last round (the planner's step m
 by the earlier rounds of that schedule: each schedule keeps its own history). Both schedules must
 train the same numbers (fp32: the same losses bit for bit), or the bench stops. With more stages
 than cores (4 on a 2-core host) the stages share cores: the figures then say so, and add the
-ratio the step model simulates there (the stages sharing the host's cores, on the 1F1B run's
-passes with ZB-H1's measured W share and the split's cost), the measured gain as a share of it.
+ratio simulated with the stages sharing the host's cores (as the step model does there), each
+schedule on its own passes' CPU time (their wall time stretches with what runs beside them), the
+measured gain as a share of it.
 
     python bench/schedules.py [--rounds 4] [--steps 30] [--hidden 256] [--stages 2,4] [--micro-batches 4,8] [--quick]
 """
@@ -65,17 +66,18 @@ def predicted_ratio(stages: int, micro_batches: int) -> float:
     return zb / one
 
 
-def stage_passes(instructions: dict[str, dict[str, float]], micro_batches: int
+def stage_passes(instructions: dict[str, dict[str, float]], micro_batches: int, cpu: bool = False
                  ) -> tuple[list[float], list[float], list[float], float] | None:
     """One run's stages, in order, from its instruction timer (its first profiled steps): F,
-    the whole backward (B + W) and W per micro-batch, and the step's fixed part (optimizer,
-    gradient reduction: the slowest stage's)."""
+    the whole backward (B + W) and W per micro-batch (``cpu``: the passes' CPU time, not their
+    wall time), and the step's fixed part (optimizer, gradient reduction: the slowest stage's)."""
     stages = [instructions[s] for s in sorted(instructions, key=int)]
-    if not stages:
+    if not stages or (cpu and any("ForwardPass:cpu" not in ins for ins in stages)):
         return None
-    f = [ins["ForwardPass"] / micro_batches for ins in stages]
-    w = [ins.get("WeightPass", 0.0) / micro_batches for ins in stages]
-    whole = [ins["BackwardPass"] / micro_batches + x for ins, x in zip(stages, w)]
+    at = ":cpu" if cpu else ""
+    f = [ins["ForwardPass" + at] / micro_batches for ins in stages]
+    w = [ins.get("WeightPass" + at, 0.0) / micro_batches for ins in stages]
+    whole = [ins["BackwardPass" + at] / micro_batches + x for ins, x in zip(stages, w)]
     fixed = max(sum(ins.get(k, 0.0) for k in ("OptimizerStep", "ReduceGrads", "ReduceTiedGrads")) for ins in stages)
     return f, whole, w, fixed
 
@@ -102,34 +104,37 @@ def job_predicted_ratio(instructions: dict[str, dict[str, float]], micro_batches
 
 def shared_ratio(one_f1b: dict[str, dict[str, float]], zb: dict[str, dict[str, float]], micro_batches: int,
                  cores: int, step_1f1b: float) -> float | None:
-    """ZB-H1 / 1F1B as the planner's step model simulates it where more ranks than cores share a
-    host (a stage's bubble partly another's work): both with the stages sharing ``cores``, on the
-    1F1B run's own passes, ZB-H1's W the share of each backward its run measured and every pass
-    ZB_SPLIT_COST_CPU longer (the split's cost measured on stages with a core each: the wall
-    times of stages sharing cores stretch with what runs beside them); that ratio applied to the
+    """ZB-H1 / 1F1B simulated with the stages sharing this host's ``cores`` (the planner's step
+    model where more ranks than cores share a host: a stage's bubble is partly another's work),
+    each side on its own run's passes as CPU time (a pass's wall time there stretches with what
+    runs beside it; its CPU time is the work the cores must do), the ratio applied to the
     measured 1F1B step less its fixed part."""
-    from pipeswift_slurm.planning.costmodel import ZB_SPLIT_COST_CPU
     from pipeswift_slurm.planning.simulate import simulate_shared
-    one, two = stage_passes(one_f1b, micro_batches), stage_passes(zb, micro_batches)
+    one, two = stage_passes(one_f1b, micro_batches, cpu=True), stage_passes(zb, micro_batches, cpu=True)
     if one is None or two is None or any("WeightPass" not in ins for ins in zb.values()):
         return None
-    fixed, host, longer = (one[3] + two[3]) / 2, [0] * len(one[0]), 1 + ZB_SPLIT_COST_CPU
+    fixed = (one[3] + two[3]) / 2      # the wall time outside the passes, as recorded
+    host = [0] * len(one[0])
     if step_1f1b <= fixed:
         return None
-    share = [w / whole if whole > 0 else 0.0 for w, whole in zip(two[2], two[1])]
-    sim = (simulate_shared([f * longer for f in one[0]], [b * longer for b in one[1]], micro_batches, 0.0, host,
-                           cores, wgrad=[b * x * longer for b, x in zip(one[1], share)])
+    sim = (simulate_shared(two[0], two[1], micro_batches, 0.0, host, cores, wgrad=two[2])
            / simulate_shared(one[0], one[1], micro_batches, 0.0, host, cores))
     return (sim * (step_1f1b - fixed) + fixed) / step_1f1b
 
 
-def split_cost(one_f1b: dict[str, dict[str, float]], zb: dict[str, dict[str, float]]) -> float | None:
+def split_cost(one_f1b: dict[str, dict[str, float]], zb: dict[str, dict[str, float]], cpu: bool = False
+               ) -> float | None:
     """The stages' F + B + W under ZB-H1 over their F + backward under 1F1B: the compute the
-    split itself adds (the autograd function around each Linear, the weight pass apart)."""
+    split itself adds (the autograd function around each Linear, the weight pass apart); ``cpu``:
+    in CPU time (None where not recorded)."""
+    at = ":cpu" if cpu else ""
+    if not one_f1b or not zb or any("ForwardPass" + at not in ins for ins in (*one_f1b.values(), *zb.values())):
+        return None
+
     def compute(instructions: dict[str, dict[str, float]]) -> float:
-        return sum(ins["ForwardPass"] + ins["BackwardPass"] + ins.get("WeightPass", 0.0)
+        return sum(ins["ForwardPass" + at] + ins["BackwardPass" + at] + ins.get("WeightPass" + at, 0.0)
                    for ins in instructions.values())
-    return compute(zb) / compute(one_f1b) if one_f1b and zb else None
+    return compute(zb) / compute(one_f1b)
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -176,6 +181,7 @@ def measure(work: Path, args: argparse.Namespace, p: int, m: int) -> dict:
             "own_passes_ratio": own_ratio,
             "own_passes_gain_share": _share(ratio, own_ratio),
             "split_cost": _median([split_cost(one, zb) for one, zb in profiles]),
+            "split_cost_cpu": _median([split_cost(one, zb, cpu=True) for one, zb in profiles]),
             "measured_step_s": measured,
             "planned_step_s": planned,
             "model_error": {s: planned[s] / measured[s] - 1 for s in measured},
@@ -199,8 +205,9 @@ def _figures(c: dict) -> str:
             f"{num(c['job_as_run_ratio'], '.3f')} in the order the engine runs (the step model's), {own}; "
             f"step model error 1F1B {c['model_error']['1f1b']:+.0%}, ZB-H1 {c['model_error']['zb-h1']:+.0%}"
             + (f", stages share cores: {num(c.get('shared_ratio'), '.3f')} simulated with them sharing "
-               f"{c.get('cores')} cores (measured gain {num(c.get('shared_gain_share'), '.0%')} of it)"
-               if c["shares_cores"] else "") + ")")
+               f"{c.get('cores')} cores on the passes' CPU time (the split costs "
+               f"{num(c.get('split_cost_cpu') and c['split_cost_cpu'] - 1, '+.1%')} of it; measured gain "
+               f"{num(c.get('shared_gain_share'), '.0%')} of it)" if c["shares_cores"] else "") + ")")
 
 
 def main() -> None:

@@ -215,6 +215,12 @@ def test_a_resumed_attempt_profiles_its_layers_too(tmp_path):
     (prof,) = [e for e in evs if e["event"] == "layer_profile"]
     assert sorted(prof["seconds"], key=int) == [str(i) for i in range(6)]
     assert all(v > 0 for v in prof["seconds"].values())
+    # each stage's compute passes: their CPU time beside their wall time, never more than it
+    assert sorted(prof["instructions"]) == ["0", "1"]
+    for ins in prof["instructions"].values():
+        for name in ("ForwardPass", "BackwardPass"):
+            assert 0 < ins[f"{name}:cpu"] <= ins[name] + 1e-3, ins
+        assert "SendActivation:cpu" not in ins and "WeightPass:cpu" not in ins
 
 
 SLOW_DATA = '''

@@ -143,6 +143,10 @@ class LayerProfiler:
         self.active = False
 
 
+#: the instructions whose CPU time the timer keeps too (on CPU): the compute passes
+CPU_TIMED = ("ForwardPass", "BackwardPass", "WeightPass")
+
+
 class InstructionTimer:
     """Seconds per step this rank spends in each DeepSpeed pipeline instruction.
 
@@ -150,7 +154,11 @@ class InstructionTimer:
     ``self``), so only this engine is affected; ``remove()`` puts back the table it had. The
     training loop adds each profiled step's wall time as ``step``. Receive times include
     waiting for the neighbour stage; the planner's cost model uses the others (forward,
-    backward, loading, sending, the optimizer) to tell the engine's overheads apart."""
+    backward, loading, sending, the optimizer) to tell the engine's overheads apart. On CPU the
+    passes' CPU time is kept beside their wall time (``ForwardPass:cpu`` and so on: this
+    thread's, where torch computes with one thread a rank): where ranks share cores, a pass's
+    wall time stretches with what runs beside it, its CPU time does not."""
+
 
     def __init__(self, engine: Any, sync: bool) -> None:
         self.engine, self.sync, self.active = engine, sync, False
@@ -161,18 +169,22 @@ class InstructionTimer:
                                                                for k, f in table.items()})
 
     def _timed(self, name: str, fn: Any) -> Any:
+        cpu = None if self.sync or name not in CPU_TIMED else f"{name}:cpu"
+
         def run(engine: Any, *args: Any, **kwargs: Any) -> Any:
             if not self.active:
                 return fn(engine, *args, **kwargs)
             if self.sync:
                 torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            c0, t0 = time.thread_time(), time.perf_counter()
             try:
                 return fn(engine, *args, **kwargs)
             finally:
                 if self.sync:
                     torch.cuda.synchronize()
                 self.seconds[name] += time.perf_counter() - t0
+                if cpu:
+                    self.seconds[cpu] += time.thread_time() - c0
         return run
 
     def result(self) -> dict[str, Any]:
