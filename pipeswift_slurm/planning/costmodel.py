@@ -313,7 +313,9 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
 #: what pswift's ZB-H1 itself costs a CPU stage, as a share of its F and B + W: the autograd
 #: function around each Linear and the weight product computed apart. Measured +2.4 % of F + B at
 #: 2 stages x 4 micro-batches of 8 and +3.5 % at x 8 of 4, hidden 256 (bench/schedules.py
-#: `split_cost`, 12 rounds; -1.5 % and +5.8 % in 8 later rounds, +5 % at hidden 128). Not measured
+#: `split_cost`, 12 rounds; -1.5 % and +5.8 % in 8 later rounds, +5 % at hidden 128; in the
+#: passes' CPU time +1.5 % and +2.3 %, and +3.7 % and +6.4 % on 4 stages sharing 2 cores, whose
+#: wall time grows 14 %: stretched by the sharing, not the split's work). Not measured
 #: on a GPU (its kernels run behind the Python that launches them): 0 there. Nothing else is
 #: counted: a ZB-H1 step lost 0.7-1.2 ms a stage slot beyond the one simulated on its own passes
 #: while its receives were posted late (gloo then waits for the sender's thread); with them posted
