@@ -159,7 +159,6 @@ class InstructionTimer:
     thread's, where torch computes with one thread a rank): where ranks share cores, a pass's
     wall time stretches with what runs beside it, its CPU time does not."""
 
-
     def __init__(self, engine: Any, sync: bool) -> None:
         self.engine, self.sync, self.active = engine, sync, False
         self.seconds: dict[str, float] = defaultdict(float)
