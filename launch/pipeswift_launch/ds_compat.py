@@ -184,7 +184,8 @@ def use_train_schedule(engine: Any, schedule_class: type) -> None:
 
 def received_gradients(engine: Any) -> list[Any]:
     """The buffers DeepSpeed receives the next stage's gradients into (reused for every
-    micro-batch, and for received activations of the same shape)."""
+    micro-batch, and for received activations of the same shape until
+    :func:`post_activation_receive` gives those a buffer of their own)."""
     layer = engine.grad_layer   # None until the first gradient is received
     if layer is None:
         return []
