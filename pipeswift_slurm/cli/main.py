@@ -594,9 +594,6 @@ def simulate(toml: Path | None, fwd: str | None, bwd: str | None, wgrad: str | N
 
         pswift simulate examples/tiny-gpt/train.toml --schedule gpipe,1f1b,interleaved --plot t.png
     """
-    from rich.console import Console
-    from rich.table import Table
-
     from pipeswift_slurm.planning import timeline
     from pipeswift_slurm.planning.simulate import ZERO_BUBBLE, SimulationError
     from pipeswift_slurm.planning.simulate import simulate as run_sim
@@ -629,6 +626,16 @@ def simulate(toml: Path | None, fwd: str | None, bwd: str | None, wgrad: str | N
         out = [r.to_dict() for r in results]
         click.echo(json.dumps(out[0] if len(out) == 1 else out, indent=2))
         return
+    _print_simulations(results, title, width, plot)
+
+
+def _print_simulations(results: list[Any], title: str, width: int, plot: Path | None) -> None:
+    """`pswift simulate`'s table of schedules, then each one's timeline."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from pipeswift_slurm.planning import timeline
+
     con = Console(highlight=False, markup=False, soft_wrap=True)
     if title:
         con.print(title)

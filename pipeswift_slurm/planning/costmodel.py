@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Sequence
 
 from pipeswift_slurm.planning.partition import balanced_boundaries
-from pipeswift_slurm.planning.simulate import closed_form_1f1b, simulate, simulate_shared, stage_times
+from pipeswift_slurm.planning.simulate import SimResult, closed_form_1f1b, simulate, simulate_shared, stage_times
 from pipeswift_slurm.stats import median_of
 
 #: bytes per parameter byte held by training: weights + gradients + Adam's two moments (fp32)
@@ -238,28 +238,14 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
     simulated where the pipeline is small enough, else 1F1B's time)."""
     costs = _scaled(profile, micro_batch_size)
     P = len(boundaries) - 1
-    fwd, bwd = stage_times(costs, boundaries)
-    if profile.recompute_interval:  # the backward runs each layer's forward again first
-        bwd = [b + f for f, b in zip(fwd, bwd)]
-    # the engine's work outside the layers: one third in the forward, two in the backward as
-    # for the layers; the sender pays for its sends (activations forward, gradients back)
-    o, last, snd = profile.overhead_s, profile.last_stage_overhead_s, profile.send_s
-    fwd = [f + o / 3 + (last / 3 if s == P - 1 else 0.0) + (snd if s < P - 1 else 0.0)
-           for s, f in enumerate(fwd)]
-    bwd = [b + 2 * o / 3 + (2 * last / 3 if s == P - 1 else 0.0) + (snd if s > 0 else 0.0)
-           for s, b in enumerate(bwd)]
-    act = profile.activation_bytes
-    p2p = 0.0
-    if P > 1:
-        scale = micro_batch_size / profile.micro_batch_size
-        sent = max((act[b - 1] * scale for b in boundaries[1:-1]), default=0.0) if act else 0.0
-        p2p = hw.p2p_latency + sent / hw.p2p_bandwidth
+    fwd, bwd = _engine_passes(profile, costs, boundaries)
+    p2p = _p2p_seconds(profile, boundaries, micro_batch_size, hw)
     exact = P * micro_batches <= SIMULATED_OPS_MAX
     sim = (simulate(fwd, bwd, micro_batches, "1f1b", p2p=p2p, keep_ops=False) if exact
            else closed_form_1f1b(fwd, bwd, micro_batches, p2p))
     # ZB-H1 against 1F1B on the same stage times: the share of the makespan it leaves (above 1
     # where the split costs more than the bubble it fills); where more ranks than cores share a
-    # host, with them sharing its cores (below); none with data-parallel replicas sharing it
+    # host, with them sharing its cores; none with data-parallel replicas sharing it
     crowded = oversubscribed(P, data_parallel, tasks_per_node, hw)
     shared = bool(exact and hw.host_cores and crowded and data_parallel == 1)
     zb_passes = (_split_passes(profile, costs, boundaries, fwd, bwd, ZB_SPLIT_COST_CPU if hw.device == "cpu" else 0.0)
@@ -272,42 +258,82 @@ def estimate_step(profile: Profile, boundaries: Sequence[int], micro_batches: in
                  if data_parallel > 1 else 0.0)
     optimizer = (profile.step_overhead_s if profile.step_overhead_s is not None
                  else TRAIN_STATE_FACTOR * max(params) / hw.optimizer_bandwidth)
-    makespan = sim.step_time
     ranks = hw.ranks_per_host or tasks_per_node
     if shared:
-        # more busy ranks than cores on a host: the stages sharing it slow each other down
-        # while they overlap (processor sharing over the same 1F1B graph), and the host loses
-        # some of its time to switching between them (measured: roughly a constant share)
-        host_of, cores = [d // max(1, ranks) for d in range(P)], hw.host_cores or 1
-        makespan = simulate_shared(fwd, bwd, micro_batches, p2p, host_of, cores, hw.threads_per_rank)
-        if zb_passes:
-            # a stage's bubble is partly another's work there: ZB-H1 gains only the time no rank
-            # of the host can run (simulated 0.94x of 1F1B at 4 uniform stages x 4 on 2 cores, 0.97x
-            # with the split's cost, 0.81x on 4 cores; measured 0.96x, bench/schedules.py)
-            f, b, w = zb_passes
-            zero_bubble = simulate_shared(f, b, micro_batches, p2p, host_of, cores, hw.threads_per_rank,
-                                          wgrad=w) / makespan if makespan > 0 else 1.0
-        makespan /= hw.shared_efficiency
-    elif hw.device == "cpu" and hw.host_cores:
-        # data-parallel replicas on a host: all ranks busy at once, averaged
-        demand = min(ranks, P * data_parallel) * (sum(sim.busy) / (P * sim.step_time or 1.0))
-        over = demand * hw.threads_per_rank / hw.host_cores
-        makespan *= over / hw.shared_efficiency if over > 1.0 else 1.0
+        makespan, zero_bubble = _sharing_cores(fwd, bwd, zb_passes, micro_batches, p2p, ranks, hw)
+    else:
+        makespan = sim.step_time * _replicas_sharing(sim, P, data_parallel, ranks, hw)
     contention = makespan / sim.step_time if sim.step_time else 1.0
     makespan *= zero_bubble
     compute = makespan - 2 * (P - 1) * p2p if P > 1 else makespan
-    step = makespan + allreduce + optimizer
-    memory = []
-    for s in range(P):
-        memory.append(state_factor(profile, data_parallel) * params[s]
-                      + optimizer_extra_bytes(profile, params[s], data_parallel, hw.device)
-                      + stage_activations(profile, boundaries[s], boundaries[s + 1], micro_batch_size,
-                                          held_micro_batches(schedule, P, micro_batches, s,
-                                                             sim.peak_in_flight[s])))
-    return StepEstimate(step_s=step, compute_s=compute * contention, p2p_s=2 * (P - 1) * p2p,
-                        allreduce_s=allreduce, optimizer_s=optimizer, contention=contention,
-                        bubble_ratio=bubble, stage_memory=tuple(memory),
+    held = [held_micro_batches(schedule, P, micro_batches, s, sim.peak_in_flight[s]) for s in range(P)]
+    memory = [state_factor(profile, data_parallel) * params[s]
+              + optimizer_extra_bytes(profile, params[s], data_parallel, hw.device)
+              + stage_activations(profile, boundaries[s], boundaries[s + 1], micro_batch_size, held[s])
+              for s in range(P)]
+    return StepEstimate(step_s=makespan + allreduce + optimizer, compute_s=compute * contention,
+                        p2p_s=2 * (P - 1) * p2p, allreduce_s=allreduce, optimizer_s=optimizer,
+                        contention=contention, bubble_ratio=bubble, stage_memory=tuple(memory),
                         fits=max(memory) <= hw.device_memory)
+
+
+def _engine_passes(profile: Profile, costs: Sequence[float], boundaries: Sequence[int]
+                   ) -> tuple[list[float], list[float]]:
+    """Each stage's forward and backward seconds per micro-batch: its layers' (the backward
+    running each layer's forward again first under activation checkpointing) plus the engine's
+    work outside them, one third in the forward and two in the backward as for the layers; the
+    sender pays for its sends (activations forward, gradients back)."""
+    P = len(boundaries) - 1
+    fwd, bwd = stage_times(costs, boundaries)
+    if profile.recompute_interval:
+        bwd = [b + f for f, b in zip(fwd, bwd)]
+    o, last, snd = profile.overhead_s, profile.last_stage_overhead_s, profile.send_s
+    fwd = [f + o / 3 + (last / 3 if s == P - 1 else 0.0) + (snd if s < P - 1 else 0.0)
+           for s, f in enumerate(fwd)]
+    bwd = [b + 2 * o / 3 + (2 * last / 3 if s == P - 1 else 0.0) + (snd if s > 0 else 0.0)
+           for s, b in enumerate(bwd)]
+    return fwd, bwd
+
+
+def _p2p_seconds(profile: Profile, boundaries: Sequence[int], micro_batch_size: int, hw: Hardware) -> float:
+    """One transfer between adjacent stages: the link's latency plus the largest activation a
+    stage sends over its bandwidth (0 with a single stage)."""
+    if len(boundaries) <= 2:
+        return 0.0
+    act, scale = profile.activation_bytes, micro_batch_size / profile.micro_batch_size
+    sent = max((act[b - 1] * scale for b in boundaries[1:-1]), default=0.0) if act else 0.0
+    return hw.p2p_latency + sent / hw.p2p_bandwidth
+
+
+def _sharing_cores(fwd: Sequence[float], bwd: Sequence[float],
+                   zb_passes: tuple[list[float], list[float], list[float]] | None, micro_batches: int,
+                   p2p: float, ranks: int, hw: Hardware) -> tuple[float, float]:
+    """The 1F1B makespan where more busy ranks than cores share a host, and ZB-H1's share of it
+    (1 without ZB-H1's passes). The stages sharing a host slow each other
+    down while they overlap (processor sharing over the same 1F1B graph), and the host loses
+    some of its time to switching between them (measured: roughly a constant share,
+    ``hw.shared_efficiency``)."""
+    host_of, cores = [d // max(1, ranks) for d in range(len(fwd))], hw.host_cores or 1
+    makespan = simulate_shared(fwd, bwd, micro_batches, p2p, host_of, cores, hw.threads_per_rank)
+    zero_bubble = 1.0
+    if zb_passes:
+        # a stage's bubble is partly another's work there: ZB-H1 gains only the time no rank
+        # of the host can run (simulated 0.94x of 1F1B at 4 uniform stages x 4 on 2 cores, 0.97x
+        # with the split's cost, 0.81x on 4 cores; measured 0.96x, bench/schedules.py)
+        f, b, w = zb_passes
+        zero_bubble = simulate_shared(f, b, micro_batches, p2p, host_of, cores, hw.threads_per_rank,
+                                      wgrad=w) / makespan if makespan > 0 else 1.0
+    return makespan / hw.shared_efficiency, zero_bubble
+
+
+def _replicas_sharing(sim: SimResult, stages: int, data_parallel: int, ranks: int, hw: Hardware) -> float:
+    """How much longer the step runs where a CPU host's ranks (data-parallel replicas of the
+    pipeline) outnumber its cores, all of them busy at once, averaged; 1 elsewhere."""
+    if hw.device != "cpu" or not hw.host_cores:
+        return 1.0
+    demand = min(ranks, stages * data_parallel) * (sum(sim.busy) / (stages * sim.step_time or 1.0))
+    over = demand * hw.threads_per_rank / hw.host_cores
+    return over / hw.shared_efficiency if over > 1.0 else 1.0
 
 
 #: what pswift's ZB-H1 itself costs a CPU stage, as a share of its F and B + W: the autograd
