@@ -85,6 +85,13 @@ def test_planner_uses_the_measured_profile_and_reports_its_error(trained, tmp_pa
     d = json.loads(pswift("plan", str(toml), "--no-live", "--json", env=env).stdout)
     assert d["profile_source"] == "history" and d["chosen"]["estimate"]["step_source"] == "measured"
     assert d["model_error"][0]["actual_step_s"] > 0
+    # beside the measured step, the one the model predicts from the profile that run measured
+    e = d["chosen"]["estimate"]
+    assert e["model_step_s"] > 0 and e["model_step_s"] != e["step_s"]
+    beside = f"{e['step_s']:.4g} s/step, measured; the model predicts {e['model_step_s']:.4g} s"
+    assert beside in proc.stdout
+    sim = pswift("simulate", str(toml), "--schedule", "1f1b,zb-h1", env=env)
+    assert sim.returncode == 0 and f"pswift plan's step of this layout under 1f1b: {beside}" in sim.stdout, sim.stderr
     # a 1F1B step measured is not a ZB-H1 one: the same layout under the other schedule is estimated
     zb = toml.with_name("zb.toml")
     zb.write_text(toml.read_text().replace("[pipeline]", '[pipeline]\nschedule = "zb-h1"'))

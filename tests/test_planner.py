@@ -96,6 +96,36 @@ def test_measured_step_time_replaces_and_calibrates_the_model(tmp_path):
     assert best[4].estimate.step_s > base.best_per_nodes()[4].estimate.step_s
 
 
+def test_a_measured_step_is_shown_beside_what_the_model_predicts_without_it(tmp_path):
+    """The model's step of a measured layout is predicted without that measurement: the profile
+    as it is when no other config was measured, calibrated on the others when some were (a
+    calibration on the measurement itself would always reproduce it)."""
+    cfg = load_config(big_toml(tmp_path))
+    prof = Profile(cfg.model.layer_costs, None, None, 1, "toml")
+    key = lambda c: f"{c.nodes}/{c.stages}"  # noqa: E731
+    hw = Hardware(host_cores=8)
+    model = {n: c.estimate.step_s for n, c in plan(cfg, prof, hw, cluster(None)).best_per_nodes().items()}
+    res = plan(cfg, prof, hw, cluster(None), PastRuns(step_times={"1/1": model[1] * 1.5}), key)
+    e = res.best_per_nodes()[1].estimate
+    assert e.step_s == pytest.approx(1.5 * model[1]) and e.model_step_s == pytest.approx(model[1])
+    assert res.best_per_nodes()[4].estimate.model_step_s == res.best_per_nodes()[4].estimate.step_s
+    # two measured: each one's model step is calibrated by the other (1.2x), not by itself (1.5x)
+    seen = {"1/1": model[1] * 1.5, "4/4": model[4] * 1.2}
+    res = plan(cfg, prof, hw, cluster(None), PastRuns(step_times=seen), key)
+    best = res.best_per_nodes()
+    def row(c):
+        return c.boundaries, c.micro_batches, c.micro_batch_size, c.data_parallel, c.tasks_per_node
+    for n, other in ((1, 4), (4, 1)):
+        c, o = best[n], best[other]
+        assert c.estimate.step_source == "measured" and c.estimate.step_s == pytest.approx(seen[f"{n}/{n}"])
+        by_other = calibrate(prof, [(*row(o), seen[f"{other}/{other}"])], hw).scale
+        assert by_other == pytest.approx(seen[f"{other}/{other}"] / model[other], rel=1e-3)
+        assert c.estimate.model_step_s == pytest.approx(estimate_step(prof.scaled(by_other), *row(c), hw).step_s)
+    assert res.chosen.nodes == 4
+    assert (f"({best[4].estimate.step_s:.4g} s/step, measured; the model predicts "
+            f"{best[4].estimate.model_step_s:.4g} s (+25.0%))") in explain(res)
+
+
 def test_overheads_from_instruction_times():
     """2 stages, m = 4, layers 10 ms + 10 ms | 15 ms per micro-batch (the launcher's record)."""
     layers = {"0": 0.010, "1": 0.010, "2": 0.015}

@@ -537,7 +537,10 @@ def _floats(opt: str, text: str | None) -> list[float] | None:
         raise CLIError(f"{opt} {text!r}: give comma-separated seconds, e.g. {opt} 1,1.5,1", 2) from None
 
 
-def _stage_times_from_toml(toml: Path, nodes: int | None) -> tuple[list[float], list[float], int, str]:
+def _stage_times_from_toml(toml: Path, nodes: int | None
+                           ) -> tuple[list[float], list[float], int, str, dict[str, Any]]:
+    """The stages' forward and backward seconds of the layout for ``nodes`` ([model] layer_costs
+    cut at its boundaries), its micro-batches, a title, and the layout."""
     import tempfile
 
     from pipeswift_slurm.config import load_config
@@ -557,7 +560,28 @@ def _stage_times_from_toml(toml: Path, nodes: int | None) -> tuple[list[float], 
     lay = plan["layouts"][n]
     bounds = lay["boundaries"] or balanced_boundaries(costs, lay["stages"])
     fwd, bwd = stage_times(costs, bounds)
-    return fwd, bwd, lay["micro_batches"], f"{cfg.job.name}: {lay['stages']} stages {bounds}"
+    return fwd, bwd, lay["micro_batches"], f"{cfg.job.name}: {lay['stages']} stages {bounds}", {**lay, "boundaries": bounds}
+
+
+def _planned_step(toml: Path, db: Path | None, lay: dict[str, Any]) -> str:
+    """What `pswift plan` counts as this layout's step: measured (the history) and the step
+    model's prediction (engine overheads, optimizer, calibration: not in the simulation), or ""
+    where the planner does not weigh it."""
+    from pipeswift_slurm.errors import PswiftError
+    from pipeswift_slurm.planning.planner import step_line
+    from pipeswift_slurm.submit import plan_report
+
+    try:
+        report = plan_report(toml, db, live=False)
+    except PswiftError:
+        return ""
+    key = ("nodes", "stages", "data_parallel", "micro_batches", "micro_batch_size", "boundaries")
+    same = [c for c in report.result.candidates if c.estimate is not None
+            and all(getattr(c, k) == lay[k] for k in key)]
+    if not same:
+        return ""
+    c = same[0]
+    return f"pswift plan's step of this layout under {c.schedule}: {step_line(c.est)}"
 
 
 @cli.command()
@@ -577,14 +601,17 @@ def _stage_times_from_toml(toml: Path, nodes: int | None) -> tuple[list[float], 
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Write a timeline PNG.")
 @click.option("--width", type=int, default=96, show_default=True, help="Terminal timeline width.")
+@_db_option
 @_errors
 def simulate(toml: Path | None, fwd: str | None, bwd: str | None, wgrad: str | None,
              micro_batches: int | None, schedule: str, chunks: int, p2p: float, nodes: int | None,
-             as_json: bool, plot: Path | None, width: int) -> None:
+             as_json: bool, plot: Path | None, width: int, db: Path | None) -> None:
     """Simulate pipeline schedules on stage times; print step time, bubble and a timeline.
 
     Stage times come from TOML's [model] layer_costs cut at the plan's boundaries, or from
-    --fwd/--bwd. One look at the timeline shows the bottleneck stage.
+    --fwd/--bwd. One look at the timeline shows the bottleneck stage. With TOML, the step
+    `pswift plan` counts for that layout is printed too: the one measured (history) beside the
+    step model's, which adds the engine's overheads and the optimizer to the layers.
 
     Examples:
 
@@ -603,7 +630,9 @@ def simulate(toml: Path | None, fwd: str | None, bwd: str | None, wgrad: str | N
     if toml is not None:
         if f or b:
             raise CLIError("give either a TOML or --fwd/--bwd, not both", 2)
-        f, b, m_plan, title = _stage_times_from_toml(toml, nodes)
+        f, b, m_plan, title, lay = _stage_times_from_toml(toml, nodes)
+        if not as_json:
+            title = "\n".join(x for x in (title, _planned_step(toml, db, lay)) if x)
         micro_batches = micro_batches or m_plan
     elif f is None or b is None:
         raise CLIError("give a train.toml, or --fwd and --bwd (one value per stage)", 2)

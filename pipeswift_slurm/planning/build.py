@@ -62,7 +62,7 @@ def _chosen(cfg: TrainConfig, planned: "PlanResult") -> dict[str, Any]:
                        if c.rejected and c.nodes not in best},
         "candidates": [c.to_dict() for c in planned.candidates],
         "prediction": {"nodes": ch.nodes, "step_s": e.step_s, "jct_s": e.jct_s, "queue_s": e.queue_s,
-                       "train_s": e.train_s, "step_source": e.step_source,
+                       "train_s": e.train_s, "step_source": e.step_source, "model_step_s": e.model_step_s,
                        "jct_p10_s": e.jct_p10_s, "jct_p50_s": e.jct_p50_s, "jct_p90_s": e.jct_p90_s,
                        "node_hours": e.node_hours, "choice": planned.choice,
                        "objective": cfg.job.objective, "profile_source": planned.profile_source,

@@ -18,8 +18,8 @@ from pipeswift_slurm.planning import interval
 from pipeswift_slurm.planning import limits
 from pipeswift_slurm.planning import risk
 from pipeswift_slurm.config import TrainConfig
-from pipeswift_slurm.planning.costmodel import (STATE_BYTES, WEIGHT_FRACTION_ASSUMED, Calibration, Hardware, Profile,
-                                                calibrate, checkpoint_seconds, estimate_step, stage_cut, state_factor)
+from pipeswift_slurm.planning.costmodel import (STATE_BYTES, WEIGHT_FRACTION_ASSUMED, Calibration, Hardware, Measured,
+                                                Profile, calibrate, checkpoint_seconds, estimate_step, stage_cut, state_factor)
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.fmt import duration
 from pipeswift_slurm.planning.layouts import Layout
@@ -56,6 +56,10 @@ class Estimate:
     run_p90_s: float | None = None
     #: nodes x the hours they are held (setup, training, checkpoints, interruptions; not the queue)
     node_hours: float = 0.0
+    #: the step model's step time of this layout under its schedule (calibrated by the measured
+    #: configs): ``step_s`` itself unless a measured step replaced (or scaled) it; shown beside a
+    #: measured one
+    model_step_s: float | None = None
 
 
 @dataclass
@@ -217,7 +221,7 @@ def _candidates(cfg: TrainConfig, profile: Profile, hw: Hardware) -> list[Candid
                 c.rejected = (f"stage {s} needs {est.stage_memory[s] / 1e9:.2f} GB > device memory "
                               f"{hw.device_memory / 1e9:.2f} GB{_memory_fix(profile, dp)}")
                 continue
-            c.estimate = Estimate(0, 0, est.step_s, 0, 0, 0, 0, "model")
+            c.estimate = Estimate(0, 0, est.step_s, 0, 0, 0, 0, "model", model_step_s=est.step_s)
     return cands
 
 
@@ -244,18 +248,25 @@ def _measured_step(c: Candidate, schedule: str, history: PastRuns, step_key: Any
         c.schedule = was
 
 
+def _measured(cands: list[Candidate], history: PastRuns, step_key: Any, schedules: tuple[str, ...]
+              ) -> tuple[list[tuple[Candidate, float, str]], list[Measured]]:
+    """The candidates the history measured under any of ``schedules``: (candidate, step time,
+    schedule), and the same as calibration rows."""
+    measured = [(c, got, s) for c in cands if c.estimate is not None for s in schedules
+                if (got := _measured_step(c, s, history, step_key))]
+    return measured, [(c.boundaries, c.micro_batches, c.micro_batch_size, c.data_parallel, c.tasks_per_node,
+                       got, s) for c, got, s in measured]
+
+
 def _calibrate(cands: list[Candidate], profile: Profile, hw: Hardware, history: PastRuns,
                step_key: Any, notes: list[str], schedules: tuple[str, ...]) -> Calibration:
     """Measured configs (under any of ``schedules``) replace their estimate, and the ratio
     measured / estimated (this host, this software, the profiling hooks' cost) scales every
     other candidate."""
-    measured = [(c, got, s) for c in cands if c.estimate is not None for s in schedules
-                if (got := _measured_step(c, s, history, step_key))]
+    measured, rows = _measured(cands, history, step_key, schedules)
     if not measured:
         return Calibration()
-    calibration = calibrate(profile, [(c.boundaries, c.micro_batches, c.micro_batch_size,
-                                       c.data_parallel, c.tasks_per_node, got, s)
-                                      for c, got, s in measured], hw)
+    calibration = calibrate(profile, rows, hw)
     tuned, tuned_hw = _tuned(profile, hw, calibration)
     note = (f"calibrated by {len(measured)} measured config(s): measured / estimated step time = "
             f"{calibration.scale:.3f}, applied to the others")
@@ -265,12 +276,32 @@ def _calibrate(cands: list[Candidate], profile: Profile, hw: Hardware, history: 
     notes.append(note)
     for c in cands:
         if c.estimate is not None:
-            c.estimate.step_s = _modelled(tuned, tuned_hw, c, c.schedule).step_s
+            c.estimate.step_s = c.estimate.model_step_s = _modelled(tuned, tuned_hw, c, c.schedule).step_s
             c.estimate.step_source = "calibrated"
     for c, got, s in measured:
         if s == c.schedule:
             c.est.step_s, c.est.step_source = got, "measured"
     return calibration
+
+
+#: measured configs up to which each one's model step is predicted without its own measurement
+#: (:func:`_predicted_unmeasured`); beyond, one config moves the calibration's medians little
+#: and the calibrated model's step is shown beside the measured one
+LEAVE_ONE_OUT_MAX = 4
+
+
+def _predicted_unmeasured(cands: list[Candidate], profile: Profile, hw: Hardware, history: PastRuns,
+                          step_key: Any, schedules: tuple[str, ...]) -> None:
+    """Each candidate whose step was measured gets the step the model predicts for it without
+    that measurement (``model_step_s``: calibrated on the other measured configs, none: the
+    profile as it is), to show beside the measured one."""
+    measured, rows = _measured(cands, history, step_key, schedules)
+    if len(measured) > LEAVE_ONE_OUT_MAX:
+        return
+    for i, (c, _, s) in enumerate(measured):
+        if s == c.schedule and c.est.step_source == "measured":
+            tuned, tuned_hw = _tuned(profile, hw, calibrate(profile, rows[:i] + rows[i + 1:], hw))
+            c.est.model_step_s = _modelled(tuned, tuned_hw, c, s).step_s
 
 
 def _tuned(profile: Profile, hw: Hardware, calibration: Calibration) -> tuple[Profile, Hardware]:
@@ -308,6 +339,7 @@ def _pick_schedules(cands: list[Candidate], profile: Profile, hw: Hardware, cali
             continue
         how = "measured" if seen is not None else "modelled"
         c.schedule, c.stage_memory, by[how] = "zb-h1", list(zb.stage_memory), by[how] + 1
+        c.est.model_step_s = zb.step_s
         c.est.step_s = seen if seen is not None else c.est.step_s * ratio
         c.est.step_source = ("measured" if seen is not None else   # a measured 1F1B step x the model's ratio
                              "model" if c.est.step_source == "model" else "calibrated")
@@ -445,10 +477,11 @@ def plan(cfg: TrainConfig, profile: Profile, hw: Hardware, cluster: ClusterState
     notes: list[str] = []
     cands = _candidates(cfg, profile, hw)
     auto = cfg.pipeline.schedule == "auto"
-    calibration = _calibrate(cands, profile, hw, history, step_key, notes,
-                             ("1f1b", "zb-h1") if auto else (cfg.pipeline.schedule,))
+    schedules = ("1f1b", "zb-h1") if auto else (cfg.pipeline.schedule,)
+    calibration = _calibrate(cands, profile, hw, history, step_key, notes, schedules)
     if auto:
         _pick_schedules(cands, profile, hw, calibration, history, step_key, notes)
+    _predicted_unmeasured(cands, profile, hw, history, step_key, schedules)
     ckpt_s = checkpoint_seconds(profile.param_bytes)
     setup = history.setup_s if history.setup_s is not None else DEFAULT_SETUP_S
     for c in cands:
@@ -481,6 +514,14 @@ def checkpoint_line(res: PlanResult, c: Candidate) -> str:
             f"expected {e.interruptions:.2g} interruption(s) costing {duration(e.interruption_s)}")
 
 
+def step_line(e: Estimate) -> str:
+    """The step time the JCT counts and where it comes from; a measured one with the model's beside it."""
+    line = f"{e.step_s:.4g} s/step, {e.step_source}"
+    if e.step_source == "measured" and e.model_step_s is not None:
+        line += f"; the model predicts {e.model_step_s:.4g} s ({e.model_step_s / e.step_s - 1:+.1%})"
+    return line
+
+
 def explain(res: PlanResult) -> str:
     """Why the winner won, with the numbers."""
     c = res.chosen
@@ -490,7 +531,7 @@ def explain(res: PlanResult) -> str:
     lines = [f"chosen: {c.nodes} node(s), {c.stages} stage(s) x {c.data_parallel} dp, m={c.micro_batches} "
              f"x {c.micro_batch_size}, "
              f"boundaries {c.boundaries}: JCT {duration(e.jct_s)} = queue {duration(e.queue_s)} + setup {duration(e.setup_s)} "
-             f"+ train {duration(e.train_s)} ({e.step_s:.4g} s/step, {e.step_source}) + checkpoints "
+             f"+ train {duration(e.train_s)} ({step_line(e)}) + checkpoints "
              f"{duration(e.checkpoint_s)} + interruptions {duration(e.interruption_s)}; {e.node_hours:.3g} node-h"
              + (f"; p10-p90 {duration(e.jct_p10_s)}-{duration(e.jct_p90_s)}, ranked by "
                 f"{'the mean' if res.objective == 'mean' else res.objective}" if e.jct_p90_s is not None else "")]
