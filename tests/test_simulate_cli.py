@@ -44,6 +44,7 @@ def test_several_schedules_json_is_a_list():
     (["--fwd", "1,1", "--bwd", "1,1"], "--micro-batches is required"),
     (["--fwd", "1,1", "--bwd", "1,1", "-m", "2", "--schedule", "magic"], "one of gpipe"),
     ([], "give a train.toml, or --fwd and --bwd"),
+    (["--fwd", "1,1", "--bwd", "1,1", "-m", "100000000"], "simulate fewer micro-batches"),  # not hours
 ])
 def test_bad_input_one_line_exit_2(args, needle):
     proc = pswift("simulate", *args)

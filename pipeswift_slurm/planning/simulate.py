@@ -216,6 +216,11 @@ def closed_form_1f1b(fwd: Sequence[float], bwd: Sequence[float], micro_batches: 
                      peak_in_flight=[min(P - s, m) for s in range(P)])
 
 
+#: stages x chunks x micro-batches one simulation runs at most (about a second; a planner's
+#: layouts stay far below: costmodel.SIMULATED_OPS_MAX)
+SIMULATED_PASSES_MAX = 200_000
+
+
 def simulate(fwd: Sequence[float], bwd: Sequence[float], micro_batches: int,
              schedule: str = "1f1b", p2p: float = 0.0, chunks: int = 1,
              wgrad: Sequence[float] | None = None, keep_ops: bool = True, as_run: bool = False) -> SimResult:
@@ -267,6 +272,11 @@ def _virtual_stages(fwd: Sequence[float], bwd: Sequence[float], micro_batches: i
     if v < 1:
         raise SimulationError(f"chunks = {chunks} must be >= 1")
     devices = len(fwd)
+    if devices * v * m > SIMULATED_PASSES_MAX:
+        raise SimulationError(f"{devices} stage(s) x {v} chunk(s) x {m} micro-batches = {devices * v * m} "
+                              f"forward passes, more than the {SIMULATED_PASSES_MAX} simulated at most; "
+                              f"simulate fewer micro-batches (beyond a few times the stages, each adds "
+                              f"the slowest stage's forward + backward)")
     vf = [fwd[s % devices] / v for s in range(devices * v)]
     vb = [bwd[s % devices] / v for s in range(devices * v)]
     if schedule == "interleaved" and m % devices:
