@@ -42,6 +42,16 @@ def load_profile(cfg: TrainConfig, h: hist_mod.History | None) -> Profile | None
                                                  recompute_interval=t.activation_checkpoint_interval)
 
 
+def read_profile(cfg: TrainConfig, db: Path | str | None, warn: Warn) -> Profile | None:
+    """:func:`load_profile` for a read-only command: no database is made where there is none."""
+    h = hist_mod.safe_open(db, warn, create=False)
+    try:
+        return load_profile(cfg, h)
+    finally:
+        if h is not None:
+            h.close()
+
+
 def _layer_costs(cfg: TrainConfig, h: hist_mod.History | None) -> Profile | None:
     if h is not None:
         got = h.layer_profile(_model_key(cfg))

@@ -10,7 +10,11 @@ import sqlite3
 import pytest
 
 from helpers import copy_example, pswift
+from pipeswift_slurm.autoplan import read_profile
+from pipeswift_slurm.config import load_config
 from pipeswift_slurm.history.store import History
+from pipeswift_slurm.planning.costmodel import model_passes
+from pipeswift_slurm.planning.simulate import simulate
 
 pytestmark = [pytest.mark.deepspeed]
 
@@ -92,6 +96,18 @@ def test_planner_uses_the_measured_profile_and_reports_its_error(trained, tmp_pa
     assert beside in proc.stdout
     sim = pswift("simulate", str(toml), "--schedule", "1f1b,zb-h1", env=env)
     assert sim.returncode == 0 and f"pswift plan's step of this layout under 1f1b: {beside}" in sim.stdout, sim.stderr
+    # what it simulates: the passes the step model simulates, from the profile this run measured
+    assert "stage times from the history's profile (measured)" in sim.stdout
+    c = d["chosen"]
+    prof = read_profile(load_config(toml), tmp_path / "h.db", lambda msg: None)
+    f, b, _ = model_passes(prof, c["boundaries"], c["micro_batch_size"])
+    assert prof.source == "history" and prof.overhead_s + prof.send_s > 0
+    got = json.loads(pswift("simulate", str(toml), "--json", env=env).stdout)
+    assert got["step_time"] == pytest.approx(simulate(f, b, c["micro_batches"]).step_time, rel=1e-9)
+    bare = toml.with_name("bare.toml")    # no layer_costs: the measured profile is enough
+    bare.write_text("\n".join(x for x in toml.read_text().splitlines() if not x.startswith("layer_costs")))
+    sim = pswift("simulate", str(bare), env=env)
+    assert sim.returncode == 0 and "stage times from the history's profile (measured)" in sim.stdout, sim.stderr
     # a 1F1B step measured is not a ZB-H1 one: the same layout under the other schedule is estimated
     zb = toml.with_name("zb.toml")
     zb.write_text(toml.read_text().replace("[pipeline]", '[pipeline]\nschedule = "zb-h1"'))

@@ -318,7 +318,7 @@ def test_zb_h1_step_model_fills_the_bubble_with_the_weight_passes_measured_or_as
     m(F+B+W) + (p-1)(F+B-W) against 1F1B's (m+p-1)(F+B+W), on 4 the engine's own order; no
     splittable weight gradient, no gain; unmeasured, the assumed share. On CPU each split stage's
     passes take ZB_SPLIT_COST_CPU longer (measured), on a GPU not."""
-    from pipeswift_slurm.planning.costmodel import WEIGHT_FRACTION_ASSUMED, ZB_SPLIT_COST_CPU
+    from pipeswift_slurm.planning.costmodel import WEIGHT_FRACTION_ASSUMED, ZB_SPLIT_COST_CPU, model_passes
     from pipeswift_slurm.planning.simulate import simulate
     paper = Profile((1.0,) * 8, weight_fraction=(1 / 3,) * 8)          # F = B = W = 4/3 a stage of 4 layers
     gpu = estimate_step(paper, [0, 4, 8], 8, 1, 1, 1, Hardware(device="cuda"), "zb-h1")
@@ -340,6 +340,16 @@ def test_zb_h1_step_model_fills_the_bubble_with_the_weight_passes_measured_or_as
     assert with_costs > as_run * (1 + c)
     assert zb.step_s - zb.compute_s == pytest.approx(one.step_s - one.compute_s)   # the rest unchanged
     assert zb.bubble_ratio < one.bubble_ratio
+    # `pswift simulate TOML` runs the step model's passes: the same makespan (the engine's
+    # overheads in them, the weight passes' measured shares; on a GPU ZB-H1 costs nothing more)
+    engine = paper._replace(overhead_s=0.3, last_stage_overhead_s=0.2, send_s=0.05,
+                            weight_fraction=(0.2, 0.4) * 4, micro_batch_size=2)
+    gpu = Hardware(device="cuda", p2p_latency=0.0)
+    f, b, w = model_passes(engine, cut, 4)
+    assert f[0] == pytest.approx(2 * 2 * 1 / 3 + 0.1 + 0.05) and w[0] == pytest.approx(2 * (0.2 + 0.4))
+    for schedule, extra in (("1f1b", {}), ("zb-h1", {"wgrad": w, "as_run": True})):
+        assert estimate_step(engine, cut, m, 4, 1, 1, gpu, schedule).compute_s == pytest.approx(
+            simulate(f, b, m, schedule, **extra).step_time, rel=1e-9)
     none = paper._replace(weight_fraction=(0.0,) * 8)                  # nothing to defer
     assert estimate_step(none, cut, m, 1, 1, 1, Hardware(), "zb-h1").step_s == pytest.approx(one.step_s)
     assert (paper.weight_fractions()[1], none.weight_fractions()[1]) == (True, True)

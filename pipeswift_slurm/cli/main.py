@@ -537,30 +537,35 @@ def _floats(opt: str, text: str | None) -> list[float] | None:
         raise CLIError(f"{opt} {text!r}: give comma-separated seconds, e.g. {opt} 1,1.5,1", 2) from None
 
 
-def _stage_times_from_toml(toml: Path, nodes: int | None
-                           ) -> tuple[list[float], list[float], int, str, dict[str, Any]]:
-    """The stages' forward and backward seconds of the layout for ``nodes`` ([model] layer_costs
-    cut at its boundaries), its micro-batches, a title, and the layout."""
+def _stage_times_from_toml(toml: Path, nodes: int | None, db: Path | None
+                           ) -> tuple[list[float], list[float], list[float], int, str, dict[str, Any]]:
+    """The stages' forward, whole backward and weight-gradient seconds of the layout for
+    ``nodes`` as the step model simulates them (the history's profile of the model, else
+    [model] layer_costs), its micro-batches, a title, and the layout."""
     import tempfile
 
+    from pipeswift_slurm.autoplan import read_profile
     from pipeswift_slurm.config import load_config
-    from pipeswift_slurm.planning.partition import balanced_boundaries
     from pipeswift_slurm.planning.build import build_plan
-    from pipeswift_slurm.planning.simulate import stage_times
+    from pipeswift_slurm.planning.costmodel import model_passes
+    from pipeswift_slurm.planning.partition import balanced_boundaries
 
     cfg = load_config(toml)
-    costs = cfg.model.layer_costs
-    if costs is None:
-        raise CLIError(f"{toml}: no per-layer costs to simulate: add [model] layer_costs "
-                       f"(forward+backward seconds per micro-batch per layer) or pass --fwd/--bwd", 2)
+    profile = read_profile(cfg, db, _warn)
+    if profile is None:
+        raise CLIError(f"{toml}: no per-layer costs to simulate: add [model] layer_costs (forward+backward "
+                       f"seconds per micro-batch per layer), run the job once (the history keeps what it "
+                       f"measured) or pass --fwd/--bwd", 2)
     plan = build_plan(cfg, Path(tempfile.gettempdir()) / "pswift-simulate")
     n = str(nodes or cfg.resources.nodes_min)
     if n not in plan["layouts"]:
         raise CLIError(f"--nodes {n}: {plan['infeasible'].get(n, 'outside [resources] nodes')}", 2)
     lay = plan["layouts"][n]
-    bounds = lay["boundaries"] or balanced_boundaries(costs, lay["stages"])
-    fwd, bwd = stage_times(costs, bounds)
-    return fwd, bwd, lay["micro_batches"], f"{cfg.job.name}: {lay['stages']} stages {bounds}", {**lay, "boundaries": bounds}
+    bounds = lay["boundaries"] or balanced_boundaries(profile.costs, lay["stages"])
+    fwd, bwd, wgrad = model_passes(profile, bounds, lay["micro_batch_size"])
+    source = "the history's profile (measured)" if profile.source == "history" else "[model] layer_costs"
+    title = f"{cfg.job.name}: {lay['stages']} stages {bounds}; stage times from {source}"
+    return fwd, bwd, wgrad, lay["micro_batches"], title, {**lay, "boundaries": bounds}
 
 
 def _planned_step(toml: Path, db: Path | None, lay: dict[str, Any]) -> str:
@@ -590,7 +595,7 @@ def _planned_step(toml: Path, db: Path | None, lay: dict[str, Any]) -> str:
 @click.option("--bwd", help="Backward seconds per micro-batch, one per stage: 2,3,2")
 @click.option("--wgrad", help="Weight-gradient seconds per micro-batch, one per stage; then --bwd is the "
               "input gradient alone (other schedules run both as one backward). Default: zb-h1 "
-              "and zb-h2 take half of --bwd.")
+              "and zb-h2 take half of --bwd (with TOML: the model's weight-gradient shares).")
 @click.option("-m", "--micro-batches", type=int, help="Micro-batches per step (default: the plan's).")
 @click.option("--schedule", default="1f1b", show_default=True,
               help="Comma list of gpipe, 1f1b, interleaved, zb-h1, zb-h2 (zb-h2: 2p-1 micro-batches "
@@ -608,10 +613,12 @@ def simulate(toml: Path | None, fwd: str | None, bwd: str | None, wgrad: str | N
              as_json: bool, plot: Path | None, width: int, db: Path | None) -> None:
     """Simulate pipeline schedules on stage times; print step time, bubble and a timeline.
 
-    Stage times come from TOML's [model] layer_costs cut at the plan's boundaries, or from
-    --fwd/--bwd. One look at the timeline shows the bottleneck stage. With TOML, the step
-    `pswift plan` counts for that layout is printed too: the one measured (history) beside the
-    step model's, which adds the engine's overheads and the optimizer to the layers.
+    Stage times come from --fwd/--bwd, or from TOML: the plan's layout, each stage's passes as
+    pswift's step model simulates them (the layers' and the engine's times and the weight-gradient
+    shares a run of the model measured, kept by the history; else [model] layer_costs). One look
+    at the timeline shows the bottleneck stage. With TOML, the step `pswift plan` counts for that
+    layout is printed too: the one measured beside the model's, which adds the transfers and the
+    optimizer.
 
     Examples:
 
@@ -625,24 +632,19 @@ def simulate(toml: Path | None, fwd: str | None, bwd: str | None, wgrad: str | N
     from pipeswift_slurm.planning.simulate import ZERO_BUBBLE, SimulationError
     from pipeswift_slurm.planning.simulate import simulate as run_sim
 
-    f, b = _floats("--fwd", fwd), _floats("--bwd", bwd)
-    title = ""
+    w: list[float] | None
     if toml is not None:
-        if f or b:
-            raise CLIError("give either a TOML or --fwd/--bwd, not both", 2)
-        f, b, m_plan, title, lay = _stage_times_from_toml(toml, nodes)
+        if fwd or bwd or wgrad:
+            raise CLIError("give either a TOML or --fwd/--bwd/--wgrad, not both", 2)
+        f, b, w, m_plan, title, lay = _stage_times_from_toml(toml, nodes, db)
         if not as_json:
             title = "\n".join(x for x in (title, _planned_step(toml, db, lay)) if x)
         micro_batches = micro_batches or m_plan
-    elif f is None or b is None:
-        raise CLIError("give a train.toml, or --fwd and --bwd (one value per stage)", 2)
-    if micro_batches is None:
-        raise CLIError("--micro-batches is required with --fwd/--bwd", 2)
-    w = _floats("--wgrad", wgrad)
-    if w is not None:
-        if len(w) != len(b):
-            raise CLIError(f"--wgrad has {len(w)} value(s) for {len(b)} stage(s): give one per stage", 2)
-        b = [x + y for x, y in zip(b, w)]   # the whole backward; zero-bubble splits it again
+    else:
+        f, b, w = _given_stage_times(fwd, bwd, wgrad)
+        title = ""
+        if micro_batches is None:
+            raise CLIError("--micro-batches is required with --fwd/--bwd", 2)
     names = [x.strip() for x in schedule.split(",") if x.strip()]
     try:
         results = [run_sim(f, b, micro_batches, n, p2p=p2p, chunks=chunks, wgrad=w if n in ZERO_BUBBLE else None)
@@ -656,6 +658,20 @@ def simulate(toml: Path | None, fwd: str | None, bwd: str | None, wgrad: str | N
         click.echo(json.dumps(out[0] if len(out) == 1 else out, indent=2))
         return
     _print_simulations(results, title, width, plot)
+
+
+def _given_stage_times(fwd: str | None, bwd: str | None, wgrad: str | None
+                       ) -> tuple[list[float], list[float], list[float] | None]:
+    """--fwd, --bwd (with --wgrad: the input gradient alone, made the whole backward here, which
+    zero-bubble splits again) and --wgrad."""
+    f, b, w = _floats("--fwd", fwd), _floats("--bwd", bwd), _floats("--wgrad", wgrad)
+    if f is None or b is None:
+        raise CLIError("give a train.toml, or --fwd and --bwd (one value per stage)", 2)
+    if w is not None:
+        if len(w) != len(b):
+            raise CLIError(f"--wgrad has {len(w)} value(s) for {len(b)} stage(s): give one per stage", 2)
+        b = [x + y for x, y in zip(b, w)]
+    return f, b, w
 
 
 def _print_simulations(results: list[Any], title: str, width: int, plot: Path | None) -> None:

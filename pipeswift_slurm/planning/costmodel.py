@@ -350,13 +350,31 @@ def _replicas_sharing(sim: SimResult, stages: int, data_parallel: int, ranks: in
 ZB_SPLIT_COST_CPU = 0.03
 
 
+def model_passes(profile: Profile, boundaries: Sequence[int], micro_batch_size: int
+                 ) -> tuple[list[float], list[float], list[float]]:
+    """Each stage's forward, whole backward and weight-gradient (W, part of the backward)
+    seconds per micro-batch as the step model simulates them: the layers' and the engine's, W
+    the weight share of the layers' (measured by a ZB-H1 run, else assumed). For `pswift
+    simulate`; the step model adds ZB-H1's own cost (:func:`_split_passes`), the transfers and
+    the step's fixed work."""
+    costs = _scaled(profile, micro_batch_size)
+    fwd, bwd = _engine_passes(profile, costs, boundaries)
+    return fwd, bwd, _weight_passes(profile, costs, boundaries, bwd)
+
+
+def _weight_passes(profile: Profile, costs: Sequence[float], boundaries: Sequence[int],
+                   bwd: Sequence[float]) -> list[float]:
+    """Each stage's W: the weight share of its layers' seconds, at most its whole backward."""
+    share, _ = profile.weight_fractions()
+    return [min(b, sum(costs[i] * share[i] for i in range(lo, hi)))
+            for b, lo, hi in zip(bwd, boundaries, boundaries[1:])]
+
+
 def _split_passes(profile: Profile, costs: Sequence[float], boundaries: Sequence[int], fwd: Sequence[float],
                   bwd: Sequence[float], split_cost: float) -> tuple[list[float], list[float], list[float]]:
     """Each stage's F, whole backward and W under pswift's ZB-H1: W the weight share of its
     layers' seconds, every pass of a stage with something split ``split_cost`` longer."""
-    share, _ = profile.weight_fractions()
-    wgrad = [min(b, sum(costs[i] * share[i] for i in range(lo, hi)))
-             for b, lo, hi in zip(bwd, boundaries, boundaries[1:])]
+    wgrad = _weight_passes(profile, costs, boundaries, bwd)
     longer = [1.0 + split_cost if w > 0 else 1.0 for w in wgrad]    # a stage with nothing split: none
     return ([f * x for f, x in zip(fwd, longer)], [b * x for b, x in zip(bwd, longer)],
             [w * x for w, x in zip(wgrad, longer)])
