@@ -570,8 +570,8 @@ def _stage_times_from_toml(toml: Path, nodes: int | None, db: Path | None
 
 def _planned_step(toml: Path, db: Path | None, lay: dict[str, Any]) -> str:
     """What `pswift plan` counts as this layout's step: measured (the history) and the step
-    model's prediction (engine overheads, optimizer, calibration: not in the simulation), or ""
-    where the planner does not weigh it."""
+    model's prediction (which adds the transfers, the step's fixed work and the calibration to
+    the simulated passes), or "" where the planner does not weigh it."""
     from pipeswift_slurm.errors import PswiftError
     from pipeswift_slurm.planning.planner import step_line
     from pipeswift_slurm.submit import plan_report

@@ -56,9 +56,9 @@ class Estimate:
     run_p90_s: float | None = None
     #: nodes x the hours they are held (setup, training, checkpoints, interruptions; not the queue)
     node_hours: float = 0.0
-    #: the step model's step time of this layout under its schedule (calibrated by the measured
-    #: configs): ``step_s`` itself unless a measured step replaced (or scaled) it; shown beside a
-    #: measured one
+    #: the step model's step time of this layout under its schedule: ``step_s`` itself unless a
+    #: measured step replaced (or scaled) it; beside a measured one, what the model predicts
+    #: without that measurement (:func:`_predicted_unmeasured`)
     model_step_s: float | None = None
 
 
