@@ -309,10 +309,9 @@ def _sharing_cores(fwd: Sequence[float], bwd: Sequence[float],
                    zb_passes: tuple[list[float], list[float], list[float]] | None, micro_batches: int,
                    p2p: float, ranks: int, hw: Hardware) -> tuple[float, float]:
     """The 1F1B makespan where more busy ranks than cores share a host, and ZB-H1's share of it
-    (1 without ZB-H1's passes). The stages sharing a host slow each other
-    down while they overlap (processor sharing over the same 1F1B graph), and the host loses
-    some of its time to switching between them (measured: roughly a constant share,
-    ``hw.shared_efficiency``)."""
+    (1 without ZB-H1's passes). The stages sharing a host slow each other down while they
+    overlap (processor sharing over the same 1F1B graph), and the host loses some of its time
+    to switching between them (measured: roughly a constant share, ``hw.shared_efficiency``)."""
     host_of, cores = [d // max(1, ranks) for d in range(len(fwd))], hw.host_cores or 1
     makespan = simulate_shared(fwd, bwd, micro_batches, p2p, host_of, cores, hw.threads_per_rank)
     zero_bubble = 1.0
