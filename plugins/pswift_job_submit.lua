@@ -29,7 +29,12 @@ consumes the next argument, short options and their clusters); values read as Sl
 (--open-mode by its first letter, a signal number by strtol and cast to 16 bits, a name with or
 without SIG in any case). The defaults for them come from the script pswift renders (it always
 has --open-mode=append, and --signal=USR2@T whenever there is a time limit).
-Other jobs pass untouched.
+For every job, pswift's or not: a job name or work directory holding a control character (a
+newline, a terminal escape: C0, DEL, or C1 as UTF-8) is refused. Slurm writes both unescaped
+into jobcomp/filetxt, where a name holding a newline can forge another user's record, and into
+every listing an admin reads on a terminal (pswift_slurm/slurm/filetxt.py says why text alone
+cannot tell). Both are bounded by Slurm (1,024 bytes, PATH_MAX), and each is scanned once.
+Other jobs pass otherwise untouched.
 ]]
 
 local NO_VAL16 = 65534
@@ -278,10 +283,25 @@ local function is_truncate(mode)
    return c == "t" or c == "T"
 end
 
+-- a C0 control character or DEL (%c in the C locale Slurm runs Lua in), or a C1 control
+-- character as UTF-8 encodes it (0xC2 0x80-0x9F)
+local CONTROL, C1 = "[%c\127]", "\194[\128-\159]"
+local function control_in(text)
+   return type(text) == "string" and (string.find(text, CONTROL) ~= nil or string.find(text, C1) ~= nil)
+end
+
 local M = {}
 
 -- slurm.SUCCESS, or slurm.ERROR with a message the user sees (the job is not queued)
 function M.check(job_desc, part_list, submit_uid)
+   if control_in(job_desc.name) then
+      slurm.log_user("pswift: this job's name holds a newline or another control character, which Slurm writes unescaped into its job records and listings; choose a name without them (-J/--job-name)")
+      return slurm.ERROR
+   end
+   if control_in(job_desc.work_dir) then
+      slurm.log_user("pswift: this job's work directory holds a newline or another control character, which Slurm writes unescaped into its job records and listings; submit from (or --chdir to) a directory without them")
+      return slurm.ERROR
+   end
    if not is_pswift(job_desc) then
       return slurm.SUCCESS
    end

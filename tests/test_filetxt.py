@@ -69,3 +69,59 @@ def test_a_cut_through_a_character_keeps_the_next_record_and_invalid_bytes_read_
     (tmp_path / "jobcomp.txt").write_bytes(written(102, "bob", "a", "/w").encode().replace(b"Name=a", b"Name=a\xff"))
     (rec,) = filetxt.read(tmp_path / "jobcomp.txt", cutting=False).records
     assert rec["JOBNAME"] == "a\ufffd" and rec["JOBNAME"].encode()
+
+
+FORGER = "x\ny DerivedExitCode=0:0 ExitCode=0:0 \nJobId=999 UserId=root(0) GroupId=root(0) Name=forged"
+
+
+def test_a_later_line_never_completes_a_record_the_two_newline_forgery():
+    """Issue 57's input: a name with two newlines closes the real record on its second line, and
+    the real record's remaining fields would complete ``JobId=999 UserId=root``. The record
+    takes every line up to Slurm's own fields and is refused whole (three lines); the plain
+    neighbours on both sides are read."""
+    for cutting in (True, False):
+        text = (written(7, "alice", "before", "/home/alice", cut=cutting)
+                + written(100, "mallory", FORGER, "/home/m", cut=cutting)
+                + written(8, "alice", "after", "/home/alice", cut=cutting))
+        got = filetxt.parse(text, cutting=cutting)
+        assert [(r["JOBID"], r["USERNAME"]) for r in got.records] == [("7", "alice"), ("8", "alice")]
+        assert got.refused == 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["\n", " ExitCode=0:0 \n", "JobId=999 UserId=root(0) GroupId=root(0) Name=f",
+                                 " JobState=COMPLETED Partition=low", "y DerivedExitCode=0:0 ExitCode=0:0 ",
+                                 "WorkDir=/x\n", "z"]), min_size=1, max_size=8).map("".join),
+       st.booleans())
+def test_no_record_is_made_of_a_names_lines_after_an_open_one(name, cutting):
+    """Any name that leaves its first line open (a newline before Slurm's fields): nothing of
+    root's is taken, and the neighbour after it is read once the record has ended."""
+    if "\n" not in name:
+        return
+    first_line = ("JobId=100 UserId=mallory(1100) GroupId=mallory(1100) Name=" + name).split("\n")[0]
+    if filetxt._ends_as_slurm_does(first_line):
+        return      # a first line ending as a whole record: the case text cannot rule out (docstring)
+    text = written(100, "mallory", name, "/m", cut=cutting) + written(8, "alice", "after", "/a", cut=cutting)
+    got = filetxt.parse(text, cutting=cutting)
+    assert all(r["USERNAME"] != "root" for r in got.records)
+    assert [r["JOBID"] for r in got.records if r["USERNAME"] == "alice"] == ["8"]
+
+
+def test_an_open_record_that_never_ends_is_refused_within_a_records_span(tmp_path):
+    """A line that opens a record and no end within what a record spans (1,023 bytes on 22.05):
+    its lines are refused, and the records after the span are read."""
+    opened = "JobId=5 UserId=m(1) GroupId=m(1) Name=a\n" + "b\n" * 600
+    text = opened + written(8, "alice", "after", "/a", cut=True)
+    got = filetxt.parse(text, cutting=True)
+    assert [r["JOBID"] for r in got.records] == ["8"] and got.refused > 1
+
+
+def test_read_streams_and_refuses_a_line_longer_than_max_line(tmp_path, monkeypatch):
+    """filetxt.read holds one line at most: a line past MAX_LINE is refused and skipped in
+    chunks; the records before and after it are read."""
+    monkeypatch.setattr(filetxt, "MAX_LINE", 4096)
+    f = tmp_path / "jobcomp.txt"
+    f.write_bytes((written(7, "alice", "a", "/a", cut=False) + "x" * 20000 + "\n"
+                   + written(8, "alice", "b", "/a", cut=False)).encode())
+    got = filetxt.read(f, cutting=False)
+    assert [r["JOBID"] for r in got.records] == ["7", "8"] and got.refused == 1

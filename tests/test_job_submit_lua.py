@@ -35,10 +35,11 @@ USR1 = "SIGUSR1 conflicts with NCCL"
 TRUNCATE = "would erase the log of earlier attempts"
 
 
-def submit(tmp_path: Path, script: str, lua: str, requeue: int | None = None) -> tuple[int, list[str]]:
+def submit(tmp_path: Path, script: str, lua: str, requeue: int | None = None, name: str = "job",
+           work_dir: str = "/home/u") -> tuple[int, list[str]]:
     f = tmp_path / "job.sh"
     f.write_bytes(script.encode())
-    args = [lua, str(HARNESS), str(PLUGIN), str(f), "1"] + ([str(requeue)] if requeue is not None else [])
+    args = [lua, str(HARNESS), str(PLUGIN), str(f), "1", "" if requeue is None else str(requeue), name, work_dir]
     out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
     rc = int(out[-1].split()[0].split("=")[1])
     return rc, out[:-1]
@@ -169,3 +170,24 @@ def test_the_plugins_time_per_byte_is_flat_for_every_shape(tmp_path, shape, mark
             assert rc == 0 and "added --requeue" in messages[-1], messages
         else:
             assert rc == -1 and "run past 16384 bytes" in messages[0], messages
+
+
+@pytest.mark.parametrize("name,work_dir,refused", [
+    ("x\ny DerivedExitCode=0:0 ExitCode=0:0 \nJobId=999 UserId=root(0) GroupId=root(0) Name=forged", "/h", "name"),
+    ("a\x1b]0;OWNED\x07", "/h", "name"),             # a terminal escape
+    ("a\u009b2J", "/h", "name"),                       # C1 (CSI) as UTF-8
+    ("a\x7f", "/h", "name"),
+    ("train", "/home/m\n77|alice|RUNNING|/home/m/fake", "work directory"),
+    ("train-é-日本", "/home/ü/run 1", None),            # other text passes
+])
+def test_a_name_or_work_dir_with_a_control_character_is_refused_for_every_job(tmp_path, lua, name, work_dir,
+                                                                                refused):
+    """Slurm writes a job's name and work directory unescaped into jobcomp/filetxt and its
+    listings: a newline there can forge a record (issue 57), an escape reach a terminal. The
+    plugin refuses them for every job, pswift's or not; other names pass."""
+    for script in ("#!/bin/bash\ntrue\n", PSWIFT_LIKE.format(extra="")):
+        rc, msgs = submit(tmp_path, script, lua, name=name, work_dir=work_dir)
+        if refused is None:
+            assert rc == 0, msgs
+        else:
+            assert rc != 0 and any(f"job's {refused} holds a newline" in m for m in msgs), msgs

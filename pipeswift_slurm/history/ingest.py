@@ -90,10 +90,13 @@ def _jobcomp(h: History, path: Path, got: Ingested) -> None:
         version: tuple[int, int, int] | None = slurm.slurm_version()
     except SlurmError:
         version = None
-    parsed = filetxt.read(path, filetxt.cuts_records(version))
-    got.jobcomp = (len(parsed.records), h.add_slurm_records(parsed.records, "filetxt"))
-    if parsed.refused:
-        got.warnings.append(f"warning: {path}: {parsed.refused} record(s) refused: a key repeated, a record "
+    read = new = 0
+    refused: list[int] = []
+    for batch in filetxt.batches(path, filetxt.cuts_records(version), refused):
+        read, new = read + len(batch), new + h.add_slurm_records(batch, "filetxt")
+    got.jobcomp = (read, new)
+    if refused[0]:
+        got.warnings.append(f"warning: {path}: {refused[0]} record(s) refused: a key repeated, a record "
                             f"cut or continued on the next line (Slurm writes job names unescaped; prefer the "
                             f"jobcomp/script plugin or --sacct, docs/admin.md)")
 
