@@ -36,3 +36,10 @@ class RunDirError(PswiftError):
     """The run directory cannot be created or read."""
 
     exit_code = 1
+
+
+class OutputRefused(PswiftError):
+    """A file a command was asked to write, and did not: a folder at its name, a place it cannot
+    write, or a folder that is not the caller's own."""
+
+    exit_code = 1

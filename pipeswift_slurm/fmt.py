@@ -4,22 +4,11 @@ progress bar of long admin commands."""
 from __future__ import annotations
 
 import contextlib
-import re
 import sys
 from typing import Any, Callable, Iterator
 
 from pipeswift_slurm.errors import PswiftError
-
-#: a control character (C0, DEL, C1): a terminal escape starts with one
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def inert(text: str, lines: bool = False) -> str:
-    """Text a user wrote (a job name, a crash's message, a log), safe to print: its control
-    characters, terminal escapes among them, each a ``?`` (``lines``: newlines and tabs kept)."""
-    return (_CONTROL_BUT_LINES if lines else CONTROL).sub("?", text)
-
+from pipeswift_slurm.terminal import raw_stderr
 
 def duration(s: float | None, compact: bool = False) -> str:
     """``1.2 s``, ``3.5 min``, ``2.00 h`` (``compact``: ``1s``, ``3.5m``, ``2.00h``); signed."""
@@ -37,22 +26,26 @@ def duration(s: float | None, compact: bool = False) -> str:
 
 
 def pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend, or a one-line error saying how to install it."""
+    """matplotlib.pyplot on the Agg backend, or a one-line error saying how to install it. Text
+    is never parsed as math nor handed to TeX: a label holds a user's words (a job name, an end
+    reason), and ``$...$`` nested deep crashed the mathtext parser (issue 57)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise PswiftError("--plot needs matplotlib: pip install 'pipeswift-slurm[plot]'") from None
+    matplotlib.rcParams.update({"text.parse_math": False, "text.usetex": False})
     return plt
 
 
 def save(fig: Any, path: Any) -> None:
+    """The figure as a PNG at ``path``, through the one output opener (a link there is
+    replaced, never written through)."""
+    from pipeswift_slurm.userfiles import write_output
     plt = pyplot()
     try:
-        fig.savefig(path, dpi=110)
-    except OSError as e:
-        raise PswiftError(f"cannot write {path}: {e.strerror}") from None
+        write_output(path, lambda f: fig.savefig(f, dpi=110, format="png"))
     finally:
         plt.close(fig)
 
@@ -114,7 +107,7 @@ def progress(what: str, total: int | None = None) -> Iterator[Advance]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True,
+                  console=Console(file=raw_stderr()), transient=True,
                   redirect_stdout=False, redirect_stderr=False) as bar:   # the data stays on stdout
         task = bar.add_task(what, total=total)
 

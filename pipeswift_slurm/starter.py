@@ -4,11 +4,13 @@ file can be: an existing file is never replaced."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import NamedTuple
 
 from pipeswift_slurm.errors import UsageError
+from pipeswift_slurm.userfiles import own_folder
 
 #: the examples ``pswift init --example`` knows, each with what to run first
 EXAMPLES = {"tiny-gpt": (), "gpt2": ("python {dir}/make_tokens.py",)}
@@ -45,25 +47,41 @@ def with_partition(toml: str, partition: str) -> str:
     return toml[:start] + job + toml[end:]
 
 
+def _present(name: str, folder: int) -> bool:
+    try:
+        os.lstat(name, dir_fd=folder)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def init(dest: Path, example: str = "tiny-gpt", partition: str | None = None) -> Started:
     """Write ``example``'s train.toml and model files into ``dest`` (created if missing), with
     ``[job] partition`` set to ``partition`` when given. Refuses, writing nothing, when one of
-    the files is already there or ``dest`` is not a folder."""
+    the files is already there, or ``dest`` is not a folder of the caller's own that only the
+    caller can write to (the folder is opened once and the files made in it, not by path)."""
     files = example_files(example)
     if partition is not None:
         files["train.toml"] = with_partition(files["train.toml"].decode(), partition).encode()
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         raise UsageError(f"{dest} is not a folder: give a new or existing folder for the project")
-    there = sorted(name for name in files if (dest / name).exists() or (dest / name).is_symlink())
-    if there:
-        raise UsageError(f"{dest} already has {', '.join(there)}: give another folder, or move them away "
-                         f"(pswift init never replaces a file)")
-    dest.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name in sorted(files):
-        with open(dest / name, "xb") as f:   # "x": never onto a file that appeared meanwhile
-            f.write(files[name])
-        written.append(dest / name)
+    dest.mkdir(mode=0o755, parents=True, exist_ok=True)    # only its owner writes to a new one
+    folder = own_folder(dest)        # opened once: the checks and the writes are on one folder
+    try:
+        there = sorted(name for name in files if _present(name, folder))
+        if there:
+            raise UsageError(f"{dest} already has {', '.join(there)}: give another folder, or move them away "
+                             f"(pswift init never replaces a file)")
+        written = []
+        for name in sorted(files):
+            # O_EXCL: never onto a file (or a link) that appeared meanwhile
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                         dir_fd=folder)
+            with os.fdopen(fd, "wb") as f:
+                f.write(files[name])
+            written.append(dest / name)
+    finally:
+        os.close(folder)
     steps = [s.format(dir=dest) for s in EXAMPLES[example]]
     return Started(written, [*steps, f"pswift plan {dest / 'train.toml'}",
                              f"pswift sbatch --wait {dest / 'train.toml'}"])

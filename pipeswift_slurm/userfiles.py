@@ -13,13 +13,17 @@ an admin's `pswift history ingest --spool` too): the one fence around user-contr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import stat
 import struct
+import tempfile
 import time
-from typing import Callable, NamedTuple
+from typing import BinaryIO, Callable, NamedTuple
+
+from pipeswift_slurm.errors import OutputRefused
 
 #: what a run directory may hold for the history, and the most of each that is read
 LIMITS = {"plan.json": 4 << 20, "JOB_ID": 64, "events.jsonl": 256 << 20}
@@ -393,3 +397,51 @@ def _reap(pid: int) -> None:
             os.waitpid(pid, 0)
     except ChildProcessError:
         pass
+
+
+# ----------------------------------------------------------------------------- what a command writes
+def write_output(path: os.PathLike[str] | str, write: Callable[[BinaryIO], None]) -> None:
+    """Every file a command writes for its user (a plot, metadata): into a new file beside
+    ``path`` (created exclusively, so never a link's target), then renamed over ``path`` at
+    once. A symlink at ``path`` is replaced, never followed; a reader sees the old file or the
+    whole new one. Raises :class:`OutputRefused` (one line) for a folder or an unwritable place."""
+    where = os.fspath(path)
+    if os.path.isdir(where) and not os.path.islink(where):
+        raise OutputRefused(f"cannot write {where}: it is a folder; name a file")
+    folder = os.path.dirname(where) or "."
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(where)}.", dir=folder)
+    except OSError as e:
+        raise OutputRefused(f"cannot write {where}: {e.strerror or e}") from None
+    try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, where)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise OutputRefused(f"cannot write {where}: {e.strerror or e}") from None
+        raise
+
+
+def own_folder(path: os.PathLike[str] | str) -> int:
+    """A descriptor of the folder at ``path`` (not a symlink) that the caller owns and only the
+    caller may write to, opened once: files are then made relative to it (``dir_fd``), so nothing
+    can be swapped in between. Raises :class:`OutputRefused`."""
+    where = os.fspath(path)
+    try:
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise OutputRefused(f"{where} is not a folder to write into: {e.strerror or e} "
+                            f"(a symlink is not followed)") from None
+    st = os.fstat(fd)
+    why = (f"belongs to uid {st.st_uid}, not you" if st.st_uid != os.geteuid()
+           else "others can write to it" if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) else None)
+    if why:
+        os.close(fd)
+        raise OutputRefused(f"{where} {why}: give a folder of your own that only you can write to")
+    return fd

@@ -229,6 +229,26 @@ def _sbatch_seconds(tmp_path, text: str) -> tuple[float, subprocess.CompletedPro
 
 @pytest.mark.slurm
 @pytest.mark.every_version
+@pytest.mark.parametrize("script", ["#!/bin/bash\ntrue\n", PSWIFT_LIKE.format(extra="")])
+def test_job_submit_refuses_a_control_character_in_any_jobs_name_or_work_dir(cluster, tmp_path, script):
+    """Issue 57's forging name (two newlines, then a root record's head) and a terminal escape,
+    through the real slurmctld: refused at sbatch time for every job, with the plugin's line;
+    the same job with a plain name is queued."""
+    forger = "x\ny DerivedExitCode=0:0 ExitCode=0:0 \nJobId=999 UserId=root(0) GroupId=root(0) Name=forged"
+    for name in (forger, "a\x1b]0;OWNED\x07"):
+        p = sbatch_script(tmp_path, script, "-J", name)
+        assert p.returncode != 0 and "job's name holds a newline or another control character" in p.stderr, p.stderr
+    odd = tmp_path / "run\x1b[2J"
+    odd.mkdir()
+    p = sbatch_script(tmp_path, script, "-D", str(odd))
+    assert p.returncode != 0 and "work directory holds a newline" in p.stderr, p.stderr
+    ok = sbatch_script(tmp_path, script, "-J", "plain-é")
+    assert ok.returncode == 0, ok.stderr
+    subprocess.run(["scancel", ok.stdout.strip()])
+
+
+@pytest.mark.slurm
+@pytest.mark.every_version
 def test_job_submit_takes_constant_time_on_4_mib_of_blank_lines(cluster, tmp_path):
     """The submissions that held slurmctld for minutes with a tokenizer quadratic in blank lines,
     through real sbatch into slurmctld: a pswift script with ~4 MiB of blank lines before its

@@ -204,7 +204,7 @@ def test_the_launcher_imports_at_the_top_but_for_a_stated_reason():
 
 
 #: the contracts at the package's top: what the login side and the job share, the ground floor
-CONTRACTS = {"codes", "errors", "settings", "config", "plan", "events", "userfiles", "stats", "numbers", "fmt"}
+CONTRACTS = {"codes", "errors", "settings", "config", "plan", "events", "userfiles", "stats", "numbers", "fmt", "terminal"}
 
 
 def test_the_contracts_are_the_ground_floor():

@@ -82,3 +82,19 @@ def test_the_gpt2_examples_token_script_works_outside_the_checkout(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert out.stat().st_size >= 10000 and b"def " in out.read_bytes()[::2]   # uint16 of the sources' bytes
+
+
+def test_init_refuses_a_folder_of_someone_else_or_one_others_can_write(public_tmp, other_user):
+    """Issue 57: the folder is opened once, checked (the caller's own, writable by no one else)
+    and the files are made in it, never by a path looked up again."""
+    import os
+    theirs = public_tmp / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, other_user.pw_uid, other_user.pw_gid)
+    shared = public_tmp / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    for dest, says in ((theirs, f"belongs to uid {other_user.pw_uid}"), (shared, "others can write to it")):
+        proc = pswift("init", "-p", "batch", str(dest))
+        assert proc.returncode != 0 and says in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+        assert list(dest.iterdir()) == []

@@ -43,3 +43,37 @@ def test_plot_of_a_run_that_has_not_trained_is_one_line(tmp_path):
     assert not (tmp_path / "p.png").exists()
     gone = pswift("plot", "123456", "-o", str(tmp_path / "p.png"))
     assert gone.returncode == 2 and "pass its run directory" in gone.stderr and gone.stderr.count("\n") == 1
+
+
+def test_plot_replaces_a_link_at_its_output_and_never_writes_through_it(tmp_path):
+    """Issue 57: ``run.png -> victim.txt`` in the folder; the victim was overwritten with a PNG.
+    The one output opener writes a new file and renames it over the name: the link is replaced,
+    the victim untouched (root run inside a user's folder included)."""
+    run = _run_dir(tmp_path, [(1, 0, 5, "completed")])
+    victim = tmp_path / "victim.txt"
+    victim.write_text("root's file\n")
+    (tmp_path / "run.png").symlink_to(victim)
+    proc = pswift("plot", str(run), cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert victim.read_text() == "root's file\n"
+    assert not (tmp_path / "run.png").is_symlink() and (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.png")] == []   # no temp file left
+
+
+def test_plot_into_a_folder_or_an_unwritable_place_is_one_line(tmp_path):
+    run = _run_dir(tmp_path, [(1, 0, 5, "completed")])
+    (tmp_path / "adir").mkdir()
+    for out, says in ((tmp_path / "adir", "is a folder"), (tmp_path / "none" / "p.png", "No such file")):
+        proc = pswift("plot", str(run), "-o", str(out))
+        assert proc.returncode != 0 and says in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_an_end_reason_of_tex_math_is_drawn_as_text(tmp_path):
+    """Issue 57: an end reason of ``$\\sqrt{...}$`` nested 300 deep crashed matplotlib's mathtext
+    parser with a RecursionError; text is never parsed as math, so it is drawn as written."""
+    why = "$" + "\\sqrt{" * 300 + "x" + "}" * 300 + "$"
+    run = _run_dir(tmp_path, [(2, 0, 12, why), (1, 12, 30, "completed")])
+    proc = pswift("plot", str(run), "-o", str(tmp_path / "p.png"))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

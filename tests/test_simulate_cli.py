@@ -45,6 +45,12 @@ def test_several_schedules_json_is_a_list():
     (["--fwd", "1,1", "--bwd", "1,1", "-m", "2", "--schedule", "magic"], "one of gpipe"),
     ([], "give a train.toml, or --fwd and --bwd"),
     (["--fwd", "1,1", "--bwd", "1,1", "-m", "100000000"], "simulate fewer micro-batches"),  # not hours
+    # issue 57: a traceback, a value ignored silently, an unbounded print, repeats
+    (["--fwd", "nan,1", "--bwd", "1,1", "-m", "4"], "finite numbers of seconds"),
+    (["--fwd", "1,1", "--bwd", "1,1", "-m", "4", "--p2p", "nan"], "finite numbers of seconds"),
+    (["--fwd", "1,1", "--bwd", "1,inf", "-m", "4"], "finite numbers of seconds"),
+    (["--fwd", "1,1", "--bwd", "1,1", "--wgrad", "nan,0", "-m", "4", "--schedule", "zb-h1"], "finite numbers"),
+    (["--fwd", "1,1", "--bwd", "1,1", "-m", "4", "--schedule", "1f1b,gpipe,1f1b"], "1f1b more than once"),
 ])
 def test_bad_input_one_line_exit_2(args, needle):
     proc = pswift("simulate", *args)
@@ -69,3 +75,9 @@ def test_wgrad_is_given_apart_and_zb_h1_is_the_papers_27():
         ("1f1b", 33.0), ("zb-h1", 27.0), ("zb-h2", 24.0)]
     bad = pswift("simulate", "--fwd", "1,1", "--bwd", "1,1", "--wgrad", "1", "-m", "4", "--schedule", "zb-h1")
     assert bad.returncode == 2 and "--wgrad has 1 value(s) for 2 stage(s)" in bad.stderr
+
+
+def test_width_is_bounded():
+    """Issue 57: --width 100000000 printed for 11 s; it takes 20 to 1000 characters."""
+    proc = pswift("simulate", "--fwd", "1,1", "--bwd", "1,1", "-m", "4", "--width", "100000000")
+    assert proc.returncode == 2 and "20<=x<=1000" in proc.stderr and len(proc.stdout) == 0

@@ -115,7 +115,7 @@ def test_status_makes_a_users_escapes_inert(public_tmp, other_user):
     assert "\x1b" not in out and "\x07" not in out and "?]0;pwned?" in out
 
 
-def test_logs_to_a_terminal_make_escapes_inert_and_a_pipe_gets_the_bytes(public_tmp, other_user):
+def test_logs_make_escapes_inert_to_a_terminal_and_a_pipe_and_raw_gives_the_bytes(public_tmp, other_user):
     run = _hostile_run(public_tmp, other_user)
     (run / "JOB_ID").write_text("77\n")
     os.chown(run / "JOB_ID", other_user.pw_uid, other_user.pw_gid)
@@ -123,7 +123,8 @@ def test_logs_to_a_terminal_make_escapes_inert_and_a_pipe_gets_the_bytes(public_
     assert "evil line" in out and "\x1b" not in out and "\x07" not in out, repr(out)
     assert "step 1 loss 2.0" in out and "step 2" in out
     piped = pswift("logs", str(run), check=True).stdout
-    assert ESCAPES in piped                          # a pipe is not a terminal: the log as written
+    assert "\x1b" not in piped and "?]0;pwned?" in piped     # a pipe may end at a terminal (issue 57)
+    assert ESCAPES in pswift("logs", "--raw", str(run), check=True).stdout   # asked for by name
 
 
 def test_roots_logs_read_a_users_log_as_that_user(public_tmp, other_user):

@@ -161,7 +161,7 @@ def _iso_times(row: dict[str, Any], attempts: list[dict[str, Any]], time_keys: s
 
 
 def _show_text(r: Any, row: dict[str, Any]) -> None:
-    from pipeswift_slurm.fmt import inert
+    from pipeswift_slurm.terminal import inert
     from pipeswift_slurm.reports.tabular import hms
 
     def pct(v: float | None) -> str:
@@ -205,7 +205,7 @@ _REPORT_COLS = [("jobs", "Jobs", "int", 6), ("attempts", "Attempts", "int", 8), 
 @click.option("--by", type=click.Choice(["partition", "user", "account", "qos", "config", "nodes"]),
               default="partition", show_default=True, help="Group jobs by.")
 @_output
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--plot", type=click.Path(path_type=Path),
               help="Write a PNG: stacked JCT breakdown per group and the wait-time CDF.")
 @_errors
 def history_report(db: Path | None, sel: Any, by: str, out: Any, plot: Path | None) -> None:
@@ -300,7 +300,7 @@ def doctor(job_id: str | None, db: Path | None, as_json: bool) -> None:
     if job_id is None:
         _environment_checkup(db, as_json)
         return
-    from pipeswift_slurm.fmt import inert
+    from pipeswift_slurm.terminal import inert
     from pipeswift_slurm.reports.doctor import doctor as diagnosis_of
 
     found = diagnosis_of(job_id, db, lambda msg: click.echo(inert(msg), err=True))

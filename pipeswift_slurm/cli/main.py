@@ -184,7 +184,7 @@ def _learn(run: Path, db: Path | None) -> None:
 
 
 def _wait(job_id: str, run: Path, timeout: float | None, quiet: bool = False, db: Path | None = None) -> int:
-    from pipeswift_slurm.fmt import inert
+    from pipeswift_slurm.terminal import inert
     from pipeswift_slurm.history import rundir
     from pipeswift_slurm.reports.watch import TIMEOUT_EXIT, JobRef, state, wait
     def say(line: str) -> None:   # each line with the local time it was seen, as `HH:MM:SS job N: ...`
@@ -251,19 +251,24 @@ def run_cmd(toml: Path, run_dir: Path | None, nodes: int | None, db: Path | None
 @click.argument("job")
 @click.option("-f", "--follow", is_flag=True, help="Go on printing what is appended, across requeues, until the job ends.")
 @click.option("-n", "--lines", type=click.IntRange(0, None), help="Only the last N lines (default: the whole log, its last 4 MiB).")
+@click.option("--raw", is_flag=True, help="The log's bytes as written, escapes and colours included (for `less -R`); "
+              "otherwise each control character but newline and tab is shown as '?'.")
 @_errors
-def logs(job: str, follow: bool, lines: int | None) -> None:
+def logs(job: str, follow: bool, lines: int | None, raw: bool) -> None:
     """The log of JOB (an id or a run dir): RUN_DIR/slurm-JOBID.out, which every attempt of a
-    requeued job appends to.
+    requeued job appends to. Control characters are shown as '?', to a terminal and a pipe
+    alike, unless --raw.
 
     Examples:
 
         pswift logs 42 -f
 
         pswift logs 42 -n 20
+
+        pswift logs 42 --raw | less -R
     """
     from pipeswift_slurm.slurm import client as slurm
-    from pipeswift_slurm.fmt import inert
+    from pipeswift_slurm.terminal import raw_stdout
     from pipeswift_slurm.reports.logs import log_path, show
     from pipeswift_slurm.reports.watch import resolve
     from pipeswift_slurm.userfiles import UnsafeFile, become_owner
@@ -285,10 +290,13 @@ def logs(job: str, follow: bool, lines: int | None) -> None:
         owner = become_owner(str(run))
     except UnsafeFile as e:
         raise CLIError(f"run directory not read: {e}", 1) from None
-    tty = sys.stdout.isatty()
-    # at a terminal, control characters are inert; to a pipe, the log as written (click keeps colours)
-    if not show(path, lambda text: click.echo(inert(text, lines=True) if tty else text, nl=False, color=not tty),
-                lines, follow, ended, owner):
+    # through the filter main() put on stdout (control characters inert), or as written with --raw
+    out = raw_stdout() if raw else sys.stdout
+
+    def write(text: str) -> None:
+        out.write(text)
+        out.flush()
+    if not show(path, write, lines, follow, ended, owner):
         raise CLIError(f"no log yet at {path}" + ("" if follow else "; -f waits for it"), 1)
 
 
@@ -308,7 +316,8 @@ def status(job: str, as_json: bool, db: Path | None) -> None:
 
         pswift status 42 --json
     """
-    from pipeswift_slurm.fmt import crash_line, growth_line, inert, relayout_line
+    from pipeswift_slurm.fmt import crash_line, growth_line, relayout_line
+    from pipeswift_slurm.terminal import inert
     from pipeswift_slurm.reports.watch import UNREACHABLE_EXIT, resolve, status_of
     ref = resolve(job)
     out = status_of(ref, db)
@@ -367,7 +376,7 @@ def _job_columns(with_user: bool = False) -> list[Any]:
 
 @cli.command()
 @click.argument("job")
-@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default=Path("run.png"),
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=Path("run.png"),
               show_default=True, help="The PNG to write.")
 @_errors
 def plot(job: str, out: Path) -> None:
@@ -494,7 +503,8 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
         if res.fits_nowhere():
             raise CLIError("no layout can run (see the candidates' reasons); change the TOML as they say", 2)
         return
-    con = Console(highlight=False, markup=False, soft_wrap=True, width=max(140, shutil.get_terminal_size().columns))
+    con = Console(highlight=False, markup=False, soft_wrap=True, color_system=None,
+                  width=max(140, shutil.get_terminal_size().columns))
     con.print(f"profile: {res.profile_source}; seconds" + "".join(f"; {n}" for n in res.notes), markup=False)
     con.print(_candidates_table(Table, res))
     con.print(explain(res), markup=False)
@@ -604,8 +614,9 @@ def _planned_step(toml: Path, db: Path | None, lay: dict[str, Any]) -> str:
 @click.option("--p2p", type=float, default=0.0, show_default=True, help="Point-to-point transfer seconds.")
 @click.option("--nodes", type=int, help="With TOML: the node count whose layout to simulate.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Write a timeline PNG.")
-@click.option("--width", type=int, default=96, show_default=True, help="Terminal timeline width.")
+@click.option("--plot", type=click.Path(path_type=Path), help="Write a timeline PNG.")
+@click.option("--width", type=click.IntRange(20, 1000), default=96, show_default=True,
+              help="Terminal timeline width (20-1000 characters).")
 @_db_option
 @_errors
 def simulate(toml: Path | None, fwd: str | None, bwd: str | None, wgrad: str | None,
@@ -646,6 +657,9 @@ def simulate(toml: Path | None, fwd: str | None, bwd: str | None, wgrad: str | N
         if micro_batches is None:
             raise CLIError("--micro-batches is required with --fwd/--bwd", 2)
     names = [x.strip() for x in schedule.split(",") if x.strip()]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise CLIError(f"--schedule names {', '.join(twice)} more than once: give each schedule once", 2)
     try:
         results = [run_sim(f, b, micro_batches, n, p2p=p2p, chunks=chunks, wgrad=w if n in ZERO_BUBBLE else None)
                    for n in names]
@@ -681,7 +695,7 @@ def _print_simulations(results: list[Any], title: str, width: int, plot: Path | 
 
     from pipeswift_slurm.planning import timeline
 
-    con = Console(highlight=False, markup=False, soft_wrap=True)
+    con = Console(highlight=False, markup=False, soft_wrap=True, color_system=None)
     if title:
         con.print(title)
     table = Table("schedule", "step time", "bubble", "peak in-flight", "slowest stage (busy)")
@@ -751,6 +765,8 @@ def partition(costs: str, stages: int | None, stages_old: int | None, memory: st
 
 
 def main() -> None:
+    from pipeswift_slurm.terminal import guard
+    guard()         # nothing reaches stdout or stderr with a control character in it
     cli(prog_name="pswift")
 
 

@@ -12,7 +12,7 @@ import click
 
 from pipeswift_slurm.cli.common import _db_option, _errors, _nothing_selected, _open, _output, _print, _select, _warn, history
 
-_plot_option = click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+_plot_option = click.option("--plot", type=click.Path(path_type=Path),
                             help="Also write the report as a PNG (labelled axes, units).")
 _by = click.Choice(["user", "account", "partition", "qos"])
 
@@ -144,7 +144,7 @@ def history_failures(db: Path | None, sel: Any, out: Any, plot: Path | None) -> 
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0 exposes the history to the network).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8001, show_default=True)
-@click.option("--metadata", "metadata_out", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--metadata", "metadata_out", type=click.Path(path_type=Path),
               help="Only write the Datasette metadata (titles, units, canned queries, dashboard) here.")
 @click.option("--everyone", is_flag=True,
               help="No token: every user who can reach the port reads what is served (an admin's choice).")
@@ -171,7 +171,9 @@ def history_serve(db: Path | None, host: str, port: int, metadata_out: Path | No
     path = h.path
     h.close()
     if metadata_out is not None:
-        metadata_out.write_text(json.dumps(metadata(path, everyone), indent=2))
+        from pipeswift_slurm.userfiles import write_output
+        blob = json.dumps(metadata(path, everyone), indent=2).encode()
+        write_output(metadata_out, lambda f: f.write(blob))
         _warn(f"metadata written to {metadata_out}")
         return
     only_user = served_user(path, os.geteuid(), path.stat().st_uid, only_user, current_user())

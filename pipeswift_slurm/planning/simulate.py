@@ -263,7 +263,10 @@ def _virtual_stages(fwd: Sequence[float], bwd: Sequence[float], micro_batches: i
     if len(fwd) != len(bwd) or not fwd:
         raise SimulationError(f"{len(fwd)} forward times but {len(bwd)} backward times: give one "
                               f"of each per stage")
-    if any(x < 0 for x in (*fwd, *bwd)) or p2p < 0:
+    given = (*fwd, *bwd, *(wgrad or ()), p2p)
+    if not all(math.isfinite(x) for x in given):
+        raise SimulationError("times must be finite numbers of seconds (not nan or inf)")
+    if any(x < 0 for x in given):
         raise SimulationError("times must be >= 0")
     m = int(micro_batches)
     if m < 1:

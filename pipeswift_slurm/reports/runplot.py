@@ -12,6 +12,7 @@ from typing import Any
 from pipeswift_slurm import fmt
 from pipeswift_slurm.errors import PswiftError
 from pipeswift_slurm.history import eventfold
+from pipeswift_slurm.terminal import inert
 
 
 def attempts_of(run: Path) -> list[dict[str, Any]]:
@@ -49,13 +50,13 @@ def draw(attempts: list[dict[str, Any]], title: str, out: Path) -> list[str]:
         for ax in (loss_ax, time_ax):
             ax.axvline(first, color=colour, ls=":", lw=1)
             ax.axvline(steps[-1], color=colour, ls="--", lw=1)
-        loss_ax.annotate(f"ended: {a['ended']}", (steps[-1], _finite_max(a["steps"].loss)), color=colour,
+        loss_ax.annotate(inert(f"ended: {a['ended']}"), (steps[-1], _finite_max(a["steps"].loss)), color=colour,
                          rotation=90, fontsize=8, ha="right", va="top", xytext=(-2, 0), textcoords="offset points")
     loss_ax.set_ylabel("loss")
     loss_ax.legend(fontsize=8, loc="upper right")
     time_ax.set_ylabel("step time (s)")
     time_ax.set_xlabel("step (dotted: an attempt starts; dashed: it ends, its cause above)")
-    loss_ax.set_title(title)
+    loss_ax.set_title(inert(title))
     fig.tight_layout()
     fmt.save(fig, out)
     return [f"{_start_label(a)}: steps {(a['start'] or {}).get('step', a['steps'].step[0] - 1)}-{a['steps'].step[-1]}, "

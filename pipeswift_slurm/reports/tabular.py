@@ -23,7 +23,7 @@ import sqlite3
 import sys
 from typing import Any, Callable, Container, Iterable, Iterator, NamedTuple, Sequence, TextIO
 
-from pipeswift_slurm.fmt import CONTROL, inert
+from pipeswift_slurm.terminal import CONTROL, inert, json_inert
 from pipeswift_slurm.history.selection import SelectionError
 
 
@@ -287,7 +287,8 @@ class Renderer:
 
     def _write(self) -> None:
         if self._batch:
-            self.out.write("".join(self._batch) if self.form == "json" else "\n".join(self._batch) + "\n")
+            # SQLite's json_object passes DEL and C1 raw: written as their escapes (the same JSON)
+            self.out.write(json_inert("".join(self._batch)) if self.form == "json" else "\n".join(self._batch) + "\n")
             self._batch = []
 
     def finish(self) -> int:
