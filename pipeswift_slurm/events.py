@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from pipeswift_slurm.numbers import finite
 from pipeswift_slurm.settings import LIMITS
@@ -242,6 +242,34 @@ def _parse_lines(lines: Iterable[bytes | str]) -> tuple[list[dict[str, Any]], in
         else:
             good.append(ev)
     return good, skipped
+
+
+#: the longest events line read: a longer one (no writer of pswift's makes one) is skipped
+MAX_LINE = 1 << 20
+
+
+def stream(run_dir: Path | str, wanted: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+    """The run's valid events of the kinds ``wanted``, one at a time: the file is read a line at
+    a time (at most MAX_LINE bytes held) and a line is decoded only when it names a wanted kind,
+    so a job's own long log (300k steps) costs its reading, not its size in memory."""
+    needles = [f'"event": "{k}"'.encode() for k in wanted] + [f'"event":"{k}"'.encode() for k in wanted]
+    try:
+        fh = open(Path(run_dir) / FILE, "rb")
+    except FileNotFoundError:
+        return
+    with fh:
+        while True:
+            line = fh.readline(MAX_LINE + 1)
+            if not line:
+                return
+            if len(line) > MAX_LINE:
+                while line and not line.endswith(b"\n"):
+                    line = fh.readline(MAX_LINE)
+                continue
+            if any(n in line for n in needles):
+                good, _ = _parse_lines([line])
+                if good and good[0]["event"] in wanted:
+                    yield good[0]
 
 
 def read(run_dir: Path | str) -> tuple[list[dict[str, Any]], int]:

@@ -400,7 +400,7 @@ def _reap(pid: int) -> None:
 
 
 # ----------------------------------------------------------------------------- what a command writes
-def write_output(path: os.PathLike[str] | str, write: Callable[[BinaryIO], None]) -> None:
+def write_output(path: os.PathLike[str] | str, write: Callable[[BinaryIO], object]) -> None:
     """Every file a command writes for its user (a plot, metadata): into a new file beside
     ``path`` (created exclusively, so never a link's target), then renamed over ``path`` at
     once. A symlink at ``path`` is replaced, never followed; a reader sees the old file or the

@@ -56,7 +56,15 @@ def spool(record: dict, spool_dir: str) -> str:
     return path
 
 
+#: the folder that holds this plugin's package, and pipeswift_slurm beside it (site-packages, or
+#: a checkout): the wrapper runs Python with -I, which reads no PYTHONPATH, and the install
+#: checked this folder's every file is root's and writable by no one else
+PACKAGES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def merge(path: str, db: str | None, deadline: float) -> None:
+    if PACKAGES not in sys.path:
+        sys.path.insert(0, PACKAGES)
     from pipeswift_slurm.history.store import History
 
     h = History(db, timeout=2.0)

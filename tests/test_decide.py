@@ -492,3 +492,37 @@ def test_pswift_run_relaunches_as_the_batch_script_does(tmp_path, capsys):
     from pipeswift_slurm import events
     (crash,) = [e for e in events.read(run)[0] if e["event"] == "crash"]
     assert (crash["how"], crash["rank"], crash["action"], crash["restart"]) == ("signal 9", 1, "restart", 1), crash
+
+
+def test_srun_report_is_bounded_by_the_launchs_world_and_digits():
+    """Issue 57: "tasks 0-20000000" used 1.1 GB and 3.3 s, re-read every second; a rank of more
+    than 4,300 digits raised ValueError (the script fell back to `exit rc`). A range is cut to
+    the ranks that began, an absurd number is no rank."""
+    huge = "9" * 5000
+    report = (f"srun: error: node1: tasks 0-20000000: Killed\n"
+              f"srun: error: node2: task {huge}: Exited with exit code 1\n"
+              f"srun: error: node2: tasks 2-{huge}: Terminated\n")
+    assert decide.srun_heard(report, 4) == {0, 1, 2, 3}
+    assert decide.srun_heard(report, 0) == set()
+    assert len(decide.srun_heard(report)) == decide.MAX_RANKS     # never past the bound
+    deaths = decide.srun_deaths(report)
+    assert [(d.how, d.rank, d.node) for d in deaths] == [("signal 9", 0, "node1"), ("exit 1", None, "node2")]
+
+
+def test_events_stream_holds_a_line_at_a_time_and_decodes_only_wanted_kinds(tmp_path):
+    """Issue 57: events.read loaded the whole file (300k steps: 300 MB) after a failed launch;
+    the launcher now streams the kinds it needs, skipping a line longer than MAX_LINE."""
+    from pipeswift_slurm import events
+    lines = [{"event": "start", "attempt": 0, "time": 1.0, "nodes": 1, "world_size": 1, "stages": 1,
+              "data_parallel": 1, "micro_batches": 2, "micro_batch_size": 1, "boundaries": [0, 2], "step": 0}]
+    lines += [{"event": "step", "attempt": 0, "time": 2.0 + s, "step": s, "loss": 1.0, "step_time": 0.1,
+               "job_id": "7"} for s in range(1, 2001)]
+    lines.insert(5, {"event": "crash", "attempt": 0, "time": 3.0, "how": "exception", "action": "restart",
+                     "error": "E", "job_id": "7"})
+    text = "".join(__import__("json").dumps(e) + "\n" for e in lines)
+    (tmp_path / events.FILE).write_text(text[:200] + '{"event": "crash", "pad": "' + "x" * (events.MAX_LINE + 10)
+                                        + '"}\n' + text[200:])
+    got = list(events.stream(tmp_path, ("crash",)))
+    assert [e["error"] for e in got] == ["E"]
+    steps = [e["step"] for e in events.stream(tmp_path, ("step",))]
+    assert steps[-1] == 2000 and len(steps) >= 1999

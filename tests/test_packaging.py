@@ -142,3 +142,44 @@ def test_install_plugins_refuses_an_interpreter_root_should_not_run(tmp_path):
     assert list(etc.iterdir()) == []
     assert root_safe(Path(sys.executable)) is None and root_safe(Path("/tmp")) is None   # /tmp is sticky
     assert "writable by other users" in root_safe(shared)
+
+
+def test_install_plugins_knows_its_files_by_hash_and_backs_up_an_edited_one(tmp_path):
+    """Issue 57: a site job_submit.lua that kept pswift's first two lines but added its own rules
+    was taken for pswift's and overwritten without a backup. pswift's files are recognised by the
+    hashes the install recorded; an edited one is kept as a backup before it is replaced, and the
+    wrapper runs Python isolated (-I)."""
+    from pipeswift_slurm.slurm.plugins_install import MANIFEST, install
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    first = install(etc, tmp_path / "spool", tmp_path / "h.db")
+    assert (etc / MANIFEST).exists() and first.backups == []
+    assert " -I " in (etc / "pswift-jobcomp").read_text()
+    ours = (etc / "job_submit.lua").read_text()
+    edited = ours + "\n-- the site's own rule\nfunction site_rule() return 0 end\n"
+    (etc / "job_submit.lua").write_text(edited)
+    again = install(etc, tmp_path / "spool2", tmp_path / "h.db")       # the wrapper changes: recorded, replaced
+    (backup,) = again.backups
+    assert backup.name.startswith("job_submit.lua.pswift-backup-") and backup.read_text() == edited
+    assert (etc / "job_submit.lua").read_text() == ours
+    assert len(list(etc.glob("pswift-jobcomp.pswift-backup-*"))) == 0       # pswift's own, by its hash
+
+
+def test_install_plugins_refuses_a_package_file_others_can_write(tmp_path, monkeypatch):
+    """Issue 57: root_safe checked the interpreter and the plugin, not the package it imports.
+    Every file the interpreter imports from must be root's and writable by no one else."""
+    import pytest
+    from pipeswift_slurm.errors import UsageError
+    from pipeswift_slurm.slurm import plugins_install
+    pkg = tmp_path / "site" / "pipeswift_slurm"
+    pkg.mkdir(parents=True)
+    (pkg / "store.py").write_text("# imported by the plugin, as root\n")
+    (pkg / "store.py").chmod(0o664)
+    assert "is writable by its group" in plugins_install.tree_unsafe(tmp_path / "site")
+    real = plugins_install.import_roots
+    monkeypatch.setattr(plugins_install, "import_roots", lambda python: [*real(python), tmp_path / "site"])
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    with pytest.raises(UsageError, match=r"importing from .*site, but .*store.py is writable by its group"):
+        plugins_install.install(etc, tmp_path / "spool", tmp_path / "h.db")
+    assert list(etc.iterdir()) == []

@@ -264,6 +264,21 @@ def test_one_epoch_reader_takes_every_form_slurm_writes_a_time_in():
 
 def test_squeue_work_dirs_keep_a_directory_with_the_separator_whole():
     from pipeswift_slurm.slurm.records import HeldJob, squeue_work_dirs
-    text = "12|alice|PENDING|/scratch/alice/run-a\n13|bob|RUNNING|/scratch/b|c d\n\nbroken line\n"
-    assert squeue_work_dirs(text) == [HeldJob("12", "alice", "PENDING", "/scratch/alice/run-a"),
-                                      HeldJob("13", "bob", "RUNNING", "/scratch/b|c d")]
+    text = "12|alice|PENDING|/scratch/alice/run-a|ENDab12\n13|bob|RUNNING|/scratch/b|c d|ENDab12\n\nbroken line\n"
+    assert squeue_work_dirs(text, "ab12") == [HeldJob("12", "alice", "PENDING", "/scratch/alice/run-a"),
+                                              HeldJob("13", "bob", "RUNNING", "/scratch/b|c d")]
+
+
+def test_a_work_dir_with_a_newline_is_one_directory_never_another_users_job():
+    """Issue 57: a WorkDir of ``/home/m\\n77|alice|RUNNING|/home/m/fake`` parsed as alice's job
+    77 when records were lines; each record now ends with the query's own random word."""
+    from pipeswift_slurm.slurm.records import HeldJob, squeue_work_dirs, workdir_format
+    assert workdir_format("c0ffee") == "%i|%u|%T|%Z|ENDc0ffee"
+    forged = "/home/m\n77|alice|RUNNING|/home/m/fake"
+    text = f"12|mallory|RUNNING|{forged}|ENDc0ffee\n13|bob|PENDING|/b|ENDc0ffee\n"
+    assert squeue_work_dirs(text, "c0ffee") == [HeldJob("12", "mallory", "RUNNING", forged),
+                                                HeldJob("13", "bob", "PENDING", "/b")]
+    # a directory that guessed another word ends nothing
+    guess = "/m|ENDbeef\n77|alice|RUNNING|/fake"
+    assert squeue_work_dirs(f"12|mallory|RUNNING|{guess}|ENDc0ffee\n", "c0ffee") == [
+        HeldJob("12", "mallory", "RUNNING", guess)]

@@ -225,3 +225,26 @@ def test_an_attempt_the_events_show_running_gets_an_eta_before_squeue_says_runni
     first = next(s for s in said if "step 41/" in s)
     assert first == "job 9: step 41/100, ETA 59 s", said
     assert said.index(first) < said.index("job 9: COMPLETED")
+
+
+def test_others_listing_folds_no_events_of_a_directory_that_is_no_pswift_run(tmp_path, monkeypatch):
+    """Issue 57: every listed job's events (up to 256 MiB, about 1 s; as root a fork and up to
+    30 s) were folded before job_name was checked. plan.json is read first, alone; a working
+    directory without a pswift plan is skipped unfolded, a run directory is listed."""
+    from pipeswift_slurm.history import rundir
+    from pipeswift_slurm.reports import watch
+    from pipeswift_slurm.slurm import client as slurm
+    from pipeswift_slurm.slurm.records import HeldJob
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "events.jsonl").write_bytes(b'{"event": "step"}\n' * 10000)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.json").write_text('{"job_name": "train", "training": {"steps": 3}}')
+    monkeypatch.setattr(slurm, "held_jobs", lambda users: [HeldJob("8", "bob", "RUNNING", str(plain)),
+                                                           HeldJob("9", "bob", "RUNNING", str(run))])
+    folded = []
+    real = rundir.summarize
+    monkeypatch.setattr(rundir, "summarize", lambda d: folded.append(str(d)) or real(d))
+    rows = watch.others_listing([])
+    assert [r["job_id"] for r in rows] == ["9"] and folded == [str(run)]

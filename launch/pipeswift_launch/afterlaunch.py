@@ -55,7 +55,8 @@ def decide_after(plan: Plan, rc: int, folder: Path, restarts: int, relayouts: in
     records, report = launchrec.read(folder)
     ended_itself = any("rc" in r for r in records) and not any(r.get("error") for r in records)
     job_id, attempt = env.get("SLURM_JOB_ID"), int(env.get("SLURM_RESTART_COUNT") or 0)
-    evs = events_mod.read(plan["run_dir"])[0] if rc not in (Exit.OK, Exit.RELAYOUT) else []
+    crashes, last_step = _crashes_and_last_step(plan["run_dir"], job_id, attempt) \
+        if rc not in (Exit.OK, Exit.RELAYOUT) else ([], None)
     budgets = decide.Budgets(restarts=restarts, max_restarts=int(plan["max_restarts"]),
                              relayouts=relayouts, attempt=attempt, max_requeues=int(plan["max_requeues"]),
                              in_slurm=job_id is not None)
@@ -67,10 +68,21 @@ def decide_after(plan: Plan, rc: int, folder: Path, restarts: int, relayouts: in
     if rc != 0 and not ended_itself:
         alloc = (unannounced(plan, env, silent) if silent
                  else allocation(plan, env, any(x.how == "lost" for x in deaths)))
-    d = decide.what_follows(decide.Launched(rc, ended_itself, deaths, _job_failures(evs, job_id), alloc), budgets)
-    steps = [e["step"] for e in evs if e["event"] == "step" and e["attempt"] == attempt
-             and e.get("job_id") == job_id]
-    return d, (steps[-1] if steps else None)
+    d = decide.what_follows(decide.Launched(rc, ended_itself, deaths, _job_failures(crashes, job_id), alloc), budgets)
+    return d, last_step
+
+
+def _crashes_and_last_step(run_dir: str, job_id: str | None, attempt: int) -> tuple[list[dict[str, Any]], int | None]:
+    """The run's crash events and the last step this attempt of ``job_id`` logged, read as a
+    stream (a long run's events are never held whole)."""
+    crashes: list[dict[str, Any]] = []
+    last = None
+    for e in events_mod.stream(run_dir, ("crash", "step")):
+        if e["event"] == "crash":
+            crashes.append(e)
+        elif e["attempt"] == attempt and e.get("job_id") == job_id:
+            last = e["step"]
+    return crashes, last
 
 
 #: how long a launch that lost a node waits for Slurm to drop it from the allocation

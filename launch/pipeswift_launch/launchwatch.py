@@ -25,11 +25,12 @@ from . import launchrec
 POLL_S = 1.0
 
 
-def _heard(folder: Path) -> tuple[set[int], bool]:
-    """(ranks whose end is known: their own record or srun's word, whether the launch failed)."""
+def _heard(folder: Path, began: dict[int, str]) -> tuple[set[int], bool]:
+    """(ranks whose end is known: their own record or srun's word, whether the launch failed);
+    srun's word is read for the ranks that ``began`` only (a range it reports is cut to them)."""
     records, report = launchrec.read(folder)
     said = decide.srun_deaths(report)
-    ended = {r["rank"] for r in records} | decide.srun_heard(report)
+    ended = {r["rank"] for r in records} | decide.srun_heard(report, max(began, default=-1) + 1)
     failed = any(r.get("error") or r.get("hang") for r in records) or bool(said) \
         or any(r.get("rc", 0) not in (Exit.OK, Exit.RELAYOUT) for r in records)
     return ended, failed
@@ -39,11 +40,12 @@ def watch(folder: Path, srun_pid: int, grace_s: float = decide.SILENT_GRACE_S) -
     """Until srun ends: the silent nodes it was stopped for (empty: it ended by itself)."""
     failed_at: float | None = None
     while _alive(srun_pid):
-        ended, failed = _heard(folder)
+        began = launchrec.began_on(folder)
+        ended, failed = _heard(folder, began)
         if failed and failed_at is None:
             failed_at = time.monotonic()
         if failed_at is not None:
-            silent = decide.silent_nodes(launchrec.began_on(folder), ended, time.monotonic() - failed_at, grace_s)
+            silent = decide.silent_nodes(began, ended, time.monotonic() - failed_at, grace_s)
             if silent:
                 (folder / launchrec.LOST).write_text(json.dumps({"nodes": list(silent), "why": (
                     f"every rank on {', '.join(silent)} stayed silent {grace_s:g} s after the launch failed: "

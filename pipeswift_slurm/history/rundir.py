@@ -147,6 +147,19 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def job_name_of(run_dir: Path, timeout: float = 5.0) -> str | None:
+    """The job name in ``run_dir``'s plan.json (read alone: bounded, no link, as its owner when
+    root asks, within ``timeout`` seconds); None where it is not a run directory this process can
+    read. What a listing of other users' jobs asks first, before it folds any events."""
+    from pipeswift_slurm import userfiles
+    try:
+        files = (userfiles.read_for_command(str(run_dir), ("plan.json",), timeout=timeout)
+                 if os.path.lexists(run_dir) else {})
+    except (userfiles.UnsafeFile, OSError):
+        return None
+    return _job_name(files.get("plan.json", b""))
+
+
 def _job_name(plan_json: bytes) -> str | None:
     """The run's job name (plan.json's job_name); None where it says none."""
     try:

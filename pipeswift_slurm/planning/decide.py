@@ -335,15 +335,30 @@ def silent_nodes(began: dict[int, str], ended: set[int], waited_s: float,
     return tuple(sorted(n for n, heard in nodes.items() if not any(heard)))
 
 
-def srun_heard(text: str) -> set[int]:
-    """Every rank srun reported the end of ("node2: tasks 0-3,5: Terminated"), however it ended."""
+#: the most ranks a launch has (a rank number srun reports beyond it is no rank of ours)
+MAX_RANKS = 1 << 20
+
+
+def _rank(digits: str) -> int | None:
+    """A rank srun wrote, or None past MAX_RANKS (a 4,301-digit number would raise in int())."""
+    return int(digits) if digits.isdigit() and len(digits) <= 7 and int(digits) < MAX_RANKS else None
+
+
+def srun_heard(text: str, ranks: int = MAX_RANKS) -> set[int]:
+    """Every rank below ``ranks`` (the launch's world) srun reported the end of ("node2: tasks
+    0-3,5: Terminated"), however it ended. A range is cut to the world: "tasks 0-20000000"
+    costs a world's ranks, not 20 million."""
     heard: set[int] = set()
+    top = min(ranks, MAX_RANKS) - 1
     for line in text.splitlines():
         m = _SRUN_TASK.match(line)
         for part in (m.group("ranks").split(",") if m else []):
-            lo, _, hi = part.partition("-")
-            if lo.isdigit() and (hi.isdigit() or not hi):
-                heard.update(range(int(lo), int(hi or lo) + 1))
+            lo_s, _, hi_s = part.partition("-")
+            lo = _rank(lo_s)
+            if lo is None or lo > top or not (hi_s.isdigit() or not hi_s):
+                continue
+            hi = lo if not hi_s else top if len(hi_s) > 7 else int(hi_s)
+            heard.update(range(lo, min(hi, top) + 1))
     return heard
 
 
@@ -366,5 +381,5 @@ def srun_deaths(text: str) -> list[Death]:
         how = (f"exit {code.group(1)}" if code else "signal 9" if what == "Killed"
                else "lost" if "node failure" in what.lower() or "unknown" in what.lower() else what.lower())
         first = re.match(r"\d+", m.group("ranks"))
-        out.append(Death(how=how, rank=int(first.group()) if first else None, node=m.group("node")))
+        out.append(Death(how=how, rank=_rank(first.group()) if first else None, node=m.group("node")))
     return out

@@ -201,10 +201,14 @@ def others_listing(users: Sequence[str], limit: int | None = 20) -> list[dict[st
     """``users``' pswift jobs that Slurm holds (everyone's with none), newest first, as
     :func:`listing`'s rows with their user: a job is pswift's when its working directory is a
     run directory (plan.json, read as its owner's hostile file: no link, bounded), so only the
-    run directories the asker can read are listed (an admin's: all of them)."""
+    run directories the asker can read are listed (an admin's: all of them). A job's events are
+    folded only once its plan.json (small, bounded) names a pswift job: any other working
+    directory costs one bounded read, never a fold of whatever events.jsonl it holds."""
     from pipeswift_slurm.slurm import client as slurm
     rows = []
     for job in sorted(slurm.held_jobs(users), key=lambda j: -int(j.job_id) if j.job_id.isdigit() else 0):
+        if not rundir.job_name_of(Path(job.work_dir)):
+            continue   # not a run directory, or one this account cannot read
         try:
             summary = rundir.summarize(Path(job.work_dir))
         except PswiftError:

@@ -327,9 +327,11 @@ def active_jobs() -> list[JobInfo]:
 
 def held_jobs(users: Sequence[str] = ()) -> list[records.HeldJob]:
     """The jobs Slurm holds of ``users`` (everyone's with none) and their working directories."""
-    cmd = ["squeue", "--noheader", f"--format={records.WORKDIR_FORMAT}",
+    import secrets
+    end = secrets.token_hex(8)
+    cmd = ["squeue", "--noheader", f"--format={records.workdir_format(end)}",
            *([f"--users={','.join(users)}"] if users else [])]
-    return records.squeue_work_dirs(_run(cmd, timeout=QUERY_TIMEOUT).stdout)
+    return records.squeue_work_dirs(_run(cmd, timeout=QUERY_TIMEOUT).stdout, end)
 
 
 def being_preempted(job_id: str, attempt: int | None = None) -> bool:

@@ -11,18 +11,29 @@
   installed;
 - the spool folder is created (0750) when it does not exist.
 
-A file pswift installed before (same first two lines: an older version, another spool or
-database) is replaced. Any other file that differs (a site's own job_submit.lua) is never
-replaced silently: the install stops, naming it and the diff to look at; ``force`` replaces it, keeping the old one as
-``NAME.pswift-backup-YYYYmmddTHHMMSS``. Each file is written whole to a temporary name in the
+A file is pswift's by its content: the install keeps the sha256 of each file it wrote in
+``.pswift-installed.json`` beside them, so a file whose hash is the one recorded (an older
+version, another spool or database) is replaced. A file that names itself pswift's (its first
+two lines) but whose content changed since (a site added its own rules to it), or one from an
+install before the record, is backed up first, then replaced. Any other file that differs (a
+site's own job_submit.lua) is never replaced silently: the install stops, naming it and the
+diff to look at; ``force`` replaces it. Every backup is ``NAME.pswift-backup-YYYYmmddTHHMMSS``.
+
+What slurmctld will run as root is checked whole: the interpreter, and every file and folder
+it imports from (its ``sys.path`` under ``-I``, and the package's own files), must be root's
+and writable by no one else; the wrapper runs the interpreter with ``-I`` (no environment
+variable, user site or current folder changes what it imports). Each file is written whole to a temporary name in the
 folder and renamed over the old one (a link there is replaced, never followed). slurm.conf is
 not edited: the lines to add are returned, for the admin to review.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shlex
+import subprocess
 import stat
 import sys
 from importlib import resources
@@ -35,6 +46,10 @@ WRAPPER = "pswift-jobcomp"
 LUA = "job_submit.lua"
 LUA_MODULE = "pswift_job_submit.lua"
 JOBCOMP = "jobcomp_pswift.py"
+#: beside the installed files: the sha256 of each, as this install wrote it
+MANIFEST = ".pswift-installed.json"
+#: the most files and folders :func:`tree_unsafe` looks at under one import root
+TREE_MAX = 300_000
 
 
 class Installed(NamedTuple):
@@ -93,13 +108,64 @@ def root_safe(path: Path) -> str | None:
     return None
 
 
+def tree_unsafe(top: Path) -> str | None:
+    """Why a folder root will import from is not safe, or None: every file and folder under it
+    (links not followed, but each must be root's) must be root's and writable by no one else."""
+    seen = 0
+    for folder, dirs, names in os.walk(top, followlinks=False):
+        for name in (*dirs, *names):
+            seen += 1
+            if seen > TREE_MAX:
+                return f"{top} holds more than {TREE_MAX} files: install pswift in an environment of its own"
+            p = os.path.join(folder, name)
+            try:
+                st = os.lstat(p)
+            except OSError as e:
+                return f"{p}: {e.strerror}"
+            if st.st_uid != 0:
+                return f"{p} belongs to uid {st.st_uid}, not root"
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022:
+                return f"{p} is writable by {'other users' if st.st_mode & 0o002 else 'its group'} (mode {st.st_mode & 0o7777:o})"
+    return None
+
+
+def import_roots(python: str) -> list[Path]:
+    """The folders ``python -I`` imports from, and those of pswift's own package and plugins."""
+    import pipeswift_slurm
+    try:
+        out = subprocess.run([python, "-I", "-c", "import sys, json; print(json.dumps(sys.path))"],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        paths = [Path(p) for p in json.loads(out) if p]
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        raise UsageError(f"cannot ask {python} where it imports from: {e}") from None
+    own = [Path(pipeswift_slurm.__file__).parent, plugin_dir(), plugin_dir().parent]   # the plugin's sys.path[0]
+    return [p for p in dict.fromkeys([*paths, *own]) if p.is_dir()]
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _recorded(prefix: Path) -> dict[str, str]:
+    """The hashes the last install recorded (none where there is no record, or a bad one)."""
+    try:
+        fd = os.open(prefix / MANIFEST, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            got = json.loads(f.read(1 << 16))
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in got.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(got, dict) else {}
+
+
 def _head(text: str) -> list[str]:
     """The first two lines: each file pswift installs names itself there."""
     return text.split("\n", 2)[:2]
 
 
 def _planned(prefix: Path, files: dict[str, tuple[str, int]], force: bool) -> list[str]:
-    """The backups ``force`` will make; raises UsageError for a file that differs without it."""
+    """The backups the install will make; raises UsageError for a file that is not pswift's
+    and differs, without ``force``."""
+    recorded = _recorded(prefix)
     backups = []
     for name, (text, _) in files.items():
         path = prefix / name
@@ -109,8 +175,11 @@ def _planned(prefix: Path, files: dict[str, tuple[str, int]], force: bool) -> li
             continue
         except OSError as e:
             raise UsageError(f"{path}: {e.strerror}") from None
-        if old == text or (old is not None and _head(old) == _head(text)):
-            continue                            # the same, or pswift's own from an earlier install
+        if old == text or (old is not None and recorded.get(name) == _sha(old)):
+            continue                            # the same, or as an earlier install wrote it
+        if old is not None and _head(old) == _head(text):
+            backups.append(name)                # pswift's, changed since (or from before the record)
+            continue
         if not force:
             raise UsageError(f"{path} exists and differs from pswift's (a site's own?): nothing installed; "
                              f"compare with `diff {path} {plugin_dir() / name}`, call pswift's rules from your own "
@@ -142,8 +211,14 @@ def install(prefix: Path, spool: Path, db: Path, python: str | None = None, forc
         if why is not None:
             raise UsageError(f"slurmctld would run {what} ({path}) as root, but {why}: install pipeswift-slurm "
                              f"in a root-owned environment (e.g. python3 -m venv /opt/pswift) and run this from it")
+    for top in import_roots(python):
+        why = root_safe(top) or tree_unsafe(top)
+        if why is not None:
+            raise UsageError(f"slurmctld would run {python} as root, importing from {top}, but {why}: install "
+                             f"pipeswift-slurm in a root-owned environment (e.g. python3 -m venv /opt/pswift) and "
+                             f"run this from it")
     files[WRAPPER] = ((f"#!/bin/sh\n# written by `pswift admin install-plugins`: slurmctld runs this once per job attempt\n"
-                       f"exec {shlex.quote(python)} {shlex.quote(str(src / JOBCOMP))} "
+                       f"exec {shlex.quote(python)} -I {shlex.quote(str(src / JOBCOMP))} "
                        f"--spool {shlex.quote(str(spool))} --db {shlex.quote(str(db))}\n"), 0o755)
     backups = _planned(prefix, files, force)
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -152,6 +227,7 @@ def install(prefix: Path, spool: Path, db: Path, python: str | None = None, forc
             os.replace(prefix / name, prefix / f"{name}.pswift-backup-{stamp}")
         for name, (text, mode) in files.items():
             _write(prefix / name, text, mode)
+        _write(prefix / MANIFEST, json.dumps({n: _sha(t) for n, (t, _) in files.items()}, indent=1) + "\n", 0o644)
         if not spool.exists():
             spool.mkdir(mode=0o750, parents=True)
             spool.chmod(0o750)

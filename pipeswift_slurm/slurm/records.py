@@ -184,8 +184,15 @@ def jobs(doc: dict[str, Any]) -> list[JobInfo]:
 
 #: ``squeue --format`` of :func:`squeue_active`: the fields the planner reads, "|"-separated
 ACTIVE_FORMAT = "%i|%T|%Q|%P|%D|%l|%e|%N|%U|%S"
-#: squeue's job id, user, state and working directory (a pswift job's is its run directory)
-WORKDIR_FORMAT = "%i|%u|%T|%Z"
+#: squeue's job id, user, state and working directory (a pswift job's is its run directory),
+#: each record ended by ``|END`` and a random word of the query's own (:func:`workdir_format`)
+WORKDIR_FORMAT = "%i|%u|%T|%Z|END{end}"
+
+
+def workdir_format(end: str) -> str:
+    """WORKDIR_FORMAT with ``end``, a word the query draws at random: a work directory (a user
+    chooses it, newlines included) cannot hold a word that did not exist when it was chosen."""
+    return WORKDIR_FORMAT.format(end=end)
 
 
 class HeldJob(NamedTuple):
@@ -196,14 +203,16 @@ class HeldJob(NamedTuple):
     work_dir: str
 
 
-def squeue_work_dirs(text: str) -> list[HeldJob]:
-    """``squeue --noheader --format=WORKDIR_FORMAT``'s lines; a line with a ``|`` in its
-    directory keeps it whole (the last field takes the rest)."""
+def squeue_work_dirs(text: str, end: str) -> list[HeldJob]:
+    """``squeue --noheader --format=workdir_format(end)``'s records, each ended by ``|END``,
+    ``end`` and a newline, never by a newline alone: a directory holding a newline and a line
+    like another user's job stays that one directory. A ``|`` in a directory keeps it whole
+    (the last field takes the rest)."""
     out = []
-    for line in text.splitlines():
-        f = line.split("|", 3)
-        if len(f) == 4 and f[0]:
-            out.append(HeldJob(f[0], f[1], state(f[2]), f[3]))
+    for record in text.split(f"|END{end}\n")[:-1]:
+        f = record.split("|", 3)
+        if len(f) == 4 and f[0].strip().replace("_", "").isdigit():
+            out.append(HeldJob(f[0].strip(), f[1], state(f[2]), f[3]))
     return out
 
 
