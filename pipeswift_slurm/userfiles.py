@@ -239,19 +239,36 @@ def read_for_command(path: str, names: tuple[str, ...], timeout: float = 30.0,
     this process is root and the owner is not. Absent files are left out; a refused file
     raises UnsafeFile saying why. ``events_sink``: given events.jsonl in chunks as it is read,
     never held whole (its entry is then empty)."""
+    return read_owned(path, names, timeout, events_sink)[1]
+
+
+def read_owned(path: str, names: tuple[str, ...], timeout: float = 30.0,
+               events_sink: Callable[[bytes], None] | None = None) -> tuple[int, dict[str, bytes]]:
+    """:func:`read_for_command`, with the UID owning the directory the files were read from: the
+    directory is opened once for its owner, and reopened for the reads only as that owner's (a
+    folder swapped in between is refused), so the owner is the files' own, never a second
+    lookup's."""
     dfd, owner = _open_dir(path, None)
     os.close(dfd)
     if os.geteuid() != 0 or owner == 0:
-        return _read_named(path, names, owner, events_sink)
+        return owner, _read_named(path, names, owner, events_sink)
     import pwd
     try:
         gid = pwd.getpwuid(owner).pw_gid
     except KeyError:
         gid = os.stat(path, follow_symlinks=False).st_gid
     cap = sum(ADMIN_READS[n] for n in names) * 2 + 4096
-    return _unpack(_as_user(owner, gid, timeout, path, cap,
-                            lambda emit: _pack(_read_named(path, names, owner, None if events_sink is None else emit)),
-                            events_sink))
+    return owner, _unpack(_as_user(owner, gid, timeout, path, cap,
+                                   lambda emit: _pack(_read_named(path, names, owner,
+                                                                  None if events_sink is None else emit)),
+                                   events_sink))
+
+
+def dir_owner(path: str) -> int:
+    """The UID owning the folder ``path``, from the folder opened once (no link followed)."""
+    dfd, owner = _open_dir(path, None)
+    os.close(dfd)
+    return owner
 
 
 def become_owner(path: str) -> int:

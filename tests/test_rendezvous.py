@@ -119,3 +119,18 @@ def test_a_job_completes_while_another_user_holds_every_port_a_formula_could_giv
     finally:
         os.killpg(holder.pid, signal.SIGKILL)    # runuser and the holder it started
         holder.wait()
+
+
+def test_rank_0s_store_listens_on_the_jobs_address_only():
+    """Issue 57: the store listened unauthenticated on 0.0.0.0 (a local user could tie it up on
+    any interface). It listens on the address the ranks are given: 127.0.0.2 on the same host
+    is refused where 127.0.0.1 answers (with 0.0.0.0 both did)."""
+    import datetime
+    import socket
+    store = rendezvous._master_store("127.0.0.1", 1, datetime.timedelta(seconds=10))
+    store.set("k", "v")
+    with socket.create_connection(("127.0.0.1", store.port), timeout=5):
+        pass
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.2", store.port), timeout=5).close()
+    assert store.get("k") == b"v"

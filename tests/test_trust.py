@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -181,3 +182,30 @@ def test_doctor_folds_a_big_log_rather_than_parse_it_whole(tmp_path):
     assert "job 4242" in proc.stdout, proc.stdout + proc.stderr
     peak = int(proc.stderr.rsplit("peak", 1)[1])
     assert peak < 256, peak
+
+
+def test_cancel_checks_the_owner_of_the_folder_job_id_was_read_from_not_a_second_lookup(public_tmp, other_user,
+                                                                                       monkeypatch):
+    """Issue 57: resolve read JOB_ID by path, cancel checked the owner with a second lstat by
+    path; a linked parent swapped between the two passed the check against a victim. The owner
+    is the one of the folder JOB_ID was read from, carried with it."""
+    from pipeswift_slurm.reports import watch
+    from pipeswift_slurm.slurm import client as slurm
+    mine = run_dir(public_tmp / "mallory" / "run")
+    (mine / "JOB_ID").write_text("4242\n")                 # root's job, in mallory's run directory
+    _chown_tree(public_tmp / "mallory", other_user)
+    victim = run_dir(public_tmp / "root" / "run")          # root's own run of job 4242
+    link = public_tmp / "via"
+    link.symlink_to(public_tmp / "mallory")
+    ref = watch.resolve(str(link / "run"))
+    assert ref.job_id == "4242" and ref.owner == other_user.pw_uid
+    link.unlink()
+    link.symlink_to(public_tmp / "root")                   # swapped before the check
+    assert victim.stat().st_uid == 0
+    job = SimpleNamespace(job_id="4242", user_id=0)
+    monkeypatch.setattr(slurm, "job_info", lambda job_id: job)
+    cancelled = []
+    monkeypatch.setattr(slurm, "cancel", lambda job_id, signal=None: cancelled.append(job_id))
+    with pytest.raises(watch.NotAJob, match=f"belongs to uid 0, but run directory .* belongs to uid {other_user.pw_uid}"):
+        watch.cancel(ref)
+    assert cancelled == []

@@ -23,7 +23,9 @@ import json
 import os
 import re
 import secrets
+import socket
 import stat
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -93,6 +95,29 @@ def _read(path: Path, deadline: float) -> dict[str, Any]:
     return rec
 
 
+#: the listening sockets of this process's stores (the store serves on their descriptors)
+_LISTENING: list[socket.socket] = []
+
+
+def _master_store(master_addr: str, world_size: int, timeout: datetime.timedelta) -> Any:
+    """Rank 0's store, listening on the job's own address only (the one the other ranks are
+    given), on a port the kernel chooses: a socket bound there is handed to the store. Where
+    that address is not this host's (a site's odd MASTER_ADDR), on every interface, as torch's
+    own store does, said in one line."""
+    try:
+        family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.bind((master_addr, 0))
+        sock.listen(max(128, world_size))
+    except OSError as e:
+        print(f"pswift: cannot listen on {master_addr} ({e.strerror or e}); the rendezvous store listens on every "
+              f"interface (its secret still admits only this launch's ranks)", file=sys.stderr, flush=True)
+        return dist.TCPStore("0.0.0.0", 0, world_size, True, timeout=timeout, wait_for_workers=False)
+    _LISTENING.append(sock)
+    return dist.TCPStore(master_addr, sock.getsockname()[1], world_size, True, timeout=timeout,
+                         wait_for_workers=False, master_listen_fd=sock.fileno())
+
+
 def init_group(backend: str, rank: int, world_size: int, master_addr: str, folder: str | None) -> str | None:
     """Initialise torch.distributed's default group for this launch; returns its secret (None
     for a launch by hand, env://)."""
@@ -102,7 +127,7 @@ def init_group(backend: str, rank: int, world_size: int, master_addr: str, folde
         return None
     path = Path(folder) / FILE
     if rank == 0:
-        store = dist.TCPStore("0.0.0.0", 0, world_size, True, timeout=timeout, wait_for_workers=False)
+        store = _master_store(master_addr, world_size, timeout)
         rec = {"host": master_addr, "port": int(store.port), "secret": secrets.token_hex(32)}
         _publish(Path(folder), rec)
         print(f"pswift: rendezvous at {master_addr}:{rec['port']} (rank 0's choice; its secret in {path})",

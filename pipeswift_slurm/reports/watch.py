@@ -11,7 +11,7 @@ from __future__ import annotations
 import getpass
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -47,6 +47,9 @@ class JobRef:
     job_id: str | None
     run: Path | None
     key: str
+    #: the UID owning the run directory its JOB_ID was read from (that read's own, not a later
+    #: lookup's); None where no JOB_ID was read (a job id, a local run's key)
+    owner: int | None = field(default=None, compare=False)
 
     @property
     def name(self) -> str:
@@ -68,20 +71,21 @@ def resolve(arg: str) -> JobRef:
     if not (run / "plan.json").is_file():
         raise NotAJob(f"{arg} is neither a job id, a local run's key (local-NAME) nor a run directory "
                       f"(no plan.json there)")
-    job_id = _job_id_of(run)
-    return JobRef(job_id, run, job_id or f"local-{run.name}")
+    job_id, owner = _job_id_of(run)
+    return JobRef(job_id, run, job_id or f"local-{run.name}", owner)
 
 
-def _job_id_of(run: Path) -> str | None:
-    """The Slurm job id a run directory was submitted as (its JOB_ID file), read as any user
-    file is (no link followed, no FIFO waited on, bounded); None for a local run."""
+def _job_id_of(run: Path) -> tuple[str | None, int]:
+    """The Slurm job id a run directory was submitted as (its JOB_ID file; None for a local
+    run), read as any user file is (no link followed, no FIFO waited on, bounded), and the UID
+    owning the directory it was read from."""
     from pipeswift_slurm import userfiles
     try:
-        blob = userfiles.read_for_command(str(run), ("JOB_ID",)).get("JOB_ID", b"")
+        owner, files = userfiles.read_owned(str(run), ("JOB_ID",))
     except userfiles.UnsafeFile as e:
         raise NotAJob(f"run directory not read: {e}") from None
-    text = blob.decode("ascii", "replace").strip()
-    return text if text.isdigit() else None
+    text = files.get("JOB_ID", b"").decode("ascii", "replace").strip()
+    return (text if text.isdigit() else None), owner
 
 
 class Seen(NamedTuple):
@@ -263,7 +267,11 @@ def cancel(ref: JobRef, signal: str | None = None) -> None:
     if not ref.job_id:
         raise NotAJob(f"{ref.key} is a local run: stop it with Ctrl-C (TERM) where it runs")
     if ref.run is not None:   # the run directory's JOB_ID is its owner's word: Slurm must agree
-        owner = os.stat(ref.run, follow_symlinks=False).st_uid
+        from pipeswift_slurm import userfiles
+        try:   # the owner of the folder JOB_ID was read from; else the folder opened once
+            owner = ref.owner if ref.owner is not None else userfiles.dir_owner(str(ref.run))
+        except userfiles.UnsafeFile as e:
+            raise NotAJob(f"run directory not read: {e}; not cancelled") from None
         job = slurm.job_info(ref.job_id)
         if job is not None and job.user_id is not None and job.user_id != owner:
             raise NotAJob(f"job {ref.job_id} belongs to uid {job.user_id}, but run directory {ref.run} "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from typing import Any, Callable, TypeVar
 
 from pipeswift_slurm.errors import SlurmUnreachable
@@ -48,19 +49,37 @@ def _stderr(msg: str) -> None:
 notice: Callable[[str], None] = _stderr
 
 
+#: when an outlast last gave up (time.monotonic()): for one budget after it, a call is tried once
+#: and not waited on again (a command that asks Slurm several things pays the outage once)
+_gave_up_at: float | None = None
+
+
 def outlast(what: str, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)``, tried again while it raises SlurmUnreachable, for up to :func:`budget_s`."""
+    """``fn(*args)``, tried again while it raises SlurmUnreachable, for up to :func:`budget_s`
+    counted from the first try (a try that blocks, as a library call may, counts too). Once the
+    budget is spent, calls for one more budget's length are tried once, without waiting."""
+    global _gave_up_at
+    began = time.monotonic()
     try:
         return fn(*args)
     except SlurmUnreachable as e:
         budget = budget_s()
-        if budget <= 0:
+        left = budget - (time.monotonic() - began)
+        if budget <= 0 or (_gave_up_at is not None and began - _gave_up_at < budget):
+            raise
+        if left <= 0:
+            _gave_up_at = time.monotonic()
             raise
         notice(f"Slurm unreachable ({e}); retrying for up to {budget:.0f} s")
     import tenacity
     retrying = tenacity.Retrying(retry=tenacity.retry_if_exception_type(SlurmUnreachable),
                                  wait=tenacity.wait_exponential(multiplier=1, max=15),
-                                 stop=tenacity.stop_after_delay(budget), reraise=True)
-    result = retrying(fn, *args)
+                                 stop=tenacity.stop_after_delay(left), reraise=True)
+    try:
+        result = retrying(fn, *args)
+    except SlurmUnreachable:
+        _gave_up_at = time.monotonic()
+        raise
+    _gave_up_at = None
     notice(f"Slurm answers again ({what})")
     return result

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +51,51 @@ def unusable(slurm_version: tuple[int, int, int]) -> tuple[str, bool] | None:
     return None
 
 
+#: how long a controller that answered `scontrol ping` is trusted with in-process calls
+TRUSTED_FOR_S = 30.0
+#: when slurmctld last answered the probe (time.monotonic()); None: not since start or a failure
+_answered_at: float | None = None
+
+
+def _probe() -> None:
+    """Raise SlurmUnreachable unless slurmctld answers `scontrol ping` (once per TRUSTED_FOR_S).
+
+    libslurm's loads retry a controller that refuses them for Slurm's MessageTimeout and more
+    (about 20 s on 25.11 with its default 10 s), inside pyslurm, holding the interpreter: no
+    thread or retry budget can cut that short, so pyslurm is asked only while slurmctld has
+    just answered. The probe is a process, killed at the outage budget (at least 1 s), and
+    answers at once when slurmctld is down."""
+    global _answered_at
+    now = time.monotonic()
+    if _answered_at is not None and now - _answered_at < TRUSTED_FOR_S:
+        return
+    limit = max(1.0, outage.budget_s())
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=limit)
+        up = ping.returncode == 0
+    except subprocess.TimeoutExpired:
+        up = False
+    except OSError as e:
+        raise SlurmError(f"scontrol ping could not run: {e}") from None
+    if not up:
+        raise SlurmUnreachable(f"Unable to contact slurm controller (`scontrol ping`: slurmctld did not "
+                               f"answer within {limit:.0f} s)")
+    _answered_at = time.monotonic()
+
+
 def _call(what: str, fn: Any, *a: Any) -> Any:
-    """``fn(*a)``, outlasting an outage of slurmctld (:mod:`.outage`); any other error one line."""
+    """``fn(*a)`` once slurmctld answered the probe, outlasting an outage of slurmctld
+    (:mod:`.outage`); any other error one line."""
     def once() -> Any:
+        global _answered_at
+        _probe()
         try:
             return fn(*a)
         except Exception as e:  # pyslurm.RPCError and friends: one line, the library's error type
-            kind = SlurmUnreachable if outage.unreachable(str(e)) else SlurmError
-            raise kind(f"pyslurm {what} failed: {e}") from None
+            if outage.unreachable(str(e)):
+                _answered_at = None
+                raise SlurmUnreachable(f"pyslurm {what} failed: {e}") from None
+            raise SlurmError(f"pyslurm {what} failed: {e}") from None
     return outage.outlast(f"pyslurm {what}", once)
 
 
