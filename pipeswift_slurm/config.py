@@ -661,12 +661,17 @@ def parse_config(data: dict[str, Any], path: Path) -> TrainConfig:
 
 #: sbatch's options `pswift sbatch` takes before the TOML, each the train.toml key it overrides
 COMMAND_LINE_KEYS = {"partition": ("job", "partition"), "time": ("job", "time"), "nodes": ("resources", "nodes"),
-                     "account": ("job", "account"), "qos": ("job", "qos"), "job_name": ("job", "name")}
+                     "account": ("job", "account"), "qos": ("job", "qos"), "job_name": ("job", "name"),
+                     "time_policy": ("job", "time_policy")}
 
 
 def command_line_overrides(**given: str | None) -> dict[str, dict[str, Any]]:
     """sbatch-style values (``-p a,b``, ``-t 5``, ``-N 1-2``, ``-A``, ``-q``, ``-J``) as the
-    train.toml keys they override, in TOML's types; ConfigError for a node count that is none."""
+    train.toml keys they override, in TOML's types; ConfigError for a node count that is none.
+    An explicit ``-t`` is the limit asked, as sbatch takes it ([job] time_policy "as_written"),
+    unless ``time_policy`` is given too ("predicted": the planner's limit within it)."""
+    if given.get("time") is not None and given.get("time_policy") is None:
+        given = {**given, "time_policy": "as_written"}
     out: dict[str, dict[str, Any]] = {}
     for name, value in given.items():
         if value is None:

@@ -17,7 +17,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from pipeswift_slurm.history import rundir
 from pipeswift_slurm.slurm import client as slurm
-from pipeswift_slurm.config import TrainConfig, config_from_dict, load_config
+from pipeswift_slurm.config import TrainConfig, config_from_dict, describe_overrides, load_config
 from pipeswift_slurm.errors import ConfigError, PswiftError, RunDirError, UsageError
 from pipeswift_slurm.planning.layouts import rule_layouts
 from pipeswift_slurm.plan import Plan, write_plan
@@ -159,7 +159,6 @@ def write_run_dir(p: Prepared) -> Path:
         else:
             shutil.copyfile(p.config.path, tmp / "train.toml")
         if p.overrides:   # the copy says what the plan was made with
-            from pipeswift_slurm.config import describe_overrides
             with open(tmp / "train.toml", "a", encoding="utf-8") as f:
                 f.write(f"\n# pswift sbatch's command line overrode: {describe_overrides(p.overrides)}\n")
         write_plan(p.plan, tmp / "plan.json")
@@ -266,13 +265,17 @@ class PlanReport(NamedTuple):
 
 
 def plan_report(toml: Path | str, db: Path | str | None = None, live: bool = True,
-                warn: Warn = lambda msg: None, test_only: bool = False) -> PlanReport:
+                warn: Warn = lambda msg: None, test_only: bool = False,
+                overrides: dict[str, dict[str, Any]] | None = None) -> PlanReport:
     """Plan TOML without submitting (nothing written): estimate every candidate layout, choose,
-    and say why; warns when the chosen partition's GraceTime is too short for a checkpoint."""
+    and say why; warns when the chosen partition's GraceTime is too short for a checkpoint.
+    ``overrides``: the command line's keys, as for :func:`prepare`."""
     from pipeswift_slurm.autoplan import make_plan
     from pipeswift_slurm.planning.build import time_limits
-    cfg = load_config(toml)
+    cfg = load_config(toml, overrides)
     rule_layouts(cfg)
+    if overrides:
+        warn(f"# from the command line: {describe_overrides(overrides)}")
     res, errors = make_plan(cfg, db, live, warn, test_only, learn=False)
     if res is None:
         raise ConfigError(f"{toml}: nothing to plan with: add [model] layer_costs (seconds per layer "

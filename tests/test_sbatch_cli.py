@@ -25,8 +25,33 @@ def test_dry_run_prints_a_batch_script_on_stdout_and_the_plan_on_stderr(tmp_path
         assert line in proc.stdout
     assert re.search(r"#SBATCH --nodes=\d-\d\n", proc.stdout)
     assert "# plan: " in proc.stderr and "# plan: " not in proc.stdout
-    assert ('# from the command line: [job] partition = "high", [job] time = "5", [job] name = "sweep", '
-            "[resources] nodes = [1, 2]") in proc.stderr
+    assert ('# from the command line: [job] partition = "high", [job] time = "5", [job] time_policy = "as_written", '
+            '[job] name = "sweep", [resources] nodes = [1, 2]') in proc.stderr
+
+
+def test_plan_takes_the_same_overrides_as_sbatch(tmp_path):
+    """Issue 59: `plan` took none of -p/-t/-N; it takes sbatch's, says them, and plans with them."""
+    toml = copy_example(tmp_path / "ex")
+    proc = pswift("plan", "--no-live", "-t", "30", "-N", "1-2", "-J", "sweep", str(toml))
+    assert proc.returncode == 0, proc.stderr
+    assert ('# from the command line: [job] time = "30", [job] time_policy = "as_written", [job] name = "sweep", '
+            '[resources] nodes = [1, 2]') in proc.stderr
+    assert "--time=30 (minutes)" in proc.stdout
+    as_json = json.loads(pswift("plan", "--no-live", "-N", "1", "--json", str(toml), check=True).stdout)
+    assert {c["nodes"] for c in as_json["candidates"]} == {1}
+
+
+def test_an_explicit_time_is_the_limit_asked_unless_the_policy_says_predicted(tmp_path):
+    """Issue 59: `-t 30` quietly became `--time=3` (the planner's prediction within it). An
+    explicit -t is asked as sbatch takes it; --time-policy predicted asks the prediction, and
+    the plan says which and why."""
+    toml = copy_example(tmp_path / "ex")
+    asked = pswift("sbatch", "--dry-run", "-t", "30", str(toml))
+    assert asked.returncode == 0 and "#SBATCH --time=30\n" in asked.stdout, asked.stderr
+    assert "[job] time as written (30.0 min)" in asked.stderr
+    predicted = pswift("sbatch", "--dry-run", "-t", "30", "--time-policy", "predicted", str(toml))
+    limit = int(re.search(r"#SBATCH --time=(\d+)\n", predicted.stdout).group(1))
+    assert limit < 30 and "predicted: " in predicted.stderr and "within [job] time 30.0 min" in predicted.stderr
 
 
 @pytest.mark.parametrize("args,says", [

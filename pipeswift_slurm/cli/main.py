@@ -11,7 +11,7 @@ import time
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -80,15 +80,28 @@ def init(directory: Path, example: str, partition: str | None) -> None:
     click.echo("next: " + "\n      ".join(started.next_steps))
 
 
+def _override_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """-p/-t/--time-policy/-N/-A/-q/-J: sbatch's spellings for train.toml keys, on `sbatch`
+    and `plan` alike (config.command_line_overrides makes them keys)."""
+    for option in reversed([
+        click.option("-p", "--partition", help="[job] partition for this submission (a name, or a,b)."),
+        click.option("-t", "--time", "time_limit", help="[job] time for this submission (M, H:MM:SS or "
+                     "D-HH:MM:SS): the limit asked of Slurm, as sbatch takes it, unless --time-policy predicted."),
+        click.option("--time-policy", type=click.Choice(["predicted", "as_written"]),
+                     help="[job] time_policy for this submission: 'predicted' asks the planner's limit within "
+                     "[job] time; 'as_written' asks [job] time itself (the default with -t)."),
+        click.option("-N", "--nodes", help="[resources] nodes for this submission: N or MIN-MAX."),
+        click.option("-A", "--account", help="[job] account for this submission."),
+        click.option("-q", "--qos", help="[job] qos for this submission."),
+        click.option("-J", "--job-name", help="[job] name for this submission.")]):
+        fn = option(fn)
+    return fn
+
+
 @cli.command()
 @click.argument("toml", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
-@click.option("-p", "--partition", help="[job] partition for this submission (a name, or a,b).")
-@click.option("-t", "--time", "time_limit", help="[job] time for this submission (M, H:MM:SS or D-HH:MM:SS).")
-@click.option("-N", "--nodes", help="[resources] nodes for this submission: N or MIN-MAX.")
-@click.option("-A", "--account", help="[job] account for this submission.")
-@click.option("-q", "--qos", help="[job] qos for this submission.")
-@click.option("-J", "--job-name", help="[job] name for this submission.")
+@_override_options
 @click.option("--mail-type", help="sbatch's --mail-type (e.g. END,FAIL).")
 @click.option("--mail-user", help="sbatch's --mail-user.")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -102,7 +115,7 @@ def init(directory: Path, example: str, partition: str | None) -> None:
 @_db_option
 @_errors
 def sbatch(toml: Path, sbatch_args: tuple[str, ...], partition: str | None, time_limit: str | None,
-           nodes: str | None, account: str | None, qos: str | None, job_name: str | None,
+           time_policy: str | None, nodes: str | None, account: str | None, qos: str | None, job_name: str | None,
            mail_type: str | None, mail_user: str | None, run_dir: Path | None, dry_run: bool,
            parsable: bool, wait: bool, timeout: float | None, db: Path | None) -> None:
     """Plan TOML and submit it with sbatch; prints the job id.
@@ -127,8 +140,8 @@ def sbatch(toml: Path, sbatch_args: tuple[str, ...], partition: str | None, time
     from pipeswift_slurm.slurm import client as slurm
     slurm.prefetch()   # asks Slurm while the planner's modules load
     from pipeswift_slurm import submit as sub
-    overrides = command_line_overrides(partition=partition, time=time_limit, nodes=nodes, account=account,
-                                       qos=qos, job_name=job_name)
+    overrides = command_line_overrides(partition=partition, time=time_limit, time_policy=time_policy, nodes=nodes,
+                                       account=account, qos=qos, job_name=job_name)
     mail = tuple(f"--mail-{k}={v}" for k, v in (("type", mail_type), ("user", mail_user)) if v)
     p = sub.prepare(toml, run_dir, db, warn=_warn, sbatch_args=mail + sbatch_args, learn=not dry_run,
                     overrides=overrides)
@@ -468,13 +481,16 @@ def cancel(jobs: tuple[str, ...], signal: str | None) -> None:
 
 @cli.command("plan")
 @click.argument("toml", type=click.Path(dir_okay=False, path_type=Path))
+@_override_options
 @click.option("--json", "as_json", is_flag=True, help="{chosen, candidates} as JSON.")
 @_db_option
 @click.option("--no-live", is_flag=True, help="Do not ask Slurm for the live cluster state.")
 @click.option("--test-only", is_flag=True,
               help="Ask `sbatch --test-only` for each node count's start (uses a job id each).")
 @_errors
-def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_only: bool) -> None:
+def plan_cmd(toml: Path, partition: str | None, time_limit: str | None, time_policy: str | None,
+             nodes: str | None, account: str | None, qos: str | None, job_name: str | None, as_json: bool,
+             db: Path | None, no_live: bool, test_only: bool) -> None:
     """Rank every candidate layout of TOML by estimated job completion time, and say why.
 
     JCT = queue wait (live sinfo/squeue) + setup + steps x step time (cost model on per-layer
@@ -488,6 +504,8 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
         pswift plan examples/tiny-gpt/train.toml
 
         pswift plan train.toml --json
+
+        pswift plan -p high -t 30 -N 1-2 train.toml
     """
     from rich.console import Console
     from rich.table import Table
@@ -496,7 +514,10 @@ def plan_cmd(toml: Path, as_json: bool, db: Path | None, no_live: bool, test_onl
     from pipeswift_slurm.planning.planner import explain
     from pipeswift_slurm.submit import plan_report
 
-    report = plan_report(toml, db, not no_live, _warn, test_only)
+    from pipeswift_slurm.config import command_line_overrides
+    overrides = command_line_overrides(partition=partition, time=time_limit, time_policy=time_policy, nodes=nodes,
+                                       account=account, qos=qos, job_name=job_name)
+    report = plan_report(toml, db, not no_live, _warn, test_only, overrides)
     res = report.result
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
