@@ -187,7 +187,7 @@ def make_plan(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn,
             try:
                 cluster = slurm.cluster_state()
             except PswiftError as e:
-                warn(f"warning: no live cluster state ({e}); queue waits from history")
+                warn(f"warning: no live cluster state (Slurm: {slurm.brief(e)}); queue waits from history")
             if cluster is not None and h is not None:
                 cluster = expected_ends(cluster, runtime_shares(cluster, h))
         # a job that can never run is refused whether or not there is anything to plan with

@@ -1,5 +1,7 @@
 """Every command is documented and its help ends with an example (sqlite-utils style)."""
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -55,3 +57,13 @@ def test_the_cli_reference_is_generated_from_the_commands():
     assert {f"pswift {name}" for name in COMMANDS} <= set(lines) and "pswift history export" in lines
     for line in lines:
         assert f"## {line}\n" in reference.DOC.read_text(encoding="utf-8")
+
+
+def test_the_environment_variables_are_in_the_top_level_help_and_readme():
+    """Issue 59: PSWIFT_DB and PSWIFT_HOME were only in docs/design.md."""
+    from click.testing import CliRunner
+    from pipeswift_slurm.cli.main import cli
+    out = CliRunner().invoke(cli, ["--help"]).output
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for name in ("PSWIFT_DB", "PSWIFT_HOME", "PSWIFT_SLURM_OUTAGE_S", "PSWIFT_SLURM_BACKEND"):
+        assert name in out and name in readme, name

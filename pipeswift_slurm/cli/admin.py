@@ -243,6 +243,28 @@ def history_report(db: Path | None, sel: Any, by: str, out: Any, plot: Path | No
 _EXPORT_FORMS = ("csv", "json", "tsv")
 
 
+@history.command("migrate")
+@_db_option
+@_errors
+def history_migrate(db: Path | None) -> None:
+    """Upgrade the history database to this pswift's schema, in place, keeping a backup beside
+    it first (NAME.schemaN-DATE). Read commands never change the file: on an older schema they
+    read a migrated copy and say so; ingest (a writer) migrates as it opens.
+
+    Example:
+
+        pswift history migrate --db /var/lib/pswift/history.db
+    """
+    from pipeswift_slurm.history.store import History
+    h = History(db, create=False, read_only=True)
+    try:
+        backup = h.migrate_in_place()
+    finally:
+        h.close()
+    click.echo(f"{h.path}: already at this pswift's schema" if backup is None
+               else f"{h.path}: migrated; the file before is kept as {backup}")
+
+
 @history.command("export")
 @_select
 @click.option("-o", "--format", "fields", help="Columns, as in `history jobs -o` (default: every column; "

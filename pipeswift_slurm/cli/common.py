@@ -160,8 +160,13 @@ def _quiet_on_closed_pipe() -> Any:
 
 
 def _open(db: Path | None) -> Any:
+    """The history for a read command: opened read-only (an older schema is read from a migrated
+    copy, said in one line), never changed."""
     from pipeswift_slurm.history.store import History
-    return History(db, create=False)
+    h = History(db, create=False, read_only=True)
+    if h.notice:
+        _warn(h.notice)
+    return h
 
 
 def _nothing_selected(rows: list[Any]) -> None:

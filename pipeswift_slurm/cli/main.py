@@ -43,6 +43,13 @@ class _LazyGroup(click.Group):
 def cli() -> None:
     """pipeswift-slurm: DeepSpeed pipeline training on Slurm, planned for job completion time.
 
+    \b
+    Environment:
+      PSWIFT_HOME             pswift's state: the job registry, the history (~/.local/state/pswift)
+      PSWIFT_DB               the history database (default $PSWIFT_HOME/history.db; --db wins)
+      PSWIFT_SLURM_OUTAGE_S   how long a Slurm query outlasts a controller outage (10 s)
+      PSWIFT_SLURM_BACKEND    cli or pyslurm (default: pyslurm where it matches the Slurm here)
+
     Example:
 
         pswift sbatch examples/tiny-gpt/train.toml

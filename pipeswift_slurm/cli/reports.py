@@ -167,7 +167,8 @@ def history_serve(db: Path | None, host: str, port: int, metadata_out: Path | No
     import json
     from pipeswift_slurm.history.rows import current_user
     from pipeswift_slurm.reports.serve import metadata, serve, served_user
-    h = _open(db)          # migrated, its views current
+    from pipeswift_slurm.history.store import History
+    h = History(db, create=False)   # a writer's open: Datasette serves the file itself, migrated, its views current
     path = h.path
     h.close()
     if metadata_out is not None:

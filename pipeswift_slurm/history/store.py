@@ -51,13 +51,19 @@ class History(Queries):
     :class:`~pipeswift_slurm.history.queries.Queries`."""
 
     def __init__(self, path: Path | str | None = None, create: bool = True,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, read_only: bool = False) -> None:
         self.path = Path(path) if path else default_path()
         self.skipped_events = 0   # bad lines in the events files ingested through this handle
         self.dropped_events = 0   # valid events beyond eventfold's bounds (attempts, kept bytes)
-        if not create and not self.path.exists():
+        #: one line for a reader to say (a read of an older schema from a migrated copy), or ""
+        self.notice = ""
+        self._copy: Any = None    # the temporary folder of that copy, removed by close()
+        if (not create or read_only) and not self.path.exists():
             raise HistoryError(f"no history database at {self.path}; run `pswift history ingest` "
                                f"or pass --db")
+        if read_only:
+            self._open_read_only(timeout)
+            return
         try:
             self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
             _create_private(self.path)
@@ -116,6 +122,64 @@ class History(Queries):
 
     def close(self) -> None:
         self.conn.close()
+        if self._copy is not None:
+            self._copy.cleanup()
+            self._copy = None
+
+    def _open_read_only(self, timeout: float) -> None:
+        """A reader's connection: the file opened read-only, never changed. At this pswift's
+        schema, views that are stale or missing are made as TEMP views (the connection's own);
+        an older schema is migrated in a private temporary copy, read from there (``notice``
+        says so, and how to upgrade the file: `pswift history migrate`)."""
+        from urllib.parse import quote
+        try:
+            src = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro", uri=True,
+                                  timeout=timeout, isolation_level=None)
+            src.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+            version = src.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError as e:
+            raise HistoryError(f"history database {self.path} is unusable ({e}); move it aside "
+                               f"and run `pswift history ingest` to rebuild it") from None
+        self._db = None
+        if version > len(MIGRATIONS):
+            src.close()
+            raise HistoryError(f"history database {self.path} has schema {version}, newer than "
+                               f"this pswift ({len(MIGRATIONS)}); upgrade pipeswift-slurm")
+        if version == len(MIGRATIONS):
+            self.conn = src
+            history_views.ensure(src, temp=True)
+            return
+        import tempfile
+        self._copy = tempfile.TemporaryDirectory(prefix="pswift-history-")   # 0700: this user's
+        copy = sqlite3.connect(str(Path(self._copy.name) / "history.db"), isolation_level=None)
+        src.backup(copy)
+        src.close()
+        self.conn = copy
+        self._migrate()
+        history_views.ensure(copy)
+        self.notice = (f"note: {self.path} has schema {version}, older than this pswift's "
+                       f"{len(MIGRATIONS)}: read from a migrated copy, the file unchanged; "
+                       f"`pswift history migrate` upgrades it in place (keeping a backup)")
+
+    def migrate_in_place(self) -> Path | None:
+        """Nothing to do at this schema (None); else a backup beside the file first (SQLite's
+        online backup, so a writer meanwhile is safe), then the migrations, in place. Returns
+        the backup's path. For `pswift history migrate`, on a handle opened read-only."""
+        from urllib.parse import quote
+        src = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro", uri=True)
+        try:
+            version = src.execute("PRAGMA user_version").fetchone()[0]
+            if version >= len(MIGRATIONS):
+                return None
+            backup = self.path.with_name(f"{self.path.name}.schema{version}-{time.strftime('%Y%m%dT%H%M%S')}")
+            _create_private(backup)
+            dest = sqlite3.connect(str(backup))
+            src.backup(dest)
+            dest.close()
+        finally:
+            src.close()
+        History(self.path, create=False).close()     # a writer's open migrates
+        return backup
 
     # ------------------------------------------------------------------------- ingest
     def ingest_run_dir(self, run_dir: Path | str, owner: Owner | None = None,
@@ -509,7 +573,10 @@ def safe_open(path: Path | str | None = None, warn: Any = None, create: bool = T
     if not create and not Path(path or default_path()).exists():
         return None
     try:
-        return History(path, timeout=5.0)
+        h = History(path, timeout=5.0, read_only=not create)
+        if h.notice and warn is not None:
+            warn(h.notice)
+        return h
     except HistoryError as e:
         if warn is not None:
             warn(f"warning: {e}; planning without history")

@@ -64,12 +64,18 @@ VIEWS: dict[str, str] = {
 }
 
 
-def ensure(conn: sqlite3.Connection) -> None:
-    """Create or replace every view whose stored definition differs from :data:`VIEWS`."""
+def ensure(conn: sqlite3.Connection, temp: bool = False) -> None:
+    """Create or replace every view whose stored definition differs from :data:`VIEWS`;
+    ``temp`` (a read-only connection): as TEMP views of this connection alone, the file
+    unchanged (a TEMP view is found before the file's view of the same name)."""
     want = {name: f"CREATE VIEW {name} AS {sql}" for name, sql in VIEWS.items()}
     have = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'view'").fetchall())
     stale = [n for n, sql in want.items() if have.get(n) != sql]
     if not stale:
+        return
+    if temp:
+        for name in stale:
+            conn.execute(f"CREATE TEMP VIEW IF NOT EXISTS {name} AS {VIEWS[name]}")
         return
     conn.execute("BEGIN IMMEDIATE")
     try:

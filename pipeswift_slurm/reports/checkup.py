@@ -51,7 +51,7 @@ def _slurm_conf() -> Finding:
                        "point SLURM_CONF at an existing slurm.conf, or unset it (Slurm then looks itself)")
     where = {"SLURM_CONF": f"{src.path} ($SLURM_CONF)", "default": f"{src.path} (the clients' default)",
              "configless": f"{src.path} (configless: the copy a slurmd or sackd fetched)",
-             "dns": "no file here: configless, the controller found through DNS (its SRV record)"}[src.kind]
+             "dns": "no file here: configless, the controller to be found through DNS (its SRV record)"}[src.kind]
     return Finding("Slurm configuration", where)
 
 
@@ -105,7 +105,7 @@ def _history(db: Path | None) -> Finding:
     if not path.exists():
         return Finding("history DB", f"{path} (not created yet; the first ingest or submit creates it)")
     try:
-        h = History(path, create=False)
+        h = History(path, create=False, read_only=True)
         try:
             n = h.db["slurm_jobs"].count, h.db["jobs"].count
         finally:
@@ -137,7 +137,11 @@ def environment(db: Path | None = None) -> list[Finding]:
     else:
         down = slurm.ping()
         if down is not None:
-            probes = [Finding("Slurm", f"no controller answered `scontrol ping`: {down}", _fix_for(down))]
+            probes = [Finding("Slurm", f"no controller answered `scontrol ping`: {slurm.brief(Exception(down), 200)}",
+                              _fix_for(down))]
+            if slurm.config_source().kind == "dns":   # one check says one thing: the lookup failed
+                conf = Finding(conf.what, "no file here, and configless Slurm found no controller through DNS "
+                                          "(its SRV record)", _fix_for(down))
         else:
             probes = _slurm()
             if probes and probes[0].ok:

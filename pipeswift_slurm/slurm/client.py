@@ -35,6 +35,17 @@ def _one_line(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def brief(e: Exception, limit: int = 120) -> str:
+    """A Slurm failure in a few words, for a warning that goes on without Slurm: Slurm's own
+    conclusion (its last ``fatal:`` or ``error:``) rather than every line it printed."""
+    text = str(e)
+    for mark in ("fatal: ", "error: "):
+        if mark in text:
+            text = text.rsplit(mark, 1)[1]
+            break
+    return _one_line(text, limit)
+
+
 def _run(cmd: Sequence[str], timeout: float = 60.0, check: bool = True,
          survive_term: bool = False, env: dict[str, str] | None = None,
          retry: bool = True) -> subprocess.CompletedProcess[str]:
