@@ -129,12 +129,17 @@ def for_partition(plan: Plan, started_in: str | None) -> Plan:
     return {**plan, "partition": started_in, "layouts": layouts}
 
 
+def plan_bytes(plan: Plan) -> bytes:
+    """plan.json's content (compact: at the config caps an indented plan.json outgrew the 4 MiB
+    the history reads)."""
+    return (json.dumps(plan, separators=(",", ":"), sort_keys=True) + "\n").encode("utf-8")
+
+
 def write_plan(plan: Plan, path: Path) -> None:
     """plan.json written whole or not at all (a job may rewrite it while peers read it)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    # compact: at the config caps an indented plan.json outgrew the 4 MiB the history reads
-    tmp.write_text(json.dumps(plan, separators=(",", ":"), sort_keys=True) + "\n", encoding="utf-8")
+    tmp.write_bytes(plan_bytes(plan))
     os.replace(tmp, path)
 
 

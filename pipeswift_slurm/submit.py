@@ -9,7 +9,6 @@ refuses the job.
 from __future__ import annotations
 
 import math
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from pipeswift_slurm.slurm import client as slurm
 from pipeswift_slurm.config import TrainConfig, config_from_dict, describe_overrides, load_config
 from pipeswift_slurm.errors import ConfigError, PswiftError, RunDirError, UsageError
 from pipeswift_slurm.planning.layouts import rule_layouts
-from pipeswift_slurm.plan import Plan, write_plan
+from pipeswift_slurm.plan import Plan, plan_bytes, write_plan
 from pipeswift_slurm.planning.build import build_plan, limits_of
 from pipeswift_slurm.slurm.sbatch import options_for, planned_option, render
 
@@ -150,17 +149,31 @@ def _toml_text(doc: dict[str, Any]) -> str:
     return "# given to pipeswift_slurm.submit as a dict\n" + tomli_w.dumps(doc)
 
 
+def _toml_copy(p: Prepared) -> bytes:
+    """The run directory's train.toml: the TOML as given, and what the command line overrode."""
+    text = p.toml_text.encode() if p.toml_text is not None else Path(p.config.path).read_bytes()
+    if p.overrides:   # the copy says what the plan was made with
+        text += f"\n# pswift sbatch's command line overrode: {describe_overrides(p.overrides)}\n".encode()
+    return text
+
+
+def dry_run_script(p: Prepared) -> str:
+    """`pswift sbatch --dry-run`'s script: ``sbatch job.sh`` (any options on its command line)
+    runs it. It carries its run directory (plan.json, train.toml) and makes it at the job's
+    first start, records the job there and in the registry (status, logs and the history know
+    it), and appends its output to the run directory's log; options after `--` are #SBATCH
+    lines of it."""
+    opts = options_for(p.config, str(p.run_dir), limits_of(p.plan), nodes=p.plan["nodes_request"])
+    opts = opts._replace(output=None, extra=opts.extra + p.sbatch_args)
+    return render(opts, str(p.run_dir), p.plan["python"],
+                  carried={"train.toml": _toml_copy(p), "plan.json": plan_bytes(p.plan)})
+
+
 def write_run_dir(p: Prepared) -> Path:
     """The run directory with train.toml, plan.json and job.sbatch, created whole or not at all."""
     tmp = rundir.stage_run_dir(p.run_dir)
     try:
-        if p.toml_text is not None:
-            (tmp / "train.toml").write_text(p.toml_text, encoding="utf-8")
-        else:
-            shutil.copyfile(p.config.path, tmp / "train.toml")
-        if p.overrides:   # the copy says what the plan was made with
-            with open(tmp / "train.toml", "a", encoding="utf-8") as f:
-                f.write(f"\n# pswift sbatch's command line overrode: {describe_overrides(p.overrides)}\n")
+        (tmp / "train.toml").write_bytes(_toml_copy(p))
         write_plan(p.plan, tmp / "plan.json")
         (tmp / "job.sbatch").write_text(p.script, encoding="utf-8")
     except OSError as e:

@@ -86,6 +86,8 @@ def in_process_script(cli, toml, env) -> str:
 
 
 def masked(script: str) -> str:
-    """The batch script with its run directory's name (date and a random suffix) masked."""
+    """The batch script with its run directory's name (date and a random suffix) masked, and the
+    files a --dry-run script carries (they hold that name and the time of the plan)."""
     assert script.startswith("#!/bin/bash\n") and script.count("\n") > 50
+    script = re.sub(r"<<'PSWIFT_EOF'.*?\nPSWIFT_EOF\n", "<<'PSWIFT_EOF' CARRIED\n", script, flags=re.S)
     return re.sub(r"pswift-runs/[^/\s]+", "pswift-runs/RUN", script)

@@ -8,10 +8,11 @@ import getpass
 import json
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from helpers import copy_example, pswift
+from helpers import copy_example, pswift, wait_state
 from pipeswift_slurm import submit
 from pipeswift_slurm.history import rundir
 
@@ -139,3 +140,34 @@ def test_overrides_reach_slurm_a_dry_run_script_submits_and_cancel_takes_several
         assert states == ["CANCELLED", "CANCELLED"], states
     finally:
         subprocess.run(["scancel", first, second_id])
+
+
+@pytest.mark.slurm
+@pytest.mark.every_version
+def test_a_dry_run_script_runs_to_completed_and_status_logs_and_history_know_it(cluster, tmp_path):
+    """Issue 59, item 1: `--dry-run > job.sh; sbatch job.sh` pointed at a run directory and a
+    plan.json nothing wrote. The script carries them and makes the run directory at the job's
+    first start; options after `--` are its #SBATCH lines; status, logs and the history know it."""
+    toml = copy_example(tmp_path / "ex", {"steps": "6", "checkpoint_interval": "0"})
+    dry = pswift("sbatch", "--dry-run", str(toml), "--", "--comment=from-dry-run", check=True)
+    script = tmp_path / "job.sh"
+    script.write_text(dry.stdout)
+    assert "#SBATCH --comment=from-dry-run\n" in dry.stdout and "--output=" not in dry.stdout
+    run = re.search(r"^RUN_DIR=(\S+)$", dry.stdout, re.M).group(1)
+    assert not Path(run).exists()                                 # a dry run writes nothing
+    sub = subprocess.run(["sbatch", "--parsable", "--dependency=singleton", str(script)], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    try:
+        assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=240) == "COMPLETED"
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    status = pswift("status", job, check=True).stdout
+    assert f"job {job}: COMPLETED" in status and "step 6/6" in status and run in status, status
+    assert (Path(run) / "JOB_ID").read_text().strip() == job
+    assert "step 6" in pswift("logs", job, check=True).stdout or "6/6" in pswift("logs", job, check=True).stdout
+    db = tmp_path / "h.db"
+    pswift("history", "ingest", "--db", str(db), check=True)
+    show = pswift("history", "show", job, "--db", str(db), check=True).stdout
+    assert f"job {job}" in show and "tiny-gpt" in show, show

@@ -52,7 +52,8 @@ class SbatchOptions(NamedTuple):
     #: tasks per node and CPUs per task of the srun step (one task per slot)
     ntasks_per_node: int
     cpus_per_task: int
-    output: str
+    #: the job log's path (None: sbatch's default, where sbatch runs: a --dry-run script's)
+    output: str | None
     partition: str | None = None
     time: str | None = None
     time_min: str | None = None
@@ -105,6 +106,33 @@ def _quote(arg: str) -> str:
     return '"' + arg.replace('\\', '\\\\').replace('"', '\\"') + '"'
 
 
+#: the file whose presence says the run directory was made (written last)
+CARRIED_LAST = "plan.json"
+
+
+def _carried_block(files: dict[str, bytes]) -> str:
+    """Shell that makes the run directory from ``files`` at the job's first start (each file
+    written beside its name, then renamed; plan.json last, so its presence means all are there),
+    records the job (pipeswift_launch.adopt: JOB_ID and the registry) and sends the rest of the
+    output to RUN_DIR/slurm-JOBID.out. Each file is a base64 heredoc: no quoting to get wrong."""
+    import base64
+    import textwrap
+    order = sorted(files, key=lambda n: n == CARRIED_LAST)
+    lines = ["# a --dry-run script carries its run directory: made at the job's first start",
+             f'if [ ! -e "$RUN_DIR/{CARRIED_LAST}" ]; then',
+             '  mkdir -p "$RUN_DIR" || exit 1']
+    for name in order:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise ValueError(f"carried file name {name!r}")
+        blob = "\n".join(textwrap.wrap(base64.b64encode(files[name]).decode(), 76)) or ""
+        lines += [f'  base64 -d >"$RUN_DIR/.{name}.$$" <<\'PSWIFT_EOF\' || exit 1', blob, "PSWIFT_EOF",
+                  f'  mv -f "$RUN_DIR/.{name}.$$" "$RUN_DIR/{name}"']
+    lines += ['  cp "$0" "$RUN_DIR/job.sbatch" 2>/dev/null || true', "fi",
+              '"$PYTHON" -m pipeswift_launch.adopt "$RUN_DIR" "${SLURM_JOB_ID}" || exit 1',
+              'exec >>"$RUN_DIR/slurm-${SLURM_JOB_ID}.out" 2>&1']
+    return "\n".join(lines) + "\n"
+
+
 def output_pattern(run_dir: str) -> str:
     """The job log's ``--output`` in the run directory: its ``%`` literal, ``%j`` the job id."""
     if "\\" in run_dir:
@@ -133,7 +161,10 @@ def options_for(cfg: TrainConfig, run_dir: str, limits: Limits,
     )
 
 
-def render(options: SbatchOptions, run_dir: str, python: str) -> str:
+def render(options: SbatchOptions, run_dir: str, python: str, carried: dict[str, bytes] | None = None) -> str:
+    """The batch script. ``carried`` (a --dry-run script's): the run directory's files, which
+    the script writes at the job's first start (none is written before), then appending its
+    output to the run directory's log, as a submitted job's --output does."""
     # next to the templates package's __init__ (importlib.resources would cost the submit path
     # its zipfile and tempfile imports; the package is always installed as plain files)
     import pipeswift_templates
@@ -149,6 +180,8 @@ def render(options: SbatchOptions, run_dir: str, python: str) -> str:
         tasks_per_node=str(int(options.ntasks_per_node)),
         cpus_per_task=str(int(options.cpus_per_task)),
     )
+    # a line of its own, gone whole from a script that carries nothing (golden scripts unchanged)
+    text = text.replace("@carried\n", _carried_block(carried) if carried else "")
     script = _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)   # KeyError: a template typo
     header = len(script.split("\nset -uo pipefail\n", 1)[0].encode())
     if header > HEADER_MAX:
