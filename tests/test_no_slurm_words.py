@@ -29,3 +29,32 @@ def test_doctor_never_says_ok_and_failed_for_one_check(tmp_path):
     conf = [line for line in proc.stdout.splitlines() if "Slurm configuration" in line]
     assert conf and conf[0].startswith("BAD") and "found no controller through DNS" in conf[0], proc.stdout
     assert "ok  Slurm configuration" not in proc.stdout
+
+
+def _finished_run(tmp_path):
+    """A run directory of a job that completed (its events, its log, its JOB_ID)."""
+    import json
+    from helpers import GOOD, PLAN
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.json").write_text(json.dumps(PLAN))
+    (run / "JOB_ID").write_text("4242\n")
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in GOOD))
+    (run / "slurm-4242.out").write_text("step 1\nstep 2\npswift: attempt 0 ended: completed at step 2\n")
+    return run
+
+
+def test_status_and_logs_f_of_a_finished_run_answer_from_its_events_without_slurm(tmp_path):
+    """Issue 59, item 2: with no Slurm configured, `status RUN_DIR` of a finished run exited 1
+    with scontrol's fatal text, and `logs -f` the same. Both answer from the run's events, say
+    in one line that Slurm was not asked, and exit 0."""
+    run = _finished_run(tmp_path)
+    env = {**NO_CONF, "PSWIFT_HOME": str(tmp_path / "home")}
+    cli = [sys.executable, "-m", "pipeswift_slurm.cli.main"]
+    status = subprocess.run([*cli, "status", str(run)], env=env, capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert "job 4242: COMPLETED (from its events)" in status.stdout and "step 2/3" in status.stdout
+    assert status.stderr.count("\n") == 1 and "Slurm not asked" in status.stderr, status.stderr
+    logs = subprocess.run([*cli, "logs", "-f", str(run)], env=env, capture_output=True, text=True, timeout=60)
+    assert logs.returncode == 0 and "ended: completed" in logs.stdout, logs.stderr
+    assert logs.stderr.count("\n") == 1 and "the job's end is its events'" in logs.stderr, logs.stderr

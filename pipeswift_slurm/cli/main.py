@@ -287,10 +287,9 @@ def logs(job: str, follow: bool, lines: int | None, raw: bool) -> None:
 
         pswift logs 42 --raw | less -R
     """
-    from pipeswift_slurm.slurm import client as slurm
     from pipeswift_slurm.terminal import raw_stdout
     from pipeswift_slurm.reports.logs import log_path, show
-    from pipeswift_slurm.reports.watch import resolve
+    from pipeswift_slurm.reports.watch import has_ended, resolve
     from pipeswift_slurm.userfiles import UnsafeFile, become_owner
     ref = resolve(job)
     if ref.run is None:
@@ -300,9 +299,15 @@ def logs(job: str, follow: bool, lines: int | None, raw: bool) -> None:
                        f"events are in {ref.run / 'events.jsonl'}", 2)
     run, job_id = ref.run, ref.job_id
 
+    said: list[str] = []
+
+    def once(line: str) -> None:   # where Slurm cannot be asked, said once, not every poll
+        if not said:
+            said.append(line)
+            _warn(line)
+
     def ended() -> bool:
-        info = slurm.job_info(job_id)
-        return info is None or info.terminal
+        return has_ended(job_id, run, once)
 
     path = log_path(run, job_id)
     # the job's user's file: read as its owner when root asks; escapes never reach a terminal
@@ -374,6 +379,10 @@ def status(job: str, as_json: bool, db: Path | None) -> None:
             say(f"    {crash_line(c)}")
     for g in out.get("growths") or []:
         say(f"  {growth_line(g)}")
+    if out["slurm_not_asked"]:     # no Slurm here (not an outage): what the rest knew, exit 0
+        whose = {"events": "from its events", "history": "from the history", "sacct": "from sacct"}
+        _warn(f"note: Slurm not asked ({out['slurm_not_asked']}); the state above is "
+              f"{whose.get(out['source'], 'unknown')}")
     if out["slurm_unreachable"]:   # an outage, not the job's failure: a code of its own
         raise CLIError(f"Slurm unreachable ({out['slurm_unreachable']}): the state above is "
                        f"{'the last one ' + out['source'] + ' knew' if out['source'] != 'none' else 'unknown'}",

@@ -99,6 +99,9 @@ class Seen(NamedTuple):
     nodes: str = ""
     #: slurmctld did not answer (its outage, said; the state is then the best the rest knew)
     unreachable: str = ""
+    #: Slurm could not be asked here at all (no configuration, no commands): no outage; the
+    #: state is the best the rest knew
+    not_asked: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -131,20 +134,22 @@ def state(ref: JobRef, summary: dict[str, Any] | None, db: Path | None = None) -
     """The job's state from the first that knows it: Slurm's queue, slurmdbd, the history, the
     run's own events (a local run has only those); ``Seen("UNKNOWN", "none")`` when none does.
     While slurmctld does not answer, the others are asked and ``unreachable`` says why."""
-    from pipeswift_slurm.errors import SlurmUnreachable
+    from pipeswift_slurm.errors import SlurmError, SlurmUnreachable
     from pipeswift_slurm.slurm import client as slurm
-    down = ""
+    down = absent = ""
     if ref.job_id:
         try:
             info = slurm.job_info(ref.job_id)
         except SlurmUnreachable as e:
             info, down = None, str(e)
+        except SlurmError as e:   # no Slurm to ask on this machine: the rest still know
+            info, absent = None, slurm.brief(e)
         if info is not None:
             return Seen(info.state, "slurm", info.reason if info.reason not in ("None",) else "",
                         info.restarts, info.nodes)
         try:
-            acct = slurm.sacct_state(ref.job_id)
-        except SlurmUnreachable:
+            acct = slurm.sacct_state(ref.job_id) if not absent else None
+        except SlurmError:
             acct = None
         if acct is not None and not (down and acct[0] == "PENDING"):
             return Seen(acct[0], "sacct", restarts=acct[1], unreachable=down)
@@ -155,7 +160,23 @@ def state(ref: JobRef, summary: dict[str, Any] | None, db: Path | None = None) -
     if seen is None and ref.job_id:
         seen = _from_history(ref, db)
     seen = seen if seen is not None else Seen("UNKNOWN", "none")
-    return seen._replace(unreachable=down)
+    return seen._replace(unreachable=down, not_asked=absent)
+
+
+def has_ended(job_id: str, run: Path, note: Callable[[str], None]) -> bool:
+    """Whether the job has ended, for `logs -f`: Slurm's word; while slurmctld does not answer,
+    not yet; where Slurm cannot be asked at all, the run's events' word (said once)."""
+    from pipeswift_slurm.errors import SlurmError, SlurmUnreachable
+    from pipeswift_slurm.slurm import client as slurm
+    try:
+        info = slurm.job_info(job_id)
+    except SlurmUnreachable:
+        return False
+    except SlurmError as e:
+        note(f"note: Slurm not asked ({slurm.brief(e)}); the job's end is its events'")
+        seen = _from_events(rundir.summarize(run))
+        return seen is not None and seen.state != "RUNNING"
+    return info is None or info.terminal
 
 
 class Progress(NamedTuple):
@@ -192,7 +213,7 @@ def status_of(ref: JobRef, db: Path | None = None) -> dict[str, Any]:
     log = log_path(ref.run, ref.job_id) if ref.run is not None and ref.job_id else None
     return {
         "job_id": ref.job_id, "key": ref.key, "state": seen.state, "source": seen.source,
-        "slurm_unreachable": seen.unreachable or None,
+        "slurm_unreachable": seen.unreachable or None, "slurm_not_asked": seen.not_asked or None,
         "reason": seen.reason or None, "restarts": seen.restarts, "nodes": seen.nodes or None,
         "eta_s": p.eta_s if p else None, "progress": p.line() if p else None,
         "log": str(log) if log is not None and os.path.lexists(log) else None,
