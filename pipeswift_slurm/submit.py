@@ -41,14 +41,19 @@ class Prepared(NamedTuple):
 
     def layout_line(self, nodes: int | None = None) -> str:
         """One line per planned node count: stages x dp, m, boundaries."""
-        parts = []
-        for n, lay in sorted(self.plan["layouts"].items(), key=lambda kv: int(kv[0])):
-            if nodes is not None and int(n) != nodes:
-                continue
-            b = lay["boundaries"] if lay["boundaries"] else f"by {lay['partition']} in the job"
-            parts.append(f"{n} node(s): {lay['stages']} stage(s) x {lay['data_parallel']} dp, "
-                         f"m={lay['micro_batches']}, boundaries {b}")
-        return "; ".join(parts)
+        return layout_line(self.plan, nodes)
+
+
+def layout_line(plan: Plan, nodes: int | None = None) -> str:
+    """``plan``'s layouts, one part per node count: stages x dp, m, boundaries."""
+    parts = []
+    for n, lay in sorted(plan["layouts"].items(), key=lambda kv: int(kv[0])):
+        if nodes is not None and int(n) != nodes:
+            continue
+        b = lay["boundaries"] if lay["boundaries"] else f"by {lay['partition']} in the job"
+        parts.append(f"{n} node(s): {lay['stages']} stage(s) x {lay['data_parallel']} dp, "
+                     f"m={lay['micro_batches']}, boundaries {b}")
+    return "; ".join(parts)
 
 
 class Job(NamedTuple):
@@ -245,9 +250,11 @@ class PlanReport(NamedTuple):
     candidate, each rejection with its reason), the chosen layout's time limits, and how far
     the model's past predictions were from what ran."""
     config: TrainConfig
-    result: Any                               # planning.planner.PlanResult
+    result: Any                               # planning.planner.PlanResult; None: no costs to plan with
     limits: Any                               # plan.Limits of the chosen layout, or None
     model_errors: list[dict[str, Any]]        # the history's predicted against actual, newest first
+    #: without costs, the plan `pswift sbatch` runs (one stage per task slot, cut in the job)
+    unplanned: Plan | None = None
 
     def model_error_lines(self) -> list[str]:
         """The median relative error of the step time and the JCT, and the p10-p90 band's
@@ -290,9 +297,9 @@ def plan_report(toml: Path | str, db: Path | str | None = None, live: bool = Tru
     if overrides:
         warn(f"# from the command line: {describe_overrides(overrides)}")
     res, errors = make_plan(cfg, db, live, warn, test_only, learn=False)
-    if res is None:
-        raise ConfigError(f"{toml}: nothing to plan with: add [model] layer_costs (seconds per layer "
-                          f"per micro-batch) or run the job once so its profile is in the history")
+    if res is None:   # no costs: what `pswift sbatch` runs (it profiles the model in the job)
+        plan = build_plan(cfg, Path(".").resolve(), planned=None)
+        return PlanReport(cfg, None, limits_of(plan), errors, plan)
     if res.chosen is not None and live:
         why = grace_warning((res.partition_order() or (cfg.job.partition,))[0], res.chosen.est.step_s,
                             res.checkpoint_cost_s)

@@ -40,6 +40,12 @@ def test_init_writes_the_shipped_example_and_plan_accepts_it_as_written(tmp_path
     else:                          # none: the first run profiles it, on one stage per slot
         dry = pswift("sbatch", "--dry-run", str(dest / "train.toml"), env={"SLURM_CONF": "/nonexistent"})
         assert dry.returncode == 0 and dry.stdout.startswith("#!/bin/bash"), dry.stderr
+        # issue 59: `plan` of it as written says what sbatch will run, not "nothing to plan with"
+        plan = pswift("plan", "--no-live", str(dest / "train.toml"))
+        assert plan.returncode == 0 and "no per-layer costs yet" in plan.stdout, plan.stderr
+        assert "layouts: 2 node(s): 2 stage(s) x 1 dp" in plan.stdout and "request: --nodes=" in plan.stdout
+        as_json = json.loads(pswift("plan", "--no-live", "--json", str(dest / "train.toml"), check=True).stdout)
+        assert as_json["chosen"] is None and as_json["layouts"]
 
 
 def test_init_without_slurm_keeps_the_examples_partition_and_says_so(tmp_path):

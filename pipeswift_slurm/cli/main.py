@@ -534,6 +534,9 @@ def plan_cmd(toml: Path, partition: str | None, time_limit: str | None, time_pol
     overrides = command_line_overrides(partition=partition, time=time_limit, time_policy=time_policy, nodes=nodes,
                                        account=account, qos=qos, job_name=job_name)
     report = plan_report(toml, db, not no_live, _warn, test_only, overrides)
+    if report.result is None:
+        _print_unplanned(report, as_json)
+        return
     res = report.result
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
@@ -551,6 +554,22 @@ def plan_cmd(toml: Path, partition: str | None, time_limit: str | None, time_pol
         raise CLIError("no layout can run (reasons above); change the TOML as they say", 2)
     for line in report.model_error_lines():
         con.print(line)
+
+
+def _print_unplanned(report: Any, as_json: bool) -> None:
+    """`pswift plan` of a TOML with no costs to rank by: the layouts `pswift sbatch` would run."""
+    from pipeswift_slurm.planning.limits import describe
+    from pipeswift_slurm.submit import layout_line
+    plan = report.unplanned
+    why = ("no per-layer costs yet ([model] layer_costs, or a profile in the history): `pswift sbatch` "
+           "runs one stage per task slot, cut by parameters in the job, and profiles the model; the next "
+           "plan ranks layouts by the measured times")
+    if as_json:
+        click.echo(json.dumps({"chosen": None, "candidates": [], "why": why, "nodes_request": plan["nodes_request"],
+                               "layouts": plan["layouts"]}, indent=2))
+        return
+    click.echo(f"{why}\nlayouts: {layout_line(plan)}\nrequest: --nodes={plan['nodes_request']}\n"
+               f"{describe(report.limits)}")
 
 
 def _candidates_table(table_cls: Any, res: Any) -> Any:
