@@ -106,6 +106,11 @@ def test_jobs_in_numeric_order_with_sacct_filters_and_forms(db):
     assert [r["job_id"] for r in parsable(db, "jobs", "-j", "12,2")] == ["2", "12"]
     start = dt.datetime.fromtimestamp(T0 + 2 * H).isoformat()
     assert [r["job_id"] for r in parsable(db, "jobs", "-S", start, "-s", "F,TO")] == ["9", "12"]
+    # issue 59: -s selects by any attempt's state, as sacct --duplicates shows attempts: 10 and 11
+    # were preempted once and completed after (their final state alone never matched PR)
+    assert [r["job_id"] for r in parsable(db, "jobs", "-s", "PR")] == ["10", "11"]
+    (by_user,) = parsable(db, "report", "--by", "user", "-s", "PR")
+    assert by_user["jobs"] == "2", by_user
     # piped: tab-separated raw numbers under the keys; -n drops the header; -o picks columns
     tsv = run(db, "jobs", "-o", "job_id,elapsed_s,cpus", "-n").splitlines()
     assert tsv[0] == "2\t3600.0\t8"

@@ -65,8 +65,9 @@ def _select(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("-A", "--account", help="Only these accounts (comma list)."),
         click.option("-r", "--partition", help="Only these partitions (comma list)."),
         click.option("-q", "--qos", help="Only these QOS (comma list)."),
-        click.option("-s", "--state", help="Only jobs whose final state is one of these: full names "
-                                           "or sacct's codes (CD,F,PR,TO,CA,OOM,...)."),
+        click.option("-s", "--state", help="Only jobs with an attempt in one of these states (as sacct "
+                                           "--duplicates shows attempts: -s PR finds a job preempted once, "
+                                           "then completed): full names or sacct's codes (CD,F,PR,TO,CA,OOM,...)."),
         click.option("-S", "--starttime", "--since", "start",
                      help="Submitted at or after: sacct's forms (2026-11-01, 2026-11-01T08:00, 11/01, "
                           "today, now-7days) or an age (7d, 12h)."),

@@ -47,15 +47,24 @@ class Selection(NamedTuple):
     clusters: tuple[str, ...] = ()  # several clusters may share one history (one slurmdbd)
 
     def where(self, t: str = "r", state_col: str = "last_state") -> tuple[str, list[Any]]:
-        """SQL conditions on table alias ``t`` (roll-up column names) and their parameters."""
+        """SQL conditions on table alias ``t`` (roll-up column names) and their parameters. On
+        the roll-up (``state_col`` last_state) the states select a job by any of its attempts'
+        states, as sacct --duplicates shows each attempt: ``-s PR`` finds the jobs preempted
+        once and completed after; on Slurm's attempts (``state``), each attempt by its own."""
         conds: list[str] = ["1=1"]
         params: list[Any] = []
         for col, vals in (("user", self.users), ("account", self.accounts),
                           ("partition", self.partitions), ("qos", self.qos),
                           (state_col, self.states), ("job_id", self.job_ids), ("cluster", self.clusters)):
-            if vals:
-                conds.append(f"{t}.{col} IN ({', '.join('?' * len(vals))})")
-                params.extend(vals)
+            if not vals:
+                continue
+            marks = ", ".join("?" * len(vals))
+            if col == "last_state":
+                conds.append(f"EXISTS (SELECT 1 FROM slurm_jobs a WHERE a.cluster = {t}.cluster AND "
+                             f"a.job_id = {t}.job_id AND a.state IN ({marks}))")
+            else:
+                conds.append(f"{t}.{col} IN ({marks})")
+            params.extend(vals)
         if self.start is not None:
             conds.append(f"{t}.submit >= ?")
             params.append(self.start)
