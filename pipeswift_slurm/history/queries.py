@@ -30,6 +30,12 @@ _ALLOC_TRES = ("NULLIF(trim(COALESCE('cpu=' || r.cpus, '') || COALESCE(',mem=' |
                " || COALESCE(',node=' || r.nodes, '') || CASE WHEN r.gpus > 0 THEN ',gres/gpu=' || r.gpus ELSE '' END,"
                " ','), '')")
 
+#: a roll-up row from Slurm's own records (the jobcomp plugin, sacct, filetxt), not the ones a
+#: run's events stand in for until those come (rows.slurm_records): what the planner learns
+#: from, as a user's run directory is their word (its plan.json's submit time, its partition)
+SLURMS_OWN = ("NOT EXISTS (SELECT 1 FROM slurm_jobs d WHERE d.cluster = job_rollup.cluster AND "
+              "d.job_id = job_rollup.job_id AND d.source = 'pswift')")
+
 #: each job-listing column as SQL over job_rollup r (a plain job's figures; pswift jobs get
 #: their setup/training/checkpoint split and steps lost from the pswift tables)
 LISTING_SQL = {
@@ -180,7 +186,7 @@ class Queries:
         import time as _time
         since = (now if now is not None else _time.time()) - days * 86400
         row = self.conn.execute(
-            "SELECT SUM(preempted), SUM(run_s) FROM job_rollup WHERE partition IS ? AND submit >= ?",
+            f"SELECT SUM(preempted), SUM(run_s) FROM job_rollup WHERE partition IS ? AND submit >= ? AND {SLURMS_OWN}",
             [partition, since]).fetchone()
         pre, run = row if row else (None, None)
         return (pre or 0) / (run / 3600) if run else 0.0
@@ -205,7 +211,7 @@ class Queries:
         """Past queue waits of ``nodes``-node jobs on a partition, newest first: Slurm's own
         submit and start times (jobcomp, sacct), never what a user's plan.json says."""
         rows = self.conn.execute(
-            "SELECT queue_s FROM job_rollup WHERE partition IS ? AND nodes = ? AND queue_s IS NOT NULL "
+            f"SELECT queue_s FROM job_rollup WHERE partition IS ? AND nodes = ? AND queue_s IS NOT NULL AND {SLURMS_OWN} "
             "ORDER BY submit DESC LIMIT ?", [partition, nodes, limit])
         return [float(r[0]) for r in rows if r[0] is not None and r[0] >= 0]
 
@@ -218,8 +224,8 @@ class Queries:
         parts: dict[str, list[float]] = {}
         for part in partitions:
             rows = self.conn.execute(
-                "SELECT user, last_elapsed_s / limit_s FROM job_rollup WHERE partition IS ? AND "
-                "limit_s > 0 AND last_elapsed_s >= 0 ORDER BY submit DESC LIMIT ?", [part, limit])
+                f"SELECT user, last_elapsed_s / limit_s FROM job_rollup WHERE partition IS ? AND "
+                f"limit_s > 0 AND last_elapsed_s >= 0 AND {SLURMS_OWN} ORDER BY submit DESC LIMIT ?", [part, limit])
             for user, share in rows:
                 parts.setdefault(part, []).append(float(share))
                 if user:

@@ -53,6 +53,36 @@ class RunRows:
     dropped_events: int = 0   # valid events beyond eventfold's bounds (attempts, kept bytes)
 
 
+#: a pswift attempt's end (its events' reason) as Slurm names a job's state
+_SLURM_STATE = {"completed": "COMPLETED", "preempted": "PREEMPTED", "cancelled": "CANCELLED",
+                "stopped": "CANCELLED", "time_limit": "TIMEOUT", "grow": "REQUEUED", "hung": "REQUEUED",
+                "running": "RUNNING", "relayout": "RUNNING"}
+
+
+def slurm_records(got: RunRows) -> list[dict[str, Any]]:
+    """A pswift run's attempts as Slurm's attempt records (sacct's keys, source "pswift"), from
+    its own events: what every report reads of a job whose Slurm record (the jobcomp plugin,
+    sacct, filetxt) has not come, and that record replaces them when it comes. Only a run Slurm
+    ran (a job id): a local run has no Slurm attempt. An attempt began, for Slurm, its setup
+    before the ranks' start event."""
+    job = got.job
+    if not job.get("job_id"):
+        return []
+    out = []
+    for a in got.attempts:
+        if a.get("start_time") is None:
+            continue
+        ended = a.get("ended") or "running"
+        out.append({"JOBID": job["job_id"], "CLUSTER": job.get("cluster") or "", "USERNAME": job.get("user"),
+                    "JOBNAME": job.get("name"), "PARTITION": job.get("partition"),
+                    "JOBSTATE": _SLURM_STATE.get(ended, "FAILED"),
+                    "START": a["start_time"] - (a.get("setup_s") or 0.0), "END": a.get("end_time"),
+                    "SUBMIT": job.get("submit_time"), "ELIGIBLE": job.get("submit_time"),
+                    "NODECNT": a.get("nodes"), "WORK_DIR": job["run_dir"],
+                    "EXITCODE": "0:0" if ended == "completed" else None})
+    return out
+
+
 def user_name(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name

@@ -117,9 +117,10 @@ def states(text: str | None) -> tuple[str, ...]:
 
 def job_ids(text: str | None) -> tuple[str, ...]:
     ids = comma_list(text)
-    bad = [j for j in ids if not re.fullmatch(r"\d+([_+]\d+)?", j)]
+    bad = [j for j in ids if not re.fullmatch(r"\d+([_+]\d+)?|local:\d+", j)]
     if bad:
-        raise SelectionError(f"job id {bad[0]!r}: use numbers, comma-separated (-j 12,15,20)")
+        raise SelectionError(f"job id {bad[0]!r}: use numbers, comma-separated (-j 12,15,20), or a local "
+                             f"run's id as listed (local:3)")
     return ids
 
 

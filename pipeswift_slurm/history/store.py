@@ -27,7 +27,7 @@ from pipeswift_slurm.fmt import no_progress
 from pipeswift_slurm.history.queries import Queries
 from pipeswift_slurm.history.schema import COLS as _COLS, MIGRATIONS, ROLLUP as _ROLLUP, UPSERT as _UPSERT
 from pipeswift_slurm.history.rundir import state_dir
-from pipeswift_slurm.history.rows import Owner, RunRows, rows, user_name
+from pipeswift_slurm.history.rows import Owner, RunRows, rows, slurm_records, user_name
 from pipeswift_slurm.slurm.accounting import normalise_record, sacct_read_mark
 
 
@@ -220,7 +220,24 @@ class History(Queries):
         self.skipped_events += got.skipped_events
         self.dropped_events += got.dropped_events
         self._replace_run(run, got, files.events_size, files.events_mtime)
+        self._run_as_slurm_records(got)
         return True
+
+    def _run_as_slurm_records(self, got: RunRows) -> None:
+        """The run's attempts as Slurm's records (rows.slurm_records) where Slurm's own record of
+        the job has not come: every report then sees the job; the derived rows are made anew at
+        each ingest of the run, and gone once Slurm's own arrive (add_slurm_records)."""
+        records = slurm_records(got)
+        if not records:
+            return
+        job_id, cluster = got.job["job_id"], got.job.get("cluster") or ""
+        slurms = self.conn.execute("SELECT COUNT(*) FROM slurm_jobs WHERE job_id = ? AND source != 'pswift' AND "
+                                   "(cluster = ? OR ? = '')", [job_id, cluster, cluster]).fetchone()[0]
+        if slurms:
+            return
+        self.conn.execute("DELETE FROM slurm_jobs WHERE job_id = ? AND cluster = ? AND source = 'pswift'",
+                          [job_id, cluster])
+        self.add_slurm_records(records, "pswift")
 
     def _replace_run(self, run: str, got: RunRows, size: int, mtime: float) -> None:
         conn = self.conn
@@ -290,6 +307,13 @@ class History(Queries):
             conn.execute("DELETE FROM temp.touched")
             conn.execute("DELETE FROM temp.incoming")
             conn.executemany("INSERT OR IGNORE INTO temp.incoming VALUES (?, ?, ?)", keys)
+            if source != "pswift":   # Slurm's own record of a job replaces what pswift derived of it
+                derived = ("source = 'pswift' AND EXISTS (SELECT 1 FROM temp.incoming i WHERE i.job_id = "
+                           "{t}.job_id AND (i.cluster = {t}.cluster OR {t}.cluster = ''))")
+                conn.execute("DELETE FROM job_rollup WHERE cluster = '' AND EXISTS (SELECT 1 FROM slurm_jobs s "
+                             "WHERE s.cluster = '' AND s.job_id = job_rollup.job_id AND "
+                             + derived.format(t="s") + ")")
+                conn.execute("DELETE FROM slurm_jobs WHERE " + derived.format(t="slurm_jobs"))
             known: int = conn.execute("SELECT COUNT(*) FROM temp.incoming i JOIN slurm_jobs s ON "
                                       "s.cluster = i.cluster AND s.job_id = i.job_id AND "
                                       "s.start = i.start").fetchone()[0]

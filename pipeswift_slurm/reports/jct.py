@@ -108,8 +108,8 @@ def run_of(runs: dict[tuple[str, str | None], Row], work: str | None, job_id: st
 def _run_selected(run: Row, sel: Selection) -> bool:
     """A pswift run with no Slurm record: selected by its job id when the selection names jobs,
     else by its partition when it names no user, account, QOS or window."""
-    if sel.job_ids:
-        return run["job_id"] in sel.job_ids
+    if sel.job_ids:   # a local run (no Slurm job id) by the id the listing gives it
+        return run["job_id"] in sel.job_ids or f"local:{run['id']}" in sel.job_ids
     if sel.narrows:
         return False
     return not sel.partitions or run["partition"] in sel.partitions
