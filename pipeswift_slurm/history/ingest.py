@@ -81,7 +81,9 @@ def ingest(h: History, run_dirs: Sequence[Path] = (), spool: Path | None = None,
         for cluster in clusters or [slurm.cluster_name()]:
             _sacct(h, got, cluster)
     got.skipped_events, got.dropped_events = h.skipped_events, h.dropped_events
-    got.attempts, got.pswift_jobs = h.db["slurm_jobs"].count, h.db["jobs"].count
+    # Slurm's own records (not the ones a run's events stand in for until those come)
+    got.attempts = h.conn.execute("SELECT COUNT(*) FROM slurm_jobs WHERE source != 'pswift'").fetchone()[0]
+    got.pswift_jobs = h.db["jobs"].count
     return got
 
 
