@@ -7,6 +7,7 @@ submit command, and its start-up counts (bench/submit_latency.py).
 from __future__ import annotations
 
 import json
+import os
 import time
 import shutil
 import sys
@@ -767,6 +768,41 @@ def _print_simulations(results: list[Any], title: str, width: int, plot: Path | 
             con.print(line, markup=False)
     if plot is not None:
         con.print(f"\ntimeline written to {plot}")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
+              help="The safetensors file to write (a link there is replaced, never written through).")
+@click.option("--step", type=click.IntRange(0, None), help="The committed checkpoint of this step (default: the newest).")
+@_errors
+def export(run_dir: Path, out: Path, step: int | None) -> None:
+    """The trained model of RUN_DIR as one state dict (safetensors), in the order of the model's
+    build_layers and loadable without pipelining: torch.nn.Sequential of those layers, or
+    pipeswift_slurm.load_model(RUN_DIR). Runs with the job's Python (torch, deepspeed).
+
+    Example:
+
+        pswift export pswift-runs/tiny-gpt-20261205-1200-ab12 -o model.safetensors
+    """
+    import subprocess
+    from pipeswift_slurm.errors import PswiftError
+    try:
+        python = json.loads((run_dir / "plan.json").read_text())["python"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CLIError(f"{run_dir} is not a run directory (no readable plan.json); give the folder "
+                       f"`pswift sbatch` printed", 2) from None
+    cmd = [python if Path(python).exists() else sys.executable, "-m", "pipeswift_launch.export",
+           os.path.abspath(run_dir), "-o", os.path.abspath(out)] + (["--step", str(step)] if step is not None else [])
+    # abspath, not resolve: a link at -o is replaced by the export, never followed
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise PswiftError(f"export did not run ({e})") from None
+    if proc.returncode != 0:
+        lines = [x for x in proc.stderr.splitlines() if x.startswith("Error: ")] or proc.stderr.strip().splitlines()[-1:]
+        raise CLIError((lines[-1] if lines else "export failed").removeprefix("Error: "), 1)
+    click.echo(proc.stdout.strip().splitlines()[-1])   # its line, not the libraries' start-up notes
 
 
 @cli.command()
