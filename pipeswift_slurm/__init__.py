@@ -17,3 +17,12 @@ def load_model(run_dir: str, step: int | None = None):  # type: ignore[no-untype
     """
     from pipeswift_launch.export import load_model as _load   # torch: only when asked for
     return _load(run_dir, step)
+
+
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    """``pipeswift_slurm.Job`` (and its Result, JobFailed), imported when first named: the
+    package itself stays as light as `pswift --version` needs."""
+    if name in ("Job", "Result", "JobFailed"):
+        from pipeswift_slurm import submit
+        return getattr(submit, name)
+    raise AttributeError(f"module 'pipeswift_slurm' has no attribute {name!r}")

@@ -8,6 +8,7 @@ refuses the job.
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import time
@@ -24,6 +25,12 @@ from pipeswift_slurm.planning.build import build_plan, limits_of
 from pipeswift_slurm.slurm.sbatch import options_for, planned_option, render
 
 Warn = Callable[[str], None]
+#: where a library caller's warnings go unless it passes ``warn`` (the CLI prints them)
+log = logging.getLogger("pipeswift_slurm")
+
+
+def _logged(msg: str) -> None:
+    log.warning(msg.removeprefix("warning: "))
 
 
 class Prepared(NamedTuple):
@@ -56,19 +63,76 @@ def layout_line(plan: Plan, nodes: int | None = None) -> str:
     return "; ".join(parts)
 
 
-class Job(NamedTuple):
-    """A submitted pswift job (what submitit's ``Job`` is to a function): its id and run
-    directory, and what `pswift status/sbatch --wait/cancel/logs` do, as methods."""
-    prepared: Prepared
-    job_id: str
+#: the states in which a job has ended for good (Slurm may requeue a PREEMPTED attempt)
+ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
+                   "DEADLINE"})
 
-    @property
-    def run_dir(self) -> Path:
-        return self.prepared.run_dir
+
+class JobFailed(PswiftError):
+    """A job that ended otherwise than COMPLETED: its state and cause (``Job.exception``)."""
+
+
+class Result(NamedTuple):
+    """What a completed job made (``Job.result``): its last step, the loss there, its newest
+    committed checkpoint (None without one) and its run directory."""
+    step: int | None
+    loss: float | None
+    checkpoint: Path | None
+    run_dir: Path
+
+
+class Job:
+    """A submitted pswift job (what submitit's ``Job`` is to a function): its id and run
+    directory, and what `pswift status/sbatch --wait/cancel/logs` do, as methods; ``Job.attach``
+    finds one again by its id or run directory."""
+
+    def __init__(self, job_id: str, run_dir: Path, prepared: Prepared | None = None) -> None:
+        self.job_id, self.run_dir, self.prepared = job_id, Path(run_dir), prepared
+
+    def __repr__(self) -> str:
+        return f"Job({self.job_id!r}, {str(self.run_dir)!r})"
+
+    @classmethod
+    def attach(cls, job: str | Path) -> Job:
+        """The pswift job ``job`` names: its Slurm id (this user's registry) or its run directory."""
+        from pipeswift_slurm.reports.watch import NotAJob, UnknownJob, resolve
+        ref = resolve(str(job))
+        if ref.run is None:
+            raise UnknownJob(f"job {job} is not in pswift's registry; attach by its run directory")
+        if not ref.job_id:
+            raise NotAJob(f"{job} is a local run (`pswift run`): it has no Slurm job to attach to")
+        return cls(ref.job_id, ref.run)
 
     def _ref(self) -> Any:
         from pipeswift_slurm.reports.watch import JobRef
         return JobRef(self.job_id, self.run_dir, self.job_id)
+
+    def done(self) -> bool:
+        """Whether the job has ended for good (a requeued one has not), without waiting."""
+        return self.state in ENDED
+
+    def exception(self, timeout: float | None = None) -> JobFailed | None:
+        """After the job ends (waiting up to ``timeout`` s): None if it COMPLETED, else a
+        JobFailed saying its state and the cause its events give."""
+        state = self.wait(timeout)
+        if state == "COMPLETED":
+            return None
+        summary = rundir.summarize(self.run_dir)
+        last = summary["attempts"][-1] if summary["attempts"] else {}
+        crash = (last.get("crashes") or [{}])[-1]
+        cause = crash.get("why") or crash.get("error") or last.get("ended")
+        return JobFailed(f"job {self.job_id} ended {state}" + (f": {cause}" if cause else "")
+                         + f" (pswift logs {self.job_id}; run directory {self.run_dir})")
+
+    def result(self, timeout: float | None = None) -> Result:
+        """After the job ends (waiting up to ``timeout`` s): what it made; JobFailed if it
+        ended otherwise than COMPLETED."""
+        failed = self.exception(timeout)
+        if failed is not None:
+            raise failed
+        summary = rundir.summarize(self.run_dir)
+        ckpts = sorted(p.parent for p in (self.run_dir / "checkpoints").glob("step_*/MANIFEST.json"))
+        return Result(summary["step"], summary["last_loss"], ckpts[-1] if ckpts else None, self.run_dir)
 
     @property
     def state(self) -> str:
@@ -116,7 +180,7 @@ def _planned(cfg: TrainConfig, db: Path | str | None, live: bool, warn: Warn, le
 
 
 def prepare(toml: Path | str | dict[str, Any], run_dir: Path | str | None = None, db: Path | str | None = None,
-            live: bool = True, warn: Warn = lambda msg: None, sbatch_args: Sequence[str] = (),
+            live: bool = True, warn: Warn = _logged, sbatch_args: Sequence[str] = (),
             learn: bool = True, overrides: dict[str, dict[str, Any]] | None = None) -> Prepared:
     """Load and check TOML (a path, or the TOML's tables as a dict, its relative paths from the
     current directory), plan it (live cluster state unless ``live`` is False) and render the
@@ -220,7 +284,7 @@ def grace_warning(partition: str | None, step_s: float | None, checkpoint_s: flo
             f"{math.ceil(need * 1.5)} s, or use a partition that is not preempted")
 
 
-def submit(prepared: Prepared, warn: Warn = lambda msg: None) -> Submission:
+def submit(prepared: Prepared, warn: Warn = _logged) -> Submission:
     """Write the run directory and sbatch it; on refusal nothing is left behind."""
     pred, auto = prepared.plan.get("prediction") or {}, prepared.plan.get("checkpoint_auto") or {}
     for why in (requeue_limit_warning(prepared.config.job.max_requeues),
@@ -236,11 +300,11 @@ def submit(prepared: Prepared, warn: Warn = lambda msg: None) -> Submission:
         raise
     (target / "JOB_ID").write_text(job_id + "\n")
     rundir.register_job(job_id, target)
-    return Submission(prepared, job_id)
+    return Submission(job_id, prepared.run_dir, prepared)
 
 
 def sbatch(toml: Path | str, sbatch_args: Sequence[str] = (), run_dir: Path | str | None = None,
-           db: Path | str | None = None, warn: Warn = lambda msg: None) -> Submission:
+           db: Path | str | None = None, warn: Warn = _logged) -> Submission:
     """``pswift sbatch`` as one call: prepare, write the run directory, submit."""
     return submit(prepare(toml, run_dir, db, warn=warn, sbatch_args=sbatch_args), warn)
 
@@ -285,7 +349,7 @@ class PlanReport(NamedTuple):
 
 
 def plan_report(toml: Path | str, db: Path | str | None = None, live: bool = True,
-                warn: Warn = lambda msg: None, test_only: bool = False,
+                warn: Warn = _logged, test_only: bool = False,
                 overrides: dict[str, dict[str, Any]] | None = None) -> PlanReport:
     """Plan TOML without submitting (nothing written): estimate every candidate layout, choose,
     and say why; warns when the chosen partition's GraceTime is too short for a checkpoint.

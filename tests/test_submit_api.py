@@ -60,9 +60,17 @@ def test_sbatch_submits_through_real_slurm_and_registers_the_job(cluster, exampl
         assert job.state == "PENDING" and job.status()["reason"] == "JobHeldUser"
         with pytest.raises(TimeoutError, match="still PENDING"):
             job.wait(timeout=1)
+        # found again, as submitit's jobs are: by its id and by its run directory
+        import pipeswift_slurm
+        again = pipeswift_slurm.Job.attach(job.job_id)
+        assert (again.job_id, again.run_dir) == (job.job_id, job.run_dir) and not again.done()
+        assert pipeswift_slurm.Job.attach(job.run_dir).job_id == job.job_id
         job.cancel()
         assert job.wait(timeout=60) == "CANCELLED" and job.logs() == ""
         assert job.status()["cancelled"]["user"] == "root"
+        assert again.done() and "ended CANCELLED" in str(again.exception())
+        with pytest.raises(pipeswift_slurm.JobFailed, match="ended CANCELLED"):
+            again.result()
     finally:
         subprocess.run(["scancel", job.job_id])
 
@@ -116,3 +124,18 @@ def test_nothing_is_prefetched_without_a_slurm_configuration(monkeypatch, tmp_pa
     slurm._cache.pop("prefetch", None)
     slurm.prefetch()
     assert "prefetch" not in slurm._cache
+
+
+def test_a_library_callers_warnings_go_through_logging(tmp_path, caplog):
+    """Issue 59, item 8: warnings were dropped unless the caller passed ``warn``; they go to
+    the "pipeswift_slurm" logger (the CLI prints them itself)."""
+    import logging
+    import shutil
+    from helpers import ROOT
+    shutil.copytree(ROOT / "examples" / "tiny-gpt", tmp_path / "ex")
+    toml = tmp_path / "ex" / "train.toml"
+    toml.write_text("\n".join(line for line in toml.read_text().splitlines() if not line.startswith("layer_costs")))
+    with caplog.at_level(logging.WARNING, logger="pipeswift_slurm"):
+        submit.prepare(toml, live=False, learn=False, db=tmp_path / "h.db")
+    assert any(r.name == "pipeswift_slurm" and "no per-layer costs" in r.getMessage() for r in caplog.records), \
+        caplog.records
