@@ -91,3 +91,13 @@ def masked(script: str) -> str:
     assert script.startswith("#!/bin/bash\n") and script.count("\n") > 50
     script = re.sub(r"<<'PSWIFT_EOF'.*?\nPSWIFT_EOF\n", "<<'PSWIFT_EOF' CARRIED\n", script, flags=re.S)
     return re.sub(r"pswift-runs/[^/\s]+", "pswift-runs/RUN", script)
+
+
+def test_every_usage_error_is_one_line(tmp_path):
+    """Issue 59: a folder given where a file is expected (and any other usage error) got click's
+    three lines of usage text; it is one line, saying where the options are listed."""
+    for args, says in ((["plan", str(tmp_path)], "is a directory"), (["sbatch", "--nodez", "1", "t.toml"], "--nodez"),
+                       (["nosuch"], "No such command"), (["simulate", "--width", "5"], "20<=x<=1000")):
+        proc = pswift(*args)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+        assert "--help`)" in proc.stderr

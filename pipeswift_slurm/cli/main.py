@@ -856,9 +856,17 @@ def partition(costs: str, stages: int | None, stages_old: int | None, memory: st
     click.echo(f"bottleneck {max(sums):g}; balance {out['balance']:.1%} (mean stage / slowest)")
 
 
+def _usage_error_in_one_line(self: click.UsageError, file: Any = None) -> None:
+    """click's usage error as one line: what is wrong and where the options are listed (click
+    prints the usage, a hint and the error on three)."""
+    where = f" (see `{self.ctx.command_path} --help`)" if self.ctx is not None else ""
+    click.echo(f"Error: {self.format_message().rstrip('.')}{where}", err=True, file=file)
+
+
 def main() -> None:
     from pipeswift_slurm.terminal import guard
     guard()         # nothing reaches stdout or stderr with a control character in it
+    click.UsageError.show = _usage_error_in_one_line   # type: ignore[method-assign]  # every error: one line
     cli(prog_name="pswift")
 
 
