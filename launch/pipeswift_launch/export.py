@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -25,7 +26,7 @@ from deepspeed.pipe import LayerSpec, TiedLayerSpec
 from safetensors.torch import save_file
 from torch import nn
 
-from . import checkpoint
+from . import checkpoint, gpt2
 from .pipe import resolve
 
 
@@ -154,14 +155,41 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> int:
     return at
 
 
+def export_transformers(run_dir: Path, out: Path, step: int | None = None) -> int:
+    """A Hugging Face folder (``GPT2LMHeadModel.from_pretrained(out)`` loads it) of a run of
+    GPT-2 through pipeswift_launch.gpt2's layers; returns the step it is of."""
+    specs = _specs(_plan(run_dir))
+    if not gpt2.is_pipeline_of(specs):
+        raise ExportError(f"{run_dir} is not a GPT-2 of pipeswift_launch.gpt2's layers: export it as one state "
+                          f"dict (without --hf)")
+    state, at = state_dict(run_dir, step)
+    config, named = gpt2.transformers_state(specs, state)
+    model = gpt2.transformers().GPT2LMHeadModel(config)
+    missing, unexpected = model.load_state_dict(named, strict=False)
+    missing = [k for k in missing if k != "lm_head.weight" and not k.endswith(".attn.bias")
+               and not k.endswith(".attn.masked_bias")]   # tied to wte; buffers transformers makes
+    if missing or unexpected:
+        raise ExportError(f"{run_dir}: the checkpoint does not fill GPT2LMHeadModel (missing {missing[:3]}, "
+                          f"unexpected {unexpected[:3]})")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    model.save_pretrained(str(tmp))
+    if out.is_dir() and not out.is_symlink():
+        shutil.rmtree(out)
+    elif out.exists() or out.is_symlink():
+        out.unlink()
+    os.replace(tmp, out)
+    return at
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m pipeswift_launch.export")
     p.add_argument("run_dir", type=Path)
     p.add_argument("-o", "--output", type=Path, required=True)
     p.add_argument("--step", type=int)
+    p.add_argument("--hf", action="store_true", help="a Hugging Face folder (GPT-2 runs)")
     a = p.parse_args(argv)
     try:
-        at = export(a.run_dir, a.output, a.step)
+        at = (export_transformers if a.hf else export)(a.run_dir, a.output, a.step)
     except ExportError as e:
         print(f"Error: {e}", file=sys.stderr)
         return 1

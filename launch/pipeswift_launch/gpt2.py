@@ -30,6 +30,12 @@ import torch.nn.functional as F
 from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
 
+def transformers() -> Any:
+    """Hugging Face Transformers, imported when a GPT-2 layer or export first needs it."""
+    import transformers.models.gpt2.modeling_gpt2   # optional: only the gpt2 example needs it (binds transformers)
+    return transformers
+
+
 class Positions(nn.Module):
     """Adds the position embedding to the token embeddings, then dropout (GPT-2's embd_pdrop)."""
 
@@ -49,8 +55,7 @@ class Block(nn.Module):
 
     def __init__(self, config: Any, index: int) -> None:
         super().__init__()
-        from transformers.models.gpt2.modeling_gpt2 import GPT2Block   # optional: only the gpt2 example needs it
-        self.block = GPT2Block(config, layer_idx=index)
+        self.block = transformers().models.gpt2.modeling_gpt2.GPT2Block(config, layer_idx=index)
         _init(self, config.initializer_range)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -102,3 +107,26 @@ def pipeline_layers(config: Any) -> list[LayerSpec]:
             *[LayerSpec(Block, config, i) for i in range(config.n_layer)],
             LayerSpec(FinalNorm, config),
             TiedLayerSpec("wte", TokenEmbedding, config, forward_fn=_lm_head, tied_weight_attr="weight")]
+
+
+def transformers_state(specs: list[Any], state: dict[str, torch.Tensor]) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The GPT2Config of :func:`pipeline_layers`' ``specs`` and ``state`` (the unpipelined
+    model's, pipeswift_launch.export) in GPT2LMHeadModel's names: the tied token embedding is
+    ``transformer.wte`` (the LM head ties to it), the positions ``transformer.wpe``, block i
+    ``transformer.h.i``, the final norm ``transformer.ln_f``."""
+    config = specs[0].module_args[0]
+    n = config.n_layer
+    out: dict[str, torch.Tensor] = {"transformer.wte.weight": state["0.weight"],
+                                    "transformer.wpe.weight": state["1.wpe.weight"]}
+    for i in range(n):
+        prefix = f"{2 + i}.block."
+        out.update({f"transformer.h.{i}.{k[len(prefix):]}": v for k, v in state.items() if k.startswith(prefix)})
+    out.update({f"transformer.ln_f.{k.rsplit('.', 1)[1]}": v for k, v in state.items()
+                if k.startswith(f"{2 + n}.ln_f.")})
+    return config, out
+
+
+def is_pipeline_of(specs: list[Any]) -> bool:
+    """Whether ``specs`` are :func:`pipeline_layers`' (GPT-2 through this adapter)."""
+    return bool(specs) and getattr(specs[0], "typename", None) is TokenEmbedding and \
+        getattr(specs[-1], "typename", None) is TokenEmbedding

@@ -775,8 +775,10 @@ def _print_simulations(results: list[Any], title: str, width: int, plot: Path | 
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
               help="The safetensors file to write (a link there is replaced, never written through).")
 @click.option("--step", type=click.IntRange(0, None), help="The committed checkpoint of this step (default: the newest).")
+@click.option("--hf", is_flag=True, help="A Hugging Face folder instead (-o DIR; GPT2LMHeadModel.from_pretrained "
+              "loads it): a run of the gpt2 example (pipeswift_launch.gpt2's layers).")
 @_errors
-def export(run_dir: Path, out: Path, step: int | None) -> None:
+def export(run_dir: Path, out: Path, step: int | None, hf: bool) -> None:
     """The trained model of RUN_DIR as one state dict (safetensors), in the order of the model's
     build_layers and loadable without pipelining: torch.nn.Sequential of those layers, or
     pipeswift_slurm.load_model(RUN_DIR). Runs with the job's Python (torch, deepspeed).
@@ -784,6 +786,8 @@ def export(run_dir: Path, out: Path, step: int | None) -> None:
     Example:
 
         pswift export pswift-runs/tiny-gpt-20261205-1200-ab12 -o model.safetensors
+
+        pswift export pswift-runs/gpt2-20261205-1300-cd34 --hf -o gpt2-trained
     """
     import subprocess
     from pipeswift_slurm.errors import PswiftError
@@ -793,7 +797,8 @@ def export(run_dir: Path, out: Path, step: int | None) -> None:
         raise CLIError(f"{run_dir} is not a run directory (no readable plan.json); give the folder "
                        f"`pswift sbatch` printed", 2) from None
     cmd = [python if Path(python).exists() else sys.executable, "-m", "pipeswift_launch.export",
-           os.path.abspath(run_dir), "-o", os.path.abspath(out)] + (["--step", str(step)] if step is not None else [])
+           os.path.abspath(run_dir), "-o", os.path.abspath(out)] + (["--step", str(step)] if step is not None else []) \
+        + (["--hf"] if hf else [])
     # abspath, not resolve: a link at -o is replaced by the export, never followed
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
