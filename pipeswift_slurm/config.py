@@ -119,6 +119,11 @@ class TrainingSection(NamedTuple):
     #: the most of its time a job spends writing checkpoints (pipeswift_slurm.planning.interval)
     checkpoint_io_share: float
     keep_checkpoints: int
+    #: steps between validation losses (0: none), micro-batches each, and their data (None: the
+    #: training data past the run's last step; pipeswift_launch.train)
+    eval_every: int
+    eval_batches: int
+    eval_data: str | dict[str, Any] | None
     #: "csv", "tensorboard" (pipeswift_launch.metrics)
     metrics: list[str]
     hang_timeout_factor: float
@@ -498,42 +503,43 @@ def _ds_config(v: Any) -> dict[str, Any]:
 TOKEN_DTYPES = {"uint16": 2, "uint32": 4}
 
 
-def _token_file(t: dict[str, Any], base_dir: Path) -> dict[str, Any]:
-    _check_keys("training.data", t, ("tokens", "dtype", "seq_len"), ("tokens", "seq_len"))
-    path = (base_dir / _str("training.data", "tokens", t["tokens"])).resolve()
-    dtype = _choice("training.data", "dtype", t.get("dtype", "uint16"), tuple(TOKEN_DTYPES))
-    seq_len = _int("training.data", "seq_len", t["seq_len"])
+def _token_file(t: dict[str, Any], base_dir: Path, key: str = "data") -> dict[str, Any]:
+    _check_keys(f"training.{key}", t, ("tokens", "dtype", "seq_len"), ("tokens", "seq_len"))
+    path = (base_dir / _str(f"training.{key}", "tokens", t["tokens"])).resolve()
+    dtype = _choice(f"training.{key}", "dtype", t.get("dtype", "uint16"), tuple(TOKEN_DTYPES))
+    seq_len = _int(f"training.{key}", "seq_len", t["seq_len"])
     try:
         size = path.stat().st_size if path.is_file() else None
     except OSError:
         size = None
     if size is None:
-        raise ConfigError(f"[training] data.tokens = {str(t['tokens'])!r}: no such file ({path}); "
+        raise ConfigError(f"[training] {key}.tokens = {str(t['tokens'])!r}: no such file ({path}); "
                           f"write your token ids there as a flat {dtype} array")
     if size % TOKEN_DTYPES[dtype]:
-        raise ConfigError(f"[training] data.tokens: {path} has {size} bytes, not a whole number of "
+        raise ConfigError(f"[training] {key}.tokens: {path} has {size} bytes, not a whole number of "
                           f"{dtype} tokens; is dtype right?")
     if size // TOKEN_DTYPES[dtype] < seq_len + 2:
-        raise ConfigError(f"[training] data.tokens: {path} holds {size // TOKEN_DTYPES[dtype]} tokens, "
+        raise ConfigError(f"[training] {key}.tokens: {path} holds {size // TOKEN_DTYPES[dtype]} tokens, "
                           f"fewer than seq_len + 2 = {seq_len + 2}; use a shorter seq_len")
     return {"tokens": str(path), "dtype": dtype, "seq_len": seq_len}
 
 
-def _data(v: Any, base_dir: Path) -> str | dict[str, Any]:
-    """[training] data: a batch function, a token file or a map-style Dataset."""
+def _data(v: Any, base_dir: Path, key: str = "data") -> str | dict[str, Any]:
+    """[training] data (or eval_data, ``key``): a batch function, a token file or a map-style
+    Dataset."""
     if isinstance(v, str):
-        return _entry("training", "data", v, base_dir)
+        return _entry("training", key, v, base_dir)
     if not isinstance(v, dict):
-        raise ConfigError(f"[training] data must be 'module:function' or a table ({{ tokens = ..., "
+        raise ConfigError(f"[training] {key} must be 'module:function' or a table ({{ tokens = ..., "
                           f"seq_len = ... }} or {{ dataset = 'module:function' }}), got {_type_name(v)}")
     if "tokens" in v:
-        return _token_file(v, base_dir)
+        return _token_file(v, base_dir, key)
     if "dataset" in v:
-        _check_keys("training.data", v, ("dataset", "kwargs"))
-        return {"dataset": _entry("training.data", "dataset", v["dataset"], base_dir),
-                "kwargs": _table("training.data", "kwargs", v.get("kwargs", {}))}
-    raise ConfigError("[training] data table needs tokens = 'path' (a token file) or dataset = "
-                      "'module:function' (a map-style Dataset)")
+        _check_keys(f"training.{key}", v, ("dataset", "kwargs"))
+        return {"dataset": _entry(f"training.{key}", "dataset", v["dataset"], base_dir),
+                "kwargs": _table(f"training.{key}", "kwargs", v.get("kwargs", {}))}
+    raise ConfigError(f"[training] {key} table needs tokens = 'path' (a token file) or dataset = "
+                      f"'module:function' (a map-style Dataset)")
 
 
 def _choice(section: str, key: str, v: Any, choices: tuple[Any, ...]) -> Any:
@@ -582,6 +588,7 @@ def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
                           f"{{{gbs // mbs * mbs or mbs}, {(gbs // mbs + 1) * mbs}}}")
     return TrainingSection(
         **fields, micro_batch_size=mbs, data=_data(t["data"], base_dir), optimizer=opt,
+        eval_data=None if t.get("eval_data") is None else _data(t["eval_data"], base_dir, "eval_data"),
         ds_config=_ds_config(t.get("ds_config", dict(default("training", "ds_config")))),
         checkpoint_dir=ckpt_dir, micro_batch_sizes=options)
 

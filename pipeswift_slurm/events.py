@@ -98,6 +98,7 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
               "host_cores": (_count, False)},
     "step": {"step": (_count, True), "loss": (_num, True), "step_time": (_num, True),
              "loss_hex": (_str, False), "lr": (_num, False)},
+    "eval": {"step": (_count, True), "loss": (_num, True), "batches": (_count, False), "seconds": (_num, False)},
     "checkpoint": {"step": (_count, False), "path": (_str, False), "seconds": (_num, False),
                    "reason": (_str, False), "copy_s": (_num, False), "write_s": (_num, False),
                    "commit_s": (_num, False), "background": (lambda v: isinstance(v, bool), False),

@@ -152,6 +152,14 @@ SETTINGS: tuple[Setting, ...] = (
       "checkpoints: `\"auto\"`'s interval is at least the last write's seconds ÷ this (never shorter "
       "than the write itself), however little a background write stalls training", lo=0.01, hi=1.0,
       plan="training"),
+    S("training", "eval_every", "int", 0, "steps between validation losses (the mean loss of "
+      "`eval_batches` micro-batches of `eval_data`, no gradients: `eval/loss` in the metrics, TensorBoard "
+      "and `pswift plot`); 0: none", lo=0, plan="training"),
+    S("training", "eval_batches", "int", 4, "micro-batches each data-parallel rank evaluates, each "
+      "validation", lo=1, hi=4096, plan="training"),
+    S("training", "eval_data", "special", None, "the validation samples, as `data` (default: the training "
+      "data's batches of the step after the last, which the run never trains on)", plan="training",
+      json=(str, dict, type(None))),
     S("training", "metrics", "choices", ["csv"], "where rank 0 also writes loss, lr, step time, "
       "samples/s and checkpoint stalls, and every start, end, requeue, restart, re-layout and growth, "
       "under the run dir, on one step axis over all attempts: `metrics.csv`, `tensorboard/` (needs "

@@ -84,3 +84,38 @@ def test_metrics_is_a_list_of_known_writers(tmp_path):
         toml = copy_example(tmp_path / f"ex{len(bad)}")
     toml.write_text(toml.read_text().replace("seed = 1", "seed = 1\nmetrics = []", 1))
     assert load_config(toml).training.metrics == []
+
+
+@pytest.mark.deepspeed
+def test_a_validation_loss_reaches_tensorboard_csv_and_the_events(tmp_path):
+    """Issue 59: [training] eval_every runs the pipeline without gradients over eval_batches
+    micro-batches (DeepSpeed's eval_batch on every rank) and records the loss: events.jsonl,
+    metrics.csv and TensorBoard's `eval/loss`, read back with TensorBoard's own reader."""
+    from helpers import pswift, run_events
+    toml = copy_example(tmp_path / "ex", {"steps": "6", "checkpoint_interval": "0", "eval_every": "2"})
+    toml.write_text(toml.read_text().replace("eval_every = 2", 'eval_every = 2\neval_batches = 3\n'
+                                             'metrics = ["csv", "tensorboard"]'))
+    run = tmp_path / "run"
+    proc = pswift("run", "--nodes", "2", "--run-dir", str(run), str(toml), env={"PSWIFT_HOME": str(tmp_path / "h")},
+                  timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    evals = [(e["step"], e["loss"]) for e in run_events(run) if e["event"] == "eval"]
+    assert [s for s, _ in evals] == [2, 4, 6] and all(0 < loss < 20 for _, loss in evals), evals
+    board = tensorboard_scalars(run, "eval/loss")
+    assert [(s, round(v, 4)) for s, v in board] == [(s, round(v, 4)) for s, v in evals]
+    rows = [r for r in csv.DictReader(open(run / "metrics.csv")) if r["event"] == "eval"]
+    assert [int(r["step"]) for r in rows] == [2, 4, 6]
+    steps = [e for e in run_events(run) if e["event"] == "step"]
+    assert [e["step"] for e in steps] == [1, 2, 3, 4, 5, 6]           # validation takes no training step
+
+
+def test_eval_settings_are_checked_as_the_tomls_own(tmp_path):
+    toml = copy_example(tmp_path / "ex", {"eval_every": "-1"})
+    with pytest.raises(ConfigError, match=r"\[training\] eval_every = -1 must be >= 0"):
+        load_config(toml)
+    toml = copy_example(tmp_path / "ex2", {"eval_every": "5"})
+    toml.write_text(toml.read_text().replace("eval_every = 5", 'eval_every = 5\neval_data = { tokens = "none.bin", seq_len = 8 }'))
+    with pytest.raises(ConfigError, match=r"\[training\] eval_data.tokens = 'none.bin': no such file"):
+        load_config(toml)
+    cfg = load_config(copy_example(tmp_path / "ex3", {"eval_every": "5"}))
+    assert (cfg.training.eval_every, cfg.training.eval_batches, cfg.training.eval_data) == (5, 4, None)

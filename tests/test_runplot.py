@@ -77,3 +77,20 @@ def test_an_end_reason_of_tex_math_is_drawn_as_text(tmp_path):
     proc = pswift("plot", str(run), "-o", str(tmp_path / "p.png"))
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_draws_the_validation_losses(tmp_path):
+    """Issue 59: [training] eval_every's losses reach `pswift plot` (points on the loss axis,
+    in the legend); the fold keeps them per attempt."""
+    from pipeswift_slurm.history import eventfold
+    run = _run_dir(tmp_path, [(1, 0, 8, "completed")])
+    with open(run / "events.jsonl", "a") as f:
+        for s in (4, 8):
+            f.write(json.dumps({"event": "eval", "time": 1e9 + s, "attempt": 0, "job_id": "77", "step": s,
+                                "loss": 3.0, "batches": 4}) + "\n")
+    proc = pswift("plot", str(run), "-o", str(tmp_path / "p.png"))
+    assert proc.returncode == 0 and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG", proc.stderr
+    fold = eventfold.Fold()
+    fold.feed((run / "events.jsonl").read_bytes())
+    fold.close()
+    assert [e["step"] for e in fold.attempts()[0]["evals"]] == [4, 8]

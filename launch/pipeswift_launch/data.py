@@ -73,9 +73,10 @@ class MapDataset:
         return batch
 
 
-def source(plan: Plan) -> Callable[..., Batch]:
-    """The job's micro-batch function, ``f(step=, index=, micro_batch_size=, seed=, **kwargs)``."""
-    spec, model_dir = plan["training"]["data"], plan["model"]["dir"]
+def source(plan: Plan, key: str = "data") -> Callable[..., Batch]:
+    """The job's micro-batch function, ``f(step=, index=, micro_batch_size=, seed=, **kwargs)``,
+    of [training] data, or (``key`` "eval_data") of the validation data when it has its own."""
+    spec, model_dir = plan["training"][key], plan["model"]["dir"]
     if isinstance(spec, str):
         return resolve(spec, model_dir)
     if "tokens" in spec:

@@ -5,7 +5,7 @@ all attempts and launches: a launch that resumes from an earlier checkpoint logs
 again, and TensorBoard's reader keeps the newest of each (the writer's purge_step); in the CSV,
 the last row of a step is the one that counts.
 
-Scalars: ``train/loss``, ``train/lr``, ``train/step_time_s``, ``train/samples_per_s``,
+Scalars: ``train/loss``, ``eval/loss`` ([training] eval_every), ``train/lr``, ``train/step_time_s``, ``train/samples_per_s``,
 ``checkpoint/stall_s`` (the time training waited), ``checkpoint/write_s``. Events, each a
 scalar ``events/KIND`` = 1 at its step and a line of text (TensorBoard run ``events``): ``start`` (a launch: its layout),
 ``requeue``, ``end``, ``restart`` (a crash and what the helper does), ``relayout``, ``grow``."""
@@ -116,6 +116,9 @@ class Metrics:
             row.update(event="step", loss=rec["loss"], lr=rec.get("lr", ""), step_time_s=dt,
                        samples_per_s=scalars.get("train/samples_per_s", ""))
             return scalars, "train"
+        if rec["event"] == "eval":
+            row.update(event="eval", loss=rec["loss"], detail=f"validation of {rec.get('batches', '?')} micro-batch(es)")
+            return {"eval/loss": float(rec["loss"])}, "train"
         if rec["event"] == "checkpoint" and rec.get("seconds") is not None:
             scalars = {"checkpoint/stall_s": float(rec["seconds"])}
             if rec.get("write_s") is not None:

@@ -237,6 +237,26 @@ def _save(att: Attempt, reason: str) -> None:
     att.checkpoints.save(att.step, _meta(att, reason))
 
 
+def _evaluate(att: Attempt, data_kwargs: dict[str, Any]) -> None:
+    """The validation loss ([training] eval_every): ``eval_batches`` micro-batches of each
+    data-parallel rank through the pipeline without gradients (DeepSpeed's eval_batch: every
+    rank calls it, the mean loss comes back to each); rank 0 records it. Without [training]
+    eval_data, the training data's batches of the step after the last, which the run never
+    trains on: the same samples at every validation, so the losses compare."""
+    t = att.plan["training"]
+    n, mbs = int(t["eval_batches"]), att.layout["micro_batch_size"]
+    own = t["eval_data"] is not None
+    fn = data.source(att.plan, "eval_data" if own else "data")
+    dp_rank = att.engine.grid.data_parallel_id
+    batches = [fn(step=0 if own else int(t["steps"]), index=dp_rank * n + i, micro_batch_size=mbs,
+                  seed=int(t["seed"]), **data_kwargs) for i in range(n)]
+    ts = time.time()
+    loss = float(att.engine.eval_batch(data_iter=iter(batches), num_micro_batches=n).item())
+    if att.rank == 0:
+        att.events.emit("eval", step=att.step, loss=loss, batches=n, seconds=round(time.time() - ts, 6))
+        print(f"eval at step {att.step}: loss {loss:.6f}", flush=True)
+
+
 def _train(att: Attempt) -> int:
     """Steps until the last one or a stop request every rank agrees on; returns the stop code."""
     plan, t, engine = att.plan, att.plan["training"], att.engine
@@ -279,6 +299,8 @@ def _train(att: Attempt) -> int:
             att.events.emit("step", step=att.step, loss=lv, loss_hex=lv.hex(), step_time=round(dt, 6),
                             lr=float(engine.get_lr()[0]))
             print(f"step {att.step}/{steps} loss {lv:.6f} ({dt * 1000:.1f} ms)", flush=True)
+        if t["eval_every"] and att.step % int(t["eval_every"]) == 0:   # every rank, at the same step
+            _evaluate(att, data_kwargs)
         if profiler.handles and (att.step - first == PROFILE_STEPS[-1] or att.step >= steps):
             profiled = _emit_profile(profiler, timer, att)
             if att.step < steps:

@@ -49,12 +49,13 @@ MAX_SLOW_BYTES = 16 << 20
 MAX_LINE = 8 << 20
 #: per attempt: a launch per restart and per re-layout (each bounded by the plan at 100), a crash
 #: per restart, a checkpoint per re-layout or growth
-PER_ATTEMPT = {"relayouts": 100, "grows": 100, "starts": 300, "crashes": 300, "checkpoints": 200}
+PER_ATTEMPT = {"relayouts": 100, "grows": 100, "starts": 300, "crashes": 300, "checkpoints": 200,
+               "evals": 1000}   # validation losses ([training] eval_every): the plot's points
 MAX_PROFILES = 16
 #: the checkpoint reasons whose events are kept (their writers' outcomes read them)
 KEPT_CHECKPOINTS = ("relayout", "grow")
 _LISTS = {"checkpoint": "checkpoints", "layer_profile": "profiles", "start": "starts",
-          "relayout": "relayouts", "grow": "grows", "crash": "crashes"}
+          "relayout": "relayouts", "grow": "grows", "crash": "crashes", "eval": "evals"}
 
 # the launcher's step line, exactly as events.Writer writes it (json.dumps, default separators)
 _NUM = rb"(-?(?:0|[1-9][0-9]{0,15})(?:\.[0-9]{1,20})?(?:[eE][-+]?[0-9]{1,3})?)"

@@ -46,6 +46,9 @@ def draw(attempts: list[dict[str, Any]], title: str, out: Path) -> list[str]:
         steps, colour = list(a["steps"].step), colours[i % len(colours)]
         loss_ax.plot(steps, list(a["steps"].loss), color=colour, lw=1.2, label=_start_label(a))
         time_ax.plot(steps, list(a["steps"].step_time), color=colour, lw=0.8)
+        if a["evals"]:   # validation losses ([training] eval_every): points on the loss's axis
+            loss_ax.plot([e["step"] for e in a["evals"]], [e["loss"] for e in a["evals"]], "o", ms=4,
+                         mfc="none", color=colour, label=f"attempt {a['attempt']} validation")
         first = (a["start"] or {}).get("step", steps[0] - 1)
         for ax in (loss_ax, time_ax):
             ax.axvline(first, color=colour, ls=":", lw=1)
