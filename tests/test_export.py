@@ -1,5 +1,5 @@
 """Issue 59, item 7: the trained model out of a run. `pswift export RUN_DIR -o FILE` writes one
-state dict in build_layers' order; `pipeswift_slurm.load_model(RUN_DIR)` is the model without
+state dict in build_layers' order; `pipeswift_slurm.api.load_model(RUN_DIR)` is the model without
 pipelining. Through a real 2-stage DeepSpeed run on CPU: the exported weights of checkpoint k,
 loaded into torch.nn.Sequential of the layers, give on step k+1's batch the loss the pipeline
 logged for step k+1 (computed with the weights after step k), within 1e-5."""
@@ -66,7 +66,7 @@ def test_an_exported_model_gives_the_pipelines_loss_without_pipelining(tmp_path)
     hf = pswift("export", str(run), "--hf", "-o", str(tmp_path / "hf"))      # not a GPT-2: one line
     assert hf.returncode == 1 and "is not a GPT-2" in hf.stderr and hf.stderr.count("\n") == 1, hf.stderr
     # the library call: the model without pipelining, the newest checkpoint's weights, in eval mode
-    newest = subprocess.run([sys.executable, "-c", "import pipeswift_slurm, sys; m = pipeswift_slurm.load_model(sys.argv[1]); "
+    newest = subprocess.run([sys.executable, "-c", "import sys; from pipeswift_slurm.api import load_model; m = load_model(sys.argv[1]); "
                              "print(len(m), m.training)", str(run)], capture_output=True, text=True, timeout=300)
     layers = int(starts[0]["boundaries"][-1])          # the last boundary: the model's layer count
     assert newest.returncode == 0 and newest.stdout.split()[-2:] == [str(layers), "False"], newest.stderr[-1500:]

@@ -168,8 +168,8 @@ def test_a_dry_run_script_runs_to_completed_and_status_logs_and_history_know_it(
     assert (Path(run) / "JOB_ID").read_text().strip() == job
     assert "step 6" in pswift("logs", job, check=True).stdout or "6/6" in pswift("logs", job, check=True).stdout
     # the Python job object, attached by id after the fact (issue 59, item 8)
-    import pipeswift_slurm
-    got = pipeswift_slurm.Job.attach(job).result()
+    from pipeswift_slurm import api
+    got = api.Job.attach(job).result()
     assert got.step == 6 and got.loss is not None and got.run_dir == Path(run) and got.checkpoint is not None
     assert f"last loss {got.loss:.6f}" in status
     db = tmp_path / "h.db"

@@ -61,15 +61,15 @@ def test_sbatch_submits_through_real_slurm_and_registers_the_job(cluster, exampl
         with pytest.raises(TimeoutError, match="still PENDING"):
             job.wait(timeout=1)
         # found again, as submitit's jobs are: by its id and by its run directory
-        import pipeswift_slurm
-        again = pipeswift_slurm.Job.attach(job.job_id)
+        from pipeswift_slurm import api
+        again = api.Job.attach(job.job_id)
         assert (again.job_id, again.run_dir) == (job.job_id, job.run_dir) and not again.done()
-        assert pipeswift_slurm.Job.attach(job.run_dir).job_id == job.job_id
+        assert api.Job.attach(job.run_dir).job_id == job.job_id
         job.cancel()
         assert job.wait(timeout=60) == "CANCELLED" and job.logs() == ""
         assert job.status()["cancelled"]["user"] == "root"
         assert again.done() and "ended CANCELLED" in str(again.exception())
-        with pytest.raises(pipeswift_slurm.JobFailed, match="ended CANCELLED"):
+        with pytest.raises(api.JobFailed, match="ended CANCELLED"):
             again.result()
     finally:
         subprocess.run(["scancel", job.job_id])

@@ -781,7 +781,7 @@ def _print_simulations(results: list[Any], title: str, width: int, plot: Path | 
 def export(run_dir: Path, out: Path, step: int | None, hf: bool) -> None:
     """The trained model of RUN_DIR as one state dict (safetensors), in the order of the model's
     build_layers and loadable without pipelining: torch.nn.Sequential of those layers, or
-    pipeswift_slurm.load_model(RUN_DIR). Runs with the job's Python (torch, deepspeed).
+    pipeswift_slurm.api.load_model(RUN_DIR). Runs with the job's Python (torch, deepspeed).
 
     Example:
 
