@@ -235,11 +235,12 @@ def batch(**kw):
 
 
 def test_a_periodic_checkpoint_is_written_in_the_background_and_counts_only_once_committed(tmp_path):
-    """Each stage file of step 12 takes 2 s more to write (the fault hook) while steps take
+    """Each stage file of step 12 takes 4 s more to write (the fault hook) while steps take
     ~0.3 s: training goes on meanwhile, and the checkpoint is committed at a later step's end,
     once every file is on disk. The one due at step 16 waits for that commit rather than
     training waiting for the write; a run resumed from a background checkpoint has the
-    uninterrupted run's losses."""
+    uninterrupted run's losses. (With 2 s, a loaded host's steps, 0.5 s of wall time each,
+    let the commit come at step 16's own end, where nothing was left to wait for: CI saw it.)"""
     ckpt = tmp_path / "ckpt"
 
     def config(d):
@@ -249,7 +250,7 @@ def test_a_periodic_checkpoint_is_written_in_the_background_and_counts_only_once
         return toml
     run = tmp_path / "run"
     proc = pswift("run", "--run-dir", str(run), str(config(tmp_path / "a")),
-                  env={"PSWIFT_FAULT_SLOW_CHECKPOINT": "12:2"})
+                  env={"PSWIFT_FAULT_SLOW_CHECKPOINT": "12:4"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     evs = run_events(run)
     saved = [e for e in evs if e["event"] == "checkpoint"]
