@@ -184,6 +184,8 @@ def _print_dry_run(p: Any) -> None:
     from pipeswift_slurm.planning.build import limits_of
     from pipeswift_slurm.planning.limits import describe
     note(f"# {describe(limits_of(plan))}")
+    if p.sbatch_args:
+        note(f"# sbatch arguments: {' '.join(p.sbatch_args)} (#SBATCH lines of the script)")
     from pipeswift_slurm.submit import dry_run_script
     note(f"# run directory {p.run_dir}: the script makes it when the job first starts (`sbatch job.sh`)")
     click.echo(dry_run_script(p), nl=False)
