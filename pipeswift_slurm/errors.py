@@ -27,6 +27,12 @@ class SlurmError(PswiftError):
     exit_code = 1
 
 
+class SlurmAbsent(SlurmError):
+    """Slurm cannot be asked on this machine at all: no client commands, a SLURM_CONF that is no
+    file, no configuration a configless lookup finds. Not an outage; a command that can answer
+    from a run's own records does (status, logs -f)."""
+
+
 class SlurmUnreachable(SlurmError):
     """slurmctld did not answer (down, restarting, failing over): an outage, not a failure of
     the job; callers that can go on without Slurm's word say so and carry on."""

@@ -134,7 +134,7 @@ def state(ref: JobRef, summary: dict[str, Any] | None, db: Path | None = None) -
     """The job's state from the first that knows it: Slurm's queue, slurmdbd, the history, the
     run's own events (a local run has only those); ``Seen("UNKNOWN", "none")`` when none does.
     While slurmctld does not answer, the others are asked and ``unreachable`` says why."""
-    from pipeswift_slurm.errors import SlurmError, SlurmUnreachable
+    from pipeswift_slurm.errors import SlurmAbsent, SlurmUnreachable
     from pipeswift_slurm.slurm import client as slurm
     down = absent = ""
     if ref.job_id:
@@ -142,14 +142,14 @@ def state(ref: JobRef, summary: dict[str, Any] | None, db: Path | None = None) -
             info = slurm.job_info(ref.job_id)
         except SlurmUnreachable as e:
             info, down = None, str(e)
-        except SlurmError as e:   # no Slurm to ask on this machine: the rest still know
+        except SlurmAbsent as e:   # no Slurm to ask on this machine: the rest still know
             info, absent = None, slurm.brief(e)
         if info is not None:
             return Seen(info.state, "slurm", info.reason if info.reason not in ("None",) else "",
                         info.restarts, info.nodes)
         try:
             acct = slurm.sacct_state(ref.job_id) if not absent else None
-        except SlurmError:
+        except SlurmUnreachable:
             acct = None
         if acct is not None and not (down and acct[0] == "PENDING"):
             return Seen(acct[0], "sacct", restarts=acct[1], unreachable=down)
@@ -166,13 +166,13 @@ def state(ref: JobRef, summary: dict[str, Any] | None, db: Path | None = None) -
 def has_ended(job_id: str, run: Path, note: Callable[[str], None]) -> bool:
     """Whether the job has ended, for `logs -f`: Slurm's word; while slurmctld does not answer,
     not yet; where Slurm cannot be asked at all, the run's events' word (said once)."""
-    from pipeswift_slurm.errors import SlurmError, SlurmUnreachable
+    from pipeswift_slurm.errors import SlurmAbsent, SlurmUnreachable
     from pipeswift_slurm.slurm import client as slurm
     try:
         info = slurm.job_info(job_id)
     except SlurmUnreachable:
         return False
-    except SlurmError as e:
+    except SlurmAbsent as e:
         note(f"note: Slurm not asked ({slurm.brief(e)}); the job's end is its events'")
         seen = _from_events(rundir.summarize(run))
         return seen is not None and seen.state != "RUNNING"

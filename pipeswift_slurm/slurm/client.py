@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from pipeswift_slurm.slurm.queue import ClusterState
 
 from pipeswift_slurm.slurm import outage, records
-from pipeswift_slurm.errors import SlurmError, SlurmUnreachable
+from pipeswift_slurm.errors import SlurmAbsent, SlurmError, SlurmUnreachable
 from pipeswift_slurm.slurm.records import JobInfo, NodeState
 
 TERMINAL_STATES = records.TERMINAL_STATES
@@ -64,12 +64,12 @@ def _run_once(cmd: Sequence[str], timeout: float, check: bool, survive_term: boo
               env: dict[str, str] | None) -> subprocess.CompletedProcess[str]:
     exe = cmd[0]
     if shutil.which(exe) is None:
-        raise SlurmError(f"{exe}: command not found; install Slurm's client tools (slurm-client) or "
+        raise SlurmAbsent(f"{exe}: command not found; install Slurm's client tools (slurm-client) or "
                          f"start the dev cluster with scripts/slurm-dev-cluster start")
     conf = os.environ.get("SLURM_CONF")
     if conf and not os.path.isfile(conf):
         # Slurm's clients (`--version` too) retry for a minute or wait for a configless server
-        raise SlurmError(f"`{shlex.join(cmd)}` not run: SLURM_CONF={conf} is not a file; "
+        raise SlurmAbsent(f"`{shlex.join(cmd)}` not run: SLURM_CONF={conf} is not a file; "
                          f"point it at the cluster's slurm.conf or unset it")
     try:
         proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env,
@@ -83,8 +83,13 @@ def _run_once(cmd: Sequence[str], timeout: float, check: bool, survive_term: boo
         raise SlurmUnreachable(f"`{shlex.join(cmd)}`: {_one_line(proc.stderr or proc.stdout)}")
     if check and proc.returncode != 0:
         said = _one_line(proc.stderr or proc.stdout or "no output")
-        raise SlurmError(f"`{shlex.join(cmd)}` failed (exit {proc.returncode}): {said}")
+        kind = SlurmAbsent if _NO_CONFIGURATION.search(proc.stderr or "") else SlurmError
+        raise kind(f"`{shlex.join(cmd)}` failed (exit {proc.returncode}): {said}")
     return proc
+
+
+#: what Slurm's clients say when they find no configuration (no file, and no configless server)
+_NO_CONFIGURATION = re.compile(r"Could not establish a configuration source")
 
 
 def _ignore_term() -> None:
