@@ -231,8 +231,11 @@ class History(Queries):
         if not records:
             return
         job_id, cluster = got.job["job_id"], got.job.get("cluster") or ""
-        slurms = self.conn.execute("SELECT COUNT(*) FROM slurm_jobs WHERE job_id = ? AND source != 'pswift' AND "
-                                   "(cluster = ? OR ? = '')", [job_id, cluster, cluster]).fetchone()[0]
+        # by the roll-up's job number (indexed), then each roll-up's own rows (the primary key)
+        slurms = self.conn.execute(
+            "SELECT COUNT(*) FROM job_rollup r WHERE r.job_num = CAST(? AS INTEGER) AND r.job_id = ? AND (r.cluster = ? OR ? = '') "
+            "AND EXISTS (SELECT 1 FROM slurm_jobs s WHERE s.cluster = r.cluster AND s.job_id = r.job_id AND "
+            "s.source != 'pswift')", [job_id, job_id, cluster, cluster]).fetchone()[0]
         if slurms:
             return
         self.conn.execute("DELETE FROM slurm_jobs WHERE job_id = ? AND cluster = ? AND source = 'pswift'",
@@ -308,12 +311,7 @@ class History(Queries):
             conn.execute("DELETE FROM temp.incoming")
             conn.executemany("INSERT OR IGNORE INTO temp.incoming VALUES (?, ?, ?)", keys)
             if source != "pswift":   # Slurm's own record of a job replaces what pswift derived of it
-                derived = ("source = 'pswift' AND EXISTS (SELECT 1 FROM temp.incoming i WHERE i.job_id = "
-                           "{t}.job_id AND (i.cluster = {t}.cluster OR {t}.cluster = ''))")
-                conn.execute("DELETE FROM job_rollup WHERE cluster = '' AND EXISTS (SELECT 1 FROM slurm_jobs s "
-                             "WHERE s.cluster = '' AND s.job_id = job_rollup.job_id AND "
-                             + derived.format(t="s") + ")")
-                conn.execute("DELETE FROM slurm_jobs WHERE " + derived.format(t="slurm_jobs"))
+                _drop_derived(conn, {(r["cluster"], r["job_id"]) for r in rows})
             known: int = conn.execute("SELECT COUNT(*) FROM temp.incoming i JOIN slurm_jobs s ON "
                                       "s.cluster = i.cluster AND s.job_id = i.job_id AND "
                                       "s.start = i.start").fetchone()[0]
@@ -589,6 +587,17 @@ def _lstat_regular(path: str) -> bool:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+def _drop_derived(conn: sqlite3.Connection, jobs: set[tuple[str, str]]) -> None:
+    """The rows a run's events stood in for (source 'pswift', rows.slurm_records) of ``jobs``
+    (cluster, job id), on their cluster or none known (''), and the roll-ups of the latter: each
+    by the primary key (the jobcomp plugin merges at every job's end: no scan of the table)."""
+    pairs = [(c, j) for c, j in jobs] + [("", j) for c, j in jobs if c]
+    conn.executemany("DELETE FROM job_rollup WHERE cluster = '' AND job_id = ? AND EXISTS (SELECT 1 FROM "
+                     "slurm_jobs s WHERE s.cluster = '' AND s.job_id = ? AND s.source = 'pswift')",
+                     [(j, j) for c, j in pairs if c == ""])
+    conn.executemany("DELETE FROM slurm_jobs WHERE cluster = ? AND job_id = ? AND source = 'pswift'", pairs)
 
 
 def safe_open(path: Path | str | None = None, warn: Any = None, create: bool = True) -> History | None:
