@@ -248,8 +248,7 @@ def read_owned(path: str, names: tuple[str, ...], timeout: float = 30.0,
     directory is opened once for its owner, and reopened for the reads only as that owner's (a
     folder swapped in between is refused), so the owner is the files' own, never a second
     lookup's."""
-    dfd, owner = _open_dir(path, None)
-    os.close(dfd)
+    owner = dir_owner(path)
     if os.geteuid() != 0 or owner == 0:
         return owner, _read_named(path, names, owner, events_sink)
     import pwd
@@ -276,8 +275,7 @@ def become_owner(path: str) -> int:
     process is root and the owner is not, this process becomes the owner for good (a command
     that only reads the user's files, such as `pswift logs -f`, then reads nothing the owner
     could not)."""
-    dfd, owner = _open_dir(path, None)
-    os.close(dfd)
+    owner = dir_owner(path)
     if os.geteuid() == 0 and owner != 0:
         import pwd
         try:
@@ -294,8 +292,7 @@ def write_for_command(path: str, name: str, blob: bytes, timeout: float = 30.0) 
     created new beside it without following one, and, when this process is root and the
     directory's owner is not, by a child dropped to that owner (so root writes nothing the owner
     could not, through any link the owner planted). Raises UnsafeFile or OSError."""
-    dfd, owner = _open_dir(path, None)
-    os.close(dfd)
+    owner = dir_owner(path)
     if os.geteuid() != 0 or owner == 0:
         _write_named(path, name, blob, owner)
         return
