@@ -23,8 +23,11 @@ from typing import Any, Callable
 
 import torch
 from deepspeed.pipe import LayerSpec, TiedLayerSpec
-from safetensors.torch import save_file
+from safetensors.torch import save
 from torch import nn
+
+from pipeswift_slurm.errors import OutputRefused
+from pipeswift_slurm.userfiles import write_output
 
 from . import checkpoint, gpt2
 from .pipe import resolve
@@ -143,15 +146,13 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> int:
     """Write the model's state dict (safetensors) to ``out`` whole (a new file renamed over it);
     returns the step it is of."""
     state, at = state_dict(run_dir, step)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        # shared storage (a tied weight) is written once per name: save_file needs its own copy each
-        save_file({k: v.contiguous().clone() for k, v in state.items()}, str(tmp),
-                  metadata={"pswift_step": str(at), "pswift_run_dir": str(run_dir)})
-        os.replace(tmp, out)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise ExportError(f"cannot write {out}: {e.strerror or e}") from None
+    # shared storage (a tied weight) is written once per name: each name gets its own copy
+    blob = save({k: v.contiguous().clone() for k, v in state.items()},
+                metadata={"pswift_step": str(at), "pswift_run_dir": str(run_dir)})
+    try:   # pswift's one output opener: a new file renamed over the name (a link there replaced)
+        write_output(out, lambda f: f.write(blob))
+    except OutputRefused as e:
+        raise ExportError(str(e)) from None
     return at
 
 
