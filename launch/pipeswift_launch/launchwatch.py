@@ -40,7 +40,8 @@ def watch(folder: Path, srun_pid: int, grace_s: float = decide.SILENT_GRACE_S) -
     """Until srun ends: the silent nodes it was stopped for (empty: it ended by itself)."""
     failed_at: float | None = None
     while _alive(srun_pid):
-        began = launchrec.began_on(folder)
+        # the ranks' begin records are read once a launch failed (before, srun's word is not needed)
+        began = launchrec.began_on(folder) if failed_at is not None else {}
         ended, failed = _heard(folder, began)
         if failed and failed_at is None:
             failed_at = time.monotonic()
