@@ -163,8 +163,10 @@ SETTINGS: tuple[Setting, ...] = (
     S("training", "metrics", "choices", ["csv"], "where rank 0 also writes loss, lr, step time, "
       "samples/s and checkpoint stalls, and every start, end, requeue, restart, re-layout and growth, "
       "under the run dir, on one step axis over all attempts: `metrics.csv`, `tensorboard/` (needs "
-      "the `tensorboard` package where the job runs; `pip install 'pipeswift-slurm[metrics]'`); `[]`: none",
-      choices=("csv", "tensorboard"), plan="training", shown_default='`["csv"]`'),
+      "the `tensorboard` package where the job runs; `pip install 'pipeswift-slurm[metrics]'`), `wandb/` "
+      "(an offline W&B run per launch, one run id per run dir: `wandb sync RUN_DIR/wandb/offline-run-*` "
+      "afterwards; needs `pipeswift-slurm[wandb]`; `WANDB_MODE`, `WANDB_PROJECT` apply); `[]`: none",
+      choices=("csv", "tensorboard", "wandb"), plan="training", shown_default='`["csv"]`'),
     S("training", "keep_checkpoints", "int", 2, "complete checkpoints kept", lo=2, plan="training"),
     S("training", "hang_timeout_factor", "float", 10.0, "a rank that finishes no step for "
       "max(hang_timeout_min_s, factor × p95 step time) ends the attempt", lo=2.0, plan="training"),

@@ -431,3 +431,20 @@ def tensorboard_scalars(run: Path, tag: str) -> list[tuple[int, float]]:
     acc = EventAccumulator(str(run / "tensorboard" / ("events" if tag.startswith("events/") else "train")))
     acc.Reload()
     return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+def wandb_history(run: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of ``tag`` in every offline W&B run under the run directory, oldest first,
+    read with wandb's own reader of its transaction log (``wandb leet inspect --json``)."""
+    import glob
+    wandb_cli = Path(sys.executable).with_name("wandb")
+    points = []
+    for offline in sorted(glob.glob(str(run / "wandb" / "offline-run-*"))):
+        out = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", offline], capture_output=True,
+                             text=True, timeout=120, check=True).stdout
+        for line in out.splitlines():
+            rec = json.loads(line)
+            item = rec.get("history", {}).get("item", {}) if rec.get("type") == "history" else {}
+            if tag in item:
+                points.append((int(item["_step"]), float(item[tag])))
+    return points

@@ -62,39 +62,67 @@ def test_three_launches_make_one_curve_in_tensorboard_and_the_csv_keeps_every_ro
     assert rows[0]["detail"] == "2 node(s) x 2 stage(s) x 1 data-parallel from step 0"
 
 
+def test_every_launch_of_a_run_is_one_offline_wandb_run_id_read_back_by_wandb(tmp_path, monkeypatch):
+    """W&B: each launch writes an offline run under RUN_DIR/wandb, all under the run directory's
+    one id (`wandb sync` of them makes one run); the history read back with wandb's own reader."""
+    from pipeswift_launch import metrics
+    from helpers import wandb_history
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    for attempt, (first, last) in enumerate(((0, 3), (3, 5))):
+        w = events.Writer(tmp_path, True, attempt, "7")
+        sink = metrics.attach(w, tmp_path, {"metrics": ["wandb"], "global_batch_size": 32})
+        w.emit("start", nodes=2, world_size=2, stages=2, data_parallel=1, micro_batches=4, micro_batch_size=8,
+               step=first)
+        for s in range(first + 1, last + 1):
+            w.emit("step", step=s, loss=5.0 - s / 10, step_time=0.5, lr=1e-3)
+        w.close()
+        sink.close()
+    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith("-" + metrics.wandb_run_id(tmp_path)) for r in runs)
+    assert wandb_history(tmp_path, "train/loss") == [(s, pytest.approx(5.0 - s / 10)) for s in range(1, 6)]
+    assert [s for s, _ in wandb_history(tmp_path, "train/samples_per_s")] == [1, 2, 3, 4, 5]
+
+
 def test_a_metrics_failure_is_said_once_and_training_events_go_on(tmp_path, capsys):
     from pipeswift_launch import metrics
     w = events.Writer(tmp_path, True, 0, "7")
-    sink = metrics.attach(w, tmp_path, {"metrics": ["csv"], "global_batch_size": 8})
-    sink._csv_fh.close()                      # as a full or vanished file system would fail it
+    sink = metrics.attach(w, tmp_path, {"metrics": ["csv", "tensorboard"], "global_batch_size": 8})
+    sink._sinks["csv"]._fh.close()            # as a full or vanished file system would fail it
     for s in (1, 2):
         w.emit("step", step=s, loss=1.0, step_time=0.1)
     w.close()
+    sink.close()
     assert [e["step"] for e in events.read(tmp_path)[0]] == [1, 2]
-    assert capsys.readouterr().err.count("metrics stopped") == 1
+    assert capsys.readouterr().err.count("metrics stopped (csv: ValueError") == 1
+    assert [s for s, _ in tensorboard_scalars(tmp_path, "train/loss")] == [1, 2]   # the other sink goes on
 
 
 def test_metrics_is_a_list_of_known_writers(tmp_path):
     toml = copy_example(tmp_path / "ex")
     assert load_config(toml).training.metrics == ["csv"]
-    for bad in ('"csv"', '["csv", "wandb"]', "[1]"):
+    for bad in ('"csv"', '["csv", "mlflow"]', "[1]"):
         toml.write_text(toml.read_text().replace("seed = 1", f"seed = 1\nmetrics = {bad}", 1))
-        with pytest.raises(ConfigError, match=r"\[training\] metrics = .*: give a list of 'csv', 'tensorboard'"):
+        with pytest.raises(ConfigError, match=r"\[training\] metrics = .*: give a list of 'csv', 'tensorboard', 'wandb'"):
             load_config(toml)
         toml = copy_example(tmp_path / f"ex{len(bad)}")
     toml.write_text(toml.read_text().replace("seed = 1", "seed = 1\nmetrics = []", 1))
     assert load_config(toml).training.metrics == []
+    from pipeswift_launch import metrics              # the job writes every sink the config accepts
+    from pipeswift_slurm.settings import SETTINGS
+    (known,) = [s.choices for s in SETTINGS if (s.section, s.key) == ("training", "metrics")]
+    assert set(metrics.SINKS) == set(known)
 
 
 @pytest.mark.deepspeed
-def test_a_validation_loss_reaches_tensorboard_csv_and_the_events(tmp_path):
+def test_a_validation_loss_reaches_tensorboard_wandb_csv_and_the_events(tmp_path):
     """Issue 59: [training] eval_every runs the pipeline without gradients over eval_batches
     micro-batches (DeepSpeed's eval_batch on every rank) and records the loss: events.jsonl,
-    metrics.csv and TensorBoard's `eval/loss`, read back with TensorBoard's own reader."""
-    from helpers import pswift, run_events
+    metrics.csv, TensorBoard's and W&B's `eval/loss`, each read back with the library's own
+    reader; W&B's offline run holds the whole loss history."""
+    from helpers import pswift, run_events, wandb_history
     toml = copy_example(tmp_path / "ex", {"steps": "6", "checkpoint_interval": "0", "eval_every": "2"})
     toml.write_text(toml.read_text().replace("eval_every = 2", 'eval_every = 2\neval_batches = 3\n'
-                                             'metrics = ["csv", "tensorboard"]'))
+                                             'metrics = ["csv", "tensorboard", "wandb"]'))
     run = tmp_path / "run"
     proc = pswift("run", "--nodes", "2", "--run-dir", str(run), str(toml), env={"PSWIFT_HOME": str(tmp_path / "h")},
                   timeout=600)
@@ -107,6 +135,9 @@ def test_a_validation_loss_reaches_tensorboard_csv_and_the_events(tmp_path):
     assert [int(r["step"]) for r in rows] == [2, 4, 6]
     steps = [e for e in run_events(run) if e["event"] == "step"]
     assert [e["step"] for e in steps] == [1, 2, 3, 4, 5, 6]           # validation takes no training step
+    assert [(s, round(v, 4)) for s, v in wandb_history(run, "eval/loss")] == [(s, round(v, 4)) for s, v in evals]
+    assert [(s, round(v, 5)) for s, v in wandb_history(run, "train/loss")] == \
+        [(e["step"], round(e["loss"], 5)) for e in steps]
 
 
 def test_eval_settings_are_checked_as_the_tomls_own(tmp_path):
