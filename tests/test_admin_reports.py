@@ -12,6 +12,7 @@ import re
 import sqlite3
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from helpers import H, T0, pswift, rec
 from pipeswift_slurm.history.store import History
@@ -51,13 +52,23 @@ def run(db, *args: str) -> str:
 
 
 def parsable(db, *args: str) -> list[dict]:
-    """-P's rows by column key: its header names the columns as the terminal does, which -o
-    takes back (JSON, asked for the same columns, has their keys)."""
+    """-P's rows by column key, as the figures --json holds (asked for the same columns, by the
+    header -P printed, which -o takes back), as text ("" unknown). -P shows each figure as the
+    terminal does (01:00:00, 50.0%): every cell is checked to be one of the terminal's forms of
+    its figure."""
+    from pipeswift_slurm.reports.tabular import _cell
     lines = run(db, *args, "-P").splitlines()
     head = lines[0].split("|")
-    keys = list(json.loads(run(db, *args, "--json", "-o", ",".join(head)))[0]) if len(lines) > 1 else head
-    assert len(keys) == len(head), (head, keys)
-    return [dict(zip(keys, line.split("|"))) for line in lines[1:]]
+    objs = json.loads(run(db, *args, "--json", "-o", ",".join(head))) if len(lines) > 1 else []
+    assert len(objs) == len(lines) - 1 and all(len(o) == len(head) for o in objs), (head, objs[:1])
+    rows = []
+    for line, obj in zip(lines[1:], objs):
+        for text, v in zip(line.split("|"), obj.values()):
+            kinds = ("s", "h", "ratio", "mb", "int", "time") if isinstance(v, (int, float)) else ("text",)
+            shown = {"" if v is None else _cell(v, kind) for kind in kinds}
+            assert text in shown | {str(v)}, (text, v, line)
+        rows.append({k: "" if v is None else str(int(v) if isinstance(v, bool) else v) for k, v in obj.items()})
+    return rows
 
 
 # ----------------------------------------------------------------------------- selection
@@ -111,9 +122,10 @@ def test_jobs_in_numeric_order_with_sacct_filters_and_forms(db):
     assert [r["job_id"] for r in parsable(db, "jobs", "-s", "PR")] == ["10", "11"]
     (by_user,) = parsable(db, "report", "--by", "user", "-s", "PR")
     assert by_user["jobs"] == "2", by_user
-    # piped: tab-separated raw numbers under the keys; -n drops the header; -o picks columns
-    tsv = run(db, "jobs", "-o", "job_id,elapsed_s,cpus", "-n").splitlines()
-    assert tsv[0] == "2\t3600.0\t8"
+    # piped: tab-separated, each cell as the terminal shows it (sacct's habit: issue 59); -n drops
+    # the header; -o picks columns. JSON and CSV, the forms for programs, hold seconds and ratios.
+    tsv = run(db, "jobs", "-o", "job_id,elapsed_s,cpus,time_eff,node_hours", "-n").splitlines()
+    assert tsv[0] == "2\t01:00:00\t8\t50.0%\t2.00"
     as_json = json.loads(run(db, "jobs", "--json", "-j", "2"))
     assert as_json[0]["job_id"] == "2" and as_json[0]["elapsed_s"] == 3600.0
     csv = run(db, "jobs", "--csv", "-o", "job_id,state", "-j", "9").splitlines()
@@ -138,6 +150,10 @@ def test_waste_of_preempted_plain_jobs_and_unknown_where_records_cannot_say(db):
     assert rows["2"]["wasted_hours"] == 0
     show = run(db, "show", "11")
     assert "unknown CPU-hours wasted" in show and "no checkpoints: whole attempts lost" in show
+    # issue 59: every duration of a job in one form, sacct's elapsed ([D-]HH:MM:SS)
+    two = run(db, "show", "2")
+    assert "elapsed 01:00:00 of limit 02:00:00" in two and re.search(r"JCT \d\d:\d\d:\d\d = queue \d\d:", two), two
+    assert not re.search(r"\d(h|m|min)\b", two), two
     doc = pswift("doctor", "10", "--db", str(db)).stdout
     assert "each stop lost its whole attempt, 4 CPU-hours" in doc and "checkpointed" not in doc
     assert "an unknown amount of work" in pswift("doctor", "11", "--db", str(db)).stdout
@@ -526,3 +542,29 @@ def test_sacct_start_end_nodelist_and_alloctres_are_columns(db, tmp_path):
     h.close()
     assert parsable(old, "jobs", "-o", "jobid,nodelist,alloctres") == [
         {"job_id": "5", "nodelist": "node3", "alloc_tres": "cpu=4,node=1"}]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(*[st.one_of(st.none(), st.floats(-4e6, 4e6, allow_nan=False))] * 4, st.booleans(),
+                          st.integers(-10**6, 10**6)), min_size=1, max_size=20))
+def test_a_pipe_shows_every_figure_as_the_terminal_does(rows):
+    """Issue 59: one unit per column in every text form, as sacct prints the same on a terminal
+    and piped (durations [D-]HH:MM:SS, ratios in %, hours to 0.01, MB whole)."""
+    import io
+    from pipeswift_slurm.reports.tabular import Col, Output, Renderer
+    cols = [Col("d", "D", "s", 16), Col("h", "H", "h", 16), Col("r", "R", "ratio", 16), Col("m", "M", "mb", 16),
+            Col("b", "B", "bool"), Col("i", "I", "int")]   # wide enough that no cell is cut
+    shown = {}
+    for form in ("table", "tsv", "parsable"):
+        out = io.StringIO()
+        render = Renderer(cols, Output(form, header=False), out)
+        render.start()
+        for row in rows:
+            render.row(row)
+        render.finish()
+        sep = {"tsv": "\t", "parsable": "|"}.get(form)
+        shown[form] = [line.split(sep) if sep else line.split() for line in out.getvalue().splitlines()]
+    assert shown["tsv"] == shown["parsable"]
+    # a terminal says "unknown" (or leaves blank) what a pipe leaves empty
+    table = [[c for c in line if c != "unknown"] for line in shown["table"]]
+    assert [[c for c in line if c] for line in shown["tsv"]] == table

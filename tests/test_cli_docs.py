@@ -67,3 +67,31 @@ def test_the_environment_variables_are_in_the_top_level_help_and_readme():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     for name in ("PSWIFT_DB", "PSWIFT_HOME", "PSWIFT_SLURM_OUTAGE_S", "PSWIFT_SLURM_BACKEND"):
         assert name in out and name in readme, name
+
+
+#: the one short option with two meanings, each the Slurm tool's own that the command mirrors and
+#: that its users type: squeue's and sacct's `-o` picks columns (`jobs`, `history ...`), sbatch's
+#: `-o` names a file (`plot`, `export`: a file written)
+TWO_MEANINGS = {"-o": {("--format",), ("--output",)}}
+
+
+def test_one_meaning_per_short_option_across_commands():
+    """Issue 59: a short option means one thing in every command (`-n` was history's --noheader
+    and logs' --lines; `-s` history's --state and cancel's --signal)."""
+    import click
+    ctx = click.Context(cli)
+    meanings: dict[str, set[tuple[str, ...]]] = {}
+
+    def walk(cmd: click.Command) -> None:
+        for p in cmd.params:
+            names = [*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ())]
+            longs = tuple(sorted(n for n in names if n.startswith("--"))) or (p.name,)
+            for short in (n for n in names if n.startswith("-") and not n.startswith("--")):
+                meanings.setdefault(short, set()).add(longs)
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(ctx):
+                walk(cmd.get_command(ctx, name))
+    walk(cli)
+    assert len(meanings) > 10
+    clashes = {s: m for s, m in meanings.items() if len(m) > 1 and m != TWO_MEANINGS.get(s)}
+    assert not clashes, clashes

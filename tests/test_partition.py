@@ -81,9 +81,8 @@ def test_partition_cli():
     assert "boundaries [0, 2, 4]" in text and "memory 4" in text
     bad = pswift("partition", "--costs", "1,1", "--stages", "3")
     assert bad.returncode == 2 and "3 stages > 2 layers" in bad.stderr
-    # issue 42 item 6: -P is --parsable everywhere (sacct's); the old -P N works one release, said once
+    # issue 42 item 6: -P is --parsable everywhere (sacct's); the old -P N, kept one release, is gone
     old = pswift("partition", "--costs", "1,1,1,1", "-P", "2")
-    assert old.returncode == 0 and "boundaries [0, 2, 4]" in old.stdout
-    assert old.stderr.count("\n") == 1 and "-P 2 is now --stages 2" in old.stderr
+    assert old.returncode == 2 and old.stderr.count("\n") == 1 and "-P" in old.stderr
     none = pswift("partition", "--costs", "1,1")
     assert none.returncode == 2 and none.stderr.count("\n") == 1 and "give --stages N" in none.stderr

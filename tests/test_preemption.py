@@ -108,7 +108,7 @@ def test_preempted_4_stages_resume_on_2_nodes_with_2_stages(preemption, tmp_path
     assert rc == 0, err
     assert f"pswift: job {job} attempt 0 on" in out and f"pswift: job {job} attempt 1 on" in out, out[-3000:]
     assert out.rstrip().endswith(slurm_log(run).rstrip().splitlines()[-1])    # all of it, to the last line
-    tail = pswift("logs", job, "-n", "1", check=True).stdout
+    tail = pswift("logs", job, "--lines", "1", check=True).stdout
     assert tail.count("\n") == 1 and f"job {job} attempt 1 launcher exit 0" in tail
     assert a1["resumed_from"].endswith(f"step_{a0['end_step']:08d}")
     assert a1["start_step"] == a0["end_step"]  # no step lost: stopped at a step boundary

@@ -113,8 +113,9 @@ class _Wandb:
     def _started(self) -> Any:
         if self._run is None:
             import wandb   # optional (the wandb extra), and slow to import
+            mode: Any = os.environ.get("WANDB_MODE", "offline")   # wandb checks the word
             self._run = wandb.init(
-                dir=str(self._run_dir), mode=os.environ.get("WANDB_MODE", "offline"),
+                dir=str(self._run_dir), mode=mode,
                 project=os.environ.get("WANDB_PROJECT", "pswift"), name=self._run_dir.name,
                 id=wandb_run_id(self._run_dir), resume="allow",
                 settings=wandb.Settings(console="off", x_disable_stats=True, silent=True))

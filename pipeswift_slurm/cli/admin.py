@@ -12,7 +12,6 @@ from pipeswift_slurm.history import rundir
 from pipeswift_slurm.cli.common import (CLIError, _clusters_option, _db_option, _errors, _nothing_selected, _open, _output, _print,
                          _quiet_on_closed_pipe, _renderer, _select, _warn, history)
 from pipeswift_slurm.errors import PswiftError
-from pipeswift_slurm.fmt import duration
 
 
 @history.command("ingest")
@@ -87,8 +86,8 @@ def history_jobs(db: Path | None, sel: Any, out: Any, limit: int | None) -> None
     """Jobs, one line each, in job-id order: account, QOS, state, exit code, TRES, efficiency,
     and the JCT breakdown (queue, setup, training, checkpoint/cleanup). Streams any number.
 
-    A terminal gets fixed-width columns; a pipe gets tab-separated raw numbers (seconds,
-    hours, ratios); -o picks columns (-o help lists them).
+    A terminal gets fixed-width columns; a pipe the same cells tab-separated, as sacct
+    (--json and --csv: raw seconds, hours, ratios); -o picks columns (-o help lists them).
 
     Examples:
 
@@ -162,7 +161,6 @@ def _iso_times(row: dict[str, Any], attempts: list[dict[str, Any]], time_keys: s
 
 def _show_text(r: Any, row: dict[str, Any]) -> None:
     from pipeswift_slurm.terminal import inert
-    from pipeswift_slurm.reports.tabular import hms
 
     def pct(v: float | None) -> str:
         return "unknown" if v is None else f"{100 * v:.1f}%"
@@ -172,8 +170,8 @@ def _show_text(r: Any, row: dict[str, Any]) -> None:
     click.echo(f"JCT {_dur(r.jct_s)} = queue {_dur(r.queue_s)} + setup {_dur(r.setup_s)} + "
                f"training {_dur(r.training_s)} + checkpoint/cleanup {_dur(r.checkpoint_s)}")
     click.echo(f"allocated {row['nodes'] or '-'} node(s), {row['cpus'] or '-'} CPU(s), {row['gpus'] or 0} GPU(s); "
-               f"elapsed {hms(row['elapsed_s'] or 0)} of limit "
-               f"{hms(row['limit_s']) if row['limit_s'] else 'unknown'} (time efficiency {pct(row['time_eff'])}); "
+               f"elapsed {_dur(row['elapsed_s'] or 0)} of limit "
+               f"{_dur(row['limit_s']) if row['limit_s'] else 'unknown'} (time efficiency {pct(row['time_eff'])}); "
                f"CPU efficiency {pct(row['cpu_eff'])}; memory efficiency {pct(row['mem_eff'])}"
                + (f" (MaxRSS {row['max_rss_mb']:.0f} MB)" if row["max_rss_mb"] is not None else ""))
     if r.predicted_jct_s:
@@ -184,11 +182,18 @@ def _show_text(r: Any, row: dict[str, Any]) -> None:
     for a in r.attempt_rows:
         click.echo(f"  attempt {a['attempt']}: {a['nodes']} node(s), {a['stages']} stage(s) x "
                    f"{a['data_parallel']} dp, steps {a['start_step']} -> {a['end_step']}, {a['ended']}, "
-                   f"setup {_dur(a['setup_s'])}, step p50 {_dur(a['step_p50'])}")
+                   f"setup {_dur(a['setup_s'])}, step p50 {_step(a['step_p50'])}")
 
 
 def _dur(s: float | None) -> str:
-    return duration(s, compact=True)
+    """A job's phase as sacct shows an elapsed time, as every duration in `history show`."""
+    from pipeswift_slurm.reports.tabular import hms
+    return "-" if s is None else hms(s)
+
+
+def _step(s: float | None) -> str:
+    """A step time: seconds (``[D-]HH:MM:SS`` would show a 0.35 s step as 00:00:00)."""
+    return "-" if s is None else f"{s:.3g} s"
 
 
 #: `history report`'s columns

@@ -98,8 +98,8 @@ def _output(f: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
         click.option("--json", "as_json", is_flag=True, help="A JSON list (raw numbers, null for unknown)."),
         click.option("--csv", "as_csv", is_flag=True, help="CSV with a header (raw numbers)."),
-        click.option("-P", "--parsable", is_flag=True, help="'|'-separated, raw numbers (piped output "
-                                                            "is tab-separated without it)."),
+        click.option("-P", "--parsable", is_flag=True, help="'|'-separated, each cell as on a terminal "
+                                                            "(piped output is tab-separated without it)."),
         click.option("-n", "--noheader", is_flag=True, help="No header line."),
         click.option("-o", "--format", "fields", help="Columns to print, by header, key or sacct's field "
                                                       "name (JobID, State, Elapsed, NNodes, ...), comma-"

@@ -273,7 +273,7 @@ def run_cmd(toml: Path, run_dir: Path | None, nodes: int | None, db: Path | None
 @cli.command()
 @click.argument("job")
 @click.option("-f", "--follow", is_flag=True, help="Go on printing what is appended, across requeues, until the job ends.")
-@click.option("-n", "--lines", type=click.IntRange(0, None), help="Only the last N lines (default: the whole log, its last 4 MiB).")
+@click.option("--lines", type=click.IntRange(0, None), help="Only the last N lines (default: the whole log, its last 4 MiB).")
 @click.option("--raw", is_flag=True, help="The log's bytes as written, escapes and colours included (for `less -R`); "
               "otherwise each control character but newline and tab is shown as '?'.")
 @_errors
@@ -286,7 +286,7 @@ def logs(job: str, follow: bool, lines: int | None, raw: bool) -> None:
 
         pswift logs 42 -f
 
-        pswift logs 42 -n 20
+        pswift logs 42 --lines 20
 
         pswift logs 42 --raw | less -R
     """
@@ -466,7 +466,7 @@ def jobs(out: Any, limit: int, users: str | None, allusers: bool) -> None:
 
 @cli.command()
 @click.argument("jobs", nargs=-1, required=True)
-@click.option("-s", "--signal", help="Only send this signal to the job's ranks (scancel --signal): USR2 "
+@click.option("--signal", help="Only send this signal to the job's ranks (scancel --signal): USR2 "
               "checkpoints and requeues, TERM checkpoints and stops.")
 @_errors
 def cancel(jobs: tuple[str, ...], signal: str | None) -> None:
@@ -548,7 +548,7 @@ def plan_cmd(toml: Path, partition: str | None, time_limit: str | None, time_pol
         return
     con = Console(highlight=False, markup=False, soft_wrap=True, color_system=None,
                   width=max(140, shutil.get_terminal_size().columns))
-    con.print(f"profile: {res.profile_source}; seconds" + "".join(f"; {n}" for n in res.notes), markup=False)
+    con.print(f"profile: {res.profile_source}" + "".join(f"; {n}" for n in res.notes), markup=False)
     con.print(_candidates_table(Table, res))
     con.print(explain(res), markup=False)
     if report.limits is not None:
@@ -581,8 +581,7 @@ def _candidates_table(table_cls: Any, res: Any) -> Any:
     table = table_cls("nodes", "PxDP", "mbs", "m", "boundaries", "queue", "setup", "step", "train", "ckpt",
                       "interrupt", "JCT", "p10-p90", "node-h", "")
 
-    def f(s: float) -> str:
-        return f"{s:.0f}" if s >= 10 else f"{s:.3g}"
+    from pipeswift_slurm.fmt import duration as f     # the summary's units, each cell with its own
     for i, c in enumerate(res.candidates):
         e = c.estimate
         if e is None:
@@ -590,7 +589,7 @@ def _candidates_table(table_cls: Any, res: Any) -> Any:
                           str(c.micro_batches), "", "", "", "", "", "", "", "", "", "", f"rejected: {c.rejected}")
             continue
         table.add_row(str(c.nodes), f"{c.stages}x{c.data_parallel}", str(c.micro_batch_size),
-                      str(c.micro_batches), str(c.boundaries), f(e.queue_s), f(e.setup_s), f"{e.step_s:.4g}", f(e.train_s),
+                      str(c.micro_batches), str(c.boundaries), f(e.queue_s), f(e.setup_s), f(e.step_s), f(e.train_s),
                       f(e.checkpoint_s), f(e.interruption_s), f(e.jct_s),
                       f"{f(e.jct_p10_s)}-{f(e.jct_p90_s)}" if e.jct_p10_s is not None and e.jct_p90_s is not None else "",
                       f"{e.node_hours:.3g}", "chosen" if c is res.chosen else f"#{i + 1}")
@@ -815,12 +814,11 @@ def export(run_dir: Path, out: Path, step: int | None, hf: bool) -> None:
 @cli.command()
 @click.option("--costs", required=True, help="Seconds per layer (forward+backward): 1,2,2,2,1")
 @click.option("--stages", type=click.IntRange(1, None), help="Number of pipeline stages (required).")
-@click.option("-P", "stages_old", type=click.IntRange(1, None), hidden=True)   # the old spelling, one release
 @click.option("--memory", help="Bytes per layer, for --memory-cap: 4e8,1e8,...")
 @click.option("--memory-cap", type=float, help="Most memory one stage may hold (bytes).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_errors
-def partition(costs: str, stages: int | None, stages_old: int | None, memory: str | None,
+def partition(costs: str, stages: int | None, memory: str | None,
               memory_cap: float | None, as_json: bool) -> None:
     """Cut layers into contiguous stages that minimise the slowest stage (exact).
 
@@ -834,10 +832,6 @@ def partition(costs: str, stages: int | None, stages_old: int | None, memory: st
     """
     from pipeswift_slurm.planning.partition import PartitionError, balanced_boundaries, stage_sums
 
-    if stages is None and stages_old is not None:
-        _warn(f"pswift: -P {stages_old} is now --stages {stages_old} (-P is --parsable, as in sacct); "
-              f"the old spelling goes in the next release")
-        stages = stages_old
     if stages is None:
         raise CLIError("give --stages N: the number of pipeline stages", 2)
     c = _floats("--costs", costs) or []

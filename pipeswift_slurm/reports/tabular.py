@@ -2,9 +2,10 @@
 once and never sit in memory), one unit per column, and the same row in every form.
 
 - a terminal: fixed-width columns, durations as ``[D-]HH:MM:SS``, a value too wide ends in ``+``;
-- piped: tab-separated values with raw numbers (seconds, hours, ratios) under the same headers;
-- ``-P/--parsable``: ``|``-separated, raw; ``--csv`` (a text a spreadsheet would run as a formula
-  gets a leading apostrophe); ``--json`` (a list of objects, raw numbers, null for unknown);
+- piped: tab-separated values, each cell as the terminal shows it, under the same headers;
+- ``-P/--parsable``: ``|``-separated, the same cells; ``--csv`` (raw numbers: seconds, hours,
+  ratios; a text a spreadsheet would run as a formula gets a leading apostrophe); ``--json`` (a
+  list of objects, raw numbers, null for unknown);
 - ``-n/--noheader``; ``-o/--format`` picks and orders columns by key or by sacct's field name
   (JobID, State, Elapsed, NNodes, ...); times are ISO 8601 (local) in every form.
 Text from users (job names, paths) is printed inert: control characters become ``?``.
@@ -18,6 +19,7 @@ form has one rule.
 from __future__ import annotations
 
 import datetime as _dt
+import decimal
 import re
 import sqlite3
 import sys
@@ -37,8 +39,9 @@ class Col(NamedTuple):
     fixed: bool = False
 
 
-#: the unit of a column's figures where it is the same in every form (a duration is [D-]HH:MM:SS
-#: on a terminal and seconds piped, a ratio 50.0% and 0.5: their headers name no unit)
+#: the unit a column's header names, where its cells show none (a duration is [D-]HH:MM:SS and a
+#: ratio 50.0% on a terminal and piped alike, as sacct's; CSV and JSON, for programs, hold seconds
+#: and 0.5)
 _UNIT = {"h": " (h)", "mb": " (MB)"}
 
 
@@ -104,14 +107,35 @@ def iso_time(epoch: float) -> str:
     return _dt.datetime.fromtimestamp(epoch).strftime("%Y-%m-%dT%H:%M:%S")
 
 
+def _hms_sql(expr: str) -> str:
+    """:func:`hms` in SQL, for the lines SQLite renders."""
+    n = f"CAST(ROUND(ABS({expr})) AS INTEGER)"
+    return (f"(CASE WHEN ROUND({expr}) < 0 THEN '-' ELSE '' END || CASE WHEN {n} >= 86400 THEN ({n} / 86400) || '-' "
+            f"ELSE '' END || printf('%02d:%02d:%02d', {n} % 86400 / 3600, {n} % 3600 / 60, {n} % 60))")
+
+
+def _cell_sql(expr: str, kind: str) -> str:
+    """:func:`_cell` in SQL: a piped line's cell as the terminal shows it (NULL stays empty)."""
+    shown = {"s": _hms_sql(expr), "h": f"printf('%.2f', {expr})", "ratio": f"printf('%.1f%%', 100.0 * {expr})",
+             "mb": f"printf('%.0f', {expr})", "bool": f"CASE WHEN {expr} THEN 'yes' ELSE 'no' END"}.get(kind)
+    return expr if shown is None else f"CASE WHEN {expr} IS NULL THEN NULL ELSE {shown} END"
+
+
 def hms(seconds: float) -> str:
     """sacct's elapsed form: ``HH:MM:SS``, ``D-HH:MM:SS``."""
-    s = int(round(seconds))
-    sign, s = ("-" if s < 0 else ""), abs(s)
+    s = int(abs(seconds) + 0.5)                  # half away from zero, as SQLite's ROUND
+    sign = "-" if seconds < 0 and s else ""
     d, rest = divmod(s, 86400)
     h, rest = divmod(rest, 3600)
     m, sec = divmod(rest, 60)
     return f"{sign}{f'{d}-' if d else ''}{h:02d}:{m:02d}:{sec:02d}"
+
+
+def _fixed(v: float, places: int) -> str:
+    """``v`` to ``places`` decimals as SQLite's printf rounds it (half away from zero, from the
+    shortest decimal of the float): a piped cell, which SQLite renders, is the terminal's."""
+    return str(decimal.Decimal(repr(float(v))).quantize(decimal.Decimal(1).scaleb(-places),
+                                                        rounding=decimal.ROUND_HALF_UP))
 
 
 def _cell(v: Any, kind: str) -> str:
@@ -123,11 +147,11 @@ def _cell(v: Any, kind: str) -> str:
     if kind == "s":
         return hms(v)
     if kind == "h":
-        return f"{v:.2f}"
+        return _fixed(v, 2)
     if kind == "ratio":
-        return f"{100 * v:.1f}%"
+        return _fixed(100.0 * v, 1) + "%"
     if kind == "mb":
-        return f"{v:.0f}"
+        return _fixed(v, 0)
     if kind == "time":
         return iso_time(v)
     if isinstance(v, float):
@@ -190,7 +214,9 @@ class Renderer:
         """One SQL expression rendering a row as this form's line, from ``exprs`` (SQL for every
         column, aligned with ``columns``); None for the terminal table (Python draws it). Numbers
         come out as sqlite3 prints them (reals with 15 significant digits), NULL as nothing."""
-        chosen = [(_iso_sql(exprs[i]) if self.columns[i].kind == "time" else exprs[i], self.columns[i])
+        shown = self.form in ("tsv", "parsable")     # piped as on a terminal: sacct's habit
+        chosen = [(_iso_sql(exprs[i]) if self.columns[i].kind == "time" else
+                   _cell_sql(exprs[i], self.columns[i].kind) if shown else exprs[i], self.columns[i])
                   for i in self.pick]
         if self.form == "table":
             return None
