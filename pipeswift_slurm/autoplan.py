@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeswift_slurm import runfiles
 from pipeswift_slurm.history import store as hist_mod
 from pipeswift_slurm.planning import interval
 from pipeswift_slurm.history import rows as runrows
@@ -148,7 +149,7 @@ def _predicted_hold(job_id: str) -> float | None:
     if run is None:
         return None
     try:
-        pred = read_plan(run / "plan.json").get("prediction") or {}
+        pred = read_plan(run / runfiles.PLAN).get("prediction") or {}
     except (PswiftError, OSError):
         return None
     jct, queue = pred.get("jct_s"), pred.get("queue_s")

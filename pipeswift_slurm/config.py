@@ -21,6 +21,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from pipeswift_slurm import runfiles
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.numbers import finite
 from pipeswift_slurm.settings import LIMITS, SECTIONS, Setting, default, keys, required, setting
@@ -725,7 +726,7 @@ def config_from_dict(doc: dict[str, Any], base_dir: str | Path = ".",
     """A train.toml given as a dict (the TOML's tables as dicts), checked as a file's; relative
     paths ([model] entry's module, data files) are read from ``base_dir``."""
     import copy
-    return _validated(copy.deepcopy(doc), Path(base_dir) / "train.toml", overrides)
+    return _validated(copy.deepcopy(doc), Path(base_dir) / runfiles.TOML, overrides)
 
 
 def _validated(data: dict[str, Any], p: Path, overrides: dict[str, dict[str, Any]] | None) -> TrainConfig:

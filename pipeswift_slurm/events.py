@@ -12,10 +12,11 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from pipeswift_slurm import runfiles
 from pipeswift_slurm.numbers import finite
 from pipeswift_slurm.settings import LIMITS
 
-FILE = "events.jsonl"
+FILE = runfiles.EVENTS
 #: every number in a line lies within +-MAX_NUMBER (10^13: epoch seconds, step counts and bytes
 #: per layer of any real run fit), so the readers' sums over the largest collection (MAX_ITEMS
 #: values) stay inside SQLite's int64 and their floats finite, whatever a line says

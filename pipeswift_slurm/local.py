@@ -16,6 +16,7 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
+from pipeswift_slurm import runfiles
 from pipeswift_slurm.codes import Exit
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ def _launch_once(plan: Plan, plan_path: str, nodes: int, grace_s: float) -> tupl
 
 
 def _launches(plan: Plan) -> str:
-    path = os.path.join(plan["run_dir"], "launches")
+    path = os.path.join(plan["run_dir"], runfiles.LAUNCHES)
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
 

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, TypedDict
 
+from pipeswift_slurm import runfiles
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.settings import travelling
 
@@ -153,7 +154,7 @@ def relaid_out(plan: Plan, cuts: dict[str, list[int]], record: dict[str, Any]) -
             "relayouts": [*(plan.get("relayouts") or []), record]}
 
 
-def parse_plan(blob: bytes, where: str = "plan.json") -> Plan:
+def parse_plan(blob: bytes, where: str = runfiles.PLAN) -> Plan:
     """plan.json's content, version checked: the one reader of the file (the launcher, doctor
     and the history all read it here); ConfigError says what is wrong."""
     try:
@@ -172,7 +173,7 @@ _JSON_NAMES = {int: "an integer", float: "a number", str: "a string", dict: "an 
                bool: "true or false", _NONE: "null"}
 
 
-def runnable(plan: Plan, where: str = "plan.json") -> Plan:
+def runnable(plan: Plan, where: str = runfiles.PLAN) -> Plan:
     """``plan`` when it has every key a job reads, each of its type: the launcher's one check,
     after which it reads plan data without defaults (one line when something is wrong)."""
     needed: list[tuple[Any, str, tuple[type, ...]]] = [(plan, key, kinds) for key, kinds in _NEEDED.items()]

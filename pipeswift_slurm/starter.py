@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
+from pipeswift_slurm import runfiles
 from pipeswift_slurm.errors import UsageError
 from pipeswift_slurm.userfiles import own_folder
 
@@ -62,7 +63,7 @@ def init(dest: Path, example: str = "tiny-gpt", partition: str | None = None) ->
     caller can write to (the folder is opened once and the files made in it, not by path)."""
     files = example_files(example)
     if partition is not None:
-        files["train.toml"] = with_partition(files["train.toml"].decode(), partition).encode()
+        files[runfiles.TOML] = with_partition(files[runfiles.TOML].decode(), partition).encode()
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         raise UsageError(f"{dest} is not a folder: give a new or existing folder for the project")
     dest.mkdir(mode=0o755, parents=True, exist_ok=True)    # only its owner writes to a new one

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
+from pipeswift_slurm import runfiles
 from pipeswift_slurm.history import rundir
 from pipeswift_slurm.slurm import client as slurm
 from pipeswift_slurm.config import TrainConfig, config_from_dict, describe_overrides, load_config
@@ -131,7 +132,7 @@ class Job:
         if failed is not None:
             raise failed
         summary = rundir.summarize(self.run_dir)
-        ckpts = sorted(p.parent for p in (self.run_dir / "checkpoints").glob("step_*/MANIFEST.json"))
+        ckpts = sorted(p.parent for p in (self.run_dir / runfiles.CHECKPOINTS).glob("step_*/MANIFEST.json"))
         return Result(summary["step"], summary["last_loss"], ckpts[-1] if ckpts else None, self.run_dir)
 
     @property
@@ -235,16 +236,16 @@ def dry_run_script(p: Prepared) -> str:
     opts = options_for(p.config, str(p.run_dir), limits_of(p.plan), nodes=p.plan["nodes_request"])
     opts = opts._replace(output=None, extra=opts.extra + p.sbatch_args)
     return render(opts, str(p.run_dir), p.plan["python"],
-                  carried={"train.toml": _toml_copy(p), "plan.json": plan_bytes(p.plan)})
+                  carried={runfiles.TOML: _toml_copy(p), runfiles.PLAN: plan_bytes(p.plan)})
 
 
 def write_run_dir(p: Prepared) -> Path:
     """The run directory with train.toml, plan.json and job.sbatch, created whole or not at all."""
     tmp = rundir.stage_run_dir(p.run_dir)
     try:
-        (tmp / "train.toml").write_bytes(_toml_copy(p))
-        write_plan(p.plan, tmp / "plan.json")
-        (tmp / "job.sbatch").write_text(p.script, encoding="utf-8")
+        (tmp / runfiles.TOML).write_bytes(_toml_copy(p))
+        write_plan(p.plan, tmp / runfiles.PLAN)
+        (tmp / runfiles.SBATCH).write_text(p.script, encoding="utf-8")
     except OSError as e:
         rundir.discard(tmp)
         raise RunDirError(f"cannot write run directory {p.run_dir}: {e.strerror}") from None
@@ -294,11 +295,11 @@ def submit(prepared: Prepared, warn: Warn = _logged) -> Submission:
             warn(why)
     target = write_run_dir(prepared)
     try:
-        job_id = slurm.submit(str(target / "job.sbatch"), prepared.sbatch_args, cwd=str(target))
+        job_id = slurm.submit(str(target / runfiles.SBATCH), prepared.sbatch_args, cwd=str(target))
     except PswiftError:
         rundir.discard(target)  # nothing submitted: leave nothing behind
         raise
-    (target / "JOB_ID").write_text(job_id + "\n")
+    (target / runfiles.JOB_ID).write_text(job_id + "\n")
     rundir.register_job(job_id, target)
     return Submission(job_id, prepared.run_dir, prepared)
 

@@ -23,10 +23,11 @@ import tempfile
 import time
 from typing import BinaryIO, Callable, NamedTuple
 
+from pipeswift_slurm import runfiles
 from pipeswift_slurm.errors import OutputRefused
 
 #: what a run directory may hold for the history, and the most of each that is read
-LIMITS = {"plan.json": 4 << 20, "JOB_ID": 64, "events.jsonl": 256 << 20}
+LIMITS = {runfiles.PLAN: 4 << 20, runfiles.JOB_ID: 64, runfiles.EVENTS: 256 << 20}
 
 
 class UnsafeFile(Exception):
@@ -118,9 +119,9 @@ def read_run_files(path: str, uid: int | None = None,
     try:
         for name, limit in LIMITS.items():
             got = _read_checked(f"{path}/{name}", name, limit, dir_fd=dfd, owner=owner,
-                                sink=events_sink if name == "events.jsonl" else None)
+                                sink=events_sink if name == runfiles.EVENTS else None)
             data[name] = None if got is None else got[0]
-            if got is not None and name == "events.jsonl":
+            if got is not None and name == runfiles.EVENTS:
                 size, mtime = got[1].st_size, got[1].st_mtime
     finally:
         os.close(dfd)
@@ -226,8 +227,8 @@ def _write_frame(fd: int, kind: bytes, payload: bytes) -> None:
 
 #: what an admin command reads of a run directory (`pswift status`, `pswift doctor`): names or
 #: shell patterns, each with the most read of it (a log: its last that many bytes)
-ADMIN_READS = {"plan.json": 4 << 20, "events.jsonl": 256 << 20, "slurm-*.out": 4 << 20, "cancel.json": 4096,
-               "JOB_ID": 64}
+ADMIN_READS = {runfiles.PLAN: 4 << 20, runfiles.EVENTS: 256 << 20, runfiles.SLURM_LOGS: 4 << 20, runfiles.CANCEL: 4096,
+               runfiles.JOB_ID: 64}
 
 
 def read_for_command(path: str, names: tuple[str, ...], timeout: float = 30.0,
@@ -338,7 +339,7 @@ def _read_named(path: str, names: tuple[str, ...], owner: int,
             limit = ADMIN_READS[pattern]
             for name in (n for n in present if fnmatch.fnmatchcase(n, pattern)):
                 got = _read_checked(f"{path}/{name}", name, limit, dir_fd=dfd, owner=owner,
-                                    tail="*" in pattern, sink=events_sink if name == "events.jsonl" else None)
+                                    tail="*" in pattern, sink=events_sink if name == runfiles.EVENTS else None)
                 if got is not None:
                     out[name] = got[0]
     finally:

@@ -204,7 +204,8 @@ def test_the_launcher_imports_at_the_top_but_for_a_stated_reason():
 
 
 #: the contracts at the package's top: what the login side and the job share, the ground floor
-CONTRACTS = {"codes", "errors", "settings", "config", "plan", "events", "userfiles", "stats", "numbers", "fmt", "terminal"}
+CONTRACTS = {"codes", "errors", "settings", "config", "plan", "events", "userfiles", "stats", "numbers", "fmt", "terminal",
+             "runfiles"}
 
 
 def test_the_contracts_are_the_ground_floor():
@@ -216,3 +217,25 @@ def test_the_contracts_are_the_ground_floor():
     above = [f"{m} imports {d}" for m in sorted(CONTRACTS)
              for d in sorted(imports_of(files[m], "pipeswift_slurm", set(files), m)) if d not in CONTRACTS]
     assert not above, above
+
+
+def test_a_run_directorys_file_names_are_literals_in_runfiles_only():
+    """Issue 60: runfiles names a run directory's files (submitit's JobPaths); no other module of
+    the package, the launcher or the plugins spells one (code literals: a docstring may)."""
+    import io
+    import tokenize
+    from pipeswift_slurm import runfiles
+    names = {runfiles.PLAN, runfiles.EVENTS, runfiles.JOB_ID, runfiles.TOML, runfiles.SBATCH, runfiles.CANCEL,
+             runfiles.SLURM_LOGS, runfiles.LAUNCHES, runfiles.HEARTBEATS, runfiles.METRICS_CSV}
+    sources = [*PACKAGES["pipeswift_slurm"].rglob("*.py"), *PACKAGES["pipeswift_launch"].rglob("*.py"),
+               *(ROOT / "plugins").rglob("*.py")]
+    spelled = []
+    for path in sources:
+        if path.name == "runfiles.py":
+            continue
+        text = path.read_text()
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.STRING and tok.string[:1] in "'\"" and tok.string.strip("'\"") in names:
+                spelled.append(f"{path.relative_to(ROOT)}:{tok.start[0]} {tok.string}")
+    assert not spelled, spelled
+    assert len(sources) > 50

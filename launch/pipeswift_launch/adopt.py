@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from pipeswift_slurm import runfiles
 from pipeswift_slurm.errors import PswiftError
 from pipeswift_slurm.history import rundir
 
@@ -16,7 +17,7 @@ def adopt(run_dir: Path, job_id: str) -> str | None:
     """Record ``job_id`` for ``run_dir``; a problem that does not stop the job, or None."""
     if not job_id.isdigit():
         return f"no Slurm job id ({job_id!r}): nothing recorded"
-    marker = run_dir / "JOB_ID"
+    marker = run_dir / runfiles.JOB_ID
     if not marker.exists():
         tmp = run_dir / f".JOB_ID.{job_id}"
         tmp.write_text(job_id + "\n")

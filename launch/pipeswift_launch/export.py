@@ -26,6 +26,7 @@ from deepspeed.pipe import LayerSpec, TiedLayerSpec
 from safetensors.torch import save
 from torch import nn
 
+from pipeswift_slurm import runfiles
 from pipeswift_slurm.errors import OutputRefused
 from pipeswift_slurm.userfiles import write_output
 
@@ -67,7 +68,7 @@ class _Function(nn.Module):  # type: ignore[misc]
 
 def _plan(run_dir: Path) -> dict[str, Any]:
     try:
-        plan: dict[str, Any] = json.loads((run_dir / "plan.json").read_text())
+        plan: dict[str, Any] = json.loads((run_dir / runfiles.PLAN).read_text())
     except (OSError, ValueError) as e:
         raise ExportError(f"{run_dir} is not a run directory (plan.json: {e})") from None
     return plan
@@ -100,7 +101,7 @@ def build_model(plan: dict[str, Any]) -> nn.Sequential:
 
 def checkpoint_at(run_dir: Path, step: int | None) -> Path:
     """The committed checkpoint of ``step`` (None: the newest) in the run directory."""
-    done = checkpoint.committed(run_dir / "checkpoints")
+    done = checkpoint.committed(run_dir / runfiles.CHECKPOINTS)
     if not done:
         raise ExportError(f"{run_dir} has no committed checkpoint yet: export it once it has trained and saved")
     if step is None:

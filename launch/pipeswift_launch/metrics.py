@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from pipeswift_slurm import events as events_schema
+from pipeswift_slurm import events as events_schema, runfiles
 
-CSV_FILE, TB_DIR = "metrics.csv", "tensorboard"
+CSV_FILE, TB_DIR, WANDB_DIR = runfiles.METRICS_CSV, runfiles.TENSORBOARD, runfiles.WANDB
 COLUMNS = ("time", "attempt", "step", "event", "loss", "lr", "step_time_s", "samples_per_s",
            "checkpoint_stall_s", "detail")
 

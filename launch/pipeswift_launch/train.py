@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import deepspeed
 import torch
 from deepspeed import comm as dist
+from pipeswift_slurm import runfiles
 from pipeswift_slurm import events as events_schema
 from pipeswift_slurm.codes import Exit, Stop
 from pipeswift_slurm.plan import relaid_out, write_plan
@@ -523,7 +524,7 @@ def _commit_growth(att: Attempt, watcher: Any, profiled: dict[str, Any] | None) 
             if cuts:
                 record = {"job_id": att.denv.job_id, "attempt": att.denv.attempt, "step": att.step,
                           "nodes": att.denv.nodes, "reason": "grow", "cuts": cuts}
-                write_plan(relaid_out(att.plan, cuts, record), Path(att.plan["run_dir"]) / "plan.json")
+                write_plan(relaid_out(att.plan, cuts, record), Path(att.plan["run_dir"]) / runfiles.PLAN)
                 _log(0, f"growing: plan.json re-cut from the measured layer times for {sorted(cuts, key=int)} node(s)")
 
 
@@ -535,7 +536,7 @@ def _commit_relayout(att: Attempt, proposal: Any, profiled: dict[str, Any]) -> N
         cuts[str(att.denv.nodes)] = proposal.boundaries
         record = {"job_id": att.denv.job_id, "attempt": att.denv.attempt, "step": att.step,
                   "nodes": att.denv.nodes, "from": att.boundaries, **proposal.record()}
-        write_plan(relaid_out(att.plan, cuts, record), Path(att.plan["run_dir"]) / "plan.json")
+        write_plan(relaid_out(att.plan, cuts, record), Path(att.plan["run_dir"]) / runfiles.PLAN)
         att.events.emit("relayout", step=att.step, nodes=att.denv.nodes, boundaries_from=att.boundaries,
                         boundaries_to=proposal.boundaries, step_s=round(proposal.step_s, 6),
                         predicted_step_s=round(proposal.predicted_step_s, 6),

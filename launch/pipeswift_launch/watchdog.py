@@ -27,7 +27,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from pipeswift_slurm import events
+from pipeswift_slurm import events, runfiles
 from pipeswift_slurm.codes import Exit, Stop
 from pipeswift_slurm.planning import decide
 from pipeswift_slurm.stats import quantile
@@ -49,7 +49,7 @@ class Watchdog(threading.Thread):
         super().__init__(name="pswift-watchdog", daemon=True)
         # one folder per launch (attempt and Slurm step): an earlier launch's heartbeats, stale by
         # now, would otherwise name a healthy rank's node; rank 0 clears the older folders
-        root = run_dir / "heartbeats"
+        root = run_dir / runfiles.HEARTBEATS
         self.dir = root / launch
         self.dir.mkdir(parents=True, exist_ok=True)
         if rank == 0:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import click
 
-from pipeswift_slurm import __version__
+from pipeswift_slurm import __version__, runfiles
 from pipeswift_slurm.cli.common import CLIError, _db_option, _errors, _output, _print, _warn
 from pipeswift_slurm.errors import PswiftError
 from pipeswift_slurm.starter import EXAMPLES
@@ -227,7 +227,7 @@ def _wait(job_id: str, run: Path, timeout: float | None, quiet: bool = False, db
             click.echo(f"job {job_id}: {final}")
         if s["first_loss"] is not None:
             click.echo(f"loss {s['first_loss']:.4f} -> {s['last_loss']:.4f} after step {s['step']}")
-        click.echo(f"log: {run / f'slurm-{job_id}.out'}")
+        click.echo(f"log: {run / runfiles.slurm_log(job_id)}")
     return 0 if final == "COMPLETED" else 1
 
 
@@ -262,7 +262,7 @@ def run_cmd(toml: Path, run_dir: Path | None, nodes: int | None, db: Path | None
     rundir.register_job(f"local-{target.name}", target)  # so the history ingests local runs too
     click.echo(f"running locally: {p.layout_line(n)}")
     click.echo(f"run directory: {target}")
-    rc = run_local(p.plan, str(target / "plan.json"), n)
+    rc = run_local(p.plan, str(target / runfiles.PLAN), n)
     _learn(target, db)
     s = rundir.summarize(target)
     if s["first_loss"] is not None:
@@ -793,7 +793,7 @@ def export(run_dir: Path, out: Path, step: int | None, hf: bool) -> None:
     import subprocess
     from pipeswift_slurm.errors import PswiftError
     try:
-        python = json.loads((run_dir / "plan.json").read_text())["python"]
+        python = json.loads((run_dir / runfiles.PLAN).read_text())["python"]
     except (OSError, ValueError, KeyError, TypeError):
         raise CLIError(f"{run_dir} is not a run directory (no readable plan.json); give the folder "
                        f"`pswift sbatch` printed", 2) from None

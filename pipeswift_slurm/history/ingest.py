@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from pipeswift_slurm import runfiles
 from pipeswift_slurm.errors import SlurmError, UsageError
 from pipeswift_slurm.fmt import no_progress
 from pipeswift_slurm.history import eventfold
@@ -58,7 +59,7 @@ def ingest(h: History, run_dirs: Sequence[Path] = (), spool: Path | None = None,
     mark). Raises UsageError for a source that is not there."""
     got = Ingested()
     for d in run_dirs:
-        if not (d / "plan.json").is_file():
+        if not (d / runfiles.PLAN).is_file():
             raise UsageError(f"{d} is not a run directory (no plan.json)")
     if jobcomp_file is not None and not jobcomp_file.is_file():
         raise UsageError(f"{jobcomp_file}: no such file")

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from pipeswift_slurm import runfiles
 from pipeswift_slurm.planning.costmodel import overheads_from_instructions
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.stats import median, quantiles
@@ -156,17 +157,17 @@ def parse_plan(blob: bytes | None) -> "Plan | None":
 def rows(run: str, files: RunFiles, owner: Owner, fold: eventfold.Fold | None = None) -> RunRows | None:
     """The rows of one run directory, or None when it holds no readable plan.json. ``fold``:
     its events.jsonl already folded while it was read (else folded here from ``files``)."""
-    plan = parse_plan(files.data.get("plan.json"))
+    plan = parse_plan(files.data.get(runfiles.PLAN))
     if plan is None:
         return None
     job_id = owner.job_id
-    job_id_file = files.data.get("JOB_ID")
+    job_id_file = files.data.get(runfiles.JOB_ID)
     if job_id is None and job_id_file:
         text = job_id_file.decode("ascii", "replace").strip()
         job_id = text if _JOB_ID.match(text) else None
     if fold is None:
         from pipeswift_slurm.history import eventfold
-        fold = eventfold.read_attempts(files.data.get("events.jsonl") or b"")
+        fold = eventfold.read_attempts(files.data.get(runfiles.EVENTS) or b"")
     mkey = model_key(_dict(plan.get("model")), owner.user)
     pred = _dict(plan.get("prediction"))
     job: dict[str, Any] = {

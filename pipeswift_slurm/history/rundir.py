@@ -15,10 +15,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from pipeswift_slurm import runfiles
 from pipeswift_slurm.errors import RunDirError
 
-EVENTS = "events.jsonl"  # written by the launcher, read through events.py
-CANCEL = "cancel.json"   # written by `pswift cancel`: who cancelled the job, and when
+EVENTS = runfiles.EVENTS  # written by the launcher, read through events.py
+CANCEL = runfiles.CANCEL   # written by `pswift cancel`: who cancelled the job, and when
 
 
 def default_run_dir(job_name: str, base: Path | None = None) -> Path:
@@ -112,7 +113,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     from pipeswift_slurm import userfiles
     fold = eventfold.Fold()   # events.jsonl folded as it is read, never held whole
     try:   # a user's file, read by anyone (root too): no link followed, no FIFO waited on, bounded
-        files = (userfiles.read_for_command(str(run_dir), (events.FILE, "plan.json", CANCEL), events_sink=fold.feed)
+        files = (userfiles.read_for_command(str(run_dir), (events.FILE, runfiles.PLAN, CANCEL), events_sink=fold.feed)
                  if os.path.lexists(run_dir) else {})
     except userfiles.UnsafeFile as e:
         raise RunDirError(f"run directory not read: {e}") from None
@@ -137,8 +138,8 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     return {
         "run_dir": str(run_dir),
         "step": logs[-1][-1]["step"] if logs else None,
-        "steps_total": _planned_steps(files.get("plan.json", b"")),
-        "job_name": _job_name(files.get("plan.json", b"")),
+        "steps_total": _planned_steps(files.get(runfiles.PLAN, b"")),
+        "job_name": _job_name(files.get(runfiles.PLAN, b"")),
         "cancelled": _cancel_record(files.get(CANCEL, b"")),
         "first_loss": logs[0][0]["loss"] if logs else None,
         "last_loss": logs[-1][-1]["loss"] if logs else None,
@@ -153,11 +154,11 @@ def job_name_of(run_dir: Path, timeout: float = 5.0) -> str | None:
     read. What a listing of other users' jobs asks first, before it folds any events."""
     from pipeswift_slurm import userfiles
     try:
-        files = (userfiles.read_for_command(str(run_dir), ("plan.json",), timeout=timeout)
+        files = (userfiles.read_for_command(str(run_dir), (runfiles.PLAN,), timeout=timeout)
                  if os.path.lexists(run_dir) else {})
     except (userfiles.UnsafeFile, OSError):
         return None
-    return _job_name(files.get("plan.json", b""))
+    return _job_name(files.get(runfiles.PLAN, b""))
 
 
 def _job_name(plan_json: bytes) -> str | None:

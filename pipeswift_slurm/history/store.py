@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, TypeVar
 
+from pipeswift_slurm import runfiles
 from pipeswift_slurm import events as events_mod
 from pipeswift_slurm.history import views as history_views
 from pipeswift_slurm.errors import PswiftError
@@ -353,7 +354,7 @@ class History(Queries):
         problem = None
         owner = _record_owner(rec)
         work = rec.get("WORK_DIR")
-        if owner is not None and work and _lstat_regular(os.path.join(work, "plan.json")):
+        if owner is not None and work and _lstat_regular(os.path.join(work, runfiles.PLAN)):
             try:
                 self.ingest_run_dir(work, owner, timeout)
             except IngestRefused as e:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from pipeswift_slurm import __version__
+from pipeswift_slurm import __version__, runfiles
 from pipeswift_slurm.config import TrainConfig, TrainingSection
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.plan import PLAN_VERSION, LayoutSpec, Plan
@@ -119,7 +119,7 @@ def _training_section(t: TrainingSection, run_dir: Path) -> dict[str, Any]:
     """plan.json's training section: the travelling settings (pipeswift_slurm.settings), with the
     checkpoint folder made absolute and "auto"'s interval left to checkpoint_auto."""
     section = {s.key: getattr(t, s.key) for s in travelling("training")}
-    section["checkpoint_dir"] = str(t.checkpoint_dir or run_dir / "checkpoints")
+    section["checkpoint_dir"] = str(t.checkpoint_dir or run_dir / runfiles.CHECKPOINTS)
     section["checkpoint_interval"] = t.checkpoint_interval if isinstance(t.checkpoint_interval, int) else 0
     return section
 

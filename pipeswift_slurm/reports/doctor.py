@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-from pipeswift_slurm import userfiles
+from pipeswift_slurm import runfiles, userfiles
 from pipeswift_slurm.errors import PswiftError, RunDirError
 from pipeswift_slurm.fmt import crash_line, growth_line, relayout_line
 from pipeswift_slurm.history import rundir
@@ -54,15 +54,15 @@ def doctor(job_id: str, db: Path | str | None = None, note: Callable[[str], None
 def _run_files(run: Path, note: Callable[[str], None]) -> tuple[Any, str, list[dict[str, Any]]]:
     """(plan.json or None, the job's log, every crash with its attempt) of ``run``."""
     try:
-        files = userfiles.read_for_command(str(run), ("plan.json", "slurm-*.out"))
+        files = userfiles.read_for_command(str(run), (runfiles.PLAN, runfiles.SLURM_LOGS))
         summary = rundir.summarize(run)   # events folded as they are read
     except (userfiles.UnsafeFile, OSError, PswiftError) as e:
         files, summary = {}, {"attempts": []}
         note(f"note: run directory {run} not read: {e}")
     try:
-        plan = parse_plan(files["plan.json"], str(run / "plan.json")) if "plan.json" in files else None
+        plan = parse_plan(files[runfiles.PLAN], str(run / runfiles.PLAN)) if runfiles.PLAN in files else None
     except PswiftError:
         plan = None   # another version's or a damaged plan: the findings that need it are skipped
-    log = "".join(b.decode("utf-8", "replace") for n, b in files.items() if n != "plan.json")
+    log = "".join(b.decode("utf-8", "replace") for n, b in files.items() if n != runfiles.PLAN)
     crashes = [{**c, "attempt": a["attempt"]} for a in summary["attempts"] for c in a["crashes"]]
     return plan, log, crashes

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from pipeswift_slurm import runfiles
 from pipeswift_slurm.errors import RunDirError
 
 MAX_SHOWN = 4 << 20
@@ -23,7 +24,7 @@ POLL_S = (0.5, 5.0)      # the first and the longest wait between two looks at a
 
 
 def log_path(run_dir: Path, job_id: str) -> Path:
-    return Path(run_dir) / f"slurm-{job_id}.out"
+    return Path(run_dir) / runfiles.slurm_log(job_id)
 
 
 def _open(path: Path, owner: int | None) -> int | None:

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pipeswift_slurm import fmt
+from pipeswift_slurm import fmt, runfiles
 from pipeswift_slurm.errors import PswiftError
 from pipeswift_slurm.history import eventfold
 from pipeswift_slurm.terminal import inert
@@ -20,7 +20,7 @@ def attempts_of(run: Path) -> list[dict[str, Any]]:
     from pipeswift_slurm import userfiles
     fold = eventfold.Fold()
     try:
-        userfiles.read_for_command(str(run), ("events.jsonl",), events_sink=fold.feed)
+        userfiles.read_for_command(str(run), (runfiles.EVENTS,), events_sink=fold.feed)
     except userfiles.UnsafeFile as e:
         raise PswiftError(f"run directory not read: {e}") from None
     fold.close()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
+from pipeswift_slurm import runfiles
 from pipeswift_slurm.history import rundir
 from pipeswift_slurm.fmt import crash_line, duration
 from pipeswift_slurm.errors import PswiftError
@@ -68,7 +69,7 @@ def resolve(arg: str) -> JobRef:
                              f"pass its run directory instead")
         return JobRef(None, run, arg)
     run = Path(arg)
-    if not (run / "plan.json").is_file():
+    if not (run / runfiles.PLAN).is_file():
         raise NotAJob(f"{arg} is neither a job id, a local run's key (local-NAME) nor a run directory "
                       f"(no plan.json there)")
     job_id, owner = _job_id_of(run)
@@ -81,10 +82,10 @@ def _job_id_of(run: Path) -> tuple[str | None, int]:
     owning the directory it was read from."""
     from pipeswift_slurm import userfiles
     try:
-        owner, files = userfiles.read_owned(str(run), ("JOB_ID",))
+        owner, files = userfiles.read_owned(str(run), (runfiles.JOB_ID,))
     except userfiles.UnsafeFile as e:
         raise NotAJob(f"run directory not read: {e}") from None
-    text = files.get("JOB_ID", b"").decode("ascii", "replace").strip()
+    text = files.get(runfiles.JOB_ID, b"").decode("ascii", "replace").strip()
     return (text if text.isdigit() else None), owner
 
 

@@ -18,7 +18,7 @@ import shlex
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
-from pipeswift_slurm import __version__
+from pipeswift_slurm import __version__, runfiles
 from pipeswift_slurm.config import TrainConfig, slurm_minutes
 from pipeswift_slurm.errors import ConfigError
 
@@ -107,7 +107,7 @@ def _quote(arg: str) -> str:
 
 
 #: the file whose presence says the run directory was made (written last)
-CARRIED_LAST = "plan.json"
+CARRIED_LAST = runfiles.PLAN
 
 
 def _carried_block(files: dict[str, bytes]) -> str:
