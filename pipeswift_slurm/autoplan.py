@@ -22,7 +22,7 @@ from pipeswift_slurm.planning.costmodel import DEFAULT_DEVICE_MEMORY, Hardware, 
 from pipeswift_slurm.errors import ConfigError, PswiftError
 from pipeswift_slurm.planning.risk import step_rel_sd
 from pipeswift_slurm.planning.planner import Candidate, PartitionChoice, PastRuns, PlanResult, plan, score
-from pipeswift_slurm.slurm.queue import (MIN_SHARES, ClusterState, PendingJob, RunningJob, RuntimeShares, expected_ends,
+from pipeswift_slurm.slurm.cluster import (MIN_SHARES, ClusterState, PendingJob, RunningJob, RuntimeShares, expected_ends,
                                          partition_problem)
 from pipeswift_slurm.stats import median, median_of
 

@@ -23,7 +23,7 @@ else:  # pragma: no cover
 
 from pipeswift_slurm import runfiles
 from pipeswift_slurm.errors import ConfigError
-from pipeswift_slurm.numbers import finite
+from pipeswift_slurm.numeric import finite
 from pipeswift_slurm.settings import LIMITS, SECTIONS, Setting, default, keys, required, setting
 _ENTRY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _TIME_RE = re.compile(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from pipeswift_slurm import runfiles
-from pipeswift_slurm.numbers import finite
+from pipeswift_slurm.numeric import finite
 from pipeswift_slurm.settings import LIMITS
 
 FILE = runfiles.EVENTS

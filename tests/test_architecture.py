@@ -97,7 +97,7 @@ def test_the_folders_import_only_downward():
 def test_the_import_reader_sees_folders():
     files = modules_of(PACKAGES["pipeswift_slurm"])
     client = imports_of(files["slurm.client"], "pipeswift_slurm", set(files), "slurm.client")
-    assert {"errors", "slurm.records", "slurm.queue"} <= client, client
+    assert {"errors", "slurm.records", "slurm.cluster"} <= client, client
     assert "reports.jct" in imports_of(files["cli.admin"], "pipeswift_slurm", set(files), "cli.admin")
 
 
@@ -204,7 +204,7 @@ def test_the_launcher_imports_at_the_top_but_for_a_stated_reason():
 
 
 #: the contracts at the package's top: what the login side and the job share, the ground floor
-CONTRACTS = {"codes", "errors", "settings", "config", "plan", "events", "userfiles", "stats", "numbers", "fmt", "terminal",
+CONTRACTS = {"codes", "errors", "settings", "config", "plan", "events", "userfiles", "stats", "numeric", "fmt", "terminal",
              "runfiles"}
 
 
@@ -239,3 +239,12 @@ def test_a_run_directorys_file_names_are_literals_in_runfiles_only():
                 spelled.append(f"{path.relative_to(ROOT)}:{tok.start[0]} {tok.string}")
     assert not spelled, spelled
     assert len(sources) > 50
+
+
+def test_no_module_is_named_after_a_standard_library_module():
+    """Issue 60: `numbers`, `queue` and `profile` read as the standard library's in a traceback
+    and an import line; every module of the package and the launcher has a name of its own."""
+    import sys
+    names = {p.stem for root in PACKAGES.values() for p in root.rglob("*.py")} - {"__init__", "__main__"}
+    assert len(names) > 40
+    assert not names & sys.stdlib_module_names, sorted(names & sys.stdlib_module_names)

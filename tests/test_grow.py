@@ -10,7 +10,7 @@ import pytest
 from helpers import copy_example, pswift, plan_with, wait_state
 from pipeswift_slurm.history import eventfold
 from pipeswift_slurm import events as events_mod
-from pipeswift_slurm.slurm.queue import ClusterState, NodeState, PendingJob, RunningJob
+from pipeswift_slurm.slurm.cluster import ClusterState, NodeState, PendingJob, RunningJob
 from pipeswift_launch import grow
 
 PLAN = plan_with(layouts={"1": {"nodes": 1, "stages": 1, "data_parallel": 1, "micro_batch_size": 8},

@@ -207,7 +207,7 @@ def test_the_planner_shares_a_host_as_the_users_launches_found_it(tmp_path, monk
     from pipeswift_slurm.history import rows as runrows
     from pipeswift_slurm.planning.costmodel import Profile, estimate_step
     from pipeswift_slurm.planning.partition import balanced_boundaries
-    from pipeswift_slurm.slurm.queue import ClusterState
+    from pipeswift_slurm.slurm.cluster import ClusterState
     from pipeswift_slurm.slurm.records import NodeState
     for var in ("PSWIFT_HOST_CORES", "PSWIFT_RANKS_PER_HOST", "PSWIFT_DEVICE_MEMORY"):
         monkeypatch.delenv(var, raising=False)

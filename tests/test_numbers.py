@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pipeswift_slurm import events
 from pipeswift_slurm.config import parse_config
 from pipeswift_slurm.errors import ConfigError
-from pipeswift_slurm.numbers import finite
+from pipeswift_slurm.numeric import finite
 from pipeswift_slurm.history.selection import SelectionError, parse_time
 
 ROOT = Path(__file__).resolve().parents[1]

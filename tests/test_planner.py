@@ -12,7 +12,7 @@ from helpers import copy_example, pswift
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.planning.costmodel import Hardware, Profile, calibrate, estimate_step, overheads_from_instructions
 from pipeswift_slurm.planning.planner import PastRuns, explain, plan
-from pipeswift_slurm.slurm.queue import ClusterState, NodeState, PendingJob, RunningJob, estimate_wait
+from pipeswift_slurm.slurm.cluster import ClusterState, NodeState, PendingJob, RunningJob, estimate_wait
 
 HOUR = 3600.0
 #: 8 layers of 1 s (fwd+bwd per micro-batch), m = 32: ~1 h on one node, ~16 min on four

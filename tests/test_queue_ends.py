@@ -1,6 +1,6 @@
 """Queue waits from what jobs really do (issue 40, item 2): a running job ends when its user's
 jobs usually end (the history's share of their time limit) or, for the user's own pswift job,
-at its prediction, not at its time limit (pipeswift_slurm.slurm.queue.expected_ends,
+at its prediction, not at its time limit (pipeswift_slurm.slurm.cluster.expected_ends,
 pipeswift_slurm.autoplan.runtime_shares, History.limit_shares)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pipeswift_slurm.history.store import History
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeswift_slurm.slurm.queue import (MIN_SHARES, ClusterState, FreeNodes, NodeState, PendingJob, RunningJob,
+from pipeswift_slurm.slurm.cluster import (MIN_SHARES, ClusterState, FreeNodes, NodeState, PendingJob, RunningJob,
                                          RuntimeShares, estimate_wait, expected_ends)
 
 from helpers import copy_example

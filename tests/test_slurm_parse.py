@@ -11,7 +11,7 @@ import pytest
 from pipeswift_slurm.slurm import client as slurm
 from pipeswift_slurm.slurm import records as slurm_json
 from pipeswift_slurm.errors import SlurmError
-from pipeswift_slurm.slurm.queue import cluster_view, estimate_wait
+from pipeswift_slurm.slurm.cluster import cluster_view, estimate_wait
 
 DATA = Path(__file__).parent / "slurm_json"
 VERSIONS = sorted(p.name for p in DATA.iterdir() if p.is_dir())
@@ -178,7 +178,7 @@ def test_squeue_active_text_odd_lines():
 
 
 def test_a_partition_that_cannot_hold_the_job_is_named_with_the_fix():
-    from pipeswift_slurm.slurm.queue import ClusterState, NodeState, partition_problem
+    from pipeswift_slurm.slurm.cluster import ClusterState, NodeState, partition_problem
     nodes = [NodeState(f"n{i}", "down" if i == 3 else "idle", 4, 4, ("low", "high") if i < 3 else ("low",))
              for i in range(4)]
     state = ClusterState(now=0.0, nodes=nodes, running=[], pending=[])
@@ -190,7 +190,7 @@ def test_a_partition_that_cannot_hold_the_job_is_named_with_the_fix():
 
 
 def test_exclusions_never_leave_a_requeued_job_too_few_nodes():
-    from pipeswift_slurm.slurm.queue import exclusions
+    from pipeswift_slurm.slurm.cluster import exclusions
     usable = {"node1", "node2", "node3", "node4"}
     assert exclusions([], "node2", usable, 2) == ["node2"]
     assert exclusions(["node2"], "node4", usable, 2) == ["node2", "node4"]

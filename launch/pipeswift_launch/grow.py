@@ -23,7 +23,7 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from pipeswift_slurm.slurm.queue import ClusterState, usable_nodes
+from pipeswift_slurm.slurm.cluster import ClusterState, usable_nodes
 from pipeswift_slurm.stats import median_of
 
 from .relayout import COST_MARGIN, MIN_GAIN

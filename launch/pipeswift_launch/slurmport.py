@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from pipeswift_slurm.slurm import client
-from pipeswift_slurm.slurm.queue import ClusterState
+from pipeswift_slurm.slurm.cluster import ClusterState
 from pipeswift_slurm.slurm.records import JobInfo
 
 

@@ -26,7 +26,7 @@ from . import (collectives, data, ds_compat, grow, launchrec, metrics, probe, re
 from .checkpointer import Checkpointer
 from .dist_env import DistEnv, log0 as _log
 from .pipe import build_pipe
-from .profile import PROFILE_STEPS, InstructionTimer, LayerProfiler
+from .layerprofile import PROFILE_STEPS, InstructionTimer, LayerProfiler
 from .signals import requested
 from .slurmport import slurm
 from .watchdog import Watchdog, end_attempt

@@ -64,7 +64,7 @@ class PostSendActivation(ds_schedule.BufferOpInstruction):  # type: ignore[misc]
 
 
 class WeightWatch(Protocol):
-    """Who times the weight passes per layer (:class:`pipeswift_launch.profile.LayerProfiler`)."""
+    """Who times the weight passes per layer (:class:`pipeswift_launch.layerprofile.LayerProfiler`)."""
     active: bool
 
     def now(self) -> float: ...

@@ -14,7 +14,7 @@ import time
 from typing import Any, NamedTuple
 
 from pipeswift_slurm.errors import PswiftError
-from pipeswift_slurm.numbers import finite
+from pipeswift_slurm.numeric import finite
 
 
 class SelectionError(PswiftError):

@@ -24,7 +24,7 @@ from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.fmt import duration
 from pipeswift_slurm.planning.layouts import Layout
 from pipeswift_slurm.planning.partition import PartitionError
-from pipeswift_slurm.slurm.queue import ClusterState, WaitEstimate, estimate_wait
+from pipeswift_slurm.slurm.cluster import ClusterState, WaitEstimate, estimate_wait
 
 DEFAULT_SETUP_S = 30.0
 

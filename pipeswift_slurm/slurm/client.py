@@ -20,7 +20,7 @@ import subprocess
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Sequence, cast
 
 if TYPE_CHECKING:
-    from pipeswift_slurm.slurm.queue import ClusterState
+    from pipeswift_slurm.slurm.cluster import ClusterState
 
 from pipeswift_slurm.slurm import outage, records
 from pipeswift_slurm.errors import SlurmAbsent, SlurmError, SlurmUnreachable
@@ -365,7 +365,7 @@ def cluster_state(now: float | None = None) -> "ClusterState":
     (the answer of :func:`prefetch` when one is pending)."""
     import time as _time
 
-    from pipeswift_slurm.slurm.queue import cluster_view
+    from pipeswift_slurm.slurm.cluster import cluster_view
 
     pending = _cache.pop("prefetch", None)
     if pending is not None and pending.fresh():
@@ -544,7 +544,7 @@ def requeue(job_id: str, exclude: str | None = None, nodes_needed: int = 1) -> b
     still has ``nodes_needed`` other usable nodes (returns whether it did). A running job's
     ExcNodeList cannot change, so it is set just after the requeue, while the job is pending;
     the requeue's SIGTERM to the job's processes (these commands included) is ignored."""
-    from pipeswift_slurm.slurm.queue import exclusions, usable_nodes
+    from pipeswift_slurm.slurm.cluster import exclusions, usable_nodes
 
     old: list[str] = []
     new_exc = None
