@@ -4,7 +4,7 @@ contract between the job's processes: it imports nothing."""
 
 from __future__ import annotations
 
-from enum import IntEnum
+from enum import Enum, IntEnum
 
 
 class Exit(IntEnum):
@@ -32,3 +32,18 @@ class Stop(IntEnum):
     TIME = 3     # SIGUSR2: the time limit is near
     RELAYOUT = 99
     HUNG = 98
+
+
+class Action(str, Enum):
+    """What follows an attempt's stop or a launch's end (``planning.decide.Decision.action``);
+    each equals its word, the one the events and the tests read."""
+    DONE = "done"          # exit with the decision's code, nothing more
+    RELAUNCH = "relaunch"  # start the ranks again in this allocation, after a back-off
+    RELAYOUT = "relayout"  # the same, on plan.json's new cut
+    SHRINK = "shrink"      # start them again on the nodes the allocation has left
+    REQUEUE = "requeue"    # give the allocation back; the job queues again
+    GROW = "grow"          # a requeue for more nodes
+    FAIL = "fail"          # end the job with the decision's code
+
+    def __str__(self) -> str:
+        return self.value

@@ -526,3 +526,18 @@ def test_events_stream_holds_a_line_at_a_time_and_decodes_only_wanted_kinds(tmp_
     assert [e["error"] for e in got] == ["E"]
     steps = [e["step"] for e in events.stream(tmp_path, ("step",))]
     assert steps[-1] == 2000 and len(steps) >= 1999
+
+
+def test_a_decision_holds_one_of_the_actions_even_rebuilt_from_its_broadcast():
+    """Issue 60: Decision.action is codes.Action; rank 0's decision reaches the others as JSON
+    (collectives.broadcast) and is built again there as the same action; a word that is no
+    action is refused where the decision is built."""
+    import json
+    from dataclasses import asdict
+    from pipeswift_slurm.codes import Action
+    from pipeswift_slurm.planning.decide import Decision
+    d = what_follows(stopped(Stop.TIME), budgets(attempt=0, max_requeues=2))
+    again = Decision(**json.loads(json.dumps(asdict(d))))
+    assert d.action is Action.REQUEUE and again.action is Action.REQUEUE and again.why == d.why
+    with pytest.raises(ValueError, match="'explode' is not a valid Action"):
+        Decision("explode", "no such action")

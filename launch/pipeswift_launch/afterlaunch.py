@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from pipeswift_slurm.plan import Plan
 
 from pipeswift_slurm import events as events_mod
-from pipeswift_slurm.codes import Exit
+from pipeswift_slurm.codes import Action, Exit
 from pipeswift_slurm.errors import PswiftError
 from pipeswift_slurm.plan import for_partition, read_plan, runnable
 from pipeswift_slurm.planning import decide
@@ -136,15 +136,15 @@ def _record(plan: Plan, d: decide.Decision, last_step: int | None, restarts: int
     run_dir, job_id = Path(plan["run_dir"]), env.get("SLURM_JOB_ID")
     attempt = int(env.get("SLURM_RESTART_COUNT") or 0)
     death = d.death or decide.Death("exit")
-    action = {"relaunch": "restart", "shrink": "restart"}.get(d.action, d.action)
+    action = "restart" if d.action in (Action.RELAUNCH, Action.SHRINK) else d.action.value
     writer = events_mod.Writer(run_dir, True, attempt, job_id)
     sink = metrics.attach(writer, run_dir, plan["training"])
     try:
         writer.emit("crash", how=death.how, rank=death.rank, node=death.node,
                     step=death.step if death.step is not None else last_step, error=death.error,
                     action=action, restart=restarts + 1 if d.counts_as_restart else None, why=d.why)
-        writer.emit("end", reason="failed" if d.action == "fail" else "crashed", step=last_step,
-                    requeue=d.action == "requeue", error=d.why)
+        writer.emit("end", reason="failed" if d.action is Action.FAIL else "crashed", step=last_step,
+                    requeue=d.action is Action.REQUEUE, error=d.why)
     finally:
         writer.close()
         if sink is not None:
@@ -154,11 +154,11 @@ def _record(plan: Plan, d: decide.Decision, last_step: int | None, restarts: int
 def carry_out(plan: Plan, d: decide.Decision, last_step: int | None, restarts: int,
               env: dict[str, str]) -> str:
     """Record the outcome, wait or requeue; the line for the batch script."""
-    if d.death is not None or d.action in ("fail", "requeue"):
+    if d.death is not None or d.action in (Action.FAIL, Action.REQUEUE):
         _record(plan, d, last_step, restarts, env)
     job = env.get("SLURM_JOB_ID")
     who = f"job {job}" if job else "the local run"
-    if d.action == "shrink":
+    if d.action is Action.SHRINK:
         print(f"pswift: {who}: {d.why}; launching again in {d.backoff_s:g} s", file=sys.stderr, flush=True)
         if d.exclude and d.nodelist:   # Slurm still counts the silent node: give it back
             try:
@@ -168,13 +168,13 @@ def carry_out(plan: Plan, d: decide.Decision, last_step: int | None, restarts: i
                       f"for Slurm to find it down", file=sys.stderr, flush=True)
         time.sleep(d.backoff_s)
         return f"shrink {d.nodes} {d.nodelist}" + (f" {d.exclude}" if d.exclude else "")
-    if d.action == "relayout":
+    if d.action is Action.RELAYOUT:
         return "relayout"
-    if d.action == "relaunch":
+    if d.action is Action.RELAUNCH:
         print(f"pswift: {who}: {d.why}; launching again in {d.backoff_s:g} s", file=sys.stderr, flush=True)
         time.sleep(d.backoff_s)
         return "restart"
-    if d.action == "requeue":
+    if d.action is Action.REQUEUE:
         print(f"pswift: {who}: {d.why}", file=sys.stderr, flush=True)
         # the requeue SIGTERMs the job's processes, this one too: it must live to exclude the node
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -185,7 +185,7 @@ def carry_out(plan: Plan, d: decide.Decision, last_step: int | None, restarts: i
             print(f"pswift: the requeue failed: {e}", file=sys.stderr, flush=True)
             return "exit 1"
         return "exit 0"
-    if d.action == "fail":
+    if d.action is Action.FAIL:
         print(f"pswift: {who} failed: {d.why}", file=sys.stderr, flush=True)
     return f"exit {d.exit_code}"
 
@@ -199,7 +199,7 @@ def main(argv: list[str]) -> int:
     rc, folder, restarts, relayouts = int(argv[1]), Path(argv[2]), int(argv[3]), int(argv[4])
     env = dict(os.environ)
     d, last_step = decide_after(plan, rc, folder, restarts, relayouts, env)
-    if d.death is None and d.action != "fail":   # nothing went wrong: nothing to keep
+    if d.death is None and d.action is not Action.FAIL:   # nothing went wrong: nothing to keep
         shutil.rmtree(folder, ignore_errors=True)
     line = carry_out(plan, d, last_step, restarts, env)
     try:

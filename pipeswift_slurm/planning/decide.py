@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from pipeswift_slurm.codes import Exit, Stop
+from pipeswift_slurm.codes import Action, Exit, Stop
 from pipeswift_slurm.config import MAX_RESTARTS_DEFAULT
 
 __all__ = ["MAX_RELAYOUTS", "MAX_RESTARTS_DEFAULT", "Allocation", "Budgets", "Death", "Decision", "Launched",
@@ -151,14 +151,14 @@ class Stopped:
 
 @dataclass(frozen=True)
 class Decision:
-    """``action``: "done" (exit ``exit_code``, nothing more), "relaunch" (start the ranks again
-    in this allocation after ``backoff_s``), "relayout" (the same, on plan.json's new cut),
-    "shrink" (start them again on the ``nodes`` the allocation has left), "requeue" (give the
-    allocation back; the job queues again, ``exclude`` left out), "grow" (a requeue for more
-    nodes), "fail" (end the job, ``exit_code``). ``reason``: a stop's ``end`` event reason;
+    """``action`` (:class:`codes.Action`): DONE (exit ``exit_code``, nothing more), RELAUNCH
+    (start the ranks again in this allocation after ``backoff_s``), RELAYOUT (the same, on
+    plan.json's new cut), SHRINK (start them again on the ``nodes`` the allocation has left),
+    REQUEUE (give the allocation back; the job queues again, ``exclude`` left out), GROW (a
+    requeue for more nodes), FAIL (end the job, ``exit_code``). ``reason``: a stop's ``end`` event reason;
     ``requeue_by``: who requeues ("pswift", or "slurm" for a preemption it requeues itself);
     ``forbid_requeue``: keep Slurm from requeueing a preempted job whose budget is spent."""
-    action: str
+    action: Action
     why: str
     exit_code: int = 0
     backoff_s: float = 0.0
@@ -171,6 +171,9 @@ class Decision:
     reason: str = ""
     requeue_by: str | None = None
     forbid_requeue: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "action", Action(self.action))   # one of Action's, even from a broadcast dict
 
 
 def requeues_left(attempt: int, max_requeues: int) -> int:
@@ -217,28 +220,28 @@ def what_follows(end: Launched | Stopped, b: Budgets) -> Decision:
 
 def _after_stop(s: Stopped, b: Budgets) -> Decision:
     if s.stop == Stop.RELAYOUT:   # plan.json holds the new cut: every rank launches again
-        return Decision("relayout", f"re-laid out at step {s.step}", int(Exit.RELAYOUT), reason="relayout")
+        return Decision(Action.RELAYOUT, f"re-laid out at step {s.step}", int(Exit.RELAYOUT), reason="relayout")
     if s.step >= s.steps:
-        return Decision("done", f"all {s.steps} steps trained", 0, reason="completed")
+        return Decision(Action.DONE, f"all {s.steps} steps trained", 0, reason="completed")
     if s.stop == Stop.HUNG:
         return _after_hang(s, b)
     if s.stop == Stop.GROW and b.in_slurm:   # the watcher asked only with a requeue to spare
-        return Decision("grow", f"growing at step {s.step}: requeueing the job", 0, reason="grow",
+        return Decision(Action.GROW, f"growing at step {s.step}: requeueing the job", 0, reason="grow",
                         requeue_by="pswift")
     if not b.in_slurm:
         reason = "time_limit" if s.stop == Stop.TIME else "stopped"
-        return Decision("done", f"stopped at step {s.step} ({reason}); pswift run has no requeue", 0, reason=reason)
+        return Decision(Action.DONE, f"stopped at step {s.step} ({reason}); pswift run has no requeue", 0, reason=reason)
     reason = "time_limit" if s.stop == Stop.TIME else "cancelled" if s.preempted is False else "preempted"
     if reason == "cancelled":
-        return Decision("done", f"cancelled at step {s.step}", 0, reason=reason)
+        return Decision(Action.DONE, f"cancelled at step {s.step}", 0, reason=reason)
     if requeues_left(b.attempt, b.max_requeues) <= 0:
-        return Decision("done", f"{reason} at step {s.step}, but this was attempt {b.attempt} and max_requeues = "
+        return Decision(Action.DONE, f"{reason} at step {s.step}, but this was attempt {b.attempt} and max_requeues = "
                                 f"{b.max_requeues} is spent: not requeueing; raise [job] max_requeues and "
                                 f"resubmit to continue from the checkpoint", int(Exit.BUDGET_SPENT), reason=reason,
                         forbid_requeue=reason == "preempted" and s.slurm_requeues)
     # Slurm never requeues a timed-out job; a preempted one only from 24.05 on
     by = "slurm" if reason == "preempted" and s.slurm_requeues else "pswift"
-    return Decision("requeue", f"{reason} at step {s.step}: " + (
+    return Decision(Action.REQUEUE, f"{reason} at step {s.step}: " + (
         "Slurm requeues the job itself" if by == "slurm" else "requeueing the job"), 0, reason=reason, requeue_by=by)
 
 
@@ -246,26 +249,26 @@ def _after_hang(s: Stopped, b: Budgets) -> Decision:
     """A hang in a job launched by hand (in a batch job the watchdog's record makes it a
     :class:`Launched` fault): requeue without the hung rank's node, within the budget."""
     if b.in_slurm and requeues_left(b.attempt, b.max_requeues) > 0:
-        return Decision("requeue", f"{s.hung_why}; requeueing the job"
+        return Decision(Action.REQUEUE, f"{s.hung_why}; requeueing the job"
                         + (f" without node {s.hung_node}" if s.hung_node else ""), int(Exit.HUNG),
                         exclude=s.hung_node, reason="hung", requeue_by="pswift")
-    return Decision("done", f"{s.hung_why}; not requeueing (attempt {b.attempt}, max_requeues = "
+    return Decision(Action.DONE, f"{s.hung_why}; not requeueing (attempt {b.attempt}, max_requeues = "
                             f"{b.max_requeues})", int(Exit.HUNG), reason="hung")
 
 
 def _after_launch(end: Launched, b: Budgets) -> Decision:
     rc, ended_itself, deaths, seen, alloc = end.rc, end.ended_itself, end.deaths, end.seen, end.alloc
     if rc == 0:
-        return Decision("done", "the ranks finished", 0)
+        return Decision(Action.DONE, "the ranks finished", 0)
     if rc == Exit.RELAYOUT and ended_itself:
         if b.relayouts < b.max_relayouts:
-            return Decision("relayout", f"re-layout {b.relayouts + 1}")
-        return Decision("fail", f"a re-layout beyond the {b.max_relayouts} an attempt may make", rc)
+            return Decision(Action.RELAYOUT, f"re-layout {b.relayouts + 1}")
+        return Decision(Action.FAIL, f"a re-layout beyond the {b.max_relayouts} an attempt may make", rc)
     if ended_itself:
-        return Decision("done", f"the launcher ended the attempt itself (exit {rc})", rc)
+        return Decision(Action.DONE, f"the launcher ended the attempt itself (exit {rc})", rc)
     death = first_death(deaths) or Death(how=f"exit {rc}")
     if not death.is_fault and death.signature in seen:
-        return Decision("fail", f"{death.describe()} again: the same error at the same step in two "
+        return Decision(Action.FAIL, f"{death.describe()} again: the same error at the same step in two "
                                 f"launches is the model's or the data's, not the cluster's; fix it and "
                                 f"resubmit (the newest checkpoint is kept)", 1, death=death)
     kind = "fault" if death.is_fault else "error, once"
@@ -273,22 +276,22 @@ def _after_launch(end: Launched, b: Budgets) -> Decision:
         return _on_survivors(death, b, alloc, rc)
     if death.how == "hung" and death.node and death.signature in seen and b.in_slurm \
             and requeues_left(b.attempt, b.max_requeues) > 0:
-        return Decision("requeue", f"{death.describe()}: a second hang on {death.node}; requeueing the job "
+        return Decision(Action.REQUEUE, f"{death.describe()}: a second hang on {death.node}; requeueing the job "
                                    f"without it", 0, exclude=death.node, death=death)
     if restart_left(b.restarts, b.max_restarts):
         n = b.restarts + 1
-        return Decision("relaunch", f"{death.describe()} ({kind}): restart {n} of {b.max_restarts} in "
+        return Decision(Action.RELAUNCH, f"{death.describe()} ({kind}): restart {n} of {b.max_restarts} in "
                                     f"this allocation", backoff_s=backoff(n), death=death,
                         counts_as_restart=True)
     spent = f"max_restarts = {b.max_restarts} spent in this attempt"
     if b.in_slurm and requeues_left(b.attempt, b.max_requeues) > 0:
         exclude = death.node if death.is_fault and death.how != "exception" else None
-        return Decision("requeue", f"{death.describe()} ({kind}); {spent}: requeueing the job"
+        return Decision(Action.REQUEUE, f"{death.describe()} ({kind}); {spent}: requeueing the job"
                         + (f" without {exclude}" if exclude else ""), 0, exclude=exclude, death=death)
     why = (f"{death.describe()} ({kind}); {spent}" +
            (f" and max_requeues = {b.max_requeues} spent at attempt {b.attempt}" if b.in_slurm else "")
            + ": raise [job] max_restarts or max_requeues and resubmit to continue from the checkpoint")
-    return Decision("fail", why, rc if rc else 1, death=death)
+    return Decision(Action.FAIL, why, rc if rc else 1, death=death)
 
 
 def _on_survivors(death: Death, b: Budgets, alloc: Allocation, rc: int) -> Decision:
@@ -302,7 +305,7 @@ def _on_survivors(death: Death, b: Budgets, alloc: Allocation, rc: int) -> Decis
         n = b.restarts + 1
         change = f", {was} -> {will} stage(s)" if was is not None and was != will else ""
         silent = " (silent, before Slurm knew)" if alloc.unannounced else ""
-        return Decision("shrink", f"{lost} lost{silent}: restart {n} of {b.max_restarts} on the {alloc.now} "
+        return Decision(Action.SHRINK, f"{lost} lost{silent}: restart {n} of {b.max_restarts} on the {alloc.now} "
                                   f"node(s) left{change}", backoff_s=backoff(n), death=gone, counts_as_restart=True,
                         nodes=alloc.now, nodelist=alloc.nodelist,
                         exclude=",".join(alloc.lost) if alloc.unannounced else None)
@@ -310,9 +313,9 @@ def _on_survivors(death: Death, b: Budgets, alloc: Allocation, rc: int) -> Decis
            else f"max_restarts = {b.max_restarts} spent in this attempt")
     if b.in_slurm and requeues_left(b.attempt, b.max_requeues) > 0:
         exclude = alloc.lost[0] if alloc.lost else None
-        return Decision("requeue", f"{lost} lost; {why}: requeueing the job" + (f" without {exclude}" if exclude else ""),
+        return Decision(Action.REQUEUE, f"{lost} lost; {why}: requeueing the job" + (f" without {exclude}" if exclude else ""),
                         0, exclude=exclude, death=gone)
-    return Decision("fail", f"{lost} lost; {why}, and max_requeues = {b.max_requeues} spent at attempt "
+    return Decision(Action.FAIL, f"{lost} lost; {why}, and max_requeues = {b.max_requeues} spent at attempt "
                             f"{b.attempt}: resubmit to continue from the checkpoint", rc if rc else 1, death=gone)
 
 
