@@ -377,11 +377,11 @@ def test_the_wait_cdf_plots_the_selected_jobs_only(db):
 def test_plots_draw_unknown_as_unknown_a_100_percent_line_and_name_the_selection(db, monkeypatch):
     """Issue 25: the efficiency plot drew a figure Slurm never recorded as 0 %; shares had no
     100 % line; no title said which jobs it shows."""
-    from pipeswift_slurm import fmt
+    from pipeswift_slurm import figures
     from pipeswift_slurm.reports import accounting as admin_reports
     from pipeswift_slurm.history.selection import build
     figs = []
-    monkeypatch.setattr(fmt, "save", lambda fig, path: figs.append(fig))
+    monkeypatch.setattr(figures, "save", lambda fig, path: figs.append(fig))
     h = History(db)
     sel = build("alice", None, "low", None, None, None, None, None, False)
     rep = admin_reports.efficiency(h, "job", sel)

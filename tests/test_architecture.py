@@ -204,7 +204,7 @@ def test_the_launcher_imports_at_the_top_but_for_a_stated_reason():
 
 
 #: the contracts at the package's top: what the login side and the job share, the ground floor
-CONTRACTS = {"codes", "errors", "settings", "config", "plan", "events", "userfiles", "stats", "numeric", "fmt", "terminal",
+CONTRACTS = {"codes", "errors", "settings", "config", "plan", "events", "userfiles", "stats", "numeric", "durations", "eventlines", "figures", "progress", "terminal",
              "runfiles"}
 
 

@@ -52,7 +52,7 @@ def history_ingest(run_dirs: tuple[Path, ...], spool: Path | None, jobcomp_file:
 
         pswift history ingest --sacct --follow --interval 300 --db /var/lib/pswift/history.db
     """
-    from pipeswift_slurm.fmt import progress
+    from pipeswift_slurm.progress import progress
     from pipeswift_slurm.history import ingest as ingesting
     from pipeswift_slurm.history.selection import comma_list
     from pipeswift_slurm.history.store import History
@@ -187,7 +187,7 @@ def _show_text(r: Any, row: dict[str, Any]) -> None:
 
 def _dur(s: float | None) -> str:
     """A job's phase as sacct shows an elapsed time, as every duration in `history show`."""
-    from pipeswift_slurm.reports.tabular import hms
+    from pipeswift_slurm.durations import hms
     return "-" if s is None else hms(s)
 
 
@@ -285,7 +285,7 @@ def history_export(db: Path | None, sel: Any, fields: str | None, as_json: bool,
 
         pswift history export -S now-30days --json > jobs.json
     """
-    from pipeswift_slurm.fmt import interactive, progress
+    from pipeswift_slurm.progress import interactive, progress
     from pipeswift_slurm.reports.jct import LISTING, write_listing
     from pipeswift_slurm.reports.tabular import Output
     if fields in _EXPORT_FORMS:     # the old spelling: --format named the output form

@@ -344,7 +344,7 @@ def status(job: str, as_json: bool, db: Path | None) -> None:
 
         pswift status 42 --json
     """
-    from pipeswift_slurm.fmt import crash_line, growth_line, relayout_line
+    from pipeswift_slurm.eventlines import crash_line, growth_line, relayout_line
     from pipeswift_slurm.terminal import inert
     from pipeswift_slurm.reports.watch import UNREACHABLE_EXIT, resolve, status_of
     ref = resolve(job)
@@ -581,7 +581,7 @@ def _candidates_table(table_cls: Any, res: Any) -> Any:
     table = table_cls("nodes", "PxDP", "mbs", "m", "boundaries", "queue", "setup", "step", "train", "ckpt",
                       "interrupt", "JCT", "p10-p90", "node-h", "")
 
-    from pipeswift_slurm.fmt import duration as f     # the summary's units, each cell with its own
+    from pipeswift_slurm.durations import duration as f     # the summary's units, each cell with its own
     for i, c in enumerate(res.candidates):
         e = c.estimate
         if e is None:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from pipeswift_slurm import runfiles
 from pipeswift_slurm.errors import SlurmError, UsageError
-from pipeswift_slurm.fmt import no_progress
+from pipeswift_slurm.progress import no_progress
 from pipeswift_slurm.history import eventfold
 from pipeswift_slurm.history.store import History, IngestRefused
 from pipeswift_slurm.slurm import client as slurm

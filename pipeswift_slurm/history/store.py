@@ -24,7 +24,7 @@ from pipeswift_slurm import runfiles
 from pipeswift_slurm import events as events_mod
 from pipeswift_slurm.history import views as history_views
 from pipeswift_slurm.errors import PswiftError
-from pipeswift_slurm.fmt import no_progress
+from pipeswift_slurm.progress import no_progress
 from pipeswift_slurm.history.queries import Queries
 from pipeswift_slurm.history.schema import COLS as _COLS, MIGRATIONS, ROLLUP as _ROLLUP, UPSERT as _UPSERT
 from pipeswift_slurm.history.rundir import state_dir
@@ -273,7 +273,7 @@ class History(Queries):
         A job the history holds as completed is passed over unread while its registry entry is
         older than its end (an entry written since is a new job that reuses the id): each
         submission scans the user's whole registry, so a finished job costs one stat, not a read.
-        ``progress(what, total)``: a context giving ``advance(n)`` (fmt.progress draws a bar)."""
+        ``progress(what, total)``: a context giving ``advance(n)`` (progress.progress draws a bar)."""
         n = 0
         jobs = state_dir() / "jobs"
         ended = dict(self.conn.execute("SELECT job_id, MAX(end_time) FROM jobs WHERE state = 'completed' "

@@ -73,7 +73,7 @@ class Every(NamedTuple):
     decided_by: str
 
     def line(self) -> str:
-        from pipeswift_slurm.fmt import duration
+        from pipeswift_slurm.durations import duration
         if math.isinf(self.seconds):
             return "no interruption expected"
         return (f"the later of Young/Daly's {duration(self.young_daly_s)} and the file system's share's "

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 
 from pipeswift_slurm.config import slurm_minutes
-from pipeswift_slurm.fmt import duration
+from pipeswift_slurm.durations import duration
 from pipeswift_slurm.slurm.sbatch import Limits
 
 #: a predicted limit covers the predicted 90th percentile times this (a limit too short costs a

@@ -21,7 +21,7 @@ from pipeswift_slurm.config import TrainConfig
 from pipeswift_slurm.planning.costmodel import (STATE_BYTES, WEIGHT_FRACTION_ASSUMED, Calibration, Hardware, Measured,
                                                 Profile, calibrate, checkpoint_seconds, estimate_step, stage_cut, state_factor)
 from pipeswift_slurm.errors import ConfigError
-from pipeswift_slurm.fmt import duration
+from pipeswift_slurm.durations import duration
 from pipeswift_slurm.planning.layouts import Layout
 from pipeswift_slurm.planning.partition import PartitionError
 from pipeswift_slurm.slurm.cluster import ClusterState, WaitEstimate, estimate_wait

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from pipeswift_slurm.fmt import pyplot, save
+from pipeswift_slurm.figures import pyplot, save
 from pipeswift_slurm.planning.simulate import SimResult
 
 _TEXT = {"F": "Ff", "B": "Bb", "W": "Ww"}  # upper/lower case alternate per micro-batch

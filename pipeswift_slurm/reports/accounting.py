@@ -218,7 +218,7 @@ def draw(rep: Report, path: Any, selection: str = "all jobs") -> None:
     """One PNG of a report: bars per x value (stacked by the report's series key, the 8 largest
     and the rest as "other"), labelled axes with units, a value not on record drawn as
     "unknown" (never as 0), a 100 % line on shares, and the selection in the title."""
-    from pipeswift_slurm.fmt import pyplot, save
+    from pipeswift_slurm.figures import pyplot, save
     plt = pyplot()
     x_key, y_keys, y_label, title, stack = rep.plot
     kinds = {c.key: c for c in rep.columns}

@@ -10,7 +10,7 @@ from typing import Any, Callable, NamedTuple
 
 from pipeswift_slurm import runfiles, userfiles
 from pipeswift_slurm.errors import PswiftError, RunDirError
-from pipeswift_slurm.fmt import crash_line, growth_line, relayout_line
+from pipeswift_slurm.eventlines import crash_line, growth_line, relayout_line
 from pipeswift_slurm.history import rundir
 from pipeswift_slurm.history.selection import Selection
 from pipeswift_slurm.history.store import History

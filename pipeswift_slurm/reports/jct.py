@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from sqlite3 import Row
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from pipeswift_slurm.fmt import duration, pyplot, save
+from pipeswift_slurm.durations import duration
+from pipeswift_slurm.figures import pyplot, save
 from pipeswift_slurm.history.store import History
 from pipeswift_slurm.history.queries import ROLLUP_KEYS
 from pipeswift_slurm.history.selection import Selection

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pipeswift_slurm import fmt, runfiles
+from pipeswift_slurm import figures, runfiles
 from pipeswift_slurm.errors import PswiftError
 from pipeswift_slurm.history import eventfold
 from pipeswift_slurm.terminal import inert
@@ -39,7 +39,7 @@ def draw(attempts: list[dict[str, Any]], title: str, out: Path) -> list[str]:
     drawn = [a for a in attempts if len(a["steps"])]
     if not drawn:
         raise PswiftError(f"{title}: no training step logged yet; plot it once it has trained")
-    plt = fmt.pyplot()
+    plt = figures.pyplot()
     fig, (loss_ax, time_ax) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, a in enumerate(drawn):
@@ -61,7 +61,7 @@ def draw(attempts: list[dict[str, Any]], title: str, out: Path) -> list[str]:
     time_ax.set_xlabel("step (dotted: an attempt starts; dashed: it ends, its cause above)")
     loss_ax.set_title(inert(title))
     fig.tight_layout()
-    fmt.save(fig, out)
+    figures.save(fig, out)
     return [f"{_start_label(a)}: steps {(a['start'] or {}).get('step', a['steps'].step[0] - 1)}-{a['steps'].step[-1]}, "
             f"ended: {a['ended']}" for a in drawn]
 

@@ -25,6 +25,7 @@ import sqlite3
 import sys
 from typing import Any, Callable, Container, Iterable, Iterator, NamedTuple, Sequence, TextIO
 
+from pipeswift_slurm.durations import hms
 from pipeswift_slurm.terminal import CONTROL, inert, json_inert
 from pipeswift_slurm.history.selection import SelectionError
 
@@ -119,16 +120,6 @@ def _cell_sql(expr: str, kind: str) -> str:
     shown = {"s": _hms_sql(expr), "h": f"printf('%.2f', {expr})", "ratio": f"printf('%.1f%%', 100.0 * {expr})",
              "mb": f"printf('%.0f', {expr})", "bool": f"CASE WHEN {expr} THEN 'yes' ELSE 'no' END"}.get(kind)
     return expr if shown is None else f"CASE WHEN {expr} IS NULL THEN NULL ELSE {shown} END"
-
-
-def hms(seconds: float) -> str:
-    """sacct's elapsed form: ``HH:MM:SS``, ``D-HH:MM:SS``."""
-    s = int(abs(seconds) + 0.5)                  # half away from zero, as SQLite's ROUND
-    sign = "-" if seconds < 0 and s else ""
-    d, rest = divmod(s, 86400)
-    h, rest = divmod(rest, 3600)
-    m, sec = divmod(rest, 60)
-    return f"{sign}{f'{d}-' if d else ''}{h:02d}:{m:02d}:{sec:02d}"
 
 
 def _fixed(v: float, places: int) -> str:

@@ -17,7 +17,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from pipeswift_slurm import runfiles
 from pipeswift_slurm.history import rundir
-from pipeswift_slurm.fmt import crash_line, duration
+from pipeswift_slurm.eventlines import crash_line
+from pipeswift_slurm.durations import duration
 from pipeswift_slurm.errors import PswiftError
 
 #: `--wait`'s exit code when --timeout passes first (as timeout(1)): the job goes on

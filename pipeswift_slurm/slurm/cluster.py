@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from pipeswift_slurm.fmt import duration
+from pipeswift_slurm.durations import duration
 from pipeswift_slurm.slurm.records import JobInfo, NodeState
 
 UNUSABLE = ("down", "drain", "drained", "draining", "fail", "failing", "maint", "future",
