@@ -11,7 +11,8 @@ class Exit(IntEnum):
     """A launcher's (and so srun's) exit code that says how the launch ended by itself."""
     OK = 0
     FAILED = 1
-    #: the job got a node count plan.json has no layout for: not training at all
+    #: the launch refused to train at all: a node count plan.json has no layout for, a plan or
+    #: an environment it cannot run, an install without the training side
     REFUSED = 2
     #: the attempt is beyond ``[job] max_requeues``, or stopped with none left: not requeued
     BUDGET_SPENT = 3

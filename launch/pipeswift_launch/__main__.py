@@ -7,6 +7,8 @@ import sys
 import time
 import traceback
 
+from pipeswift_slurm.codes import Exit   # imports nothing: safe before the signal handlers
+
 
 def main(argv: list[str] | None = None) -> int:
     started = time.time()  # setup counts from here: imports, process group, model, checkpoint load
@@ -16,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m pipeswift_launch RUN_DIR/plan.json", file=sys.stderr)
-        return 2
+        return Exit.REFUSED
     from . import launchrec   # after the signal handlers (as the imports below)
     rank = int(os.environ.get("SLURM_PROCID") or os.environ.get("RANK") or 0)
     launchrec.began(rank)   # the node this rank runs on, for launchwatch
@@ -32,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pswift-launch: error: this Python ({sys.executable}) cannot import {e.name}: install "
               f"pipeswift-slurm's training side (pip install 'pipeswift-slurm[train]') or set [job] python",
               file=sys.stderr, flush=True)
-        launchrec.exited(rank, 2)
-        return 2
+        launchrec.exited(rank, Exit.REFUSED)
+        return Exit.REFUSED
     try:
         plan = for_partition(runnable(read_plan(argv[0]), argv[0]), os.environ.get("SLURM_JOB_PARTITION"))
         denv = derive(os.environ)
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = run(plan, denv, started)
     except (PswiftError, LaunchEnvError, CheckpointError, DeepSpeedVersionError) as e:
         print(f"pswift-launch: error: {e}", file=sys.stderr, flush=True)
-        rc = 2
+        rc = Exit.REFUSED
     except Exception as e:  # the job log keeps the traceback; the last line says what failed
         traceback.print_exc()
         error = f"{type(e).__name__}: {' '.join(str(e).split())}"
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pswift-launch: rank {rank} failed" + (f" at step {step}" if step is not None else "")
               + f": {error}", file=sys.stderr, flush=True)
         launchrec.raised(rank, step, error)   # the batch script's helper tells a bug from a fault
-        return 1
+        return Exit.FAILED
     launchrec.exited(rank, rc)
     return rc
 
