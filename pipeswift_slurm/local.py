@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeswift_slurm import runfiles
 from pipeswift_slurm.codes import Exit
+from pipeswift_slurm.slurm import srun
 
 if TYPE_CHECKING:
     from pipeswift_slurm.plan import Plan
@@ -33,9 +34,9 @@ def run_local(plan: Plan, plan_path: str, nodes: int, grace_s: float = 60.0) -> 
     env = _local_env()
     while True:
         folder, codes = _launch_once(plan, plan_path, nodes, grace_s)
-        rc = srun_rc(codes)
+        rc = srun.exit_code(codes)
         with open(os.path.join(folder, "srun.err"), "w") as report:
-            report.write(srun_report(codes))
+            report.write(srun.report(NODE, codes))
         ask = subprocess.run([plan["python"], "-m", "pipeswift_launch.afterlaunch", plan_path, str(rc), folder,
                               str(restarts), str(relayouts)], stdout=subprocess.PIPE, text=True, env=env)
         step = ask.stdout.strip() if ask.returncode == 0 else ""
@@ -47,29 +48,6 @@ def run_local(plan: Plan, plan_path: str, nodes: int, grace_s: float = 60.0) -> 
             print(f"pswift: restart {restarts}: launching the ranks again", flush=True)
         else:
             return int(step[len("exit "):]) if step.startswith("exit ") and step[5:].isdigit() else rc or 1
-
-
-def srun_rc(codes: list[int]) -> int:
-    """The launch's exit code: the largest a rank exited with by itself, else the signal that
-    killed one as 128 + it; the SIGTERM that stops the others after it (as srun's
-    --kill-on-bad-exit does) counts only when nothing else ended the launch."""
-    own = [c for c in codes if c > 0]
-    killed = [128 - c for c in codes if c < 0 and c != -signal.SIGTERM]
-    return max(own or killed or [128 + signal.SIGTERM for c in codes if c == -signal.SIGTERM] or [0])
-
-
-def srun_report(codes: list[int]) -> str:
-    """How each rank that did not finish ended, in srun's words (pipeswift_slurm.planning.decide
-    reads them): a rank the others' failure stopped (SIGTERM) is srun's own termination."""
-    lines = []
-    for rank, c in enumerate(codes):
-        if c < 0:
-            what = "Killed" if -c == signal.SIGKILL else "Terminated" if -c == signal.SIGTERM \
-                else signal.Signals(-c).name
-            lines.append(f"srun: error: {NODE}: task {rank}: {what}\n")
-        elif c != 0:
-            lines.append(f"srun: error: {NODE}: task {rank}: Exited with exit code {c}\n")
-    return "".join(lines)
 
 
 def _local_env() -> dict[str, str]:

@@ -204,8 +204,9 @@ def test_the_launcher_imports_at_the_top_but_for_a_stated_reason():
 
 
 #: the contracts at the package's top: what the login side and the job share, the ground floor
-CONTRACTS = {"codes", "errors", "settings", "config", "plan", "events", "userfiles", "stats", "numeric", "durations", "eventlines", "figures", "progress", "terminal",
-             "runfiles"}
+CONTRACTS = {"codes", "errors", "settings", "config", "plan", "events", "userfiles", "stats", "numeric", "durations",
+             "eventlines", "figures", "progress", "terminal", "runfiles",
+             "slurm.timespec"}   # Slurm's time syntax: its home is slurm/ (the format readers), the config checks [job] time by it
 
 
 def test_the_contracts_are_the_ground_floor():
@@ -248,3 +249,16 @@ def test_no_module_is_named_after_a_standard_library_module():
     names = {p.stem for root in PACKAGES.values() for p in root.rglob("*.py")} - {"__init__", "__main__"}
     assert len(names) > 40
     assert not names & sys.stdlib_module_names, sorted(names & sys.stdlib_module_names)
+
+
+def test_slurms_text_formats_are_read_in_slurm_only():
+    """Issue 60: srun's report and Slurm's time syntax have one reader each, in slurm/; no
+    module outside it matches srun's words or parses a time with a pattern of its own."""
+    formats = {"srun's report": re.compile(r"srun: error"), "Slurm's time syntax": re.compile(r"\(\?P<d>\\d\+\)-")}
+    readers = {"srun's report": "slurm/srun.py", "Slurm's time syntax": "slurm/timespec.py"}
+    root = PACKAGES["pipeswift_slurm"]
+    sources = [*root.rglob("*.py"), *PACKAGES["pipeswift_launch"].rglob("*.py")]
+    for what, pattern in formats.items():
+        where = sorted(str(p.relative_to(root)) if p.is_relative_to(root) else p.name
+                       for p in sources if pattern.search(p.read_text()))
+        assert where == [readers[what]], (what, where)

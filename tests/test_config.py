@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from helpers import EXAMPLE, copy_example
 from pipeswift_slurm.cli.main import cli
-from pipeswift_slurm.config import load_config, slurm_time_seconds
+from pipeswift_slurm.config import load_config
+from pipeswift_slurm.slurm.timespec import slurm_time_seconds
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -10,6 +10,7 @@ import pytest
 
 from helpers import FakeSlurm, plan_with, slurm_port
 from pipeswift_slurm.planning import decide
+from pipeswift_slurm.slurm import srun
 from pipeswift_slurm.config import MAX_RESTARTS_DEFAULT
 from pipeswift_slurm.slurm.records import expand_hostlist
 from pipeswift_slurm.codes import Exit, Stop
@@ -329,7 +330,7 @@ def test_a_node_whose_every_rank_stayed_silent_is_lost_after_the_grace():
 def test_srun_hears_every_rank_it_names_and_a_launch_it_could_not_make_is_a_lost_node():
     report = ("srun: error: node2: tasks 0-1,3: Terminated\nsrun: error: node1: task 5: Killed\n"
               "srun: error: Task launch for StepId=32.1 failed on node node4: Communication connection failure\n")
-    assert decide.srun_heard(report) == {0, 1, 3, 5}
+    assert srun.heard(report) == {0, 1, 3, 5}
     lost = [d for d in decide.srun_deaths(report) if d.how == "lost"]
     assert lost == [Death("lost", None, "node4", None, "Communication connection failure")]
 
@@ -434,11 +435,11 @@ def test_a_stop_is_carried_out_through_the_port(monkeypatch):
 def test_a_local_launch_is_reported_as_srun_reports_one():
     """pswift run's launches go to the same helper as the batch script's (issue 39): each rank's
     end written in srun's words, the launch's code as srun's."""
-    from pipeswift_slurm.local import srun_rc, srun_report
+    srun_rc = srun.exit_code
     assert srun_rc([0, 0]) == 0 and srun_rc([75, 75]) == 75
     assert srun_rc([2, -15]) == 2              # rank 1 stopped because rank 0 ended: rank 0's code
     assert srun_rc([-9, -15]) == 137 and srun_rc([1, -9]) == 1 and srun_rc([-15, -15]) == 143
-    report = srun_report([-9, 1, -15, 0])
+    report = srun.report("localhost", [-9, 1, -15, 0])
     assert report.splitlines() == ["srun: error: localhost: task 0: Killed",
                                    "srun: error: localhost: task 1: Exited with exit code 1",
                                    "srun: error: localhost: task 2: Terminated"]
@@ -502,9 +503,9 @@ def test_srun_report_is_bounded_by_the_launchs_world_and_digits():
     report = (f"srun: error: node1: tasks 0-20000000: Killed\n"
               f"srun: error: node2: task {huge}: Exited with exit code 1\n"
               f"srun: error: node2: tasks 2-{huge}: Terminated\n")
-    assert decide.srun_heard(report, 4) == {0, 1, 2, 3}
-    assert decide.srun_heard(report, 0) == set()
-    assert len(decide.srun_heard(report)) == decide.MAX_RANKS     # never past the bound
+    assert srun.heard(report, 4) == {0, 1, 2, 3}
+    assert srun.heard(report, 0) == set()
+    assert len(srun.heard(report)) == srun.MAX_RANKS     # never past the bound
     deaths = decide.srun_deaths(report)
     assert [(d.how, d.rank, d.node) for d in deaths] == [("signal 9", 0, "node1"), ("exit 1", None, "node2")]
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pipeswift_slurm.codes import Exit
 from pipeswift_slurm.planning import decide
+from pipeswift_slurm.slurm import srun
 
 from . import launchrec
 
@@ -30,7 +31,7 @@ def _heard(folder: Path, began: dict[int, str]) -> tuple[set[int], bool]:
     srun's word is read for the ranks that ``began`` only (a range it reports is cut to them)."""
     records, report = launchrec.read(folder)
     said = decide.srun_deaths(report)
-    ended = {r["rank"] for r in records} | decide.srun_heard(report, max(began, default=-1) + 1)
+    ended = {r["rank"] for r in records} | srun.heard(report, max(began, default=-1) + 1)
     failed = any(r.get("error") or r.get("hang") for r in records) or bool(said) \
         or any(r.get("rc", 0) not in (Exit.OK, Exit.RELAYOUT) for r in records)
     return ended, failed

@@ -41,10 +41,11 @@ from dataclasses import dataclass, field
 
 from pipeswift_slurm.codes import Action, Exit, Stop
 from pipeswift_slurm.config import MAX_RESTARTS_DEFAULT
+from pipeswift_slurm.slurm import srun
 
 __all__ = ["MAX_RELAYOUTS", "MAX_RESTARTS_DEFAULT", "Allocation", "Budgets", "Death", "Decision", "Launched",
            "Stopped", "backoff", "first_death", "may_grow", "may_train", "requeues_left", "restart_left",
-           "silent_nodes", "srun_deaths", "srun_heard", "what_follows"]
+           "silent_nodes", "srun_deaths", "what_follows"]
 #: re-layouts an attempt may make in place (pipeswift_launch.relayout proposes them)
 MAX_RELAYOUTS = 2
 #: seconds to wait before restart k (1-based): none before the first (as TorchElastic: a crash
@@ -319,12 +320,6 @@ def _on_survivors(death: Death, b: Budgets, alloc: Allocation, rc: int) -> Decis
                             f"{b.attempt}: resubmit to continue from the checkpoint", rc if rc else 1, death=gone)
 
 
-_SRUN_TASK = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<ranks>[\d,\-]+): (?P<what>.+?)\s*$")
-
-
-_LAUNCH_FAILED = re.compile(r"^srun: error: Task launch for \S+ failed on node (?P<node>[^\s:]+): (?P<what>.+?)\s*$")
-
-
 def silent_nodes(began: dict[int, str], ended: set[int], waited_s: float,
                  grace_s: float = SILENT_GRACE_S) -> tuple[str, ...]:
     """The nodes every one of whose ranks began and then gave no sign (no record of its end, no
@@ -338,51 +333,6 @@ def silent_nodes(began: dict[int, str], ended: set[int], waited_s: float,
     return tuple(sorted(n for n, heard in nodes.items() if not any(heard)))
 
 
-#: the most ranks a launch has (a rank number srun reports beyond it is no rank of ours)
-MAX_RANKS = 1 << 20
-
-
-def _rank(digits: str) -> int | None:
-    """A rank srun wrote, or None past MAX_RANKS (a 4,301-digit number would raise in int())."""
-    return int(digits) if digits.isdigit() and len(digits) <= 7 and int(digits) < MAX_RANKS else None
-
-
-def srun_heard(text: str, ranks: int = MAX_RANKS) -> set[int]:
-    """Every rank below ``ranks`` (the launch's world) srun reported the end of ("node2: tasks
-    0-3,5: Terminated"), however it ended. A range is cut to the world: "tasks 0-20000000"
-    costs a world's ranks, not 20 million."""
-    heard: set[int] = set()
-    top = min(ranks, MAX_RANKS) - 1
-    for line in text.splitlines():
-        m = _SRUN_TASK.match(line)
-        for part in (m.group("ranks").split(",") if m else []):
-            lo_s, _, hi_s = part.partition("-")
-            lo = _rank(lo_s)
-            if lo is None or lo > top or not (hi_s.isdigit() or not hi_s):
-                continue
-            hi = lo if not hi_s else top if len(hi_s) > 7 else int(hi_s)
-            heard.update(range(lo, min(hi, top) + 1))
-    return heard
-
-
 def srun_deaths(text: str) -> list[Death]:
-    """The ranks srun reports ended badly ("srun: error: node2: task 1: Killed"), in its order;
-    ranks it merely terminated after the first (kill-on-bad-exit) are left out."""
-    out: list[Death] = []
-    for line in text.splitlines():
-        launch = _LAUNCH_FAILED.match(line)   # srun could not reach the node: it is lost
-        if launch is not None:
-            out.append(Death(how="lost", node=launch.group("node"), error=launch.group("what")))
-            continue
-        m = _SRUN_TASK.match(line)
-        if m is None:
-            continue
-        what = m.group("what")
-        if what in ("Terminated",):     # srun's own SIGTERM to the others: a consequence
-            continue
-        code = re.match(r"Exited with exit code (\d+)", what)
-        how = (f"exit {code.group(1)}" if code else "signal 9" if what == "Killed"
-               else "lost" if "node failure" in what.lower() or "unknown" in what.lower() else what.lower())
-        first = re.match(r"\d+", m.group("ranks"))
-        out.append(Death(how=how, rank=_rank(first.group()) if first else None, node=m.group("node")))
-    return out
+    """The ranks srun reports ended badly (:func:`slurm.srun.ended_badly`), as deaths."""
+    return [Death(how=e.how, rank=e.rank, node=e.node, error=e.error) for e in srun.ended_badly(text)]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from pipeswift_slurm.config import slurm_minutes
+from pipeswift_slurm.slurm.timespec import slurm_minutes
 from pipeswift_slurm.durations import duration
 from pipeswift_slurm.slurm.sbatch import Limits
 

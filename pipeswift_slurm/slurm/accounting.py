@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeswift_slurm.config import slurm_time_seconds
+from pipeswift_slurm.slurm.timespec import slurm_time_seconds
 from pipeswift_slurm.slurm.records import epoch
 
 

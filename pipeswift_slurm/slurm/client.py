@@ -579,7 +579,7 @@ def set_time_limit(job_id: str, limit_s: int, time_min_s: int | None = None) -> 
     """A requeued (pending) job's time limit, and its --time-min, in whole minutes: a pending
     job's owner may raise it up to the partition's MaxTime (a running job's only lower it).
     Raises PswiftError with Slurm's word."""
-    from pipeswift_slurm.config import slurm_minutes
+    from pipeswift_slurm.slurm.timespec import slurm_minutes
     extra = [f"TimeMin={slurm_minutes(time_min_s)}"] if time_min_s else []
     _run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={slurm_minutes(limit_s)}", *extra],
          survive_term=True)

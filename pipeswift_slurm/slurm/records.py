@@ -222,7 +222,7 @@ def squeue_active(text: str) -> list[JobInfo]:
     view: ``squeue --json`` lists every finished job still in memory too (22.05 ignores
     --states with --json), megabytes on a busy cluster. A running job's start and every job's
     user id are what the queue estimate reads to end it early (queue.expected_ends)."""
-    from pipeswift_slurm.config import slurm_time_seconds
+    from pipeswift_slurm.slurm.timespec import slurm_time_seconds
     out = []
     for line in text.splitlines():
         f = line.split("|")

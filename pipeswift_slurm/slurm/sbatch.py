@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 from pipeswift_slurm import __version__, runfiles
-from pipeswift_slurm.config import TrainConfig, slurm_minutes
+from pipeswift_slurm.config import TrainConfig
+from pipeswift_slurm.slurm.timespec import slurm_minutes
 from pipeswift_slurm.errors import ConfigError
 
 TEMPLATE = "job.sbatch.tmpl"
