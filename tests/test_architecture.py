@@ -262,3 +262,18 @@ def test_slurms_text_formats_are_read_in_slurm_only():
         where = sorted(str(p.relative_to(root)) if p.is_relative_to(root) else p.name
                        for p in sources if pattern.search(p.read_text()))
         assert where == [readers[what]], (what, where)
+
+
+def test_an_attempts_end_has_one_home_in_the_launcher():
+    """Issue 60: the launcher builds decide's Budgets in one place and asks Slurm for a requeue
+    in one place (outcome.py); train.py, afterlaunch.py and watchdog.py call it."""
+    launcher = PACKAGES["pipeswift_launch"]
+    budgets, requeues = [], []
+    for path in sorted(launcher.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr == "Budgets":
+                    budgets.append(path.name)
+                if node.func.attr == "requeue" and isinstance(node.func.value, ast.Call):   # slurm().requeue(...)
+                    requeues.append(path.name)
+    assert budgets == ["outcome.py"] and requeues == ["outcome.py"], (budgets, requeues)

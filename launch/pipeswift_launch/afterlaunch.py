@@ -27,6 +27,7 @@ from pipeswift_slurm.planning import decide
 from pipeswift_slurm.slurm.records import expand_hostlist
 
 from . import launchrec, metrics
+from . import outcome
 from .slurmport import slurm
 
 
@@ -57,9 +58,7 @@ def decide_after(plan: Plan, rc: int, folder: Path, restarts: int, relayouts: in
     job_id, attempt = env.get("SLURM_JOB_ID"), int(env.get("SLURM_RESTART_COUNT") or 0)
     crashes, last_step = _crashes_and_last_step(plan["run_dir"], job_id, attempt) \
         if rc not in (Exit.OK, Exit.RELAYOUT) else ([], None)
-    budgets = decide.Budgets(restarts=restarts, max_restarts=int(plan["max_restarts"]),
-                             relayouts=relayouts, attempt=attempt, max_requeues=int(plan["max_requeues"]),
-                             in_slurm=job_id is not None)
+    budgets = outcome.budgets(plan, attempt, job_id, restarts, relayouts)
     deaths = deaths_of(records, report)
     # nodes lost before Slurm knew: launchwatch found them silent, or srun could not reach them
     silent = tuple(dict.fromkeys([*launchrec.lost(folder), *(x.node for x in deaths
@@ -179,7 +178,7 @@ def carry_out(plan: Plan, d: decide.Decision, last_step: int | None, restarts: i
         # the requeue SIGTERMs the job's processes, this one too: it must live to exclude the node
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
-            if slurm().requeue(str(job), exclude=d.exclude, nodes_needed=min(int(n) for n in plan["layouts"])):
+            if outcome.requeue(plan, str(job), exclude=d.exclude):
                 print(f"pswift: the next attempt will not use node {d.exclude}", file=sys.stderr, flush=True)
         except Exception as e:   # noqa: BLE001 - Slurm's word goes to the log; the job then ends
             print(f"pswift: the requeue failed: {e}", file=sys.stderr, flush=True)

@@ -28,6 +28,7 @@ from .dist_env import DistEnv, log0 as _log
 from .pipe import build_pipe
 from .layerprofile import PROFILE_STEPS, InstructionTimer, LayerProfiler
 from .signals import requested
+from . import outcome
 from .slurmport import slurm
 from .watchdog import Watchdog, end_attempt
 
@@ -546,10 +547,7 @@ def _commit_relayout(att: Attempt, proposal: Any, profiled: dict[str, Any]) -> N
 
 
 def _budgets(att: Attempt) -> decide.Budgets:
-    plan = att.plan
-    return decide.Budgets(restarts=0, max_restarts=int(plan["max_restarts"]), relayouts=0,
-                          attempt=att.denv.attempt, max_requeues=int(plan["max_requeues"]),
-                          in_slurm=att.denv.job_id is not None)
+    return outcome.budgets(att.plan, att.denv.attempt, att.denv.job_id)
 
 
 def _stopped(att: Attempt, stop: Stop) -> decide.Stopped:
@@ -627,12 +625,7 @@ def _carry_out(att: Attempt, d: decide.Decision) -> None:
     if d.requeue_by == "pswift":
         nodes, why = _next_nodes(att, d.reason)
         _log(denv.rank, f"requeueing job {denv.job_id}" + (f" for {nodes} node(s) ({why})" if nodes else ""))
-        slurm().requeue(job_id)
-        if nodes:
-            try:
-                slurm().set_node_range(job_id, f"{nodes}-{nodes}")
-            except Exception as e:   # the next attempt then asks for what this one had
-                _log(denv.rank, f"could not set the node request to {nodes}: {e}")
+        outcome.requeue(att.plan, job_id, nodes=nodes, say=lambda m: _log(denv.rank, m))
         _ask_for_what_remains(att)
     elif d.requeue_by == "slurm":
         _log(denv.rank, f"Slurm requeues preempted job {denv.job_id} itself")

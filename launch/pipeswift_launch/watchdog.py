@@ -33,7 +33,7 @@ from pipeswift_slurm.planning import decide
 from pipeswift_slurm.stats import quantile
 
 from . import launchrec
-from .slurmport import slurm
+from . import outcome
 
 if TYPE_CHECKING:
     from pipeswift_slurm.plan import Plan
@@ -146,8 +146,7 @@ def end_attempt(run_dir: Path, plan: Plan, denv: Any, info: dict[str, Any]) -> N
         os._exit(Exit.HUNG)
     stopped = decide.Stopped(Stop.HUNG, max(info["step"], 0), int(plan["training"]["steps"]),
                              hung_node=info["suspect_node"] if info["certain"] else None, hung_why=msg)
-    d = decide.what_follows(stopped, decide.Budgets(0, int(plan["max_restarts"]), 0, denv.attempt,
-                                                    int(plan["max_requeues"]), denv.job_id is not None))
+    d = decide.what_follows(stopped, outcome.budgets(plan, denv.attempt, denv.job_id))
     events.append(run_dir, "end", denv.attempt, denv.job_id, reason=d.reason, step=stopped.step,
                   requeue=d.requeue_by is not None, error=msg)
     print(f"pswift: rank {denv.rank}: {d.why}", flush=True)
@@ -155,7 +154,7 @@ def end_attempt(run_dir: Path, plan: Plan, denv: Any, info: dict[str, Any]) -> N
         # the requeue's SIGTERM only sets this process's stop flag (signals.py); the Slurm
         # commands that follow it ignore it (slurm.requeue)
         try:
-            if slurm().requeue(denv.job_id, exclude=d.exclude, nodes_needed=min(int(n) for n in plan["layouts"])):
+            if outcome.requeue(plan, denv.job_id, exclude=d.exclude):
                 print(f"pswift: the next attempt will not use node {d.exclude}", flush=True)
         except Exception as e:  # the job still ends; Slurm's word is in the message
             print(f"pswift: requeue after the hang failed: {e}", flush=True)
