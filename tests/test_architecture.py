@@ -277,3 +277,10 @@ def test_an_attempts_end_has_one_home_in_the_launcher():
                 if node.func.attr == "requeue" and isinstance(node.func.value, ast.Call):   # slurm().requeue(...)
                     requeues.append(path.name)
     assert budgets == ["outcome.py"] and requeues == ["outcome.py"], (budgets, requeues)
+
+
+def test_the_cli_module_and_the_readme_stay_short():
+    """Issue 60: cli/main.py is the group and the submit commands (the others load lazily from
+    cli/runs.py, cli/model.py, cli/admin.py); the README is what a newcomer reads first."""
+    assert len((PACKAGES["pipeswift_slurm"] / "cli" / "main.py").read_text().splitlines()) <= 400
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300

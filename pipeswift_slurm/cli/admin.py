@@ -8,10 +8,8 @@ from typing import Any
 
 import click
 
-from pipeswift_slurm.history import rundir
 from pipeswift_slurm.cli.common import (CLIError, _clusters_option, _db_option, _errors, _nothing_selected, _open, _output, _print,
                          _quiet_on_closed_pipe, _renderer, _select, _warn, history)
-from pipeswift_slurm.errors import PswiftError
 
 
 @history.command("ingest")

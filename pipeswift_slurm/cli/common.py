@@ -174,3 +174,21 @@ def _nothing_selected(rows: list[Any]) -> None:
     if not rows:
         raise CLIError("no job in the history matches this selection; widen it (-S, -s, -u, -r) "
                        "or run `pswift history ingest`", 1)
+
+
+def _override_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """-p/-t/--time-policy/-N/-A/-q/-J: sbatch's spellings for train.toml keys, on `sbatch`
+    and `plan` alike (config.command_line_overrides makes them keys)."""
+    for option in reversed([
+        click.option("-p", "--partition", help="[job] partition for this submission (a name, or a,b)."),
+        click.option("-t", "--time", "time_limit", help="[job] time for this submission (M, H:MM:SS or "
+                     "D-HH:MM:SS): the limit asked of Slurm, as sbatch takes it, unless --time-policy predicted."),
+        click.option("--time-policy", type=click.Choice(["predicted", "as_written"]),
+                     help="[job] time_policy for this submission: 'predicted' asks the planner's limit within "
+                     "[job] time; 'as_written' asks [job] time itself (the default with -t)."),
+        click.option("-N", "--nodes", help="[resources] nodes for this submission: N or MIN-MAX."),
+        click.option("-A", "--account", help="[job] account for this submission."),
+        click.option("-q", "--qos", help="[job] qos for this submission."),
+        click.option("-J", "--job-name", help="[job] name for this submission.")]):
+        fn = option(fn)
+    return fn
