@@ -160,7 +160,7 @@ def resume_loads(work: Path, ckpt: Path, step: int, hidden: int, mode: str) -> d
 def merged_state(step_dir: Path) -> dict:
     """Every tensor of a committed checkpoint in one dict (the baseline saves and loads this)."""
     sys.path.insert(0, str(ROOT / "launch"))
-    from pipeswift_launch import checkpoint
+    from pipeswift_launch import ckptfiles as checkpoint
     state = checkpoint.read_all(step_dir)
     merged = {"model." + k: v for k, v in state["model"].items()}
     merged.update({"master." + k: v for k, v in state["master"].items()})

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
-from pipeswift_launch import checkpoint, stagefile  # noqa: E402
+from pipeswift_launch import ckptfiles as checkpoint, stagefile  # noqa: E402
 from helpers import blob_of, zero_partitions  # noqa: E402
 
 

@@ -104,8 +104,8 @@ def test_growth_must_beat_the_slack_the_planner_gave_up():
     """A 20 % faster step pays for a requeue when the slack is 5 % (at least 10 % is asked);
     with a slack of 30 % the planner would not have chosen 4 nodes, so the job does not grow."""
     args = dict(free=2, step_times=[1.0] * 5, remaining=2000, restart_s=5.0, ckpt_s=0.5)
-    assert grow.decide({**GROW_PLAN, "jct_slack": 0.05}, 2, **args).go
-    held = grow.decide({**GROW_PLAN, "jct_slack": 0.3}, 2, **args)
+    assert grow.choose({**GROW_PLAN, "jct_slack": 0.05}, 2, **args).go
+    held = grow.choose({**GROW_PLAN, "jct_slack": 0.3}, 2, **args)
     assert not held.go and "under 30% faster" in held.why
 
 

@@ -26,22 +26,22 @@ def test_the_planners_step_times_per_node_count_come_from_plan_json():
 
 
 def test_growth_picks_the_count_that_saves_most_anchored_to_the_measured_step():
-    g = grow.decide(PLAN, 1, free=3, step_times=[0.8] * 5, remaining=200, restart_s=5.0, ckpt_s=0.5)
+    g = grow.choose(PLAN, 1, free=3, step_times=[0.8] * 5, remaining=200, restart_s=5.0, ckpt_s=0.5)
     assert g.go and g.nodes_to == 4
     assert g.predicted_step_s == pytest.approx(0.8 * 0.15 / 0.40)          # measured x model ratio
     assert g.gain_s == pytest.approx((0.8 - 0.3) * 200) and g.cost_s == pytest.approx(15.5)
-    two = grow.decide(PLAN, 1, free=1, step_times=[0.8] * 5, remaining=200, restart_s=5.0, ckpt_s=0.5)
+    two = grow.choose(PLAN, 1, free=1, step_times=[0.8] * 5, remaining=200, restart_s=5.0, ckpt_s=0.5)
     assert two.go and two.nodes_to == 2                                     # only one node free
 
 
 def test_no_growth_without_free_nodes_enough_steps_or_an_estimate():
-    none = grow.decide(PLAN, 1, free=0, step_times=[0.8], remaining=200, restart_s=5, ckpt_s=0)
+    none = grow.choose(PLAN, 1, free=0, step_times=[0.8], remaining=200, restart_s=5, ckpt_s=0)
     assert not none.go and "no larger layout fits" in none.why
-    late = grow.decide(PLAN, 1, free=3, step_times=[0.8], remaining=20, restart_s=5, ckpt_s=0)
+    late = grow.choose(PLAN, 1, free=3, step_times=[0.8], remaining=20, restart_s=5, ckpt_s=0)
     assert not late.go and "under 2x the requeue's" in late.why
-    top = grow.decide(PLAN, 4, free=4, step_times=[0.8], remaining=200, restart_s=5, ckpt_s=0)
+    top = grow.choose(PLAN, 4, free=4, step_times=[0.8], remaining=200, restart_s=5, ckpt_s=0)
     assert not top.go
-    blind = grow.decide({"layouts": PLAN["layouts"], "candidates": []}, 1, 3, [0.8], 200, 5, 0)
+    blind = grow.choose({"layouts": PLAN["layouts"], "candidates": []}, 1, 3, [0.8], 200, 5, 0)
     assert not blind.go and blind.why == "no planner estimate for this node count"
 
 
@@ -141,8 +141,8 @@ def test_the_measured_profile_predicts_each_node_counts_step_and_overrides_the_p
     prof = Profile((0.01, 0.03, 0.01, 0.03), (1000,) * 4, (100,) * 4, 8, "measured")
     steps = relayout.step_times(plan, prof)
     assert steps[2] < 0.6 * steps[1]
-    wrong = grow.decide(PLAN, 1, 1, [0.8] * 5, 200, 5.0, 0.5, predicted={1: 0.4, 2: 0.39})
-    right = grow.decide(PLAN, 1, 1, [0.8] * 5, 200, 5.0, 0.5, predicted={1: steps[1], 2: steps[2]})
+    wrong = grow.choose(PLAN, 1, 1, [0.8] * 5, 200, 5.0, 0.5, predicted={1: 0.4, 2: 0.39})
+    right = grow.choose(PLAN, 1, 1, [0.8] * 5, 200, 5.0, 0.5, predicted={1: steps[1], 2: steps[2]})
     assert not wrong.go and right.go and right.nodes_to == 2
 
 

@@ -25,7 +25,7 @@ from pipeswift_slurm.slurm import client as slurm
 pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
 
 def final_weights(ckpt_dir: Path, step: int) -> dict:
-    from pipeswift_launch import checkpoint
+    from pipeswift_launch import ckptfiles as checkpoint
     return checkpoint.read_all(ckpt_dir / f"step_{step:08d}")["model"]
 
 

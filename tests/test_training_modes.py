@@ -81,7 +81,7 @@ def run(toml: Path, run_dir: Path, nodes: int) -> str:
 def final_state(ckpt: Path, step: int) -> dict:
     """Every tensor of the checkpoint at ``step`` (each stage's file and ZeRO shards): model,
     fp32 master, optimizer."""
-    from pipeswift_launch import checkpoint
+    from pipeswift_launch import ckptfiles as checkpoint
     state = checkpoint.read_all(ckpt / f"step_{step:08d}")
     out: dict = {f"model/{k}": v for k, v in state["model"].items()}
     out.update({f"master/{k}": v for k, v in state["master"].items()})

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeswift_slurm.errors import PswiftError
         from pipeswift_slurm.plan import for_partition, read_plan, runnable
 
-        from .checkpoint import CheckpointError
+        from .ckptfiles import CheckpointError
         from .dist_env import LaunchEnvError, derive
         from .ds_compat import DeepSpeedVersionError
     except ModuleNotFoundError as e:   # a login-only install: one line, and no retry of it

@@ -1,7 +1,7 @@
 """One launch's checkpoints on one rank (issue 26): the folder made clean when the launch starts,
 stage-consistent saves (committed before they return, or written in the background and committed
 at a later step's end), pruning, their events, and resuming from the newest committed checkpoint
-every rank can load. The files themselves: :mod:`pipeswift_launch.checkpoint`; when to save and
+every rank can load. The files themselves: :mod:`pipeswift_launch.ckptfiles`; when to save and
 what follows a stop: the training loop (train.py)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch.distributed as tdist
 
-from . import checkpoint as ckpt
+from . import ckptfiles as ckpt
 from . import collectives, ds_compat
 from .dist_env import log0 as _log
 

@@ -30,7 +30,7 @@ from pipeswift_slurm import runfiles
 from pipeswift_slurm.errors import OutputRefused
 from pipeswift_slurm.userfiles import write_output
 
-from . import checkpoint, gpt2
+from . import ckptfiles as ckpt, gpt2
 from .pipe import resolve
 
 
@@ -101,13 +101,13 @@ def build_model(plan: dict[str, Any]) -> nn.Sequential:
 
 def checkpoint_at(run_dir: Path, step: int | None) -> Path:
     """The committed checkpoint of ``step`` (None: the newest) in the run directory."""
-    done = checkpoint.committed(run_dir / runfiles.CHECKPOINTS)
+    done = ckpt.committed(run_dir / runfiles.CHECKPOINTS)
     if not done:
         raise ExportError(f"{run_dir} has no committed checkpoint yet: export it once it has trained and saved")
     if step is None:
         return done[-1]
     for path in done:
-        if path.name == checkpoint.tag_for(step):
+        if path.name == ckpt.tag_for(step):
             return path
     have = ", ".join(p.name.rsplit("_", 1)[-1].lstrip("0") or "0" for p in done)
     raise ExportError(f"{run_dir} has no committed checkpoint of step {step}; it has steps {have}")
@@ -118,15 +118,15 @@ def state_dict(run_dir: Path, step: int | None = None) -> tuple[dict[str, torch.
     plan = _plan(run_dir)
     path = checkpoint_at(run_dir, step)
     try:
-        saved = checkpoint.read_all(path)["model"]
-    except checkpoint.CheckpointError as e:
+        saved = ckpt.read_all(path)["model"]
+    except ckpt.CheckpointError as e:
         raise ExportError(str(e)) from None
     out = {name: t.clone() for name, t in saved.items() if not name.startswith("tied_modules.")}
     for i, spec in enumerate(_specs(plan)):
         if isinstance(spec, TiedLayerSpec):
             prefix = f"tied_modules.{spec.key}."
             out.update({f"{i}.{n[len(prefix):]}": t.clone() for n, t in saved.items() if n.startswith(prefix)})
-    return out, int(checkpoint.read_manifest(path)["step"])   # type: ignore[index]
+    return out, int(ckpt.read_manifest(path)["step"])   # type: ignore[index]
 
 
 def load_model(run_dir: str | os.PathLike[str], step: int | None = None) -> nn.Sequential:

@@ -105,7 +105,7 @@ def requeue_target(plan: Plan, state: ClusterState, cpus_per_node: int, mine: se
     return fits[-1], f"{available} node(s) available"
 
 
-def decide(plan: Plan, nodes: int, free: int, step_times: Sequence[float], remaining: int,
+def choose(plan: Plan, nodes: int, free: int, step_times: Sequence[float], remaining: int,
            restart_s: float, ckpt_s: float, predicted: dict[int, float] | None = None) -> Growth:
     """Whether to grow now from ``nodes`` with ``free`` more nodes free, and to how many;
     ``predicted``: step time per node count (default: the planner's, from plan.json)."""

@@ -504,7 +504,7 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
         state = slurm().cluster_state()
         own = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
         free = grow.free_nodes(state, plan["partition"], cpus, own)
-        return grow.decide(plan, denv.nodes, free, step_times[-20:], int(plan["training"]["steps"]) - att.step,
+        return grow.choose(plan, denv.nodes, free, step_times[-20:], int(plan["training"]["steps"]) - att.step,
                            att.setup_s + att.load_s, att.checkpoints.last_s or 0.0, predicted)
 
     w = grow.Watcher(check_s, check, signals.request_grow, lambda msg: _log(0, msg))
