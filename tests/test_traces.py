@@ -1,0 +1,92 @@
+"""Public cluster traces as a workload (issue 58): bench/traces.py reads any SWF log and the
+Alibaba GPU trace, and maps a seeded window of one to the jobs a benchmark submits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import traces  # noqa: E402
+
+SHARED = ROOT.parent / "shared" / "traces"
+NASA, ALIBABA = SHARED / "nasa-ipsc-1993.swf.gz", SHARED / "alibaba-gpu-2023-pods.csv"
+
+
+def need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"{path} is not here (../shared/traces/ beside the checkout)")
+    return path
+
+
+def test_the_nasa_log_reads_as_its_header_says():
+    jobs, machine = traces.read_trace(need(NASA))
+    import gzip
+    lines = [line.split() for line in gzip.open(NASA, "rt") if not line.startswith(";")]
+    ran = [f for f in lines if float(f[3]) > 0 and float(f[4]) > 0]
+    assert machine == 128 and len(lines) == 18239 and len(jobs) == len(ran) > 18000   # MaxProcs; jobs that ran
+    assert [j.submit_s for j in jobs] == sorted(j.submit_s for j in jobs)
+    assert {j.size for j in jobs} == {1, 2, 4, 8, 16, 32, 64, 128}
+    assert all(j.limit_s is None for j in jobs)                # the log has no requested times
+    assert sum(j.high for j in jobs) > 0 and {j.user for j in jobs if j.high}   # group 2: system personnel
+
+
+def test_the_alibaba_trace_keeps_the_tasks_that_ended():
+    jobs, machine = traces.read_trace(need(ALIBABA))
+    rows = list(__import__("csv").DictReader(open(ALIBABA)))
+    ended = [r for r in rows if r["pod_phase"] in ("Succeeded", "Failed")
+             and float(r["deletion_time"]) > float(r["scheduled_time"])]
+    assert machine == 8 and len(jobs) == len(ended) > 1000
+    assert {j.user for j in jobs} <= {"qos-LS", "qos-BE", "qos-Burstable", "qos-Guaranteed"}
+    assert all(j.high == (j.user == "qos-LS") for j in jobs) and all(j.run_s > 0 and j.size >= 1 for j in jobs)
+
+
+@pytest.mark.parametrize("line, what", [("1 2 3", "3 fields, not 18"), ("x " * 18, "not a number"),
+                                        ("nan " + "1 " * 17, "not a finite number")])
+def test_a_bad_swf_line_is_named(line, what):
+    with pytest.raises(traces.TraceError, match=f"SWF line 2: .*{what}"):
+        list(traces.read_swf(["; header", line]))
+
+
+def swf_line(job: int, submit: int, run: int, procs: int, user: int, limit: int = -1) -> str:
+    f = [-1] * 18
+    f[0], f[1], f[3], f[4], f[8], f[11], f[12] = job, submit, run, procs, limit, user, 1
+    return " ".join(map(str, f))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10**5), st.integers(1, 10**4), st.sampled_from([1, 2, 4, 8, 16, 32]),
+                          st.integers(1, 5), st.one_of(st.just(-1), st.integers(1, 10**5))), min_size=1, max_size=60),
+       st.integers(1, 64), st.floats(60, 2e5), st.integers(0, 10**6), st.floats(0.5, 50))
+def test_a_window_maps_every_job_inside_the_cluster_and_its_rules(rows, nodes, window, seed, compression):
+    lines = [swf_line(i + 1, s, r, p, u, lim) for i, (s, r, p, u, lim) in enumerate(rows)]
+    jobs = sorted(traces.read_swf(lines), key=lambda j: (j.submit_s, j.job))
+    out = traces.workload(jobs, 32, nodes, window, seed, compression)
+    assert out == traces.workload(jobs, 32, nodes, window, seed, compression)      # seeded: the same window
+    assert out and out[0].arrival_s == 0 and [j.arrival_s for j in out] == sorted(j.arrival_s for j in out)
+    assert all(j.arrival_s < window / compression for j in out)
+    for j in out:
+        assert 1 <= j.nodes_lo <= j.nodes_asked <= j.nodes_hi <= nodes
+        assert j.training == (j.nodes_asked >= 2) and (j.training or j.nodes_lo == j.nodes_hi)
+        assert j.limit_s >= j.run_s > 0
+
+
+def test_the_command_prints_the_window_and_refuses_a_bad_trace_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "traces.py"), str(need(NASA)), "--nodes", "64",
+                           "--window", "21600", "--seed", "3"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    *jobs, total = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert total["jobs"] == len(jobs) > 0 and total["training"] == sum(j["training"] for j in jobs)
+    assert all(j["nodes_hi"] <= 64 for j in jobs) and total["machine"] == 128
+    bad = tmp_path / "bad.swf"
+    bad.write_text("; Version: 2.2\n1 2 3\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "traces.py"), str(bad)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "SWF line 2" in proc.stderr
