@@ -199,3 +199,16 @@ def read_plan(path: Path | str) -> Plan:
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such plan file") from None
     return parse_plan(blob, str(path))
+
+
+def predicted_steps(plan: Plan) -> dict[int, float]:
+    """Seconds a step per node count, as the planner estimated plan.json's layouts."""
+    out: dict[int, float] = {}
+    for n, lay in plan["layouts"].items():
+        for c in plan["candidates"]:
+            e = c.get("estimate") or {}
+            same = all(c.get(k) == lay.get(k) for k in ("nodes", "stages", "data_parallel", "micro_batch_size"))
+            if same and c.get("rejected") is None and e.get("step_s"):
+                out[int(n)] = float(e["step_s"])
+                break
+    return out

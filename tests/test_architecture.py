@@ -277,6 +277,11 @@ def test_an_attempts_end_has_one_home_in_the_launcher():
                 if node.func.attr == "requeue" and isinstance(node.func.value, ast.Call):   # slurm().requeue(...)
                     requeues.append(path.name)
     assert budgets == ["outcome.py"] and requeues == ["outcome.py"], (budgets, requeues)
+    # the requeued attempt's node count is the decision's: its rule is called from decide only
+    callers = sorted(str(path.relative_to(ROOT)) for root in PACKAGES.values() for path in root.rglob("*.py")
+                     if any(isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None))
+                            in ("requeue_target", "requeue_nodes") for n in ast.walk(ast.parse(path.read_text()))))
+    assert callers == ["pipeswift_slurm/planning/decide.py"], callers
 
 
 def test_the_cli_module_and_the_readme_stay_short():

@@ -12,6 +12,8 @@ from pipeswift_slurm.history import eventfold
 from pipeswift_slurm import events as events_mod
 from pipeswift_slurm.slurm.cluster import ClusterState, NodeState, PendingJob, RunningJob
 from pipeswift_launch import grow
+from pipeswift_slurm.plan import predicted_steps
+from pipeswift_slurm.planning import decide
 
 PLAN = plan_with(layouts={"1": {"nodes": 1, "stages": 1, "data_parallel": 1, "micro_batch_size": 8},
                           "2": {"nodes": 2, "stages": 2, "data_parallel": 1, "micro_batch_size": 8},
@@ -22,7 +24,7 @@ PLAN = plan_with(layouts={"1": {"nodes": 1, "stages": 1, "data_parallel": 1, "mi
 
 
 def test_the_planners_step_times_per_node_count_come_from_plan_json():
-    assert grow.predicted_steps(PLAN) == {1: 0.40, 2: 0.22, 4: 0.15}
+    assert predicted_steps(PLAN) == {1: 0.40, 2: 0.22, 4: 0.15}
 
 
 def test_growth_picks_the_count_that_saves_most_anchored_to_the_measured_step():
@@ -49,10 +51,10 @@ def test_free_nodes_leave_out_the_jobs_own_busy_ones_and_what_pending_jobs_ask_f
     nodes = [NodeState(f"node{i}", st, 8, idle, ("low",)) for i, st, idle in
              ((1, "mixed", 7), (2, "idle", 8), (3, "idle", 8), (4, "allocated", 0))]
     state = ClusterState(now=0.0, nodes=nodes, running=[RunningJob("7", ("node1",), 1e9)])
-    assert grow.free_nodes(state, "low", 1, {"node1"}) == 2
+    assert decide.free_nodes(state, "low", 1, {"node1"}) == 2
     state.pending.append(PendingJob("9", "low", 1, 600.0))
-    assert grow.free_nodes(state, "low", 1, {"node1"}) == 1
-    assert grow.free_nodes(state, "high", 1, {"node1"}) == 0
+    assert decide.free_nodes(state, "low", 1, {"node1"}) == 1
+    assert decide.free_nodes(state, "high", 1, {"node1"}) == 0
 
 
 #: compute-bound steps (8 micro-batches of 16) at the example's width: bitwise equal across

@@ -19,7 +19,7 @@ from pipeswift_slurm.config import load_config
 from pipeswift_slurm.planning.build import limits_of, nodes_request, time_limits
 from pipeswift_slurm.slurm.cluster import ClusterState, NodeState, PendingJob, RunningJob
 from pipeswift_slurm.slurm.sbatch import options_for, render
-from pipeswift_launch import grow
+from pipeswift_slurm.planning import decide
 
 
 def test_a_ranged_toml_always_asks_in_range_form(tmp_path):
@@ -50,7 +50,7 @@ PLAN = plan_with(partition="low", layouts={"1": {}, "2": {}, "4": {}}, candidate
     ([], ["node1"], [("low", 4)], 1),                             # nothing: the smallest layout
 ])
 def test_a_requeued_attempt_asks_for_what_it_can_have_when_it_restarts(idle, mine, pending, want):
-    got, why = grow.requeue_target(PLAN, cluster_of(idle, mine, pending), 1, set(mine))
+    got, why = decide.requeue_target(PLAN, cluster_of(idle, mine, pending), 1, set(mine))
     assert got == want, why
 
 
@@ -59,9 +59,31 @@ def test_the_planners_estimates_pick_the_fastest_count_that_fits():
                                     "micro_batch_size": 8} for n in ("1", "2", "4")},
             "candidates": [{"nodes": n, "stages": n, "data_parallel": 1, "micro_batch_size": 8,
                             "rejected": None, "estimate": {"step_s": s}} for n, s in ((1, 0.4), (2, 0.2), (4, 0.3))]}
-    got, why = grow.requeue_target(plan, cluster_of(["node3", "node4"], ["node1", "node2"], []), 1,
+    got, why = decide.requeue_target(plan, cluster_of(["node3", "node4"], ["node1", "node2"], []), 1,
                                    {"node1", "node2"})
     assert got == 2 and "2 predicted fastest" in why
+
+
+@pytest.mark.parametrize("stop, preempted, slurm_requeues, want", [
+    ("TERM", True, False, (1, "0 node(s) available: the smallest layout")),   # a preemptor holds them all
+    ("TIME", None, False, (1, "0 node(s) available: the smallest layout")),
+    ("TERM", True, True, (None, "")),            # Slurm requeues it itself: its request stays
+    ("GROW", None, False, (4, "growing")),
+])
+def test_a_requeue_decision_carries_its_node_count_as_a_shrink_does(stop, preempted, slurm_requeues, want):
+    """Issue 60: the requeued attempt's node count is decide's, from the facts rank 0 gathers
+    (plan.json, the cluster, the job's nodes, a growth's target); train.py only carries it out."""
+    from pipeswift_slurm.codes import Stop
+    plan = {**PLAN, "nodes_request": "2-4"}
+    facts = decide.RequeueFacts(plan, cluster_of([], ["node1", "node2"], [("high", 4)]), frozenset({"node1", "node2"}),
+                                1, grow_to=4)
+    d = decide.what_follows(decide.Stopped(Stop[stop], 5, 50, preempted=preempted, slurm_requeues=slurm_requeues,
+                                           requeue=facts),
+                            decide.Budgets(0, 2, 0, attempt=0, max_requeues=3, in_slurm=True))
+    assert (d.nodes, "; ".join(d.notes)) == want, d
+    unknown = decide.RequeueFacts(plan, None, error="slurmctld is down")
+    assert decide.requeue_nodes(unknown, "preempted") == (None, "cannot read the cluster (slurmctld is down)")
+    assert decide.requeue_nodes(decide.RequeueFacts({**plan, "nodes_request": "2"}, None), "preempted") == (None, "")
 
 
 @pytest.mark.slurm

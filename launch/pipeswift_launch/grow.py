@@ -23,7 +23,7 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from pipeswift_slurm.slurm.cluster import ClusterState, usable_nodes
+from pipeswift_slurm.plan import predicted_steps
 from pipeswift_slurm.stats import median_of
 
 from .relayout import COST_MARGIN, MIN_GAIN
@@ -51,58 +51,6 @@ class Growth:
     def record(self) -> dict[str, Any]:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()
                 if k not in ("go", "why")}
-
-
-def predicted_steps(plan: Plan) -> dict[int, float]:
-    """Seconds a step per node count, as the planner estimated plan.json's layouts."""
-    out: dict[int, float] = {}
-    for n, lay in plan["layouts"].items():
-        for c in plan["candidates"]:
-            e = c.get("estimate") or {}
-            same = all(c.get(k) == lay.get(k) for k in ("nodes", "stages", "data_parallel", "micro_batch_size"))
-            if same and c.get("rejected") is None and e.get("step_s"):
-                out[int(n)] = float(e["step_s"])
-                break
-    return out
-
-
-def _pool(state: ClusterState, partition: str | None, cpus_per_node: int,
-          mine: set[str]) -> tuple[int, int, int]:
-    """(idle usable nodes not the job's, the job's own, what pending jobs sharing those nodes ask
-    for: they may start first, whatever their partition)."""
-    usable = usable_nodes(state, partition, cpus_per_node)
-    names = {n.name for n in usable}
-    idle = sum(1 for n in usable if n.name not in mine and n.idle_cpus >= cpus_per_node)
-    demand = 0
-    for p in state.pending:
-        shared = sum(1 for n in state.nodes if n.name in names and p.partition in n.partitions)
-        demand += min(p.node_count, shared)
-    return idle, len(mine & names), demand
-
-
-def free_nodes(state: ClusterState, partition: str | None, cpus_per_node: int, mine: set[str]) -> int:
-    """Nodes the job could add now: idle ones not its own, less what pending jobs ask for."""
-    idle, _, demand = _pool(state, partition, cpus_per_node, mine)
-    return max(0, idle - demand)
-
-
-def requeue_target(plan: Plan, state: ClusterState, cpus_per_node: int, mine: set[str]) -> tuple[int, str]:
-    """How many nodes a requeued attempt should ask for, and why: of the node counts plan.json
-    has a layout for, the fastest (the planner's estimate, else the most nodes) within what it
-    can have when it restarts (idle nodes and its own, less what pending jobs sharing them ask
-    for); the smallest layout when even that is more. Slurm gives a pending job the minimum of
-    its node range, so the requeued job asks for exactly this count."""
-    idle, own, demand = _pool(state, plan["partition"], cpus_per_node, mine)
-    available = max(0, idle + own - demand)
-    counts = sorted(int(n) for n in plan["layouts"])
-    fits = [n for n in counts if n <= available]
-    if not fits:
-        return counts[0], f"{available} node(s) available: the smallest layout"
-    predicted = predicted_steps(plan)
-    if all(n in predicted for n in fits):
-        best = min(fits, key=lambda n: (predicted[n], -n))
-        return best, f"{available} node(s) available, {best} predicted fastest"
-    return fits[-1], f"{available} node(s) available"
 
 
 def choose(plan: Plan, nodes: int, free: int, step_times: Sequence[float], remaining: int,

@@ -503,7 +503,7 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
     def check() -> Any:
         state = slurm().cluster_state()
         own = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
-        free = grow.free_nodes(state, plan["partition"], cpus, own)
+        free = decide.free_nodes(state, plan["partition"], cpus, own)
         return grow.choose(plan, denv.nodes, free, step_times[-20:], int(plan["training"]["steps"]) - att.step,
                            att.setup_s + att.load_s, att.checkpoints.last_s or 0.0, predicted)
 
@@ -552,17 +552,36 @@ def _budgets(att: Attempt) -> decide.Budgets:
 
 def _stopped(att: Attempt, stop: Stop) -> decide.Stopped:
     """The facts of the ranks' stop: Slurm is asked only what a signal leaves open (preempted
-    or cancelled; whether Slurm requeues a preempted job itself)."""
+    or cancelled; whether Slurm requeues a preempted job itself), and, for a stop that may
+    requeue, the cluster the requeued attempt's node count is decided from."""
     denv, steps = att.denv, int(att.plan["training"]["steps"])
-    if denv.job_id is None or att.step >= steps or stop in (Stop.GROW, Stop.RELAYOUT, Stop.TIME):
+    if denv.job_id is None or att.step >= steps or stop == Stop.RELAYOUT:
         return decide.Stopped(stop, att.step, steps)
+    facts = _requeue_facts(att)
+    if stop in (Stop.GROW, Stop.TIME):
+        return decide.Stopped(stop, att.step, steps, requeue=facts)
     try:
         preempted: bool | None = slurm().being_preempted(denv.job_id, denv.attempt)
     except Exception as e:  # cannot ask Slurm: decide takes it for a preemption (requeue is the safe side)
         _log(denv.rank, f"cannot tell preemption from cancellation ({e}); assuming preemption")
         preempted = None
     return decide.Stopped(stop, att.step, steps, preempted=preempted,
-                          slurm_requeues=preempted is not False and _slurm_requeues_preempted())
+                          slurm_requeues=preempted is not False and _slurm_requeues_preempted(), requeue=facts)
+
+
+def _requeue_facts(att: Attempt) -> decide.RequeueFacts | None:
+    """What decide needs for a requeued attempt's node count: the cluster (one Slurm query,
+    asked only for a node range with several layouts), the job's nodes, a growth's target."""
+    plan, denv = att.plan, att.denv
+    if len(plan["layouts"]) < 2 or "-" not in str(plan["nodes_request"]):
+        return None
+    cpus = int(att.layout["tasks_per_node"]) * int(plan["cpus_per_task"])
+    try:
+        state = slurm().cluster_state()
+    except Exception as e:   # cannot ask: the next attempt asks for what this one did
+        return decide.RequeueFacts(plan, None, cpus_per_node=cpus, grow_to=att.grow_to, error=str(e))
+    mine = frozenset(n for j in state.running if j.job_id == denv.job_id for n in j.nodes)
+    return decide.RequeueFacts(plan, state, mine, cpus, att.grow_to)
 
 
 def _ask_for_what_remains(att: Attempt) -> None:
@@ -592,27 +611,6 @@ def _slurm_requeues_preempted() -> bool:
         return False
 
 
-def _next_nodes(att: Attempt, reason: str) -> tuple[int | None, str]:
-    """How many nodes the requeued attempt asks for (None: as this one did), and why: a growth's
-    target, else what the cluster will have when it restarts (grow.requeue_target)."""
-    plan, denv = att.plan, att.denv
-    if len(plan["layouts"]) < 2 or "-" not in str(plan["nodes_request"]):
-        return None, ""   # one layout, or a fixed request (it fixes the task count too)
-    if reason == "grow" and att.grow_to:
-        return att.grow_to, "growing"
-    try:
-        state = slurm().cluster_state()
-    except Exception as e:   # cannot ask: the next attempt asks for what this one did
-        return None, f"cannot read the cluster ({e})"
-    mine = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
-    cpus = int(att.layout["tasks_per_node"]) * int(plan["cpus_per_task"])
-    nodes, why = grow.requeue_target(plan, state, cpus, mine)
-    asked = int(str(plan["nodes_request"]).split("-")[0])
-    # an updated pending job starts on its range's minimum, a submitted one on as many as are
-    # free up to its maximum: the request changes only when the job would otherwise wait
-    return (nodes, why) if nodes < asked else (None, "")
-
-
 def _carry_out(att: Attempt, d: decide.Decision) -> None:
     """Rank 0, after the checkpoint is committed: requeue the job where Slurm will not (asking
     for the node count that can start soonest), and keep Slurm from requeueing a preempted job
@@ -623,7 +621,7 @@ def _carry_out(att: Attempt, d: decide.Decision) -> None:
     if d.exit_code == Exit.BUDGET_SPENT:
         _log(denv.rank, d.why)
     if d.requeue_by == "pswift":
-        nodes, why = _next_nodes(att, d.reason)
+        nodes, why = d.nodes, "; ".join(d.notes)
         _log(denv.rank, f"requeueing job {denv.job_id}" + (f" for {nodes} node(s) ({why})" if nodes else ""))
         outcome.requeue(att.plan, job_id, nodes=nodes, say=lambda m: _log(denv.rank, m))
         _ask_for_what_remains(att)

@@ -38,14 +38,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipeswift_slurm.codes import Action, Exit, Stop
 from pipeswift_slurm.config import MAX_RESTARTS_DEFAULT
+from pipeswift_slurm.plan import predicted_steps
 from pipeswift_slurm.slurm import srun
+from pipeswift_slurm.slurm.cluster import ClusterState, usable_nodes
 
 __all__ = ["MAX_RELAYOUTS", "MAX_RESTARTS_DEFAULT", "Allocation", "Budgets", "Death", "Decision", "Launched",
            "Stopped", "backoff", "first_death", "may_grow", "may_train", "requeues_left", "restart_left",
-           "silent_nodes", "srun_deaths", "what_follows"]
+           "silent_nodes", "srun_deaths", "what_follows", "RequeueFacts", "requeue_nodes", "requeue_target",
+           "free_nodes"]
 #: re-layouts an attempt may make in place (pipeswift_launch.relayout proposes them)
 MAX_RELAYOUTS = 2
 #: seconds to wait before restart k (1-based): none before the first (as TorchElastic: a crash
@@ -148,6 +152,8 @@ class Stopped:
     slurm_requeues: bool = False
     hung_node: str | None = None   # Stop.HUNG: the node of the rank that stopped, when certain
     hung_why: str = ""
+    #: a stop that may requeue in a Slurm job: what the next attempt's node count is decided from
+    requeue: RequeueFacts | None = None
 
 
 @dataclass(frozen=True)
@@ -155,8 +161,9 @@ class Decision:
     """``action`` (:class:`codes.Action`): DONE (exit ``exit_code``, nothing more), RELAUNCH
     (start the ranks again in this allocation after ``backoff_s``), RELAYOUT (the same, on
     plan.json's new cut), SHRINK (start them again on the ``nodes`` the allocation has left),
-    REQUEUE (give the allocation back; the job queues again, ``exclude`` left out), GROW (a
-    requeue for more nodes), FAIL (end the job, ``exit_code``). ``reason``: a stop's ``end`` event reason;
+    REQUEUE (give the allocation back; the job queues again, ``exclude`` left out, asking for
+    ``nodes`` when set, ``notes`` saying why), GROW (a requeue for more nodes, ``nodes``), FAIL
+    (end the job, ``exit_code``). ``reason``: a stop's ``end`` event reason;
     ``requeue_by``: who requeues ("pswift", or "slurm" for a preemption it requeues itself);
     ``forbid_requeue``: keep Slurm from requeueing a preempted job whose budget is spent."""
     action: Action
@@ -227,8 +234,9 @@ def _after_stop(s: Stopped, b: Budgets) -> Decision:
     if s.stop == Stop.HUNG:
         return _after_hang(s, b)
     if s.stop == Stop.GROW and b.in_slurm:   # the watcher asked only with a requeue to spare
+        nodes, why = _asked_nodes(s, "grow")
         return Decision(Action.GROW, f"growing at step {s.step}: requeueing the job", 0, reason="grow",
-                        requeue_by="pswift")
+                        requeue_by="pswift", nodes=nodes, notes=why)
     if not b.in_slurm:
         reason = "time_limit" if s.stop == Stop.TIME else "stopped"
         return Decision(Action.DONE, f"stopped at step {s.step} ({reason}); pswift run has no requeue", 0, reason=reason)
@@ -242,8 +250,18 @@ def _after_stop(s: Stopped, b: Budgets) -> Decision:
                         forbid_requeue=reason == "preempted" and s.slurm_requeues)
     # Slurm never requeues a timed-out job; a preempted one only from 24.05 on
     by = "slurm" if reason == "preempted" and s.slurm_requeues else "pswift"
+    nodes, why = _asked_nodes(s, reason) if by == "pswift" else (None, [])
     return Decision(Action.REQUEUE, f"{reason} at step {s.step}: " + (
-        "Slurm requeues the job itself" if by == "slurm" else "requeueing the job"), 0, reason=reason, requeue_by=by)
+        "Slurm requeues the job itself" if by == "slurm" else "requeueing the job"), 0, reason=reason, requeue_by=by,
+        nodes=nodes, notes=why)
+
+
+def _asked_nodes(s: Stopped, reason: str) -> tuple[int | None, list[str]]:
+    """A requeue's node count (None: as this attempt asked) and its reason, as a note."""
+    if s.requeue is None:
+        return None, []
+    nodes, why = requeue_nodes(s.requeue, reason)
+    return nodes, [why] if why else []
 
 
 def _after_hang(s: Stopped, b: Budgets) -> Decision:
@@ -336,3 +354,76 @@ def silent_nodes(began: dict[int, str], ended: set[int], waited_s: float,
 def srun_deaths(text: str) -> list[Death]:
     """The ranks srun reports ended badly (:func:`slurm.srun.ended_badly`), as deaths."""
     return [Death(how=e.how, rank=e.rank, node=e.node, error=e.error) for e in srun.ended_badly(text)]
+
+
+# ------------------------------------------------------------- the requeued attempt's node count
+@dataclass(frozen=True)
+class RequeueFacts:
+    """What a requeued attempt's node count is decided from, gathered by rank 0 at a stop:
+    plan.json (its layouts, node request, partition and estimates), the cluster as Slurm sees it
+    (None when it could not be asked: ``error`` says why), the job's own nodes, the CPUs a node
+    must have free, and a growth's target."""
+    plan: Any
+    cluster: ClusterState | None
+    mine: frozenset[str] = frozenset()
+    cpus_per_node: int = 1
+    grow_to: int | None = None
+    error: str = ""
+
+
+def requeue_nodes(f: RequeueFacts, reason: str) -> tuple[int | None, str]:
+    """How many nodes the requeued attempt asks for (None: as this one did), and why: a
+    growth's target, else what the cluster will have when it restarts (:func:`requeue_target`),
+    when that is fewer than the range's minimum (an updated pending job starts on its range's
+    minimum, a submitted one on as many as are free up to its maximum: the request changes only
+    when the job would otherwise wait). One layout, or a fixed request (it fixes the task count
+    too): as it asked."""
+    plan = f.plan
+    if len(plan["layouts"]) < 2 or "-" not in str(plan["nodes_request"]):
+        return None, ""
+    if reason == "grow" and f.grow_to:
+        return f.grow_to, "growing"
+    if f.cluster is None:
+        return None, f"cannot read the cluster ({f.error})"
+    nodes, why = requeue_target(plan, f.cluster, f.cpus_per_node, set(f.mine))
+    asked = int(str(plan["nodes_request"]).split("-")[0])
+    return (nodes, why) if nodes < asked else (None, "")
+
+
+def _pool(state: ClusterState, partition: str | None, cpus_per_node: int,
+          mine: set[str]) -> tuple[int, int, int]:
+    """(idle usable nodes not the job's, the job's own, what pending jobs sharing those nodes ask
+    for: they may start first, whatever their partition)."""
+    usable = usable_nodes(state, partition, cpus_per_node)
+    names = {n.name for n in usable}
+    idle = sum(1 for n in usable if n.name not in mine and n.idle_cpus >= cpus_per_node)
+    demand = 0
+    for p in state.pending:
+        shared = sum(1 for n in state.nodes if n.name in names and p.partition in n.partitions)
+        demand += min(p.node_count, shared)
+    return idle, len(mine & names), demand
+
+
+def free_nodes(state: ClusterState, partition: str | None, cpus_per_node: int, mine: set[str]) -> int:
+    """Nodes the job could add now: idle ones not its own, less what pending jobs ask for."""
+    idle, _, demand = _pool(state, partition, cpus_per_node, mine)
+    return max(0, idle - demand)
+
+
+def requeue_target(plan: Any, state: ClusterState, cpus_per_node: int, mine: set[str]) -> tuple[int, str]:
+    """How many nodes a requeued attempt should ask for, and why: of the node counts plan.json
+    has a layout for, the fastest (the planner's estimate, else the most nodes) within what it
+    can have when it restarts (idle nodes and its own, less what pending jobs sharing them ask
+    for); the smallest layout when even that is more. Slurm gives a pending job the minimum of
+    its node range, so the requeued job asks for exactly this count."""
+    idle, own, demand = _pool(state, plan["partition"], cpus_per_node, mine)
+    available = max(0, idle + own - demand)
+    counts = sorted(int(n) for n in plan["layouts"])
+    fits = [n for n in counts if n <= available]
+    if not fits:
+        return counts[0], f"{available} node(s) available: the smallest layout"
+    predicted = predicted_steps(plan)
+    if all(n in predicted for n in fits):
+        best = min(fits, key=lambda n: (predicted[n], -n))
+        return best, f"{available} node(s) available, {best} predicted fastest"
+    return fits[-1], f"{available} node(s) available"
