@@ -22,8 +22,8 @@ from pipeswift_slurm.config import TrainConfig, config_from_dict, describe_overr
 from pipeswift_slurm.errors import ConfigError, PswiftError, RunDirError, UsageError
 from pipeswift_slurm.planning.layouts import rule_layouts
 from pipeswift_slurm.plan import Plan, plan_bytes, write_plan
-from pipeswift_slurm.planning.build import build_plan, limits_of
-from pipeswift_slurm.slurm.sbatch import options_for, planned_option, render
+from pipeswift_slurm.planning.build import build_plan, limits_of, options_for
+from pipeswift_slurm.slurm.sbatch import planned_option, render
 
 Warn = Callable[[str], None]
 #: where a library caller's warnings go unless it passes ``warn`` (the CLI prints them)

@@ -18,7 +18,8 @@ from pipeswift_slurm.slurm import client as slurm
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.planning.build import limits_of, nodes_request, time_limits
 from pipeswift_slurm.slurm.cluster import ClusterState, NodeState, PendingJob, RunningJob
-from pipeswift_slurm.slurm.sbatch import options_for, render
+from pipeswift_slurm.planning.build import options_for
+from pipeswift_slurm.slurm.sbatch import render
 from pipeswift_slurm.planning import decide
 
 

@@ -18,7 +18,7 @@ from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.plan import for_partition
 from pipeswift_slurm.planning.build import build_plan, time_limits
 from pipeswift_slurm.slurm.cluster import ClusterState, NodeState, RunningJob
-from pipeswift_slurm.slurm.sbatch import options_for
+from pipeswift_slurm.planning.build import options_for
 
 
 def two_partition_toml(tmp_path, names: str = '["left", "right"]'):

@@ -16,7 +16,8 @@ from pipeswift_slurm import __version__
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.planning.build import time_limits
-from pipeswift_slurm.slurm.sbatch import SbatchOptions, options_for, render
+from pipeswift_slurm.planning.build import options_for
+from pipeswift_slurm.slurm.sbatch import SbatchOptions, render
 
 GOLDEN = Path(__file__).parent / "golden"
 

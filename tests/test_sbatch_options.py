@@ -13,6 +13,7 @@ import pytest
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.planning.build import time_limits
+from pipeswift_slurm.planning.build import options_for
 from pipeswift_slurm.slurm import sbatch
 from pipeswift_slurm.slurm.sbatch import SBATCH_FLAGS, SBATCH_SHORT, SBATCH_TAKES_VALUE, planned_option, sbatch_options
 
@@ -79,13 +80,13 @@ def test_the_job_submit_plugin_knows_pswifts_marker_and_header_size():
     mark, mark_bytes = re.search(r'local MARK, MARK_BYTES = "([^"]*)", (\d+)', lua).groups()
     header_max = int(re.search(r"local MAX_HEADER = (\d+)\n", lua).group(1))
     assert (mark, header_max) == (sbatch.MARK, sbatch.HEADER_MAX)
-    script = sbatch.render(sbatch.options_for(cfg := load_config(EXAMPLE / "train.toml"), "/r", time_limits(cfg)), "/r", "/py")
+    script = sbatch.render(options_for(cfg := load_config(EXAMPLE / "train.toml"), "/r", time_limits(cfg)), "/r", "/py")
     first, second = script.split("\n")[:2]
     assert len(first) < int(mark_bytes) and second.startswith(sbatch.MARK)
 
 
 def test_a_header_the_plugin_would_not_read_is_refused_at_render():
     cfg = load_config(EXAMPLE / "train.toml")
-    opts = sbatch.options_for(cfg, "/r", time_limits(cfg))._replace(extra=tuple(f"--comment={'x' * 900}{i}" for i in range(20)))
+    opts = options_for(cfg, "/r", time_limits(cfg))._replace(extra=tuple(f"--comment={'x' * 900}{i}" for i in range(20)))
     with pytest.raises(ConfigError, match=r"#SBATCH lines take \d+ bytes, but the site's job_submit.lua reads the first 16384"):
         sbatch.render(opts, "/r", "/py")

@@ -20,7 +20,8 @@ from pipeswift_slurm.planning import interval, limits
 from pipeswift_slurm.planning.costmodel import Hardware, checkpoint_seconds
 from pipeswift_slurm.planning.layouts import rule_layouts
 from pipeswift_slurm.settings import travelling
-from pipeswift_slurm.slurm.sbatch import Limits
+from pipeswift_slurm.slurm.sbatch import Limits, SbatchOptions, output_pattern
+from pipeswift_slurm.slurm.timespec import slurm_minutes
 
 if TYPE_CHECKING:   # the planner's types only: a plan without its result imports none of it
     from pipeswift_slurm.planning.planner import Candidate, PlanResult
@@ -194,3 +195,23 @@ def _checkpoint_auto(cfg: TrainConfig, planned: "PlanResult | None") -> dict[str
     every = {str(n): (None if math.isinf(c.est.checkpoint_every_s) else round(c.est.checkpoint_every_s, 3))
              for n, c in sorted(planned.best_per_nodes().items())}
     return {**planned.interruptions.record(), "cost_s": planned.checkpoint_cost_s, "every_s": every}
+
+
+def options_for(cfg: TrainConfig, run_dir: str, limits: Limits,
+                nodes: str | None = None) -> SbatchOptions:
+    """The batch script's options: the TOML's, with the node request and time limits planned."""
+    r, j = cfg.resources, cfg.job
+    lead = limits.signal_lead_s
+    # the TOML's own spelling when the limit is the one it wrote, else whole minutes
+    time = j.time if limits.time_s == j.time_seconds else None if limits.time_s is None else slurm_minutes(limits.time_s)
+    return SbatchOptions(
+        job_name=j.name, nodes=nodes or r.nodes_spec, ntasks_per_node=r.tasks_per_node,
+        cpus_per_task=r.cpus_per_task, output=output_pattern(run_dir),
+        partition=",".join(j.partitions) if len(j.partitions) > 1 else j.partition,   # Slurm's list
+        time=time,
+        time_min=None if limits.time_min_s is None else slurm_minutes(limits.time_min_s),
+        account=j.account, qos=j.qos, gpus_per_node=r.gpus_per_node,
+        # USR2 (not USR1, which NCCL may catch) to the step tasks before the time limit
+        signal=f"USR2@{lead}" if lead else None,
+        extra=j.sbatch_options,
+    )

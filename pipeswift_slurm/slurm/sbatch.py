@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 from pipeswift_slurm import __version__, runfiles
-from pipeswift_slurm.config import TrainConfig
-from pipeswift_slurm.slurm.timespec import slurm_minutes
 from pipeswift_slurm.errors import ConfigError
 
 TEMPLATE = "job.sbatch.tmpl"
@@ -140,26 +138,6 @@ def output_pattern(run_dir: str) -> str:
         raise ConfigError(f"run directory {run_dir!r} contains a backslash, which turns off "
                           f"Slurm's %j in the log name; choose a directory without one")
     return f"{run_dir.replace('%', '%%')}/slurm-%j.out"
-
-
-def options_for(cfg: TrainConfig, run_dir: str, limits: Limits,
-                nodes: str | None = None) -> SbatchOptions:
-    """The batch script's options: the TOML's, with the node request and time limits planned."""
-    r, j = cfg.resources, cfg.job
-    lead = limits.signal_lead_s
-    # the TOML's own spelling when the limit is the one it wrote, else whole minutes
-    time = j.time if limits.time_s == j.time_seconds else None if limits.time_s is None else slurm_minutes(limits.time_s)
-    return SbatchOptions(
-        job_name=j.name, nodes=nodes or r.nodes_spec, ntasks_per_node=r.tasks_per_node,
-        cpus_per_task=r.cpus_per_task, output=output_pattern(run_dir),
-        partition=",".join(j.partitions) if len(j.partitions) > 1 else j.partition,   # Slurm's list
-        time=time,
-        time_min=None if limits.time_min_s is None else slurm_minutes(limits.time_min_s),
-        account=j.account, qos=j.qos, gpus_per_node=r.gpus_per_node,
-        # USR2 (not USR1, which NCCL may catch) to the step tasks before the time limit
-        signal=f"USR2@{lead}" if lead else None,
-        extra=j.sbatch_options,
-    )
 
 
 def render(options: SbatchOptions, run_dir: str, python: str, carried: dict[str, bytes] | None = None) -> str:
