@@ -12,7 +12,7 @@ import re
 import sqlite3
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from helpers import H, T0, pswift, rec
 from pipeswift_slurm.history.store import History
@@ -545,6 +545,7 @@ def test_sacct_start_end_nodelist_and_alloctres_are_columns(db, tmp_path):
 
 
 @settings(max_examples=60, deadline=None)
+@example([(-0.0, -0.0, -0.0, -0.0, False, 0), (-0.4, -0.004, -0.0004, -0.4, True, -1), (86400.5, 0.005, 0.0005, 0.5, True, 1)])
 @given(st.lists(st.tuples(*[st.one_of(st.none(), st.floats(-4e6, 4e6, allow_nan=False))] * 4, st.booleans(),
                           st.integers(-10**6, 10**6)), min_size=1, max_size=20))
 def test_a_pipe_shows_every_figure_as_the_terminal_does(rows):

@@ -125,7 +125,8 @@ def _cell_sql(expr: str, kind: str) -> str:
 def _fixed(v: float, places: int) -> str:
     """``v`` to ``places`` decimals as SQLite's printf rounds it (half away from zero, from the
     shortest decimal of the float): a piped cell, which SQLite renders, is the terminal's."""
-    return str(decimal.Decimal(repr(float(v))).quantize(decimal.Decimal(1).scaleb(-places),
+    v = float(v) + 0.0             # -0.0 is 0.0 (SQLite prints no sign for it)
+    return str(decimal.Decimal(repr(v)).quantize(decimal.Decimal(1).scaleb(-places),
                                                         rounding=decimal.ROUND_HALF_UP))
 
 
