@@ -14,7 +14,7 @@ ARTIFACTS ?= test-artifacts
 # pytest's options in every phase: the slowest 25 tests printed, results kept for the summary
 PYTEST_CI = -q -p no:cacheprovider --durations=25 --junitxml=$(ARTIFACTS)/junit-$@.xml
 
-.PHONY: setup tools cluster demo test test-fast test-22.05 test-new slurm-new pyslurm bench stop gpu-check
+.PHONY: setup tools cluster demo test test-fast test-fast-ci test-slurm-a test-slurm-b test-22.05 test-new slurm-new pyslurm bench stop gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -43,15 +43,45 @@ cluster: setup
 demo: cluster
 	$(VENV)/bin/pswift sbatch --wait examples/tiny-gpt/train.toml
 
-# The whole suite, each phase timed: every test on Debian's Slurm 22.05, then on $(NEW_SLURM) the
-# Slurm tests marked every_version (version-sensitive ones and one smoke test per capability);
-# ends with each phase's time and the totals of every phase.
+# The whole suite, each phase timed: the fast tier on both cores, then the Slurm and DeepSpeed
+# tests in three streams side by side, each on a cluster of its own (their jobs mostly wait on
+# Slurm, sleeps and each other: one stream alone left half the CPU idle): Debian's Slurm 22.05
+# twice (the tests cut in two halves by file, SHARD_A's and the rest) and $(NEW_SLURM)'s tests
+# marked every_version (version-sensitive ones and one smoke test per capability). Ends with each
+# phase's time, each stream's, and the totals of every phase.
 test:
-	@rm -rf $(ARTIFACTS)/phase-times.tsv $(ARTIFACTS)/junit-*.xml
+	@rm -rf $(ARTIFACTS)/phase-times.tsv $(ARTIFACTS)/junit-*.xml $(ARTIFACTS)/stream-*.log
 	@scripts/timed "set-up (venv, tools, Slurm $(NEW_SLURM))" $(MAKE) --no-print-directory setup tools slurm-new pyslurm
-	@scripts/timed "tests on Slurm 22.05" $(MAKE) --no-print-directory test-22.05; rc=$$?; \
-	  scripts/timed "tests on Slurm $(NEW_SLURM)" $(MAKE) --no-print-directory test-new; rc2=$$?; \
+	@scripts/timed "fast tier" $(MAKE) --no-print-directory test-fast-ci; rc=$$?; \
+	  scripts/timed "Slurm tests: 3 streams side by side" $(MAKE) --no-print-directory -j3 --output-sync=target \
+	    test-slurm-a test-slurm-b test-new; rc2=$$?; \
 	  scripts/test-summary $(ARTIFACTS); [ $$rc -eq 0 ] && [ $$rc2 -eq 0 ]
+
+# the Slurm tests' two halves on 22.05, by file: SHARD_A's files on the first cluster, the rest on
+# the second (about equal halves of the time). What one machine holds once (a configless
+# slurmd's /run/slurm/conf) a test takes a lock for (tests/test_configless.py).
+SHARD_A := tests/test_bench_quick.py tests/test_preemption.py tests/test_training_modes.py tests/test_rebalance.py \
+           tests/test_checkpoint_local.py tests/test_export.py tests/test_admin.py tests/test_history.py \
+           tests/test_interval.py tests/test_serve.py tests/test_microbatch.py tests/test_metrics.py tests/test_ds_compat.py
+# the second 22.05 cluster: its folder and ports (scripts/dev-cluster.env)
+SECOND_22 := PSWIFT_CLUSTER_DIR=$(PSWIFT_DEV_DIR)$(PSWIFT_DEV_SECOND_SUFFIX) \
+             PSWIFT_CLUSTER_CTLD_PORT=$(PSWIFT_DEV_SECOND_CTLD_PORT) PSWIFT_CLUSTER_BASEPORT=$(PSWIFT_DEV_SECOND_BASEPORT)
+
+test-fast-ci: setup tools
+	PSWIFT_TEST_TIER=fast PSWIFT_REQUIRE_BROWSER=1 SLURM_CONF=/nonexistent/slurm.conf \
+	  $(PY) -m pytest $(PYTEST_CI) -n 2 -m "not slurm and not deepspeed"
+
+test-slurm-a: setup tools
+	@start=$$(date +%s); PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm 22.05 $(CLUSTER) start; \
+	  PSWIFT_REQUIRE_BROWSER=1 scripts/with-slurm 22.05 $(PY) -m pytest $(PYTEST_CI) --basetemp=/tmp/pswift-tests-a \
+	    -m "slurm or deepspeed" $(SHARD_A); rc=$$?; \
+	  echo "== stream a (Slurm 22.05, first cluster): $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
+
+test-slurm-b: setup tools
+	@start=$$(date +%s); $(SECOND_22) PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm 22.05 $(CLUSTER) start; \
+	  $(SECOND_22) PSWIFT_REQUIRE_BROWSER=1 scripts/with-slurm 22.05 $(PY) -m pytest $(PYTEST_CI) --basetemp=/tmp/pswift-tests-b \
+	    -m "slurm or deepspeed" $(addprefix --ignore=,$(SHARD_A)); rc=$$?; \
+	  echo "== stream b (Slurm 22.05, second cluster): $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
 # the edit loop: every test that needs neither a Slurm cluster nor DeepSpeed across processes
 # (no daemon is started: a test that asks for a cluster fails here); a few minutes
@@ -69,8 +99,10 @@ test-22.05: setup tools
 	  exit $$rc
 
 test-new: setup slurm-new pyslurm
-	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) start
-	PSWIFT_REQUIRE_PYSLURM=1 scripts/with-slurm $(NEW_SLURM) $(PY) -m pytest $(PYTEST_CI) -m "slurm and every_version"
+	@start=$$(date +%s); PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) start; \
+	  PSWIFT_REQUIRE_PYSLURM=1 scripts/with-slurm $(NEW_SLURM) $(PY) -m pytest $(PYTEST_CI) --basetemp=/tmp/pswift-tests-new \
+	    -m "slurm and every_version"; rc=$$?; \
+	  echo "== stream new (Slurm $(NEW_SLURM)): $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
 # Slurm $(NEW_SLURM): unpacked from ../shared/slurm-$(NEW_SLURM)/prebuilt/ when its sha256 is the one
 # scripts/build-slurm pins (seconds, pyslurm included), else built from its source tarball
@@ -114,4 +146,7 @@ stop:
 	-[ ! -x $(NEW_PREFIX)/sbin/slurmctld ] || scripts/with-slurm $(NEW_SLURM) $(CLUSTER) stop
 	-[ ! -x $(NEW_PREFIX)/sbin/slurmctld ] || PSWIFT_CLUSTER_DIR=$(PSWIFT_DEV_DIR)-$(NEW_SLURM)$(PSWIFT_DEV_ACCT_SUFFIX) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) stop
 	-PSWIFT_CLUSTER_DIR=$(PSWIFT_DEV_DIR)$(PSWIFT_DEV_CONFIGLESS_SUFFIX) scripts/with-slurm 22.05 $(CLUSTER) stop
+	-$(SECOND_22) scripts/with-slurm 22.05 $(CLUSTER) stop
+	-PSWIFT_CLUSTER_DIR=$(PSWIFT_DEV_DIR)$(PSWIFT_DEV_SECOND_SUFFIX)$(PSWIFT_DEV_ACCT_SUFFIX) scripts/with-slurm 22.05 $(CLUSTER) stop
+	-PSWIFT_CLUSTER_DIR=$(PSWIFT_DEV_DIR)$(PSWIFT_DEV_SECOND_SUFFIX)$(PSWIFT_DEV_CONFIGLESS_SUFFIX) scripts/with-slurm 22.05 $(CLUSTER) stop
 	-[ ! -x $(NEW_PREFIX)/sbin/slurmctld ] || PSWIFT_CLUSTER_DIR=$(PSWIFT_DEV_DIR)-$(NEW_SLURM)$(PSWIFT_DEV_CONFIGLESS_SUFFIX) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) stop

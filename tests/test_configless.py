@@ -6,6 +6,7 @@ finds the folder of the controller's slurm.conf. Both Slurm versions."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 from helpers import CLUSTER, CLUSTER_DIR, DEV, PSWIFT, copy_example
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_version]
+CONFIGLESS_LOCK = "/tmp/pswift-configless.lock"
 
 
 @pytest.fixture
@@ -31,14 +33,18 @@ def configless(cluster: str) -> Iterator[tuple[Path, dict[str, str]]]:
            "PSWIFT_CLUSTER_CTLD_PORT": str(base + int(DEV["PSWIFT_DEV_CONFIGLESS_CTLD_OFFSET"])),
            "PSWIFT_CLUSTER_BASEPORT": str(baseport + int(DEV["PSWIFT_DEV_CONFIGLESS_BASEPORT_OFFSET"])),
            "PSWIFT_CLUSTER_CONFIGLESS": "1", "PSWIFT_CLUSTER_NODES": "2"}
-    proc = subprocess.run([str(CLUSTER), "start"], capture_output=True, text=True, timeout=600, env=env)
-    if proc.returncode != 0:
-        pytest.fail(f"configless dev cluster did not start: {proc.stdout}\n{proc.stderr}")
-    login = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
-    try:
-        yield folder, login
-    finally:
-        subprocess.run([str(CLUSTER), "stop"], capture_output=True, text=True, timeout=300, env=env)
+    # a configless slurmd links its copy at /run/slurm/conf, one per machine: `make test` runs
+    # each version's configless cluster in a stream of its own, so they take turns
+    with open(CONFIGLESS_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run([str(CLUSTER), "start"], capture_output=True, text=True, timeout=600, env=env)
+        if proc.returncode != 0:
+            pytest.fail(f"configless dev cluster did not start: {proc.stdout}\n{proc.stderr}")
+        login = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+        try:
+            yield folder, login
+        finally:
+            subprocess.run([str(CLUSTER), "stop"], capture_output=True, text=True, timeout=300, env=env)
 
 
 def run(args: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
