@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from pipeswift_slurm import events as events_schema, runfiles
 
-CSV_FILE, TB_DIR, WANDB_DIR = runfiles.METRICS_CSV, runfiles.TENSORBOARD, runfiles.WANDB
+CSV_FILE, TB_DIR = runfiles.METRICS_CSV, runfiles.TENSORBOARD
 COLUMNS = ("time", "attempt", "step", "event", "loss", "lr", "step_time_s", "samples_per_s",
            "checkpoint_stall_s", "detail")
 
