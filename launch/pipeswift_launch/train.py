@@ -573,7 +573,7 @@ def _requeue_facts(att: Attempt) -> decide.RequeueFacts | None:
     """What decide needs for a requeued attempt's node count: the cluster (one Slurm query,
     asked only for a node range with several layouts), the job's nodes, a growth's target."""
     plan, denv = att.plan, att.denv
-    if len(plan["layouts"]) < 2 or "-" not in str(plan["nodes_request"]):
+    if not decide.requeue_may_resize(plan):
         return None
     cpus = int(att.layout["tasks_per_node"]) * int(plan["cpus_per_task"])
     try:

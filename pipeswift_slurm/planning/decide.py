@@ -48,7 +48,7 @@ from pipeswift_slurm.slurm.cluster import ClusterState, usable_nodes
 
 __all__ = ["MAX_RELAYOUTS", "MAX_RESTARTS_DEFAULT", "Allocation", "Budgets", "Death", "Decision", "Launched",
            "Stopped", "backoff", "first_death", "may_grow", "may_train", "requeues_left", "restart_left",
-           "silent_nodes", "srun_deaths", "what_follows", "RequeueFacts", "requeue_nodes", "requeue_target",
+           "silent_nodes", "srun_deaths", "what_follows", "RequeueFacts", "requeue_may_resize", "requeue_nodes", "requeue_target",
            "free_nodes"]
 #: re-layouts an attempt may make in place (pipeswift_launch.relayout proposes them)
 MAX_RELAYOUTS = 2
@@ -371,6 +371,12 @@ class RequeueFacts:
     error: str = ""
 
 
+def requeue_may_resize(plan: Any) -> bool:
+    """Whether a requeued attempt may ask for another node count than this one: a node range
+    with several layouts (one layout, or a fixed request, which fixes the task count too: no)."""
+    return len(plan["layouts"]) >= 2 and "-" in str(plan["nodes_request"])
+
+
 def requeue_nodes(f: RequeueFacts, reason: str) -> tuple[int | None, str]:
     """How many nodes the requeued attempt asks for (None: as this one did), and why: a
     growth's target, else what the cluster will have when it restarts (:func:`requeue_target`),
@@ -379,7 +385,7 @@ def requeue_nodes(f: RequeueFacts, reason: str) -> tuple[int | None, str]:
     when the job would otherwise wait). One layout, or a fixed request (it fixes the task count
     too): as it asked."""
     plan = f.plan
-    if len(plan["layouts"]) < 2 or "-" not in str(plan["nodes_request"]):
+    if not requeue_may_resize(plan):
         return None, ""
     if reason == "grow" and f.grow_to:
         return f.grow_to, "growing"
