@@ -24,7 +24,6 @@ from pipeswift_slurm.history import rows as runrows
 from pipeswift_slurm.history.store import History
 from pipeswift_slurm.planning.partition import balanced_boundaries
 from pipeswift_slurm.planning.decide import MAX_RELAYOUTS
-from pipeswift_slurm.stats import quantile
 from pipeswift_slurm.userfiles import read_run_files
 from pipeswift_launch import relayout
 
@@ -167,16 +166,6 @@ def static_run(run: Path, cut: list[int], steps: int) -> Path:
     return run
 
 
-def fast_quartile(step_times) -> float:
-    """The lower quartile of a run's step times: on 2 shared cores a burst of another process
-    slows some steps of a run; what the cut is worth shows in the steps it left alone."""
-    return quantile(step_times, 0.25)
-
-
-def static_step_s(run: Path) -> float:
-    return fast_quartile(e["step_time"] for e in run_events(run) if e["event"] == "step" and e["step"] > 2)
-
-
 @pytest.mark.slurm
 @pytest.mark.deepspeed
 def test_a_job_cut_from_wrong_costs_rebalances_once_in_place_and_matches_a_static_run(cluster, tmp_path):
@@ -192,7 +181,6 @@ def test_a_job_cut_from_wrong_costs_rebalances_once_in_place_and_matches_a_stati
     (r,) = a["relayouts"]
     assert r["boundaries_from"] == [0, 5, 6] and r["boundaries_to"] == [0, 2, 6]
     assert "re-layout 1: launching again" in log()
-    after = fast_quartile(e["step_time"] for e in a["steps"] if e["step"] > r["step"] + 1)
     # plan.json: the measured cut for the next attempts, revision 1, the record
     plan = json.loads((run / "plan.json").read_text())
     assert plan["revision"] == 1 and plan["layouts"]["2"]["boundaries"] == [0, 2, 6]
@@ -203,21 +191,10 @@ def test_a_job_cut_from_wrong_costs_rebalances_once_in_place_and_matches_a_stati
     got, want = step_losses(run), step_losses(ref)
     assert len(got) == 200 and len(want) == 40 and all(got[s] == want[s] for s in want), \
         [s for s in want if got.get(s) != want[s]][:5]
-    # ... and about its speed, on the same host in the same test (ratios, not times): the job's
-    # steps after the re-layout as fast as that static run, and faster than a static run of the
-    # cut it replaced. Lower quartiles of many steps each: the 3 steps the re-layout measured
-    # before it are too few on 2 oversubscribed cores (a CI run once measured 0.346 s before,
-    # 0.349 after). The gain against the model's prediction moves with the host's load (CI runs
-    # measured 68 % and 28 % of it), so it is bench/dynamic.py's figure, not an assertion here.
-    old_s = static_step_s(static_run(tmp_path / "old-cut", [0, 5, 6], 24))
-    new_s = static_step_s(ref)
-    if not new_s < 0.9 * old_s:
-        # A pair measured while something else held one of the 2 cores through a whole run (a CI
-        # run: 0.365 s the new cut, 0.352 s the old, 0.274 s the job after its re-layout): with
-        # one core the two cuts cost the same. Both cuts once more; each keeps its faster run.
-        old_s = min(old_s, static_step_s(static_run(tmp_path / "old-cut-2", [0, 5, 6], 24)))
-        new_s = min(new_s, static_step_s(static_run(tmp_path / "new-cut-2", [0, 2, 6], 24)))
-    assert new_s < 0.9 * old_s and after < old_s and after <= 1.3 * new_s, (after, new_s, old_s)
+    # How much sooner the job ends for it is bench/dynamic.py's figure (half busy: static vs
+    # re-balanced), not an assertion here: step times measured in a test on 2 cores shared with
+    # other streams move with their load (a CI run measured the job's steps after the re-layout
+    # at 0.94 s while a static run of the same cut, minutes later, took 0.64 s).
     # status and doctor say what was predicted and what was measured
     status = pswift("status", job, check=True).stdout
     assert "re-laid out at step 4: [0, 5, 6] -> [0, 2, 6]" in status and "(predicted" in status
