@@ -84,6 +84,12 @@ def _instructions(v: Any) -> bool:
         and all(isinstance(n, str) and len(n) <= 64 and _num(x) for n, x in d.items()) for k, d in v.items())
 
 
+def _parts(v: Any) -> bool:
+    """{"part": seconds}: at most 16 named parts of a step (pipeswift_launch.stepparts)."""
+    return isinstance(v, dict) and len(v) <= 16 and all(
+        isinstance(n, str) and 0 < len(n) <= 32 and _num(x) for n, x in v.items())
+
+
 Check = Callable[[Any], bool]
 #: every event kind and the fields its readers use, each (check, required); other fields are
 #: dropped, a missing optional one reads None
@@ -125,6 +131,8 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
                       "activation_bytes": (_by_layer(_count), False),
                       "saved_bytes": (_by_layer(_count), False),
                       "instructions": (_instructions, False)},
+    # rank 0's steady steps of one launch, part by part, in seconds per step (bench/overhead.py)
+    "step_parts": {"steps": (_count, True), "seconds": (_parts, True)},
 }
 COMMON: dict[str, tuple[Check, bool]] = {
     "time": (_num, False), "attempt": (lambda v: _count(v) and v < 1_000_000, False),
@@ -154,6 +162,8 @@ class Writer:
         self.base = {"attempt": attempt, "job_id": job_id}
         #: called with each record written (the launcher's metrics: pipeswift_launch.metrics)
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        #: seconds the listeners took, all records together (pipeswift_launch.stepparts reads it)
+        self.listeners_s = 0.0
 
     def emit(self, event: str, **fields: Any) -> None:
         unknown = unknown_fields(event, fields)
@@ -165,8 +175,11 @@ class Writer:
         rec = {"event": event, "time": round(time.time(), 3), **self.base, **fields}
         self.fh.write(json.dumps(rec) + "\n")
         self.fh.flush()
-        for listener in self.listeners:
-            listener(rec)
+        if self.listeners:
+            began = time.perf_counter()
+            for listener in self.listeners:
+                listener(rec)
+            self.listeners_s += time.perf_counter() - began
 
     def close(self) -> None:
         if self.fh is not None:

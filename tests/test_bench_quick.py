@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = {"simulator.py": "schedules", "partition.py": None, "history_scale.py": "ingest_rows_per_s",
          "plan_worst_case.py": "worst_case_median_s", "job_submit.py": "worst_ms", "ingest_cap.py": "ratio"}
-TRAINING = {"checkpoint.py": "ratios", "step_time_model.py": "summary", "overhead.py": "step_ratio",
+TRAINING = {"checkpoint.py": "ratios", "step_time_model.py": "summary", "overhead.py": "whole_step_ratio",
             "schedules.py": "cells", "gloo_posted.py": "backward_over_idle"}
 CLUSTER = {"submit_latency.py": "ratio", "slurm_backends.py": "cli_cold_median_ms", "dynamic.py": "ratios",
            "goodput.py": "goodput", "workload.py": "summary"}

@@ -138,6 +138,12 @@ def test_a_validation_loss_reaches_tensorboard_wandb_csv_and_the_events(tmp_path
     assert [(s, round(v, 4)) for s, v in wandb_history(run, "eval/loss")] == [(s, round(v, 4)) for s, v in evals]
     assert [(s, round(v, 5)) for s, v in wandb_history(run, "train/loss")] == \
         [(e["step"], round(e["loss"], 5)) for e in steps]
+    # where the steps went: one steady step (5: after the profile window, before the last), with
+    # its validation and the three metrics sinks that step's event fed (pipeswift_launch.stepparts)
+    (parts,) = [e for e in run_events(run) if e["event"] == "step_parts"]
+    sec = parts["seconds"]
+    assert parts["steps"] == 1 and sec["train_batch"] > 0 and sec["metrics"] > 0 and sec["eval"] == 0, parts
+    assert abs(sec["train_batch"] - steps[4]["step_time"]) < 0.005, (parts, steps[4])   # the same call timed
 
 
 def test_eval_settings_are_checked_as_the_tomls_own(tmp_path):

@@ -30,6 +30,7 @@ from .layerprofile import PROFILE_STEPS, InstructionTimer, LayerProfiler
 from .signals import requested
 from . import outcome
 from .slurmport import slurm
+from .stepparts import StepParts
 from .watchdog import Watchdog, end_attempt
 
 if TYPE_CHECKING:
@@ -282,27 +283,35 @@ def _train(att: Attempt) -> int:
     step_times: list[float] = []
     proposal = watcher = profiled = None
     drift = relayout.Drift()
+    parts = StepParts()   # rank 0's steady steps, part by part (the step_parts event)
     while att.step < steps:
         progress["step"] = att.step + 1
         profiler.active = timer.active = (att.step + 1 - first) in PROFILE_STEPS
+        # counted: rank 0's steps after the profile window, but the last (its end is the final save)
+        parts.begin(counting=att.rank == 0 and att.step - first >= PROFILE_STEPS[-1] and att.step + 1 < steps)
         batches = [data_fn(step=att.step, index=dp_rank * m + i, micro_batch_size=mbs, seed=int(t["seed"]),
                            **data_kwargs) for i in range(m)]
+        parts.lap("data")
         ts = time.time()
         loss = engine.train_batch(data_iter=iter(batches))
         dt = time.time() - ts
+        parts.lap("train_batch")
         if timer.active:
             timer.steps += 1
             timer.seconds["step"] += dt
         att.step = int(engine.global_steps)
         step_times.append(dt)
         dog.beat(att.step, dt)
+        parts.lap("watchdog")
         if att.rank == 0:
             lv = float(loss.item())
             att.events.emit("step", step=att.step, loss=lv, loss_hex=lv.hex(), step_time=round(dt, 6),
                             lr=float(engine.get_lr()[0]))
             print(f"step {att.step}/{steps} loss {lv:.6f} ({dt * 1000:.1f} ms)", flush=True)
+        parts.lap("events", carved_total=att.events.listeners_s)
         if t["eval_every"] and att.step % int(t["eval_every"]) == 0:   # every rank, at the same step
             _evaluate(att, data_kwargs)
+        parts.lap("eval")
         if profiler.handles and (att.step - first == PROFILE_STEPS[-1] or att.step >= steps):
             profiled = _emit_profile(profiler, timer, att)
             if att.step < steps:
@@ -310,21 +319,33 @@ def _train(att: Attempt) -> int:
                 proposal = _relayout_proposal(att, profiled, window)
                 drift.settle(att.step, window)
                 watcher = watcher or _watch_for_growth(att, step_times, profiled)
-        flags.mine[FLAG_DRIFT] = float(att.rank == 0 and not profiler.handles and drift.drifted(att.step, step_times))
-        flags.mine[FLAG_DUE] = float(att.rank == 0 and time.time() - att.checkpoints.saved_at >= _checkpoint_every_s(att))
-        flags.mine[FLAG_STOP] = float(requested())
-        flags.mine[FLAG_WRITING] = float(att.checkpoints.writing())
-        agreed = flags.agree()
+        parts.lap("profile")
+        agreed = _agree(att, flags, drifted=att.rank == 0 and not profiler.handles
+                        and drift.drifted(att.step, step_times))
+        parts.lap("flags")
         stop_code = _step_end(att, agreed, dog, every, proposal, watcher, profiled)
+        parts.lap("step_end")
         if stop_code:
             break
         if agreed[FLAG_DRIFT] and not profiler.handles:   # every rank: profile the next steps again
             profiler, timer = _profilers(att), InstructionTimer(engine, sync=plan["device"] == "cuda")
             first = att.step
     dog.stop()
+    if parts.steps:
+        att.events.emit("step_parts", steps=parts.steps, seconds=parts.per_step())
     if watcher is not None:
         watcher.stop()
     return stop_code
+
+
+def _agree(att: Attempt, flags: collectives.StepFlags, drifted: bool) -> list[float]:
+    """The step's flags, every rank's taken together (one all-reduce): a stop asked for, rank 0's
+    step times ``drifted``, rank 0's periodic checkpoint due by time, a rank still writing one."""
+    flags.mine[FLAG_DRIFT] = float(att.rank == 0 and drifted)
+    flags.mine[FLAG_DUE] = float(att.rank == 0 and time.time() - att.checkpoints.saved_at >= _checkpoint_every_s(att))
+    flags.mine[FLAG_STOP] = float(requested())
+    flags.mine[FLAG_WRITING] = float(att.checkpoints.writing())
+    return flags.agree()
 
 
 def _checkpoint_every_s(att: Attempt) -> float:
