@@ -1,5 +1,6 @@
 """train.toml: strict parsing into typed, immutable sections (named tuples: a tenth of a frozen
-dataclass's start-up cost, which `pswift sbatch` pays on every submission).
+dataclass's start-up cost, which `pswift sbatch` pays on every submission), whose fields are
+generated from the settings table (pipeswift_slurm/sections.py).
 
 Unknown keys are rejected with the list of valid ones; wrong types and out-of-range values name
 the key, the value and the fix. Cross-section invariants that depend on the node count
@@ -24,6 +25,7 @@ else:  # pragma: no cover
 from pipeswift_slurm import runfiles
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.numeric import finite
+from pipeswift_slurm.sections import JobFields, ModelFields, PipelineFields, ResourcesFields, TrainingFields
 from pipeswift_slurm.settings import LIMITS, SECTIONS, Setting, default, keys, required, setting
 from pipeswift_slurm.slurm.timespec import slurm_time_seconds
 _ENTRY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -35,42 +37,19 @@ MAX_RESTARTS_LIMIT = int(setting("job", "max_restarts").hi or 0)
 MAX_REQUEUES_DEFAULT: int = setting("job", "max_requeues").default
 
 
-# The sections: one field per setting of pipeswift_slurm.settings (which holds each one's
-# default, bounds and meaning), a few derived (nodes_min/nodes_max from nodes, micro_batch_sizes
-# from micro_batch_size). No defaults here: the parser fills every field from the table.
-class JobSection(NamedTuple):
-    name: str
-    #: the partition planned for: the TOML's one, the first of its list (until the planner
-    #: orders them), or None (Slurm's default)
-    partition: str | None
-    #: every partition the TOML lists, in its order (empty: Slurm's default; derived from partition)
-    partitions: tuple[str, ...]
-    time: str | None
-    #: "predicted": ask Slurm for the planner's predicted time; "as_written": [job] time
-    time_policy: str
-    account: str | None
-    qos: str | None
-    sbatch_options: tuple[str, ...]
-    max_requeues: int
-    max_restarts: int
-    python: str | None
-    objective: str
-    #: the fraction of the best JCT the planner gives up for the fewest node-hours (planner.choose)
-    jct_slack: float
-    grow_check_s: int
+# The sections: their fields are generated from pipeswift_slurm.settings (sections.py: one field
+# per setting, or the fields a setting declares it becomes); here only what is computed from them.
+# No defaults: the parser fills every field from the table.
+class JobSection(JobFields):
+    __slots__ = ()
 
     @property
     def time_seconds(self) -> int | None:
         return None if self.time is None else slurm_time_seconds(self.time)
 
 
-class ResourcesSection(NamedTuple):
-    nodes_min: int
-    nodes_max: int
-    tasks_per_node: int
-    gpus_per_node: int
-    cpus_per_task: int
-    device: str
+class ResourcesSection(ResourcesFields):
+    __slots__ = ()
 
     @property
     def node_counts(self) -> range:
@@ -84,65 +63,20 @@ class ResourcesSection(NamedTuple):
         return f"{self.nodes_min}-{self.nodes_max}"
 
 
-class ModelSection(NamedTuple):
-    entry: str
-    kwargs: dict[str, Any]          # never mutated: the parser gives each config its own
-    loss: str | None
-    num_layers: int | None
-    layer_costs: tuple[float, ...] | None
-    layer_memory: tuple[int, ...] | None
+class ModelSection(ModelFields):
+    __slots__ = ()
 
 
-class TrainingSection(NamedTuple):
-    steps: int
-    global_batch_size: int
-    #: the micro-batch size [model] layer_costs are for: the TOML's integer, the first size of a
-    #: list, 1 (one sample) with "auto"
-    micro_batch_size: int
-    #: "module:function", or {"tokens": path, "dtype", "seq_len"}, or {"dataset": "module:fn",
-    #: "kwargs"} (see pipeswift_launch/data.py)
-    data: str | dict[str, Any]
-    seed: int
-    optimizer: dict[str, Any]
-    ds_config: dict[str, Any]
-    gradient_clipping: float
-    precision: str
-    zero_stage: int
-    activation_checkpoint_interval: int
-    lr_warmup_steps: int
-    lr_decay: str
-    lr_min_ratio: float
-    checkpoint_dir: Path | None
-    #: steps, or "auto" (pipeswift_slurm.planning.interval)
-    checkpoint_interval: int | str
-    #: the most of its time a job spends writing checkpoints (pipeswift_slurm.planning.interval)
-    checkpoint_io_share: float
-    keep_checkpoints: int
-    #: steps between validation losses (0: none), micro-batches each, and their data (None: the
-    #: training data past the run's last step; pipeswift_launch.train)
-    eval_every: int
-    eval_batches: int
-    eval_data: str | dict[str, Any] | None
-    #: "csv", "tensorboard" (pipeswift_launch.metrics)
-    metrics: list[str]
-    hang_timeout_factor: float
-    hang_timeout_min_s: float
-    #: the micro-batch sizes the planner may choose from (a list, or every power of two dividing
-    #: the global batch with "auto"); () = micro_batch_size only
-    micro_batch_sizes: tuple[int, ...]
+class TrainingSection(TrainingFields):
+    __slots__ = ()
 
     @property
     def micro_batch_options(self) -> tuple[int, ...]:
         return self.micro_batch_sizes or (self.micro_batch_size,)
 
 
-class PipelineSection(NamedTuple):
-    stages: int | str
-    micro_batches: int | str
-    partition: str | tuple[int, ...]
-    data_parallel: int | None
-    rebalance: bool
-    schedule: str
+class PipelineSection(PipelineFields):
+    __slots__ = ()
 
 
 class TrainConfig(NamedTuple):

@@ -15,6 +15,9 @@ from typing import Any, TypedDict
 
 from pipeswift_slurm import runfiles
 from pipeswift_slurm.errors import ConfigError
+#: [training] as the job needs it: the travelling [training] settings, a TypedDict generated from
+#: the settings table (sections.py); :func:`runnable` checks each of them when a job reads plan.json
+from pipeswift_slurm.sections import TrainingSpec as TrainingSpec
 from pipeswift_slurm.settings import travelling
 
 PLAN_VERSION = 1
@@ -34,10 +37,6 @@ class ModelSpec(TypedDict):
     layer_costs: list[float] | None
 
 
-#: [training] as the job needs it: the travelling [training] settings, whose keys and types
-#: have one home, the settings table (pipeswift_slurm.settings; config.TrainingSection is the TOML
-#: side, drift-tested against it); :func:`runnable` checks each of them when a job reads plan.json
-TrainingSpec = dict[str, Any]
 
 
 class Plan(TypedDict):

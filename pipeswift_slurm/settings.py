@@ -50,6 +50,10 @@ class Setting(NamedTuple):
     shown_default: str | None = None
     #: a travelling special setting's JSON types in plan.json (the others follow from the kind)
     json: tuple[type, ...] = ()
+    #: its field's Python type in config's section (a special's; the others follow from the kind)
+    py: str | None = None
+    #: the section fields it becomes, (name, type, doc) each, where not one field of its own name
+    fields: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def name(self) -> str:
@@ -58,6 +62,19 @@ class Setting(NamedTuple):
     @property
     def required(self) -> bool:
         return self.default is REQUIRED
+
+    def field_type(self) -> str:
+        """Its field's type in config's section, as Python source."""
+        if self.py is not None:
+            return self.py
+        optional = " | None" if self.default is None else ""
+        if self.kind in ("int", "float", "bool"):
+            return self.kind + optional
+        if self.kind == "str":
+            return "str" + optional
+        if self.kind == "choice":
+            return " | ".join(sorted({type(c).__name__ for c in self.choices})) + optional
+        return {"int|auto": "int | str", "choices": "list[str]"}[self.kind]
 
     def plan_types(self) -> tuple[type, ...]:
         """The JSON types plan.json may hold for it (an "int|auto" travels as its integer)."""
@@ -72,9 +89,12 @@ SETTINGS: tuple[Setting, ...] = (
     # [job]
     S("job", "name", "str", REQUIRED, "the Slurm job name"),
     S("job", "partition", "special", None, "the partition, or a list of them (`[\"a\", \"b\"]`): each is "
-      "estimated and the job is submitted to all, the soonest-finishing first (default: Slurm's default)"),
+      "estimated and the job is submitted to all, the soonest-finishing first (default: Slurm's default)",
+      fields=(("partition", "str | None", "the partition planned for: the TOML's one, the first of its list "
+               "(until the planner orders them), or None (Slurm's default)"),
+              ("partitions", "tuple[str, ...]", "every partition the TOML lists, in its order (empty: Slurm's default)"))),
     S("job", "time", "special", None, "time limit: `M`, `H:MM:SS` or `D-HH:MM:SS`; USR2 comes "
-      "early enough to checkpoint before it"),
+      "early enough to checkpoint before it", py="str | None"),
     S("job", "time_policy", "choice", "predicted", "the limit asked of Slurm: the planner's predicted "
       "time (p90 x 1.25 + the USR2 lead, capped by `time`) with a `--time-min` backfill may shorten "
       "it to, each requeue asking for what remains; or `time` as written (\"Time limits\" in "
@@ -82,7 +102,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("job", "account", "str", None, "the Slurm account"),
     S("job", "qos", "str", None, "the QOS (`standby` for a preemptible one)"),
     S("job", "sbatch_options", "special", (), "more sbatch options, e.g. `[\"--mail-type=END\"]`, "
-      "rendered as quoted `#SBATCH` lines"),
+      "rendered as quoted `#SBATCH` lines", py="tuple[str, ...]"),
     S("job", "max_requeues", "int", 3, "attempts after the first (preemption, time limit, lost "
       "node, crash with no restart left); past it the job stops with the reason", lo=0, plan="top"),
     S("job", "max_restarts", "int", 3, "restarts of the ranks inside one allocation after a "
@@ -95,41 +115,49 @@ SETTINGS: tuple[Setting, ...] = (
       "the planner accepts to hold fewer node-hours; 0 takes the fastest whatever it costs",
       lo=0.0, hi=1.0, plan="top"),
     S("job", "grow_check_s", "special", 60, "how often a job below the top of its node range "
-      "checks whether growing pays (≥ 5 s); 0 never grows", lo=0, hi=86400, plan="top", json=(int,)),
+      "checks whether growing pays (≥ 5 s); 0 never grows", lo=0, hi=86400, plan="top", json=(int,), py="int"),
     # [resources]
     S("resources", "nodes", "special", 1, "an integer or `[min, max]`: the job takes what is free "
-      "and adapts its layout"),
+      "and adapts its layout", fields=(("nodes_min", "int", "the least node count the job runs on"),
+                                       ("nodes_max", "int", "the most (nodes_min when nodes is one integer)"))),
     S("resources", "tasks_per_node", "int", None, "task slots per node (one rank each)",
-      hi=LIMITS["tasks_per_node"], shown_default="`gpus_per_node`, or 1"),
+      hi=LIMITS["tasks_per_node"], shown_default="`gpus_per_node`, or 1", py="int"),
     S("resources", "gpus_per_node", "int", 0, "GPUs per node (one per task with `cuda`)", lo=0),
     S("resources", "cpus_per_task", "int", 1, "CPUs per task", plan="top"),
     S("resources", "device", "choice", "cpu", "the device each rank drives (gloo on CPU, nccl on CUDA)", choices=("cpu", "cuda"),
       plan="top"),
     # [model]
     S("model", "entry", "special", REQUIRED, "`module:function` returning the list of layers "
-      "(`LayerSpec`s: each stage builds only its own)"),
-    S("model", "kwargs", "special", {}, "keyword arguments for `entry` and the data function"),
-    S("model", "loss", "special", None, "`module:function` of the loss", shown_default="cross-entropy"),
+      "(`LayerSpec`s: each stage builds only its own)", py="str"),
+    S("model", "kwargs", "special", {}, "keyword arguments for `entry` and the data function",
+      py="dict[str, Any]"),   # never mutated: the parser gives each config its own
+    S("model", "loss", "special", None, "`module:function` of the loss", shown_default="cross-entropy",
+      py="str | None"),
     S("model", "num_layers", "int", None, "the layer count, when the planner should know it "
       "before the job starts", hi=LIMITS["layers"]),
     S("model", "layer_costs", "special", None, "seconds per layer per micro-batch (a hint; the "
-      "job measures them)"),
-    S("model", "layer_memory", "special", None, "bytes per layer (a hint for the memory model)"),
+      "job measures them)", py="tuple[float, ...] | None"),
+    S("model", "layer_memory", "special", None, "bytes per layer (a hint for the memory model)",
+      py="tuple[int, ...] | None"),
     # [training]
     S("training", "steps", "int", REQUIRED, "optimizer steps", plan="training"),
     S("training", "global_batch_size", "int", REQUIRED, "samples per step", plan="training"),
     S("training", "micro_batch_size", "special", REQUIRED, "an integer, a list the planner picks "
-      "from, or `\"auto\"` (every power of two dividing the batch)", plan="training", json=(int,)),
+      "from, or `\"auto\"` (every power of two dividing the batch)", plan="training", json=(int,),
+      fields=(("micro_batch_size", "int", "the micro-batch size [model] layer_costs are for: the TOML's "
+               "integer, the first size of a list, 1 (one sample) with \"auto\""),
+              ("micro_batch_sizes", "tuple[int, ...]", "the sizes the planner may choose from (a list, or "
+               "every power of two dividing the global batch with \"auto\"); () = micro_batch_size only"))),
     S("training", "data", "special", REQUIRED, "`\"module:function\"`, `{ tokens = \"train.bin\", "
       "seq_len = N }` or `{ dataset = \"module:function\" }` (\"train.toml in depth\" in docs/design.md)",
-      plan="training", json=(str, dict)),
+      plan="training", json=(str, dict), py="str | dict[str, Any]"),
     S("training", "seed", "int", 1, "the seed of the weights, the data order and dropout", lo=0,
       plan="training"),
     S("training", "optimizer", "special", {}, "`{ type, params }` of a torch optimizer",
-      plan="training", shown_default="AdamW, lr 1e-3", json=(dict,)),
+      plan="training", shown_default="AdamW, lr 1e-3", json=(dict,), py="dict[str, Any]"),
     S("training", "ds_config", "special", {}, "DeepSpeed settings a checkpoint can reshape "
       "across (`steps_per_print`, `activation_checkpointing`...); others are refused", plan="training",
-      json=(dict,)),
+      json=(dict,), py="dict[str, Any]"),
     S("training", "gradient_clipping", "float", 0.0, "the gradient norm clip (0: none)", lo=0.0,
       plan="training"),
     S("training", "precision", "choice", "fp32", "`bf16` trains on CPU too; `fp16` needs a GPU "
@@ -144,7 +172,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("training", "lr_min_ratio", "float", 0.0, "the final learning rate as a fraction of the "
       "peak", lo=0.0, hi=1.0, plan="training"),
     S("training", "checkpoint_dir", "special", None, "where checkpoints go", plan="training",
-      shown_default="the run dir's `checkpoints/`", json=(str,)),
+      shown_default="the run dir's `checkpoints/`", json=(str,), py="Path | None"),
     S("training", "checkpoint_interval", "int|auto", "auto", "steps between periodic "
       "checkpoints; `\"auto\"`: the Young/Daly interval; 0: only on a signal and at the end",
       lo=0, plan="training"),
@@ -159,7 +187,7 @@ SETTINGS: tuple[Setting, ...] = (
       "validation", lo=1, hi=4096, plan="training"),
     S("training", "eval_data", "special", None, "the validation samples, as `data` (default: the training "
       "data's batches of the step after the last, which the run never trains on)", plan="training",
-      json=(str, dict, type(None))),
+      json=(str, dict, type(None)), py="str | dict[str, Any] | None"),
     S("training", "metrics", "choices", ["csv"], "where rank 0 also writes loss, lr, step time, "
       "samples/s and checkpoint stalls, and every start, end, requeue, restart, re-layout and growth, "
       "under the run dir, on one step axis over all attempts: `metrics.csv`, `tensorboard/` (needs "
@@ -178,7 +206,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("pipeline", "micro_batches", "int|auto", "auto", "m per step, or `\"auto\"` (global batch ÷ "
       "(micro-batch × dp))"),
     S("pipeline", "partition", "special", "auto", "`\"auto\"` (by layer_costs, else parameters), "
-      "`\"uniform\"`, `\"parameters\"` or boundaries like `[0, 3, 6]`"),
+      "`\"uniform\"`, `\"parameters\"` or boundaries like `[0, 3, 6]`", py="str | tuple[int, ...]"),
     S("pipeline", "data_parallel", "int", None, "the data-parallel degree",
       shown_default="world size ÷ stages"),
     S("pipeline", "rebalance", "bool", True, "re-cut the stages in place from measured layer "
@@ -271,7 +299,61 @@ def readme_with_table(text: str) -> str:
     return f"{head}{README_START}\n{markdown_table()}\n{README_END}{tail}"
 
 
+# ----------------------------------------------------------------------- the typed sections
+SECTIONS_FILE = Path(__file__).resolve().parent / "sections.py"
+_JSON_TYPE = {int: "int", float: "float", str: "str", bool: "bool", dict: "dict[str, Any]",
+              list: "list[str]", type(None): "None"}
+
+
+def section_fields(section: str) -> list[tuple[str, str, str]]:
+    """``[section]``'s fields in config's section, (name, Python type, doc) each, in the table's
+    order: one per setting, or the fields a setting declares it becomes."""
+    out: list[tuple[str, str, str]] = []
+    for s in SETTINGS:
+        if s.section == section:
+            out += list(s.fields) or [(s.key, s.field_type(), s.doc)]
+    return out
+
+
+def _plan_type(s: Setting) -> str:
+    types = s.plan_types()
+    if set(types) == {int, float}:
+        return "float"
+    return " | ".join(_JSON_TYPE[t] for t in types)
+
+
+def _comment(doc: str, indent: str = "    ") -> list[str]:
+    import textwrap
+    return textwrap.wrap(doc, 96, initial_indent=f"{indent}#: ", subsequent_indent=f"{indent}#: ",
+                         break_on_hyphens=False)
+
+
+def sections_module() -> str:
+    """pipeswift_slurm/sections.py: each section's fields as a NamedTuple (config subclasses
+    them) and plan.json's [training] as a TypedDict, written from the table."""
+    lines = ['"""Generated by `python -m pipeswift_slurm.settings --sections` from the settings table',
+             "(pipeswift_slurm/settings.py, where each setting is declared once): do not edit; a test checks it",
+             'is current. config.py subclasses each *Fields class with what it computes."""', "",
+             "from __future__ import annotations", "", "from pathlib import Path",
+             "from typing import Any, NamedTuple, TypedDict", ""]
+    for section in SECTIONS:
+        lines += ["", f"class {section.capitalize()}Fields(NamedTuple):",
+                  f'    """[{section}]: a field a setting, no defaults (the parser fills each from the table)."""']
+        for name, typ, doc in section_fields(section):
+            lines += [*_comment(doc), f"    {name}: {typ}"]
+        lines.append("")
+    lines += ["", "class TrainingSpec(TypedDict):",
+              '    """plan.json\'s [training]: the travelling [training] settings, as the job reads them."""']
+    for s in travelling("training"):
+        lines += [*_comment(s.doc), f"    {s.key}: {_plan_type(s)}"]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--sections"]:
+        SECTIONS_FILE.write_text(sections_module(), encoding="utf-8")
+        print(f"wrote {SECTIONS_FILE}")
+        return 0
     if argv != ["--readme"]:
         print(markdown_table())
         return 0

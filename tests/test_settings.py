@@ -4,6 +4,7 @@ table all follow it."""
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,6 @@ from pipeswift_slurm.planning.build import build_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: section fields that are not a setting of their own, and the setting each comes from
-DERIVED = {("job", "partitions"): "partition", ("resources", "nodes_min"): "nodes", ("resources", "nodes_max"): "nodes",
-           ("training", "micro_batch_sizes"): "micro_batch_size"}
 CLASSES = {"job": config.JobSection, "resources": config.ResourcesSection, "model": config.ModelSection,
            "training": config.TrainingSection, "pipeline": config.PipelineSection}
 
@@ -28,12 +26,29 @@ def minimal_doc(tmp_path: Path) -> tuple[dict, Path]:
     return doc, tmp_path / "train.toml"
 
 
+def test_the_sections_module_is_the_one_generated_from_the_table():
+    """Each setting is declared once, in the table; config's sections and plan.json's [training]
+    are written from it (adding a setting: its line in settings.py, then
+    `python -m pipeswift_slurm.settings --sections`)."""
+    assert settings.SECTIONS_FILE.read_text(encoding="utf-8") == settings.sections_module(), \
+        "pipeswift_slurm/sections.py is stale: run python -m pipeswift_slurm.settings --sections"
+
+
 @pytest.mark.parametrize("section", settings.SECTIONS)
 def test_each_section_holds_exactly_the_tables_settings(section):
-    fields = set(CLASSES[section]._fields)
-    derived = {f for (s, f) in DERIVED if s == section}
-    assert fields - derived | {DERIVED[(section, f)] for f in derived} == set(settings.keys(section))
-    assert not CLASSES[section]._field_defaults, "defaults live in pipeswift_slurm.settings only"
+    """config's section: the generated fields, none of its own and no defaults (they live in the
+    table); a setting that becomes other fields (nodes: nodes_min and nodes_max) says so there."""
+    cls = CLASSES[section]
+    assert list(cls._fields) == [name for name, _, _ in settings.section_fields(section)]
+    assert not cls._field_defaults and cls.__slots__ == ()
+    own = {k for k in settings.keys(section) if not settings.setting(section, k).fields}
+    assert own <= set(cls._fields)
+
+
+def test_plan_jsons_training_is_typed_from_the_travelling_settings():
+    from pipeswift_slurm.plan import TrainingSpec
+    assert list(TrainingSpec.__annotations__) == [s.key for s in settings.travelling("training")]
+    assert typing.get_type_hints(TrainingSpec)["steps"] is int
 
 
 def test_a_minimal_toml_gets_every_default_of_the_table(tmp_path):

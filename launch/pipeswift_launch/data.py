@@ -20,7 +20,7 @@ plan.json's ``training.data`` (checked at plan time by pipeswift_slurm.config) i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
 import torch
@@ -73,10 +73,12 @@ class MapDataset:
         return batch
 
 
-def source(plan: Plan, key: str = "data") -> Callable[..., Batch]:
+def source(plan: Plan, key: Literal["data", "eval_data"] = "data") -> Callable[..., Batch]:
     """The job's micro-batch function, ``f(step=, index=, micro_batch_size=, seed=, **kwargs)``,
     of [training] data, or (``key`` "eval_data") of the validation data when it has its own."""
     spec, model_dir = plan["training"][key], plan["model"]["dir"]
+    if spec is None:
+        raise ValueError(f"[training] {key} is not set")
     if isinstance(spec, str):
         return resolve(spec, model_dir)
     if "tokens" in spec:
