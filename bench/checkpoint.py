@@ -11,15 +11,21 @@ trained locally with real DeepSpeed on CPU (`pswift run`, no Slurm needed), ever
 - periodic checkpoints (every 3 steps of an 8-step run) written in the background: how long
   training stalls for each (the state copied to host memory, the commit) against the
   signal's synchronous save;
-- baseline, same tensors (the merged model + optimizer state of a warm-up run): one plain
-  ``torch.save`` (+ fsync) and ``torch.load``.
+- baseline, what a user training with DeepSpeed calls: the same job (the saving run's plan:
+  layers, cut, data-parallel degree, DeepSpeed config) trained 3 steps by a bare DeepSpeed loop
+  on as many ranks, then ``engine.save_checkpoint`` (every rank writing its files, as DeepSpeed
+  does; timed from a barrier to a barrier, once as called and once with the ``sync`` that makes
+  it as durable as pswift's fsynced files) and ``engine.load_checkpoint`` into the same layout
+  (DeepSpeed reloads optimizer state only into the layout that wrote it);
+- floor, same tensors (the merged model + optimizer state of a warm-up run): one plain
+  ``torch.save`` (+ fsync) and ``torch.load`` in one process.
 
 Two trainings, each against its own baseline: fp32 (2 stages on 2 nodes; resumes 2 -> 4 and
 4 -> 2 stages) and bf16 + ZeRO-1 (2 stages x 2 data-parallel on 4 nodes: the fp32 master
 weights and Adam state are sharded, each rank writing its own shard file; resumes into 2 x 1 on
 2 nodes and back into 2 x 2 on 4).
 
-Rounds alternate which goes first (baseline or pswift), and the page cache's dirty data is
+Rounds alternate which goes first (the baselines or pswift), and the page cache's dirty data is
 flushed (``sync``) and, when run as root, the clean page cache dropped before each timed write,
 so neither pays for the other's writes (on this VM a write into never-used memory costs up to 4x
 one into recycled page cache). Ratios are
@@ -76,6 +82,85 @@ def make_config(d: Path, ckpt: Path, steps: int, hidden: int = 1024, mode: str =
         t = re.sub(r"(?m)^(stages|data_parallel) = .*$", "", t).replace("[pipeline]\n", "[pipeline]\n" + MODES[mode][1])
     (d / "train.toml").write_text(t)
     return d / "train.toml"
+
+
+#: one rank of the DeepSpeed baseline: argv = plan.json, rank, world size, port, checkpoint folder,
+#: out.json. Trains 3 steps, saves with engine.save_checkpoint, loads it back, all timed between
+#: barriers; rank 0 flushes (and, as root, drops) the page cache before each.
+DS_SAVE = r'''
+import json, os, sys, time
+plan_path, rank, world, port, folder, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
+os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+import logging, torch, deepspeed
+from deepspeed import comm as dist
+from pipeswift_slurm.plan import parse_plan
+from pipeswift_launch import data, ds_compat, rng
+from pipeswift_launch.pipe import build_pipe
+from pipeswift_launch.train import ds_config
+plan = parse_plan(open(plan_path, "rb").read())
+layout = plan["layouts"][str(world)]
+ds_compat.skip_shm_build()
+logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+torch.set_num_threads(int(plan["cpus_per_task"]))
+deepspeed.init_distributed(dist_backend="gloo")
+seed = int(plan["training"]["seed"])
+rng.reseed(seed, 0, 0)
+model = build_pipe(plan, layout)
+rng.reseed(seed, 0, rank)
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(plan, layout, sum(p.numel() for p in model.parameters())))
+fn, kwargs, m, mbs = data.source(plan), dict(plan["model"]["kwargs"]), layout["micro_batches"], layout["micro_batch_size"]
+dp = engine.grid.data_parallel_id
+for step in range(3):
+    engine.train_batch(data_iter=iter([fn(step=step, index=dp * m + i, micro_batch_size=mbs, seed=seed, **kwargs) for i in range(m)]))
+def flushed():
+    if rank == 0:
+        os.sync()
+        try:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("1")
+        except OSError:
+            pass
+    dist.barrier()
+flushed()
+t0 = time.time()
+engine.save_checkpoint(folder, tag="bench")
+dist.barrier()
+saved = time.time() - t0
+if rank == 0:
+    os.sync()
+dist.barrier()
+synced = time.time() - t0
+flushed()
+t0 = time.time()
+engine.load_checkpoint(folder, tag="bench")
+dist.barrier()
+loaded = time.time() - t0
+if rank == 0:
+    size = sum(f.stat().st_size for f in __import__("pathlib").Path(folder, "bench").rglob("*") if f.is_file())
+    with open(out, "w") as f:
+        json.dump({"ds_save_s": saved, "ds_save_synced_s": synced, "ds_load_s": loaded, "ds_checkpoint_bytes": size}, f)
+from pipeswift_launch.hardexit import exit_now   # gloo's threads may abort the interpreter's teardown
+exit_now(0)
+'''
+
+
+def deepspeed_baseline(plan: Path, work: Path, world: int) -> dict:
+    """DeepSpeed's own save_checkpoint / load_checkpoint of the job ``plan`` on ``world`` ranks."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    out, folder = work / "ds.json", work / "ds-ckpt"
+    procs = [subprocess.Popen([sys.executable, "-c", DS_SAVE, str(plan), str(r), str(world), port, str(folder), str(out)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "launch")])})
+             for r in range(world)]
+    logs = [p.communicate(timeout=1800)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit("DeepSpeed baseline failed:\n" + "\n".join(log[-2000:] for log in logs))
+    got = json.loads(out.read_text())
+    shutil.rmtree(folder, ignore_errors=True)
+    return got
 
 
 def events(run: Path) -> list[dict]:
@@ -182,34 +267,42 @@ def torch_baseline(state: dict, path: Path) -> dict:
     return {"torch_save_s": saved, "torch_load_s": time.time() - t0}
 
 
-def warm_up(hidden: int, mode: str) -> dict:
-    """One unmeasured run: its checkpoint's tensors are the baseline's state."""
+def warm_up(hidden: int, mode: str, keep: Path) -> tuple[dict, Path]:
+    """One unmeasured run: its checkpoint's tensors are torch.save's state, its plan (kept in
+    ``keep``) the job DeepSpeed's baseline trains and saves."""
     with tempfile.TemporaryDirectory(prefix="pswift-bench-") as tmp:
         work = Path(tmp)
         toml = make_config(work / "cfg", work / "ckpt", steps=1000, hidden=hidden, mode=mode)
         got = signal_and_commit(toml, work / "run", work / "ckpt", MODES[mode][2])
-        return merged_state(work / "ckpt" / f"step_{got['step']:08d}")
+        plan = Path(shutil.copy(work / "run" / "plan.json", keep / f"plan-{mode}.json"))
+        return merged_state(work / "ckpt" / f"step_{got['step']:08d}"), plan
 
 
-def one_round(state: dict | None, hidden: int, baseline_first: bool, mode: str) -> dict:
-    """One round; with no warm-up ``state`` (quick), the baseline saves this round's own
-    checkpoint, after pswift's save."""
+def one_round(state: dict | None, hidden: int, baseline_first: bool, mode: str, plan: Path | None) -> dict:
+    """One round; with no warm-up ``state`` and ``plan`` (quick), the baselines run after
+    pswift's save, torch.save on this round's own checkpoint and DeepSpeed on its plan."""
     with tempfile.TemporaryDirectory(prefix="pswift-bench-") as tmp:
         work = Path(tmp)
-        base = torch_baseline(state, work / "baseline.pt") if baseline_first and state is not None else {}
+        first = baseline_first and state is not None and plan is not None
+        base = {**torch_baseline(state, work / "baseline.pt"),
+                **deepspeed_baseline(plan, work, MODES[mode][2])} if first else {}
         ckpt = work / "ckpt"
         got = signal_and_commit(make_config(work / "cfg", ckpt, steps=1000, hidden=hidden, mode=mode),
                                 work / "save", ckpt, MODES[mode][2])
         if state is None:
             state = merged_state(ckpt / f"step_{got['step']:08d}")
+        plan = plan or Path(shutil.copy(work / "save" / "plan.json", work / "plan.json"))
         loads = resume_loads(work, ckpt, got.pop("step"), hidden, mode)
         stall = background_stall(work, hidden, mode)
         if not base:
-            base = torch_baseline(state, work / "baseline.pt")
-        return {**got, **loads, **stall, **base, "baseline_first": bool(baseline_first and base)}
+            base = {**torch_baseline(state, work / "baseline.pt"), **deepspeed_baseline(plan, work, MODES[mode][2])}
+        return {**got, **loads, **stall, **base, "baseline_first": first}
 
 
 RATIOS = {  # name: (pswift figure, baseline figures summed); and one per resume of the mode
+    "signal_to_commit_vs_deepspeed_save": ("signal_to_commit_s", ("ds_save_s",)),
+    "in_job_save_vs_deepspeed_save": ("in_job_save_s", ("ds_save_s",)),
+    "in_job_save_vs_deepspeed_save_synced": ("in_job_save_s", ("ds_save_synced_s",)),
     "signal_to_commit_vs_torch_save_plus_step": ("signal_to_commit_s", ("torch_save_s", "step_s")),
     "in_job_save_vs_torch_save": ("in_job_save_s", ("torch_save_s",)),
     "signal_to_commit_vs_torch_save": ("signal_to_commit_s", ("torch_save_s",)),
@@ -222,42 +315,49 @@ def summarize(rounds: list[dict], mode: str) -> dict:
     loads = {f"{name[:-2]}_vs_torch_load": (name, ("torch_load_s",)) for name, _ in MODES[mode][3]}
     for name, (mine, base) in {**RATIOS, **loads}.items():
         per = [r[mine] / sum(r[b] for b in base) for r in rounds]
-        ratios[name] = {"median": statistics.median(per), "min": min(per), "max": max(per)}
+        lo, hi = benchlib.median_interval(per)
+        ratios[name] = {"median": statistics.median(per), "lo": lo, "hi": hi, "min": min(per), "max": max(per)}
     figures = [k for k, v in rounds[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return {"median": {k: statistics.median(r[k] for r in rounds) for k in figures},
             "min": {k: min(r[k] for r in rounds) for k in figures},
             "max": {k: max(r[k] for r in rounds) for k in figures}, "ratios": ratios}
 
 
-def readme_figures(s: dict, rounds: int) -> str:
+#: how the figures name each training mode
+TITLES = {"fp32": "fp32, 2 stages", "bf16_zero1": "bf16 + ZeRO-1, 2 stages × 2 dp"}
+
+
+def mode_figures(mode: str, s: dict) -> str:
+    """One mode's sentence of the table row: against DeepSpeed's save, then torch.save's floor."""
     r, m = s["ratios"], s["median"]
-    span = lambda k: f"{r[k]['median']:.2f}× ({r[k]['min']:.2f}–{r[k]['max']:.2f})"  # noqa: E731
-    b = s["bf16_zero1"]
-    rb, mb = b["ratios"], b["median"]
-    span_b = lambda k: f"{rb[k]['median']:.2f}× ({rb[k]['min']:.2f}–{rb[k]['max']:.2f})"  # noqa: E731
-    return (f"medians of {rounds} alternated rounds (range): signal → commit "
-            f"{m['signal_to_commit_s']:.2f} s = {span('signal_to_commit_vs_torch_save_plus_step')} of "
-            f"torch.save + one step ({m['torch_save_s']:.2f} + {m['step_s']:.2f} s); in-job save "
-            f"{m['in_job_save_s']:.2f} s = {span('in_job_save_vs_torch_save')} torch.save; load "
-            f"{span('load_2_to_4_vs_torch_load')} (2 → 4) and {span('load_4_to_2_vs_torch_load')} "
-            f"(4 → 2) torch.load. bf16 + ZeRO-1 ({mb['checkpoint_bytes'] / 1e6:.0f} MB, 2 stages × 2 "
-            f"dp): in-job save {mb['in_job_save_s']:.2f} s = {span_b('in_job_save_vs_torch_save')} "
-            f"torch.save; load {span_b('load_2x2_to_2x1_vs_torch_load')} (2×2 → 2×1) and "
-            f"{span_b('load_2x1_to_2x2_vs_torch_load')} (2×1 → 2×2) torch.load. A periodic checkpoint "
-            f"written in the background stalls training {m['background_stall_s']:.3f} s = "
-            f"{span('background_stall_vs_sync_save')} of the synchronous save (bf16 + ZeRO-1: "
-            f"{span_b('background_stall_vs_sync_save')})")
+    span = lambda k: f"{r[k]['median']:.2f}× ({r[k]['lo']:.2f}–{r[k]['hi']:.2f})"  # noqa: E731
+    loads = " and ".join(f"{span(name[:-2] + '_vs_torch_load')} ({name[5:-2].replace('_to_', ' → ')})"
+                         for name, _ in MODES[mode][3])
+    return (f"{TITLES[mode]} ({m['checkpoint_bytes'] / 1e6:.0f} MB): signal → commit {m['signal_to_commit_s']:.2f} s = "
+            f"{span('signal_to_commit_vs_deepspeed_save')} DeepSpeed's save_checkpoint ({m['ds_save_s']:.2f} s, "
+            f"{m['ds_save_synced_s']:.2f} s synced); the in-job save {m['in_job_save_s']:.2f} s = "
+            f"{span('in_job_save_vs_deepspeed_save')} of it, {span('in_job_save_vs_deepspeed_save_synced')} synced, "
+            f"{span('in_job_save_vs_torch_save')} one torch.save; loads into another layout {loads} one "
+            f"torch.load (DeepSpeed's load into the same layout {m['ds_load_s']:.2f} s); a periodic checkpoint "
+            f"in the background stalls training {m['background_stall_s']:.3f} s = "
+            f"{span('background_stall_vs_sync_save')} the synchronous save")
+
+
+def readme_figures(by_mode: dict[str, dict], rounds: int) -> str:
+    return (f"medians of {rounds} alternated round(s), 90 % intervals: "
+            + "; ".join(mode_figures(mode, s) for mode, s in by_mode.items()))
 
 
 def measure(mode: str, hidden: int, repeats: int, quick: bool = False) -> tuple[dict, list[dict]]:
     """(summary, rounds) of one training mode, each round alternating who goes first (quick: one
-    round, no warm-up run: the baseline saves the round's own checkpoint)."""
-    state = None if quick else warm_up(hidden, mode)
-    rounds = []
-    for i in range(repeats):
-        rounds.append(one_round(state, hidden, baseline_first=i % 2 == 1, mode=mode))
-        print(f"{mode} round {i + 1}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
-                                                    for k, v in rounds[-1].items()), flush=True)
+    round, no warm-up run: the baselines save the round's own checkpoint and plan)."""
+    with tempfile.TemporaryDirectory(prefix="pswift-bench-plan-") as tmp:
+        state, plan = (None, None) if quick else warm_up(hidden, mode, Path(tmp))
+        rounds = []
+        for i in range(repeats):
+            rounds.append(one_round(state, hidden, baseline_first=i % 2 == 1, mode=mode, plan=plan))
+            print(f"{mode} round {i + 1}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                                                        for k, v in rounds[-1].items()), flush=True)
     s = summarize(rounds, mode)
     for k, v in s["ratios"].items():
         print(f"{mode} {k}: {v['median']:.2f}x (range {v['min']:.2f}-{v['max']:.2f})")
@@ -268,23 +368,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "checkpoint.json"))
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="a 2 MB model, one round, no warm-up (CI: the bench still runs)")
+    ap.add_argument("--quick", action="store_true",
+                    help="bf16 + ZeRO-1 alone, a 2 MB model, one round, no warm-up (CI: the bench still runs)")
     args = ap.parse_args()
     repeats = 1 if args.quick else args.repeats
     hidden = 128 if args.quick else 1024
-    s, rounds = measure("fp32", hidden, repeats, args.quick)
-    bf16, bf16_rounds = measure("bf16_zero1", hidden, repeats, args.quick)
-    s["bf16_zero1"] = {**bf16, "rounds": bf16_rounds}
-    benchlib.save(args.out, {"benchmark": "checkpoint", "repeats": repeats, **s, "rounds": rounds},
+    by_mode = {}
+    for mode in ("bf16_zero1",) if args.quick else ("fp32", "bf16_zero1"):
+        summary, rounds = measure(mode, hidden, repeats, args.quick)
+        by_mode[mode] = {**summary, "rounds": rounds}
+    first = next(iter(by_mode.values()))
+    # the issue's names, each with ratio = its median and its 90 % interval
+    headline = {f"{mode} {name}": {**s["ratios"][key], "ratio": s["ratios"][key]["median"]}
+                for mode, s in by_mode.items() for name, key in
+                (("signal_commit/deepspeed_save", "signal_to_commit_vs_deepspeed_save"),
+                 ("in_job_save/deepspeed_save", "in_job_save_vs_deepspeed_save"))}
+    benchlib.save(args.out, {"benchmark": "checkpoint", "repeats": repeats, "modes": by_mode, "ratios": headline},
                   quick=args.quick,
-                  what=f"~100 MB model ({s['median']['checkpoint_bytes'] / 1e6:.0f} MB with Adam state), "
-                       f"2 stages: SIGTERM → committed checkpoint (outside: the step in flight, "
-                       f"consensus, both stages writing, manifest; inside: the save alone); resume "
-                       f"2 → 4 and 4 → 2 stages; the same for bf16 + ZeRO-1 (sharded fp32 masters "
-                       f"and Adam state); each vs one plain `torch.save` (+ fsync) / `torch.load` "
-                       f"of the same tensors; and the stall of a periodic checkpoint written in the "
-                       f"background against the synchronous save",
-                  figures=readme_figures(s, repeats))
+                  what=f"a {first['median']['checkpoint_bytes'] / 1e6:.0f} MB checkpoint (model + Adam state): "
+                       f"SIGTERM → committed checkpoint (outside: the step in flight, consensus, every rank "
+                       f"writing, manifest; inside: the save alone) vs DeepSpeed's `engine.save_checkpoint` of "
+                       f"the same job on as many ranks; resumes into another stage count or data-parallel "
+                       f"degree; one plain `torch.save` (+ fsync) / `torch.load` of the same tensors as a "
+                       f"floor; the stall of a periodic checkpoint written in the background against the "
+                       f"synchronous save; fp32 and bf16 + ZeRO-1",
+                  figures=readme_figures(by_mode, repeats))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ imports imports nothing above it).
 
 from __future__ import annotations
 
+# Imports inside functions: the export needs torch (the launcher's export), loaded only when asked
+
 import os
 from typing import Any
 

@@ -7,6 +7,9 @@ simple layout rule of :mod:`plan` (one stage per slot / data_parallel).
 
 from __future__ import annotations
 
+# Imports inside functions: the history's run-directory reader and the plan, only when the planner
+# reads a measured profile
+
 import math
 import os
 from pathlib import Path

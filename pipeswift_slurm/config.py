@@ -10,6 +10,9 @@ Paths resolve relative to the TOML file.
 
 from __future__ import annotations
 
+# Imports inside functions: copy, difflib and json serve a dict config, an unknown key's
+# suggestion and overrides only (every submission parses a config)
+
 import importlib.util
 import math
 import re

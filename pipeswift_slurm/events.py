@@ -9,6 +9,8 @@ counts the rest as skipped; nothing in a line can raise past it.
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -171,7 +173,6 @@ class Writer:
             raise ValueError(f"event {event!r}: {unknown} not in the events schema (pipeswift_slurm/events.py)")
         if self.fh is None:
             return
-        import time
         rec = {"event": event, "time": round(time.time(), 3), **self.base, **fields}
         self.fh.write(json.dumps(rec) + "\n")
         self.fh.flush()
@@ -183,7 +184,6 @@ class Writer:
 
     def close(self) -> None:
         if self.fh is not None:
-            import os
             os.fsync(self.fh.fileno())
             self.fh.close()
             self.fh = None

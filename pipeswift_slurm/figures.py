@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# Imports inside functions: matplotlib (about a second) loads only for a picture
+
 from typing import Any
 
 from pipeswift_slurm.errors import PswiftError

@@ -11,6 +11,8 @@ a second interpreter start-up is a submission's largest cost after its own).
 
 from __future__ import annotations
 
+# Imports inside functions: importlib.util, only when the job's interpreter is the running one
+
 import os
 import subprocess
 import sys

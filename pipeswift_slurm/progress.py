@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# Imports inside functions: rich, only when a bar is drawn on a terminal
+
 import contextlib
 import sys
 from typing import Callable, Iterator

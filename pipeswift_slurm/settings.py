@@ -13,6 +13,8 @@ times) have their own checker in config.py, which takes only the default from he
 
 from __future__ import annotations
 
+# Imports inside functions: textwrap, only for writing sections.py
+
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple

@@ -4,6 +4,8 @@ file can be: an existing file is never replaced."""
 
 from __future__ import annotations
 
+# Imports inside functions: importlib.resources, only for `pswift init`
+
 import os
 import re
 from pathlib import Path

@@ -8,6 +8,9 @@ refuses the job.
 
 from __future__ import annotations
 
+# Imports inside functions: the planner, the history and the waiting views load only for the path
+# a submission takes (--dry-run, --wait, a node range)
+
 import logging
 import math
 import sys

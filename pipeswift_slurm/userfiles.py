@@ -13,7 +13,11 @@ an admin's `pswift history ingest --spool` too): the one fence around user-contr
 
 from __future__ import annotations
 
+# Imports inside functions: pwd, only where root reads another user's files (their group, to
+# drop to)
+
 import contextlib
+import fnmatch
 import os
 import select
 import signal
@@ -330,7 +334,6 @@ def _write_named(path: str, name: str, blob: bytes, owner: int) -> bytes:
 
 def _read_named(path: str, names: tuple[str, ...], owner: int,
                 events_sink: Callable[[bytes], None] | None = None) -> dict[str, bytes]:
-    import fnmatch
     dfd, _ = _open_dir(path, owner)
     out: dict[str, bytes] = {}
     try:

@@ -203,8 +203,45 @@ def test_the_launcher_imports_at_the_top_but_for_a_stated_reason():
     assert len(lazy) <= 12, lazy
 
 
+#: modules the interpreter loads before any of ours (at start-up, through site): importing one
+#: inside a function saves nothing
+LOADED_AT_START_UP = {"os", "sys", "re", "time", "functools", "fnmatch", "pathlib", "stat", "io", "types", "enum",
+                      "collections", "itertools", "contextlib", "abc", "warnings", "codecs", "operator", "keyword",
+                      "reprlib", "errno"}
+#: the login side's imports inside functions: this many at most (issue 60 counted 220 and moved 21
+#: that saved nothing); a change may lower it, never raise it
+MAX_LAZY_IMPORTS = 199
+
+
+def test_the_login_side_imports_inside_functions_only_for_a_stated_reason():
+    """Issue 60: pswift's commands start in tens of milliseconds because each loads only what
+    it runs, so the login side keeps imports inside functions where start-up needs them. Each
+    module that does says why, once, in a "# Imports inside functions: ..." line; none defers a
+    module Python has loaded before ours; and their number only falls."""
+    lazy = 0
+    for path in sorted((ROOT / "pipeswift_slurm").rglob("*.py")):
+        found = function_level_imports(path)
+        if not found:
+            continue
+        rel = path.relative_to(ROOT).as_posix()
+        free = sorted({m for _, m in found if m in LOADED_AT_START_UP})
+        assert not free, f"{rel}: {free} are loaded at start-up: import them at the top"
+        assert re.search(r"(?m)^# Imports inside functions: \S", path.read_text()), \
+            f"{rel} imports inside functions without a '# Imports inside functions: <why>' line"
+        lazy += len(found)
+    assert lazy <= MAX_LAZY_IMPORTS, f"{lazy} imports inside functions (at most {MAX_LAZY_IMPORTS}): import at the top"
+
+
+def test_python_loads_those_modules_before_ours():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "import sys; print(' '.join(sys.modules))"], capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert LOADED_AT_START_UP <= set(out), LOADED_AT_START_UP - set(out)
+
+
 #: the contracts at the package's top: what the login side and the job share, the ground floor
-CONTRACTS = {"codes", "errors", "settings", "config", "plan", "events", "userfiles", "stats", "numeric", "durations",
+CONTRACTS = {"codes", "errors", "settings", "sections", "config", "plan", "events", "userfiles", "stats", "numeric", "durations",
              "eventlines", "figures", "progress", "terminal", "runfiles",
              "slurm.timespec"}   # Slurm's time syntax: its home is slurm/ (the format readers), the config checks [job] time by it
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# Imports inside functions: each command imports the library it runs when it runs, so `pswift
+# --help` and `pswift sbatch` load none of the others
+
 import json
 from pathlib import Path
 from typing import Any

@@ -4,8 +4,14 @@ printing. Commands are a few lines over library calls; this module holds no comm
 
 from __future__ import annotations
 
+# Imports inside functions: each command imports the library it runs when it runs, so `pswift
+# --help` and `pswift sbatch` load none of the others (the history store, selections and tables
+# load with the command that reads them)
+
 import contextlib
 import functools
+import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -123,7 +129,6 @@ def _renderer(columns: list[Any], out: Any, default_fields: str | None = None) -
     """A Renderer for ``out`` (without -o, the text forms get ``default_fields`` on a terminal
     and in a pipe alike, as sacct; --json and --csv every column), or None after printing the
     column spellings for ``-o help``."""
-    import sys
     from pipeswift_slurm.reports.tabular import Renderer, field_help
     if out.fields and out.fields.strip().lower() == "help":
         click.echo(field_help(columns))
@@ -150,8 +155,6 @@ def _print(rows: Any, columns: list[Any], out: Any, default_fields: str | None =
 @contextlib.contextmanager
 def _quiet_on_closed_pipe() -> Any:
     """`pswift history jobs | head`: a reader that stops early ends the command quietly."""
-    import os
-    import sys
     try:
         yield
         sys.stdout.flush()

@@ -17,6 +17,10 @@ itself are spared there (about 0.9× the time of a submission; bench/submit_late
 
 from __future__ import annotations
 
+# Imports inside functions: the CLI loads while Slurm is asked in the background (the point of
+# this module), gc is switched off only for one-shot commands
+
+import os
 import sys
 from typing import Callable, NoReturn
 
@@ -70,7 +74,6 @@ def run_then_exit(command: Callable[[], object]) -> NoReturn:
         sys.stderr.flush()
     except (OSError, ValueError):
         raise SystemExit(status) from None
-    import os
     os._exit(status)
 
 

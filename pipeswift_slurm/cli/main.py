@@ -6,6 +6,10 @@ submit command, and its start-up counts (bench/submit_latency.py).
 
 from __future__ import annotations
 
+# Imports inside functions: each command imports the library it runs when it runs, so `pswift
+# --help` and `pswift sbatch` load none of the others
+
+import importlib
 import sys
 import time
 from pathlib import Path
@@ -33,7 +37,6 @@ class _LazyGroup(click.Group):
 
     def get_command(self, ctx: Any, name: str) -> Any:
         if name in self.LAZY:
-            import importlib
             module, attr = self.LAZY[name].split(":")
             return getattr(importlib.import_module(f"{__package__}.{module}"), attr)
         return super().get_command(ctx, name)

@@ -4,6 +4,9 @@ and output options and ``--plot``."""
 
 from __future__ import annotations
 
+# Imports inside functions: each command imports the library it runs when it runs, so `pswift
+# --help` and `pswift sbatch` load none of the others
+
 import os
 from pathlib import Path
 from typing import Any, Callable

@@ -3,6 +3,9 @@ stopped (loaded when one of them is asked for: `pswift sbatch` does not pay for 
 
 from __future__ import annotations
 
+# Imports inside functions: each command imports the library it runs when it runs, so `pswift
+# --help` and `pswift sbatch` load none of the others
+
 import json
 import sys
 from pathlib import Path

@@ -6,6 +6,8 @@ its own) fills the history from sacct as a service instead (docs/admin.md)."""
 
 from __future__ import annotations
 
+# Imports inside functions: signal, only for `ingest --follow`'s stop on TERM and INT
+
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time as _time
 from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
 from pipeswift_slurm.stats import median_of
@@ -183,7 +184,6 @@ class Queries:
                              now: float | None = None) -> float:
         """Preemptions per hour of run time on a partition over the last ``days`` (recent
         behaviour, and an index range scan however long the history)."""
-        import time as _time
         since = (now if now is not None else _time.time()) - days * 86400
         row = self.conn.execute(
             f"SELECT SUM(preempted), SUM(run_s) FROM job_rollup WHERE partition IS ? AND submit >= ? AND {SLURMS_OWN}",
@@ -197,7 +197,6 @@ class Queries:
         failure is a restart inside an attempt, or an attempt that ended crashed, hung or killed
         (pipeswift_slurm.planning.interval smooths the rate). ``user``: that user's jobs only (their
         events are theirs to write: another user's cannot steer this user's interval)."""
-        import time as _time
         since = (now if now is not None else _time.time()) - days * 86400
         row = self.conn.execute(
             "SELECT SUM(COALESCE(a.restarts, 0) + (a.ended IN ('crashed', 'hung', 'killed'))), "

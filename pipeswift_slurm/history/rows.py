@@ -10,9 +10,13 @@ model *and its user*, so one user's events cannot steer another user's plans.
 
 from __future__ import annotations
 
+# Imports inside functions: the history package and the plan, which import this module (a cycle
+# otherwise)
+
 import hashlib
 import json
 import math
+import os
 import pwd
 import re
 from dataclasses import dataclass, field
@@ -92,7 +96,6 @@ def user_name(uid: int) -> str:
 
 
 def current_user() -> str:
-    import os
     return user_name(os.getuid())
 
 

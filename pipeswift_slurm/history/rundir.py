@@ -8,6 +8,9 @@ that is renamed into place, so a failed submission leaves nothing behind.
 
 from __future__ import annotations
 
+# Imports inside functions: the history package and stats, which import this module (a cycle
+# otherwise)
+
 import datetime as _dt
 import json
 import os

@@ -10,7 +10,11 @@ and skipped while its events file is unchanged. Schema changes are numbered migr
 
 from __future__ import annotations
 
+# Imports inside functions: sqlite_utils, threads and the views' modules load only for the
+# commands that write or serve the history
+
 import contextlib
+import functools
 import json
 import os
 import re
@@ -497,7 +501,6 @@ _C = TypeVar("_C", bound=type)
 
 def _guarded(cls: _C) -> _C:
     """Every public method of History raises HistoryError (one line), never sqlite3's errors."""
-    import functools
 
     for name, fn in list(vars(cls).items()):
         if callable(fn) and not name.startswith("_"):

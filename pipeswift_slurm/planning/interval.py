@@ -23,6 +23,8 @@ checkpoint cost it measured. Pure: no Slurm, no torch.
 
 from __future__ import annotations
 
+# Imports inside functions: durations, only to phrase a reason
+
 import math
 from typing import Any, NamedTuple
 

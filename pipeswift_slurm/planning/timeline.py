@@ -6,6 +6,8 @@ per micro-batch; gaps are idle time. matplotlib is imported only when a picture 
 
 from __future__ import annotations
 
+# Imports inside functions: matplotlib, only for a picture
+
 from pathlib import Path
 from typing import Sequence
 

@@ -14,6 +14,8 @@ the history, each a function returning rows, its columns (:class:`~.tabular.Col`
 
 from __future__ import annotations
 
+# Imports inside functions: figures (matplotlib), only for --plot
+
 import datetime as _dt
 import time
 from typing import Any, Iterator, NamedTuple

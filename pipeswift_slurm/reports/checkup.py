@@ -6,7 +6,11 @@ a check that cannot run is itself a finding.
 
 from __future__ import annotations
 
+# Imports inside functions: the history store, preflight and the Slurm client, each only for the
+# check that needs it
+
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,7 +121,6 @@ def _history(db: Path | None) -> Finding:
 
 def _job_python() -> Finding:
     """Whether this interpreter (a job's default [job] python) can run a pswift job's ranks."""
-    import sys
     from pipeswift_slurm.preflight import FIX, missing
     try:
         gone = missing(sys.executable)

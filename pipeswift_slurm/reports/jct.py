@@ -14,6 +14,8 @@ each stopped attempt's elapsed time x its CPUs / 3600.
 
 from __future__ import annotations
 
+# Imports inside functions: the schedule simulator, only for a diagnosis that simulates
+
 import statistics
 from dataclasses import dataclass, field
 from sqlite3 import Row

@@ -5,6 +5,8 @@ events as every command that anyone may run reads them (bounded, no link followe
 
 from __future__ import annotations
 
+# Imports inside functions: the package's figures, only for a picture
+
 import math
 from pathlib import Path
 from typing import Any

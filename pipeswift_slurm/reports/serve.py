@@ -5,7 +5,10 @@ utilisation, failures), bound to 127.0.0.1 unless told otherwise."""
 
 from __future__ import annotations
 
+# Imports inside functions: Datasette's process and its tools, only when serving
+
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -270,7 +273,6 @@ def _become_datasette(db_path: Path, host: str, port: int, everyone: bool) -> No
     temporary file, open on an inherited descriptor). Unless ``everyone``, Datasette prints a
     URL with a one-time token (``--root``): only a browser that opened it gets in, as on a
     Jupyter server, so other users of a shared login node cannot read the history."""
-    import os
     with tempfile.TemporaryFile("w+") as meta:
         meta.write(json.dumps(metadata(db_path, everyone), indent=2))
         meta.flush()

@@ -8,6 +8,9 @@ function returns what it found, the CLI words it.
 
 from __future__ import annotations
 
+# Imports inside functions: the history store, logs and the Slurm client, each only for the view
+# that needs it
+
 import getpass
 import os
 import time

@@ -12,11 +12,16 @@ line. What Slurm prints is parsed in :mod:`.records`, for every supported versio
 
 from __future__ import annotations
 
+# Imports inside functions: the backends, threads and the cluster view load only for the query
+# that needs them (a submission asks in the background while it loads)
+
 import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
+import time
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Sequence, cast
 
 if TYPE_CHECKING:
@@ -191,7 +196,6 @@ def backend() -> Backend:
                 chosen = slurm_pyslurm.PyslurmBackend()
             elif want == "pyslurm" or problem[1]:
                 # forced, or installed but not for this Slurm: say so, once; not installed: quiet
-                import sys
                 print(f"pswift: warning: {problem[0]}; using Slurm's commands instead", file=sys.stderr)
         _cache["backend"] = chosen
     return cast(Backend, _cache["backend"])
@@ -277,7 +281,6 @@ def _partitions() -> list[dict[str, str]]:
     """Every partition's fields as ``scontrol -o show partition`` gives them, one dict each (an
     answer up to PARTITIONS_MAX_AGE_S old is reused: :func:`prefetch` asks it ahead of a submission)."""
     import threading
-    import time
     asking = _cache.get("asking partitions")
     if asking is not None and asking is not threading.current_thread():
         asking.join(QUERY_TIMEOUT)   # the prefetch's query, under way: its answer, not a second one
@@ -363,7 +366,6 @@ def being_preempted(job_id: str, attempt: int | None = None) -> bool:
 def cluster_state(now: float | None = None) -> "ClusterState":
     """Every node and the running/pending jobs, as the planner sees them, on any Slurm version
     (the answer of :func:`prefetch` when one is pending)."""
-    import time as _time
 
     from pipeswift_slurm.slurm.cluster import cluster_view
 
@@ -373,7 +375,7 @@ def cluster_state(now: float | None = None) -> "ClusterState":
     else:
         b = backend()
         nodes, jobs = b.nodes(), b.active_jobs()
-    return cluster_view(nodes, jobs, now if now is not None else _time.time())
+    return cluster_view(nodes, jobs, now if now is not None else time.time())
 
 
 class _Prefetch:
@@ -401,7 +403,6 @@ class _Prefetch:
 
     def _fetch(self) -> None:
         import threading
-        import time
         try:
             b = backend()
         except Exception as e:
@@ -424,7 +425,6 @@ class _Prefetch:
 
     def fresh(self) -> bool:
         """Still asking, or answered within MAX_AGE_S."""
-        import time
         return self.finished is None or time.monotonic() - self.finished < self.MAX_AGE_S
 
     def result(self) -> tuple[list[NodeState], list[JobInfo]]:
@@ -491,7 +491,6 @@ def test_only_start(nodes: int, cpus_per_node: int, partition: str | None, time_
     """Slurm's own estimate (``sbatch --test-only``) of when a job of this shape would start,
     as epoch seconds; None when Slurm says it cannot. It consumes a job id per call."""
     import datetime as _dt
-    import re as _re
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as f:
@@ -506,7 +505,7 @@ def test_only_start(nodes: int, cpus_per_node: int, partition: str | None, time_
         proc = _run([*cmd, script], check=False)
     finally:
         os.unlink(script)
-    m = _re.search(r"to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", proc.stderr + proc.stdout)
+    m = re.search(r"to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", proc.stderr + proc.stdout)
     if proc.returncode != 0 or m is None:
         return None
     return _dt.datetime.fromisoformat(m.group(1)).timestamp()

@@ -5,6 +5,8 @@ on without Slurm's word catch). Retrying is tenacity's, imported only when an ou
 
 from __future__ import annotations
 
+# Imports inside functions: tenacity, only when Slurm does not answer
+
 import os
 import re
 import sys

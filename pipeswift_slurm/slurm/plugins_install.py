@@ -29,13 +29,16 @@ not edited: the lines to add are returned, for the admin to review.
 
 from __future__ import annotations
 
+# Imports inside functions: the package's plugin files, only for install-plugins
+
 import hashlib
 import json
 import os
 import shlex
-import subprocess
 import stat
+import subprocess
 import sys
+import time
 from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
@@ -191,7 +194,6 @@ def _planned(prefix: Path, files: dict[str, tuple[str, int]], force: bool) -> li
 def install(prefix: Path, spool: Path, db: Path, python: str | None = None, force: bool = False) -> Installed:
     """Write pswift_job_submit.lua, job_submit.lua and the jobcomp wrapper into ``prefix`` and
     create the spool folder; the slurm.conf lines (see the module for what is refused)."""
-    import time
     python = python or sys.executable
     if not prefix.is_dir() or prefix.is_symlink():
         raise UsageError(f"--prefix {prefix} is not a folder (a link is not followed); pass the folder "

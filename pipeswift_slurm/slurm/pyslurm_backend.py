@@ -9,6 +9,8 @@ package's ``version.py``, without importlib.metadata's cost.
 
 from __future__ import annotations
 
+# Imports inside functions: pyslurm, only where it is importable and built for the running Slurm
+
 import importlib.util
 import re
 import subprocess

@@ -15,6 +15,8 @@ each supported version (``tests/slurm_json/<version>/``):
 
 from __future__ import annotations
 
+# Imports inside functions: the time syntax, only for records that carry a time
+
 import datetime
 import json
 import math

@@ -13,6 +13,8 @@ The script body (bash) quotes with ``shlex.quote``.
 
 from __future__ import annotations
 
+# Imports inside functions: the templates and encoders, only when a script is rendered
+
 import re
 import shlex
 from pathlib import Path
