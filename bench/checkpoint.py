@@ -274,8 +274,12 @@ def warm_up(hidden: int, mode: str, keep: Path) -> tuple[dict, Path]:
         work = Path(tmp)
         toml = make_config(work / "cfg", work / "ckpt", steps=1000, hidden=hidden, mode=mode)
         got = signal_and_commit(toml, work / "run", work / "ckpt", MODES[mode][2])
-        plan = Path(shutil.copy(work / "run" / "plan.json", keep / f"plan-{mode}.json"))
-        return merged_state(work / "ckpt" / f"step_{got['step']:08d}"), plan
+        # the plan, with its model folder kept beside it (this one goes with the temporary folder)
+        plan = json.loads((work / "run" / "plan.json").read_text())
+        plan["model"]["dir"] = str(shutil.copytree(work / "cfg", keep / f"cfg-{mode}",
+                                                   ignore=shutil.ignore_patterns("__pycache__")))
+        (keep / f"plan-{mode}.json").write_text(json.dumps(plan))
+        return merged_state(work / "ckpt" / f"step_{got['step']:08d}"), keep / f"plan-{mode}.json"
 
 
 def one_round(state: dict | None, hidden: int, baseline_first: bool, mode: str, plan: Path | None) -> dict:
