@@ -142,7 +142,8 @@ def test_a_validation_loss_reaches_tensorboard_wandb_csv_and_the_events(tmp_path
     # its validation and the three metrics sinks that step's event fed (pipeswift_launch.stepparts)
     (parts,) = [e for e in run_events(run) if e["event"] == "step_parts"]
     sec = parts["seconds"]
-    assert parts["steps"] == 1 and sec["train_batch"] > 0 and sec["metrics"] > 0 and sec["eval"] == 0, parts
+    assert parts["steps"] == 1 and sec["train_batch"] > 0 and sec["metrics"] > 0, parts
+    assert sec["eval"] < 0.001 < sec["train_batch"], parts    # step 5 validates nothing: the check alone
     assert abs(sec["train_batch"] - steps[4]["step_time"]) < 0.005, (parts, steps[4])   # the same call timed
 
 
