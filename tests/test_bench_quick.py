@@ -46,7 +46,8 @@ def test_training_benchmarks_run(name, tmp_path):
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in ("dynamic.py", "goodput.py", "workload.py") else [pytest.mark.every_version])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.newest_only] if n in ("dynamic.py", "goodput.py", "workload.py")
+                                                 else [pytest.mark.every_version])
                                   for n in sorted(CLUSTER)])
 def test_cluster_benchmarks_run(name, cluster, tmp_path):
     bench(name, CLUSTER[name], tmp_path)

@@ -81,6 +81,7 @@ def submit_and_wait(toml, run, env) -> str:
 
 @pytest.mark.slurm
 @pytest.mark.deepspeed
+@pytest.mark.newest_only
 def test_a_job_started_on_one_node_grows_when_the_holder_ends(cluster, tmp_path):
     """nodes = [1, 2]: three nodes are held (for 10 min as far as Slurm knows), so the planner
     starts the job on the free one; the holder ends after 10 s, the job grows to two nodes from

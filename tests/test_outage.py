@@ -23,7 +23,7 @@ from helpers import CLUSTER_DIR, PSWIFT, all_idle, pswift, run_events, slow_exam
 # 22.05 only (CI's budget: 3 min a version): the race 25.11 showed here (a requeue before the
 # launcher asks) has its own test on every version and backend, in test_slurm_versions
 # (test_a_job_slurm_already_requeued_counts_as_preempted_for_the_attempt_it_ended)
-pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
+pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed, pytest.mark.newest_only]
 
 
 def _ctld_pid() -> int:
