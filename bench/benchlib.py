@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -60,3 +61,60 @@ def save(out: str | Path, result: dict[str, Any], *, quick: bool, what: str, fig
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(figures)
     print(f"wrote {path}")
+
+
+#: the start of one bare DeepSpeed rank (``python -c PRELUDE + body``): argv = plan.json, rank,
+#: world size, port, device ("cpu" or "cuda"), then the body's own (``sys.argv[6:]``). It builds
+#: the plan's pipeline exactly as pswift's launcher does (its seeds, its DeepSpeed config) with
+#: DeepSpeed's own engine, and leaves ``engine``, ``dist``, ``plan``, ``layout``, ``seed``, the
+#: data source ``fn`` with its ``kwargs``, ``m`` micro-batches of ``mbs`` and ``started`` (the
+#: process's first instant). A body ends with DS_RANK_EXIT.
+DS_RANK_PRELUDE = r'''
+import json, os, sys, time
+started = time.time()
+plan_path, rank, world, port, device = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT=port, DS_ACCELERATOR=device)
+import logging, torch, deepspeed
+from deepspeed import comm as dist
+from pipeswift_slurm.plan import parse_plan
+from pipeswift_launch import data, ds_compat, rng
+from pipeswift_launch.pipe import build_pipe
+from pipeswift_launch.train import ds_config
+plan = parse_plan(open(plan_path, "rb").read())
+layout = plan["layouts"][str(world)]
+ds_compat.skip_shm_build()
+logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+torch.set_num_threads(int(plan["cpus_per_task"]))
+if device == "cuda":
+    torch.cuda.set_device(rank)
+deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+seed = int(plan["training"]["seed"])
+rng.reseed(seed, 0, 0)
+model = build_pipe(plan, layout)
+rng.reseed(seed, 0, rank)
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                       config=ds_config(plan, layout, sum(p.numel() for p in model.parameters())))
+fn, kwargs, m, mbs = data.source(plan), dict(plan["model"]["kwargs"]), layout["micro_batches"], layout["micro_batch_size"]
+'''
+DS_RANK_EXIT = """
+from pipeswift_launch.hardexit import exit_now   # gloo's threads may abort the interpreter's teardown
+exit_now(0)
+"""
+
+
+def run_deepspeed_ranks(body: str, plan: Path, world: int, device: str, *args: str, what: str) -> None:
+    """``world`` ranks of DS_RANK_PRELUDE + ``body`` on this host, on a free port; exits with
+    the ranks' logs (``what`` failed) when any fails."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "launch")])}
+    procs = [subprocess.Popen([sys.executable, "-c", DS_RANK_PRELUDE + body + DS_RANK_EXIT, str(plan), str(rank),
+                               str(world), port, device, *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+             for rank in range(world)]
+    logs = [proc.communicate(timeout=1800)[0] for proc in procs]
+    if any(proc.returncode for proc in procs):
+        raise SystemExit(f"{what} failed:\n" + "\n".join(log[-2000:] for log in logs))

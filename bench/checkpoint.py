@@ -84,31 +84,11 @@ def make_config(d: Path, ckpt: Path, steps: int, hidden: int = 1024, mode: str =
     return d / "train.toml"
 
 
-#: one rank of the DeepSpeed baseline: argv = plan.json, rank, world size, port, checkpoint folder,
+#: the DeepSpeed baseline's body after benchlib's DeepSpeed prelude: argv[6:] = checkpoint folder,
 #: out.json. Trains 3 steps, saves with engine.save_checkpoint, loads it back, all timed between
 #: barriers; rank 0 flushes (and, as root, drops) the page cache before each.
 DS_SAVE = r'''
-import json, os, sys, time
-plan_path, rank, world, port, folder, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
-os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-import logging, torch, deepspeed
-from deepspeed import comm as dist
-from pipeswift_slurm.plan import parse_plan
-from pipeswift_launch import data, ds_compat, rng
-from pipeswift_launch.pipe import build_pipe
-from pipeswift_launch.train import ds_config
-plan = parse_plan(open(plan_path, "rb").read())
-layout = plan["layouts"][str(world)]
-ds_compat.skip_shm_build()
-logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-torch.set_num_threads(int(plan["cpus_per_task"]))
-deepspeed.init_distributed(dist_backend="gloo")
-seed = int(plan["training"]["seed"])
-rng.reseed(seed, 0, 0)
-model = build_pipe(plan, layout)
-rng.reseed(seed, 0, rank)
-engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(plan, layout, sum(p.numel() for p in model.parameters())))
-fn, kwargs, m, mbs = data.source(plan), dict(plan["model"]["kwargs"]), layout["micro_batches"], layout["micro_batch_size"]
+folder, out = sys.argv[6], sys.argv[7]
 dp = engine.grid.data_parallel_id
 for step in range(3):
     engine.train_batch(data_iter=iter([fn(step=step, index=dp * m + i, micro_batch_size=mbs, seed=seed, **kwargs) for i in range(m)]))
@@ -139,25 +119,13 @@ if rank == 0:
     size = sum(f.stat().st_size for f in __import__("pathlib").Path(folder, "bench").rglob("*") if f.is_file())
     with open(out, "w") as f:
         json.dump({"ds_save_s": saved, "ds_save_synced_s": synced, "ds_load_s": loaded, "ds_checkpoint_bytes": size}, f)
-from pipeswift_launch.hardexit import exit_now   # gloo's threads may abort the interpreter's teardown
-exit_now(0)
 '''
 
 
 def deepspeed_baseline(plan: Path, work: Path, world: int) -> dict:
     """DeepSpeed's own save_checkpoint / load_checkpoint of the job ``plan`` on ``world`` ranks."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
     out, folder = work / "ds.json", work / "ds-ckpt"
-    procs = [subprocess.Popen([sys.executable, "-c", DS_SAVE, str(plan), str(r), str(world), port, str(folder), str(out)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "launch")])})
-             for r in range(world)]
-    logs = [p.communicate(timeout=1800)[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise SystemExit("DeepSpeed baseline failed:\n" + "\n".join(log[-2000:] for log in logs))
+    benchlib.run_deepspeed_ranks(DS_SAVE, plan, world, "cpu", str(folder), str(out), what="DeepSpeed baseline")
     got = json.loads(out.read_text())
     shutil.rmtree(folder, ignore_errors=True)
     return got

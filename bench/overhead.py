@@ -37,33 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
 ROOT = benchlib.ROOT
-#: one rank of the bare loop: argv = plan.json, rank, world size, port, out.json, device
+#: the bare loop's body after benchlib's DeepSpeed prelude: argv[6] = out.json
 BARE = r'''
-import json, os, sys, time
-started = time.time()
-plan_path, rank, world, port, out, device = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
-os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                  MASTER_PORT=port, DS_ACCELERATOR=device)
-import logging, torch, deepspeed
-from pipeswift_slurm.plan import parse_plan
-from pipeswift_launch import data, ds_compat, rng
-from pipeswift_launch.pipe import build_pipe
-from pipeswift_launch.train import ds_config
-plan = parse_plan(open(plan_path, "rb").read())
-layout = plan["layouts"][str(world)]
-ds_compat.skip_shm_build()
-logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-torch.set_num_threads(int(plan["cpus_per_task"]))
-if device == "cuda":
-    torch.cuda.set_device(rank)
-deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
-seed = int(plan["training"]["seed"])
-rng.reseed(seed, 0, 0)
-model = build_pipe(plan, layout)
-rng.reseed(seed, 0, rank)
-engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(plan, layout, sum(p.numel() for p in model.parameters())))
+out = sys.argv[6]
 t = plan["training"]
-fn, kwargs, m, mbs = data.source(plan), dict(plan["model"]["kwargs"]), layout["micro_batches"], layout["micro_batch_size"]
 times, losses, ends = [], [], []
 for step in range(int(t["steps"])):
     batches = [fn(step=step, index=i, micro_batch_size=mbs, seed=seed, **kwargs) for i in range(m)]
@@ -75,8 +52,6 @@ for step in range(int(t["steps"])):
 if rank == 0:
     with open(out, "w") as f:
         json.dump({"step_times": times, "losses": losses, "ends": ends, "last_step_at": ends[-1], "started": started}, f)
-from pipeswift_launch.hardexit import exit_now   # gloo's threads may abort the interpreter's teardown
-exit_now(0)
 '''
 
 
@@ -140,17 +115,9 @@ def run_pswift(toml: Path, work: Path, history: Path | None = None) -> dict:
 
 
 def run_bare(plan: Path, work: Path, world: int, device: str) -> dict:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
     out = work / f"bare-{time.monotonic_ns()}.json"
     started = time.time()
-    procs = [subprocess.Popen([sys.executable, "-c", BARE, str(plan), str(r), str(world), port, str(out), device],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    logs = [p.communicate(timeout=1800)[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise SystemExit("bare DeepSpeed failed:\n" + "\n".join(log[-2000:] for log in logs))
+    benchlib.run_deepspeed_ranks(BARE, plan, world, device, str(out), what="bare DeepSpeed")
     got = json.loads(out.read_text())
     return {"step_times": got["step_times"], "losses": got["losses"], "ends": got["ends"],
             "to_last_step_s": got["last_step_at"] - started}
