@@ -302,7 +302,10 @@ def test_a_stopped_rank_is_found_and_the_ranks_restart_in_the_allocation(cluster
     (crash,) = [e for e in run_events(run, torn_ok=True) if e["event"] == "crash"]
     assert (crash["how"], crash["rank"], crash["node"], crash["action"]) == ("hung", 2, node, "restart"), crash
     assert f"rank 2 on node {node} stopped running" in crash["error"]
-    assert crash["time"] - t_stop < 8 + 15        # the limit, the watchdog's 1 s ticks, srun's kill, slack
+    # found within its limit (max(8 s, 10 x the p95 step): CI's three streams on two cores made
+    # steps of 2-3 s, so a limit of 8 s did not hold there), the watchdog's 1 s ticks, srun's kill
+    limit = float(re.search(r"\(limit ([0-9.]+) s", crash["error"]).group(1))
+    assert limit >= 8 and crash["time"] - t_stop < limit + 15, (limit, crash["time"] - t_stop)
     assert slurm.job_info(job).restarts == 0            # the same Slurm job: no requeue
     st = json.loads(pswift("status", job, "--json", check=True).stdout)
     (a0,) = st["attempts"]
