@@ -13,10 +13,12 @@ nodes (`--exclusive`). The same trace runs three ways, one after the other:
 - (B) pswift: the node range and the planner; limits from predictions (`time_policy = "predicted"`);
 - (C) pswift: the node range and the planner; the time limit as written.
 
-Per policy: mean and p90 JCT of the training jobs (submit to COMPLETED), the other jobs' mean
-wait, node utilisation and makespan, requeues at a time limit, jobs lost (not COMPLETED with
+Per policy: mean, p50, p90 and p99 JCT and the mean bounded slowdown of the training jobs
+(submit to COMPLETED; bench/jctstats.py), the other jobs' mean wait and bounded slowdown, node
+utilisation and makespan, requeues at a time limit, jobs lost (not COMPLETED with
 every step), and for (B) the start-time error of pswift's queue estimate and of Slurm's own
-(`squeue --start` just after the submission) against the real start. A picture of the three
+(`squeue --start` just after the submission) against the real start; B's and C's mean JCT over
+A's on the same jobs (``paired``, with a bootstrap interval over the jobs). A picture of the three
 schedules (nodes x time, a colour per job) goes to docs/workload.png.
 
     scripts/with-slurm 22.05 python bench/workload.py [--jobs 32] [--window 900] [--quick] [--out ...]
@@ -39,6 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
+import jctstats  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NODES = 4
@@ -252,11 +255,6 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def _p90(xs: list[float]) -> float | None:
-    from pipeswift_slurm.stats import quantiles
-    return quantiles(xs, (0.9,))[0] if xs else None
-
-
 def _train_outcome(j: dict[str, Any]) -> tuple[bool, int]:
     """(completed with every step, attempts that ended at a time limit) from the run's events."""
     try:
@@ -280,9 +278,11 @@ def summarise(run: dict[str, Any]) -> dict[str, Any]:
     started = [j for j in train if j.get("start")]
     def err(key: str) -> list[float]:
         return [abs(j[key] - j["start"]) for j in started if j.get(key) is not None]
-    return {"train_jobs": len(train), "other_jobs": len(plain),
-            "jct_mean_s": _mean(jct), "jct_p90_s": _p90(jct),
+    return {"train_jobs": len(train), "other_jobs": len(plain), **jctstats.jct_summary(jct),
+            "bsld_mean": jctstats.mean_bsld([(j["start"] - j["submit"], j["end"] - j["start"]) for j in train if j["end"]]),
             "other_wait_mean_s": _mean([j["start"] - j["submit"] for j in plain if j["start"]]),
+            "others_bsld_mean": jctstats.mean_bsld([(j["start"] - j["submit"], j["end"] - j["start"])
+                                                    for j in plain if j["end"]]),
             "makespan_s": makespan, "utilisation": node_s / (NODES * makespan) if makespan else None,
             "time_limit_requeues": sum(n for _, n in outcomes),
             "jobs_lost": sum(1 for ok, _ in outcomes if not ok) + sum(1 for j in plain if j["state"] != "COMPLETED"),
@@ -346,13 +346,22 @@ def main() -> None:
             picture(runs, Path(args.picture))
     ratio = ratios(summary)
     res = {"benchmark": "workload", "jobs": args.jobs, "window_s": args.window, "seed": args.seed,
-           "summary": summary, "ratios": ratio,
+           "summary": summary, "ratios": ratio, "paired": paired(runs, args.seed),
            "runs": {p: [{k: v for k, v in j.items() if k != "held"} for j in r["jobs"]] for p, r in runs.items()}}
     benchlib.save(args.out, res, quick=args.quick,
                   what=f"{args.jobs} jobs of 3 users arriving over {args.window / 60:.0f} min on 4 nodes with "
                        f"backfill: training jobs as users submit them (A), through pswift with predicted "
                        f"limits (B) and with the limits as written (C)",
                   figures=figures(summary, ratio))
+
+
+def paired(runs: dict[str, dict[str, Any]], seed: int) -> dict[str, dict]:
+    """B's and C's mean JCT over A's on the training jobs both completed (jctstats.paired_ratio:
+    a bootstrap over the trace's jobs; one seed here)."""
+    def jcts(policy: str) -> dict:
+        return {(seed, i): j["end"] - j["submit"] for i, j in enumerate(runs[policy]["jobs"])
+                if j["kind"] == "train" and j["end"] and j["state"] == "COMPLETED"}
+    return {f"{p}/A": jctstats.paired_ratio(jcts(p), jcts("A")) for p in ("B", "C")}
 
 
 def ratios(summary: dict[str, Any]) -> dict[str, float | None]:

@@ -17,7 +17,7 @@ TRAINING = {"checkpoint.py": "ratios", "step_time_model.py": "summary", "overhea
             "schedules.py": "cells", "gloo_posted.py": "backward_over_idle"}
 CLUSTER = {"submit_latency.py": "ratio", "slurm_backends.py": "cli_cold_median_ms", "dynamic.py": "ratios",
            "goodput.py": "goodput", "workload.py": "summary"}
-HELPERS = {"benchlib.py", "readme.py", "traces.py"}   # libraries (traces: tests/test_traces.py)
+HELPERS = {"benchlib.py", "readme.py", "traces.py", "jctstats.py"}   # libraries (tests/test_traces.py, tests/test_jctstats.py)
 
 
 def bench(name: str, key: str | None, tmp_path: Path) -> dict:

@@ -191,8 +191,8 @@ def test_a_job_cut_from_wrong_costs_rebalances_once_in_place_and_matches_a_stati
     got, want = step_losses(run), step_losses(ref)
     assert len(got) == 200 and len(want) == 40 and all(got[s] == want[s] for s in want), \
         [s for s in want if got.get(s) != want[s]][:5]
-    # How much sooner the job ends for it is bench/dynamic.py's figure (half busy: static vs
-    # re-balanced), not an assertion here: step times measured in a test on 2 cores shared with
+    # How much sooner a re-balancing job ends is bench/dynamic.py's figure (a straggler mid-run:
+    # re-balanced vs the best static cut), not an assertion here: step times measured in a test on 2 cores shared with
     # other streams move with their load (a CI run measured the job's steps after the re-layout
     # at 0.94 s while a static run of the same cut, minutes later, took 0.64 s).
     # status and doctor say what was predicted and what was measured
