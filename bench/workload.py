@@ -255,6 +255,11 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def _waits_and_runs(jobs: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(wait, run) of each job seen both starting and ending (bounded slowdown's input)."""
+    return [(j["start"] - j["submit"], j["end"] - j["start"]) for j in jobs if j.get("start") and j.get("end")]
+
+
 def _train_outcome(j: dict[str, Any]) -> tuple[bool, int]:
     """(completed with every step, attempts that ended at a time limit) from the run's events."""
     try:
@@ -279,10 +284,9 @@ def summarise(run: dict[str, Any]) -> dict[str, Any]:
     def err(key: str) -> list[float]:
         return [abs(j[key] - j["start"]) for j in started if j.get(key) is not None]
     return {"train_jobs": len(train), "other_jobs": len(plain), **jctstats.jct_summary(jct),
-            "bsld_mean": jctstats.mean_bsld([(j["start"] - j["submit"], j["end"] - j["start"]) for j in train if j["end"]]),
+            "bsld_mean": jctstats.mean_bsld(_waits_and_runs(train)),
             "other_wait_mean_s": _mean([j["start"] - j["submit"] for j in plain if j["start"]]),
-            "others_bsld_mean": jctstats.mean_bsld([(j["start"] - j["submit"], j["end"] - j["start"])
-                                                    for j in plain if j["end"]]),
+            "others_bsld_mean": jctstats.mean_bsld(_waits_and_runs(plain)),
             "makespan_s": makespan, "utilisation": node_s / (NODES * makespan) if makespan else None,
             "time_limit_requeues": sum(n for _, n in outcomes),
             "jobs_lost": sum(1 for ok, _ in outcomes if not ok) + sum(1 for j in plain if j["state"] != "COMPLETED"),
