@@ -167,12 +167,16 @@ def test_the_launcher_checkpoints_by_time_when_interruptions_are_frequent(tmp_pa
     plan = json.loads((run / "plan.json").read_text())
     assert plan["checkpoint_auto"]["failures_per_node_hour"] > 100    # smoothed: 20,000 / (2 + 100)
     evs = run_events(run)
-    periodic = [e for e in evs if e["event"] == "checkpoint" and e["reason"] == "periodic"]
+    periodic = [e["step"] for e in evs if e["event"] == "checkpoint" and e["reason"] == "periodic"]
+    at = {e["step"]: e["time"] for e in evs if e["event"] == "step"}
     start = next(e["time"] for e in evs if e["event"] == "start")
     end = next(e["time"] for e in evs if e["event"] == "end")
     assert len(periodic) >= 1 and len(periodic) <= (end - start) / interval.MIN_EVERY_S + 1, periodic
-    gaps = [b["time"] - a["time"] for a, b in zip([{"time": start}] + periodic, periodic)]
-    assert all(g >= interval.MIN_EVERY_S - 0.5 for g in gaps), gaps
+    # spaced from when each was begun (its step's end): a background checkpoint's event comes
+    # at its commit, a step or more later, and how much later depends on the machine's load
+    begun = [start] + [at[s] for s in periodic]
+    gaps = [b - a for a, b in zip(begun, begun[1:])]
+    assert all(g >= interval.MIN_EVERY_S - 0.5 for g in gaps), (periodic, gaps)
 
 
 @pytest.mark.deepspeed

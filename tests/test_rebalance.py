@@ -175,7 +175,7 @@ def test_a_job_cut_from_wrong_costs_rebalances_once_in_place_and_matches_a_stati
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip()
     log = lambda: "".join(p.read_text() for p in run.glob("slurm-*.out"))  # noqa: E731
-    assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300) == "COMPLETED", log()
+    assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=600) == "COMPLETED", log()
     (a,) = eventfold.by_attempt(run_events(run))          # one Slurm attempt: no requeue
     assert a["ended"] == "completed" and len(a["starts"]) == 2, log()
     (r,) = a["relayouts"]

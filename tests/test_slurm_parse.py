@@ -282,3 +282,50 @@ def test_a_work_dir_with_a_newline_is_one_directory_never_another_users_job():
     guess = "/m|ENDbeef\n77|alice|RUNNING|/fake"
     assert squeue_work_dirs(f"12|mallory|RUNNING|{guess}|ENDc0ffee\n", "c0ffee") == [
         HeldJob("12", "mallory", "RUNNING", guess)]
+
+
+def _slow_outage(seconds_per_try: float, answers_on_try: int | None):
+    """A Slurm call that does not answer, each try taking ``seconds_per_try``, until its
+    ``answers_on_try``-th try (None: never); the tries it was given."""
+    import time
+    from pipeswift_slurm.errors import SlurmUnreachable
+    tries: list[float] = []
+
+    def call() -> str:
+        tries.append(time.monotonic())
+        time.sleep(seconds_per_try)
+        if answers_on_try is not None and len(tries) >= answers_on_try:
+            return "answer"
+        raise SlurmUnreachable("Unable to contact slurm controller")
+    return call, tries
+
+
+@pytest.mark.parametrize("per_try", [0.05, 0.7, 1.4])
+def test_an_outage_is_retried_within_the_budget_and_no_try_ends_past_it(monkeypatch, per_try):
+    """A 2 s budget: the call is tried again while tries fit, and none begins that would end past
+    the budget if it took as long as the longest so far (a try that blocks counts)."""
+    import time
+    from pipeswift_slurm.errors import SlurmUnreachable
+    from pipeswift_slurm.slurm import outage
+    monkeypatch.setenv("PSWIFT_SLURM_OUTAGE_S", "2")
+    monkeypatch.setattr(outage, "notice", lambda msg: None)
+    monkeypatch.setattr(outage, "_gave_up_at", None)
+    call, tries = _slow_outage(per_try, None)
+    began = time.monotonic()
+    with pytest.raises(SlurmUnreachable):
+        outage.outlast("squeue", call)
+    took = time.monotonic() - began
+    assert took <= 2.0 + 0.3, (took, len(tries))
+    # the second try at once, then waits of 1 s and 2 s: 0.05 s tries fit 3, 0.7 s ones 2, 1.4 s one
+    assert len(tries) == {0.05: 3, 0.7: 2, 1.4: 1}[per_try], (per_try, len(tries))
+
+
+def test_an_outage_that_ends_within_the_budget_is_ridden_out(monkeypatch):
+    from pipeswift_slurm.slurm import outage
+    monkeypatch.setenv("PSWIFT_SLURM_OUTAGE_S", "10")
+    said: list[str] = []
+    monkeypatch.setattr(outage, "notice", said.append)
+    monkeypatch.setattr(outage, "_gave_up_at", None)
+    call, tries = _slow_outage(0.01, 3)
+    assert outage.outlast("squeue", call) == "answer" and len(tries) == 3
+    assert "retrying for up to 10 s" in said[0] and "answers again" in said[-1], said

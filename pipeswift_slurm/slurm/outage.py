@@ -58,7 +58,8 @@ _gave_up_at: float | None = None
 
 def outlast(what: str, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)``, tried again while it raises SlurmUnreachable, for up to :func:`budget_s`
-    counted from the first try (a try that blocks, as a library call may, counts too). Once the
+    counted from the first try (a try that blocks, as a library call may, counts too; no try
+    begins that would end past the budget if it took as long as the longest so far). Once the
     budget is spent, calls for one more budget's length are tried once, without waiting."""
     global _gave_up_at
     began = time.monotonic()
@@ -66,19 +67,32 @@ def outlast(what: str, fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
     except SlurmUnreachable as e:
         budget = budget_s()
-        left = budget - (time.monotonic() - began)
+        first_try_s = time.monotonic() - began
         if budget <= 0 or (_gave_up_at is not None and began - _gave_up_at < budget):
             raise
-        if left <= 0:
+        if 2 * first_try_s > budget:    # a second try as long would end past the budget
             _gave_up_at = time.monotonic()
             raise
         notice(f"Slurm unreachable ({e}); retrying for up to {budget:.0f} s")
     import tenacity
+    tries = [first_try_s]    # how long each try took: a try that blocks counts
+
+    def timed(*a: Any) -> T:
+        t0 = time.monotonic()
+        try:
+            return fn(*a)
+        finally:
+            tries.append(time.monotonic() - t0)
+
+    def no_time_for_another(state: Any) -> bool:
+        """Stop before a try that, as long as the longest so far, would end past the budget."""
+        return time.monotonic() - began + (state.upcoming_sleep or 0.0) + max(tries) > budget
+
     retrying = tenacity.Retrying(retry=tenacity.retry_if_exception_type(SlurmUnreachable),
                                  wait=tenacity.wait_exponential(multiplier=1, max=15),
-                                 stop=tenacity.stop_after_delay(left), reraise=True)
+                                 stop=no_time_for_another, reraise=True)
     try:
-        result = retrying(fn, *args)
+        result = retrying(timed, *args)
     except SlurmUnreachable:
         _gave_up_at = time.monotonic()
         raise
