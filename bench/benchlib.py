@@ -50,6 +50,26 @@ def median_interval(values: list[float], level: float = 0.9, draws: int = 4000) 
     return meds[cut], meds[draws - 1 - cut]
 
 
+def ratio_of_medians_interval(xs: list[float], ys: list[float], level: float = 0.9,
+                              draws: int = 4000) -> tuple[float | None, float | None]:
+    """A bootstrap interval of median(xs) / median(ys), the pairs (x, y) of one round resampled
+    together (a fixed seed); (None, None) when a resample's median of ``ys`` is not above 0 (a
+    ratio whose denominator may be 0 or below resolves nothing)."""
+    import random
+    import statistics
+    rnd, pairs = random.Random(0), list(zip(xs, ys))
+    ratios = []
+    for _ in range(draws):
+        pick = rnd.choices(pairs, k=len(pairs))
+        below = statistics.median(y for _, y in pick)
+        if below <= 0:
+            return None, None
+        ratios.append(statistics.median(x for x, _ in pick) / below)
+    ratios.sort()
+    cut = int(draws * (1 - level) / 2)
+    return ratios[cut], ratios[draws - 1 - cut]
+
+
 def save(out: str | Path, result: dict[str, Any], *, quick: bool, what: str, figures: str) -> None:
     """Write ``result`` to ``out`` with the command, the host and the table row."""
     result = {**result, "command": command_line(), "quick": quick,

@@ -17,6 +17,14 @@ trained locally with real DeepSpeed on CPU (`pswift run`, no Slurm needed), ever
   does; timed from a barrier to a barrier, once as called and once with the ``sync`` that makes
   it as durable as pswift's fsynced files) and ``engine.load_checkpoint`` into the same layout
   (DeepSpeed reloads optimizer state only into the layout that wrote it);
+- torch.distributed.checkpoint (DCP), as torchtitan checkpoints, in the same bare loop: every
+  rank's module and optimizer state saved to one DCP folder (fsynced, as DCP does) and loaded
+  back; and the background save's cost to training: the 5 steps after step 3 with DCP's
+  ``async_save`` after steps 3 and 6 until the last write is done, against the same 5 steps with
+  none (in the same process), per checkpoint; pswift's twin: steps 4-8 of an 8-step run with a
+  periodic checkpoint every 3 steps (until its last commit) against the same steps of a run with
+  none. Those two costs are differences of noisy times: their ratio is the ratio of their
+  medians, with a bootstrap interval over the rounds;
 - floor, same tensors (the merged model + optimizer state of a warm-up run): one plain
   ``torch.save`` (+ fsync) and ``torch.load`` in one process.
 
@@ -115,10 +123,48 @@ t0 = time.time()
 engine.load_checkpoint(folder, tag="bench")
 dist.barrier()
 loaded = time.time() - t0
+# torch.distributed.checkpoint (DCP), as torchtitan checkpoints: every rank's module and optimizer
+# state in one DCP folder (files fsynced, as DCP's FileSystemWriter does by default), through a
+# gloo group of its own (torchtitan gives async saves one: their collectives run beside training's)
+import torch.distributed.checkpoint as dcp
+side = torch.distributed.new_group(backend="gloo")
+def dcp_state():
+    return {"model": engine.module.state_dict(), f"optim_rank{rank}": engine.optimizer.state_dict()}
+flushed()
+t0 = time.time()
+dcp.save(dcp_state(), checkpoint_id=folder + "-dcp", process_group=side)
+dist.barrier()
+dcp_saved = time.time() - t0
+flushed()
+t0 = time.time()
+dcp.load(dcp_state(), checkpoint_id=folder + "-dcp", process_group=side)
+dist.barrier()
+dcp_loaded = time.time() - t0
+# the background save's cost to training: steps 4-8 with DCP's async_save after steps 3 and 6
+# (the pswift run's periodic checkpoints), until the last write is done, against the same
+# number of steps with none, in this process
+def window(first, saves):
+    fut, t0 = None, time.time()
+    for i in range(5):
+        if i in saves:
+            if fut is not None:
+                fut.result()
+            fut = dcp.async_save(dcp_state(), checkpoint_id=f"{folder}-async-{first + i}", process_group=side)
+        engine.train_batch(data_iter=iter([fn(step=first + i, index=dp * m + j, micro_batch_size=mbs, seed=seed, **kwargs) for j in range(m)]))
+    if fut is not None:
+        fut.result()
+    dist.barrier()
+    return time.time() - t0
+flushed()
+clean = window(3, ())
+flushed()
+with_async = window(8, (0, 3))
 if rank == 0:
     size = sum(f.stat().st_size for f in __import__("pathlib").Path(folder, "bench").rglob("*") if f.is_file())
     with open(out, "w") as f:
-        json.dump({"ds_save_s": saved, "ds_save_synced_s": synced, "ds_load_s": loaded, "ds_checkpoint_bytes": size}, f)
+        json.dump({"ds_save_s": saved, "ds_save_synced_s": synced, "ds_load_s": loaded, "ds_checkpoint_bytes": size,
+                   "dcp_save_s": dcp_saved, "dcp_load_s": dcp_loaded,
+                   "dcp_async_cost_s": (with_async - clean) / 2, "dcp_window_clean_s": clean}, f)
 '''
 
 
@@ -127,7 +173,8 @@ def deepspeed_baseline(plan: Path, work: Path, world: int) -> dict:
     out, folder = work / "ds.json", work / "ds-ckpt"
     benchlib.run_deepspeed_ranks(DS_SAVE, plan, world, "cpu", str(folder), str(out), what="DeepSpeed baseline")
     got = json.loads(out.read_text())
-    shutil.rmtree(folder, ignore_errors=True)
+    for f in work.glob(folder.name + "*"):
+        shutil.rmtree(f, ignore_errors=True)
     return got
 
 
@@ -180,19 +227,34 @@ def signal_and_commit(toml: Path, run: Path, ckpt: Path, nodes: int) -> dict:
             "page_cache_dropped": dropped}
 
 
+def _window_s(run: Path) -> float:
+    """Seconds from step 3's event to step 8's or to the last periodic checkpoint's commit,
+    whichever came later (the steps the background writes overlap, and the writes themselves)."""
+    evs = events(run)
+    at = {e["step"]: e["time"] for e in evs if e["event"] == "step"}
+    commits = [e["time"] for e in evs if e["event"] == "checkpoint" and e.get("background")]
+    return max([at[8], *commits]) - at[3]
+
+
 def background_stall(work: Path, hidden: int, mode: str) -> dict:
-    """A run that checkpoints every 3 steps: what its periodic checkpoints (written in the
-    background) cost training, against the signal's synchronous save of the same state."""
-    ckpt = work / "bg-ckpt"
-    toml = make_config(work / "bg-cfg", ckpt, steps=8, hidden=hidden, mode=mode)
-    toml.write_text(toml.read_text().replace("checkpoint_interval = 0", "checkpoint_interval = 3"))
-    flush_dirty_pages()
-    pswift_run(toml, work / "bg-run", MODES[mode][2]).wait()
-    periodic = [e for e in events(work / "bg-run") if e["event"] == "checkpoint" and e.get("background")]
+    """A run that checkpoints every 3 steps of 8: what its periodic checkpoints (written in the
+    background) stall training, against the signal's synchronous save of the same state, and
+    what they cost it: steps 4-8 and the writes against the same steps of the same job with no
+    checkpoint (a run of its own, before it), per checkpoint."""
+    windows = {}
+    for every in (0, 3):
+        ckpt = work / f"bg-ckpt-{every}"
+        toml = make_config(work / f"bg-cfg-{every}", ckpt, steps=8, hidden=hidden, mode=mode)
+        toml.write_text(toml.read_text().replace("checkpoint_interval = 0", f"checkpoint_interval = {every}"))
+        flush_dirty_pages()
+        pswift_run(toml, work / f"bg-run-{every}", MODES[mode][2]).wait()
+        windows[every] = _window_s(work / f"bg-run-{every}")
+    periodic = [e for e in events(work / "bg-run-3") if e["event"] == "checkpoint" and e.get("background")]
     if len(periodic) != 2:
         raise SystemExit(f"expected 2 background checkpoints, got {periodic}")
     return {"background_stall_s": statistics.median(e["seconds"] for e in periodic),
-            "background_write_s": statistics.median(e["write_s"] for e in periodic)}
+            "background_write_s": statistics.median(e["write_s"] for e in periodic),
+            "background_cost_s": (windows[3] - windows[0]) / 2, "background_window_clean_s": windows[0]}
 
 
 def resume_loads(work: Path, ckpt: Path, step: int, hidden: int, mode: str) -> dict:
@@ -279,7 +341,11 @@ RATIOS = {  # name: (pswift figure, baseline figures summed); and one per resume
     "in_job_save_vs_torch_save": ("in_job_save_s", ("torch_save_s",)),
     "signal_to_commit_vs_torch_save": ("signal_to_commit_s", ("torch_save_s",)),
     "background_stall_vs_sync_save": ("background_stall_s", ("in_job_save_s",)),
+    "in_job_save_vs_dcp_save": ("in_job_save_s", ("dcp_save_s",)),
 }
+#: ratios of two differences, each of which may be near 0 or below: their medians' ratio, with a
+#: bootstrap interval over the rounds (a per-round ratio of two noisy differences means nothing)
+COSTS = {"background_cost_vs_dcp_async_cost": ("background_cost_s", "dcp_async_cost_s")}
 
 
 def summarize(rounds: list[dict], mode: str) -> dict:
@@ -289,20 +355,35 @@ def summarize(rounds: list[dict], mode: str) -> dict:
         per = [r[mine] / sum(r[b] for b in base) for r in rounds]
         lo, hi = benchlib.median_interval(per)
         ratios[name] = {"median": statistics.median(per), "lo": lo, "hi": hi, "min": min(per), "max": max(per)}
+    for name, (mine, base) in COSTS.items():
+        xs, ys = [r[mine] for r in rounds], [r[base] for r in rounds]
+        lo, hi = benchlib.ratio_of_medians_interval(xs, ys)
+        ratios[name] = {"median": _ratio(statistics.median(xs), statistics.median(ys)), "lo": lo, "hi": hi,
+                        mine: statistics.median(xs), base: statistics.median(ys)}
     figures = [k for k, v in rounds[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return {"median": {k: statistics.median(r[k] for r in rounds) for k in figures},
             "min": {k: min(r[k] for r in rounds) for k in figures},
             "max": {k: max(r[k] for r in rounds) for k in figures}, "ratios": ratios}
 
 
+def _ratio(x: float, y: float) -> float | None:
+    return x / y if y > 0 else None
+
+
 #: how the figures name each training mode
 TITLES = {"fp32": "fp32, 2 stages", "bf16_zero1": "bf16 + ZeRO-1, 2 stages × 2 dp"}
 
 
+def _span(v: dict) -> str:
+    """A ratio and its 90 % interval, as the table row says it ("n/a" where it resolves nothing)."""
+    f = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
+    return f"{f(v['median'])}× ({f(v['lo'])}–{f(v['hi'])})"
+
+
 def mode_figures(mode: str, s: dict) -> str:
-    """One mode's sentence of the table row: against DeepSpeed's save, then torch.save's floor."""
+    """One mode's sentence of the table row: against DeepSpeed's save and DCP's, then torch.save's floor."""
     r, m = s["ratios"], s["median"]
-    span = lambda k: f"{r[k]['median']:.2f}× ({r[k]['lo']:.2f}–{r[k]['hi']:.2f})"  # noqa: E731
+    span = lambda k: _span(r[k])  # noqa: E731
     loads = " and ".join(f"{span(name[:-2] + '_vs_torch_load')} ({name[5:-2].replace('_to_', ' → ')})"
                          for name, _ in MODES[mode][3])
     return (f"{TITLES[mode]} ({m['checkpoint_bytes'] / 1e6:.0f} MB): signal → commit {m['signal_to_commit_s']:.2f} s = "
@@ -312,7 +393,10 @@ def mode_figures(mode: str, s: dict) -> str:
             f"{span('in_job_save_vs_torch_save')} one torch.save; loads into another layout {loads} one "
             f"torch.load (DeepSpeed's load into the same layout {m['ds_load_s']:.2f} s); a periodic checkpoint "
             f"in the background stalls training {m['background_stall_s']:.3f} s = "
-            f"{span('background_stall_vs_sync_save')} the synchronous save")
+            f"{span('background_stall_vs_sync_save')} the synchronous save and costs it "
+            f"{m['background_cost_s']:.2f} s against DCP's async_save's {m['dcp_async_cost_s']:.2f} s "
+            f"({span('background_cost_vs_dcp_async_cost')}); against DCP's save "
+            f"({m['dcp_save_s']:.2f} s) the in-job save is {span('in_job_save_vs_dcp_save')}")
 
 
 def readme_figures(by_mode: dict[str, dict], rounds: int) -> str:
@@ -332,7 +416,7 @@ def measure(mode: str, hidden: int, repeats: int, quick: bool = False) -> tuple[
                                                         for k, v in rounds[-1].items()), flush=True)
     s = summarize(rounds, mode)
     for k, v in s["ratios"].items():
-        print(f"{mode} {k}: {v['median']:.2f}x (range {v['min']:.2f}-{v['max']:.2f})")
+        print(f"{mode} {k}: {_span(v)}")
     return s, rounds
 
 
@@ -355,7 +439,9 @@ def main() -> None:
     headline = {f"{mode} {name}": {**s["ratios"][key], "ratio": s["ratios"][key]["median"]}
                 for mode, s in by_mode.items() for name, key in
                 (("signal_commit/deepspeed_save", "signal_to_commit_vs_deepspeed_save"),
-                 ("in_job_save/deepspeed_save", "in_job_save_vs_deepspeed_save"))}
+                 ("in_job_save/deepspeed_save", "in_job_save_vs_deepspeed_save"),
+                 ("in_job_save/dcp_save", "in_job_save_vs_dcp_save"),
+                 ("background_slowdown/dcp_async", "background_cost_vs_dcp_async_cost"))}
     benchlib.save(args.out, {"benchmark": "checkpoint", "repeats": repeats, "modes": by_mode, "ratios": headline},
                   quick=args.quick,
                   what=f"a {first['median']['checkpoint_bytes'] / 1e6:.0f} MB checkpoint (model + Adam state): "
@@ -363,8 +449,9 @@ def main() -> None:
                        f"writing, manifest; inside: the save alone) vs DeepSpeed's `engine.save_checkpoint` of "
                        f"the same job on as many ranks; resumes into another stage count or data-parallel "
                        f"degree; one plain `torch.save` (+ fsync) / `torch.load` of the same tensors as a "
-                       f"floor; the stall of a periodic checkpoint written in the background against the "
-                       f"synchronous save; fp32 and bf16 + ZeRO-1",
+                       f"floor; torch.distributed.checkpoint's save and its async_save's cost to training "
+                       f"against the background save's; the stall of a periodic checkpoint written in the "
+                       f"background against the synchronous save; fp32 and bf16 + ZeRO-1",
                   figures=readme_figures(by_mode, repeats))
 
 
