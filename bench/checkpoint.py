@@ -427,11 +427,16 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="fp32 alone (2 ranks a run: the bf16 mode's 4 cost CI a minute more for the same "
                          "code), a small model, one round, no warm-up (CI: the bench still runs)")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help=f"the trainings to measure, comma-separated (of {', '.join(MODES)})")
     args = ap.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - set(MODES):
+        ap.error(f"--modes {args.modes!r}: name one or more of {', '.join(MODES)}, comma-separated")
     repeats = 1 if args.quick else args.repeats
     hidden = 128 if args.quick else 1024
     by_mode = {}
-    for mode in ("fp32",) if args.quick else ("fp32", "bf16_zero1"):
+    for mode in ("fp32",) if args.quick else modes:
         summary, rounds = measure(mode, hidden, repeats, args.quick)
         by_mode[mode] = {**summary, "rounds": rounds}
     first = next(iter(by_mode.values()))
@@ -451,7 +456,8 @@ def main() -> None:
                        f"degree; one plain `torch.save` (+ fsync) / `torch.load` of the same tensors as a "
                        f"floor; torch.distributed.checkpoint's save and its async_save's cost to training "
                        f"against the background save's; the stall of a periodic checkpoint written in the "
-                       f"background against the synchronous save; fp32 and bf16 + ZeRO-1",
+                       f"background against the synchronous save; "
+                       + " and ".join(TITLES[m].split(",")[0] for m in by_mode),
                   figures=readme_figures(by_mode, repeats))
 
 

@@ -14,11 +14,10 @@ same job, ``--rounds`` times in a rotated order:
   ``rebalance = false``; re-balancing (the costs right at submission, the cut measured and fixed
   in place when the step times drift).
 - **freeing**: the other job holds node2-node4 for ``--hold`` seconds. Against growing (starts
-  on node1, grows when nodes free up): static on what is free now (growth off) and static on 2
-  nodes, which waits for the other job to end. (The growing job grows to 4 nodes here: static on
-  4 nodes later is a baseline this version lacks.)
-  Which of those two is best depends on the hold, which a user cannot know at submission; the
-  best static here is the better of them in hindsight.
+  on node1, grows when nodes free up): static on what is free now (growth off), and static on 2
+  and on 4 nodes, which wait for the other job to end (the growing job grows to 4 nodes here).
+  Which of those is best depends on the hold, which a user cannot know at submission; the
+  best static here is the best of them in hindsight.
 
 The costs every static job is given are the right ones, measured: an unmeasured warm-up run
 (re-balancing on) records its layer profile before the straggler and after it; those are the
@@ -92,6 +91,7 @@ SCENARIOS = {
     "freeing": ("node[2-4]", True, "growing",
                 {"static_now": ("[1, 4]", "true", 0, "start"),
                  "static_2_nodes": ("2", "true", 0, "start"),
+                 "static_4_nodes": ("4", "true", 0, "start"),
                  "growing": ("[1, 4]", "true", 5, "start")}),
 }
 
@@ -209,6 +209,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150, help="steps of the straggler job (block 0 turns slow half-way)")
     ap.add_argument("--grow-steps", type=int, default=200, help="steps of the freeing job")
     ap.add_argument("--hold", type=float, default=30.0, help="seconds the freeing load holds its nodes")
+    ap.add_argument("--scenario", choices=("both", *SCENARIOS), default="both", help="the scenarios to run")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "dynamic.json"))
     ap.add_argument("--quick", action="store_true",
                     help="one round of 12 steps, a 5 s hold, no warm-up (CI: the bench still runs)")
@@ -217,7 +218,8 @@ def main() -> None:
         args.rounds, args.steps, args.grow_steps, args.hold = 1, 12, 12, 5.0
     pswift = shutil.which("pswift", path=str(Path(sys.executable).parent)) or "pswift"
     env = {**os.environ, "PSWIFT_HOST_CORES": str(os.cpu_count() or 1), "PSWIFT_RANKS_PER_HOST": "4"}
-    runs: dict[str, list[dict[str, dict]]] = {s: [] for s in SCENARIOS}
+    scenarios = {k: v for k, v in SCENARIOS.items() if args.scenario in ("both", k)}
+    runs: dict[str, list[dict[str, dict]]] = {s: [] for s in scenarios}
     with tempfile.TemporaryDirectory(prefix="pswift-bench-dyn-") as tmp:
         costs: dict = {}
         if not args.quick:
@@ -225,7 +227,7 @@ def main() -> None:
             costs = measured_costs(warm)
             print(f"warm-up: JCT {warm['jct_s']:.1f} s, costs {costs}", flush=True)
         for r in range(args.rounds):
-            for scenario, (_, _, _, configs) in SCENARIOS.items():
+            for scenario, (_, _, _, configs) in scenarios.items():
                 order = list(configs)
                 order = order[r % len(order):] + order[:r % len(order)]
                 got = {}
@@ -237,18 +239,20 @@ def main() -> None:
                           f"launches {got[config]['launches']}  relayouts {got[config]['relayouts']}  "
                           f"grows {got[config]['grows']}", flush=True)
                 runs[scenario].append({c: got[c] for c in configs})
-    ratios = {dyn: compare(runs[s], dyn) for s, (_, _, dyn, _) in SCENARIOS.items()}
-    res = {"benchmark": "dynamic", "rounds": args.rounds, "steps": args.steps, "grow_steps": args.grow_steps,
+    ratios = {dyn: compare(runs[s], dyn) for s, (_, _, dyn, _) in scenarios.items()}
+    res = {"benchmark": "dynamic", "scenarios": list(scenarios), "rounds": args.rounds, "steps": args.steps, "grow_steps": args.grow_steps,
            "hold_s": args.hold, "slow_factor": SLOW, "costs": costs, "runs": runs, "ratios": ratios}
     benchlib.save(args.out, res, quick=args.quick, what=what(args), figures=figures(ratios, args.rounds))
 
 
 def what(args: argparse.Namespace) -> str:
-    return (f"JCT of one job (nodes [1, 4]) under another user's job, against the best static job given "
-            f"the measured costs: on 2 free nodes with a block turning {SLOW}x slower half-way "
-            f"({args.steps} steps: re-balanced in place vs static cut for the costs before or after), "
-            f"or with 3 of 4 nodes held for {args.hold:.0f} s ({args.grow_steps} steps: growing vs static "
-            f"on 1 node now or on 2 nodes later); `pswift sbatch` to COMPLETED")
+    told = {"straggler": f"on 2 free nodes with a block turning {SLOW}x slower half-way ({args.steps} steps: "
+                         f"re-balanced in place vs static cut for the costs before or after)",
+            "freeing": f"with 3 of 4 nodes held for {args.hold:.0f} s ({args.grow_steps} steps: growing vs static "
+                       f"on 1 node now or on 2 or 4 nodes later)"}
+    return ("JCT of one job (nodes [1, 4]) under another user's job, against the best static job given "
+            "the measured costs: " + ", or ".join(v for k, v in told.items() if args.scenario in ("both", k))
+            + "; `pswift sbatch` to COMPLETED")
 
 
 def figures(ratios: dict[str, dict], rounds: int) -> str:
