@@ -20,7 +20,10 @@ The mapping, as the docs state it:
   largest node), at least 1 and at most the cluster.
 - **Who trains.** A job of ``train_min_nodes`` nodes or more (default 2) becomes a pswift
   training job with the node range ``[ceil(n/2), min(2n, nodes)]`` around the ``n`` it asked;
-  the others stay other users' plain jobs of their own size.
+  the others stay other users' plain jobs of their own size. On a cluster much smaller than the
+  trace's (4 nodes for a 128-node log), where scaling leaves almost every job on one node,
+  ``train_min_size`` decides instead: a job of that many of the trace's units (processors,
+  GPUs) or more trains, with the range ``[1, 2]`` when it scaled to one node.
 - **Limits.** The limit the log records (SWF field 9), scaled like the run time, when it is
   known and at least the run time; else drawn as users write them: the run time times a
   log-uniform factor in [1.2, 10] (users ask for more than they need, rarely less), rounded up
@@ -179,7 +182,8 @@ def draw_limit(run_s: float, rng: random.Random, round_s: float) -> float:
 
 
 def workload(jobs: list[TraceJob], machine: int, nodes: int, window_s: float, seed: int,
-             compression: float = 1.0, train_min_nodes: int = 2, limit_round_s: float = 900.0) -> list[WorkloadJob]:
+             compression: float = 1.0, train_min_nodes: int = 2, limit_round_s: float = 900.0,
+             train_min_size: int | None = None) -> list[WorkloadJob]:
     """The benchmark's jobs from ``window_s`` seconds of ``jobs`` (sorted by submission) from a
     seeded job's submission, on ``nodes`` nodes (the module's docstring gives the mapping)."""
     if not jobs or nodes < 1 or window_s <= 0 or compression <= 0:
@@ -192,7 +196,7 @@ def workload(jobs: list[TraceJob], machine: int, nodes: int, window_s: float, se
         if j.submit_s >= start + window_s:
             break
         n = min(nodes, max(1, math.ceil(j.size * nodes / max(machine, 1))))
-        training = n >= train_min_nodes
+        training = n >= train_min_nodes if train_min_size is None else j.size >= train_min_size
         known = j.limit_s is not None and j.limit_s >= j.run_s
         limit = j.limit_s if known else draw_limit(j.run_s, rng, limit_round_s)
         assert limit is not None
@@ -219,10 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=float, default=6 * 3600.0, help="seconds of the trace")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--compression", type=float, default=1.0, help="trace seconds per benchmark second")
+    ap.add_argument("--train-min-size", type=int, default=None,
+                    help="a job this large in the trace's units trains (default: one of 2 nodes or more here)")
     args = ap.parse_args(argv)
     try:
         jobs, machine = read_trace(args.trace)
-        chosen = workload(jobs, machine, args.nodes, args.window, args.seed, args.compression)
+        chosen = workload(jobs, machine, args.nodes, args.window, args.seed, args.compression,
+                          train_min_size=args.train_min_size)
     except (OSError, TraceError, ValueError) as e:
         ap.exit(2, f"error: {e}\n")
     for j in chosen:

@@ -1,33 +1,50 @@
 """Workload benchmark: the JCT of many jobs from several users on the local Slurm with its
-backfill scheduler (real `pswift sbatch`, real DeepSpeed on CPU, real `sbatch` for the others).
+backfill scheduler (real `pswift sbatch`, real DeepSpeed on CPU, real `sbatch` for the others),
+under five policies for the training jobs, the same arrivals each time.
 
-A seeded trace: training jobs of two users (alice, bob) of several lengths, each with a node
-range, and another user's (carol's) plain exclusive jobs with the time limits users write
-(2-4x what they need), all arriving over ``--window`` seconds on the `low` partition's 4 nodes.
-The training model's layers sleep their cost (forward a third, backward two thirds) instead of
-computing, so 4 virtual nodes on a 2-core host run like 4 machines and `[model] layer_costs`
-is its true cost (the planner is told so: PSWIFT_RANKS_PER_HOST=1). Every job asks for whole
-nodes (`--exclusive`). The same trace runs three ways, one after the other:
+The arrivals: a window of a public trace (``--trace FILE``: any SWF log or the Alibaba GPU CSV,
+mapped by bench/traces.py, whose docstring gives the mapping: which jobs train, their node
+ranges, the limits users wrote, the high-priority tenant) or, without ``--trace``, a seeded
+synthetic mix (training jobs of two users, another user's plain jobs). Plain jobs are `sbatch`
+jobs that sleep their run time, exclusive, the high tenant's on the preempting `high`
+partition; training jobs are pswift jobs on `low` whose steps take the job's run time at the
+size it asked.
 
-- (A) as users submit today: the top of each node range, fixed; the time limit as written;
-- (B) pswift: the node range and the planner; limits from predictions (`time_policy = "predicted"`);
-- (C) pswift: the node range and the planner; the time limit as written.
+A training job's layers sleep their *true* cost (forward a third, backward two thirds), so 4
+virtual nodes on a 2-core host run like 4 machines (PSWIFT_RANKS_PER_HOST=1). No oracle: the
+true costs differ layer by layer (x U(0.5, 1.5)), and the `[model] layer_costs` pswift is told
+are wrong by a seeded error (each layer x U(0.6, 1.5), the whole job x a host factor
+U(0.8, 1.25)); the launcher measures and re-balances as in life. The policies (every job
+exclusive, 1 rank per node, one stage per rank):
 
-Per policy: mean, p50, p90 and p99 JCT and the mean bounded slowdown of the training jobs
-(submit to COMPLETED; bench/jctstats.py), the other jobs' mean wait and bounded slowdown, node
-utilisation and makespan, requeues at a time limit, jobs lost (not COMPLETED with
-every step), and for (B) the start-time error of pswift's queue estimate and of Slurm's own
-(`squeue --start` just after the submission) against the real start; B's and C's mean JCT over
-A's on the same jobs (``paired``, with a bootstrap interval over the jobs). A picture of the three
-schedules (nodes x time, a colour per job) goes to docs/workload.png.
+- (T) the size the job asked, fixed; the limit as written;
+- (L) the bottom of its node range, fixed; the limit as written;
+- (H) the top of its node range, fixed; the limit as written;
+- (S) Slurm alone: ``--nodes=lo-hi``, the launcher laying out whatever it got (a uniform cut:
+  no planner, no re-balancing, no growth); the limit as written. What an elastic launcher gives;
+- (P) pswift: the node range and the planner; limits from predictions (`--time-min` with them).
 
-    scripts/with-slurm 22.05 python bench/workload.py [--jobs 32] [--window 900] [--quick] [--out ...]
+Per policy, over every seed: mean, p50, p90 and p99 JCT and the mean bounded slowdown of the
+training jobs (submit to COMPLETED; bench/jctstats.py), the other jobs' mean wait and bounded
+slowdown, node utilisation and makespan (each seed's, averaged), requeues at a time limit, jobs
+lost (not COMPLETED with every step), and for (P) the start-time error of pswift's queue
+estimate and of Slurm's own (`squeue --start` just after the submission) against the real
+start; P's mean JCT over each other policy's on the same jobs (``paired``, a bootstrap interval
+over seeds and jobs). Each seed runs the policies in a rotated order. A picture of the first
+seed's schedules (nodes x time, a colour per job) goes to docs/workload.png.
+
+What it is not: one Unix user submits every job (the trace's users are labels: no fair share),
+4 nodes, not 64.
+
+    scripts/with-slurm 22.05 python bench/workload.py [--trace FILE --window S --compression X --train-min-size N]
+                                                      [--seed 1 --seeds 1] [--policies T,L,H,S,P] [--quick] [--out ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -42,13 +59,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 import jctstats  # noqa: E402
+import traces  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NODES = 4
-POLICIES = {"A": "as users submit: fixed nodes, limit as written",
-            "B": "pswift: node range, planner, predicted limits",
-            "C": "pswift: node range, planner, limit as written"}
-LAYERS, COST_S = 8, 0.01
+POLICIES = {"T": "the size asked, fixed; limit as written",
+            "L": "the bottom of the node range, fixed; limit as written",
+            "H": "the top of the node range, fixed; limit as written",
+            "S": "Slurm alone: --nodes=lo-hi, a uniform cut of what it got; limit as written",
+            "P": "pswift: node range, planner, predicted limits"}
+QUICK_POLICIES = "H,S,P"   # T and L run H's code with another fixed count
+LAYERS, COST_S, MICRO_BATCHES = 8, 0.01, 4
+#: a training job's start before its first step (DeepSpeed's ranks), and its fewest steps
+SETUP_S, MIN_STEPS = 15.0, 10
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
          "DEADLINE"}
 
@@ -83,8 +106,8 @@ class Paced(nn.Module):
         return _Pace.apply(torch.tanh(self.lin(x)), self.cost_s)
 
 
-def build_layers(width=16, layers=8, cost_s=0.01):
-    return [LayerSpec(Paced, width, cost_s) for _ in range(layers)]
+def build_layers(width=16, costs=(0.01,) * 8):
+    return [LayerSpec(Paced, width, cost_s) for cost_s in costs]
 
 
 def batch(step, index, micro_batch_size, seed, width=16, **_):
@@ -104,6 +127,7 @@ time = "{limit}"
 time_policy = "{policy}"
 max_requeues = 6
 jct_slack = 0
+grow_check_s = {grow}
 sbatch_options = ["--exclusive"]
 
 [resources]
@@ -116,12 +140,12 @@ device = "cpu"
 entry = "paced:build_layers"
 loss = "paced:mse"
 num_layers = {layers}
-layer_costs = [{costs}]
-kwargs = {{ width = 16, layers = {layers}, cost_s = {cost} }}
+layer_costs = [{told}]
+kwargs = {{ width = 16, costs = [{true}] }}
 
 [training]
 steps = {steps}
-global_batch_size = 16
+global_batch_size = {batch}
 micro_batch_size = 4
 data = "paced:batch"
 seed = 1
@@ -131,12 +155,30 @@ checkpoint_interval = 50
 [pipeline]
 stages = "auto"
 data_parallel = 1
-'''
+{pipeline}'''
 
 
-def trace(seed: int, jobs: int, window: float, quick: bool) -> list[dict[str, Any]]:
-    """The arrivals, in time order: training jobs (user, steps, node range, written limit) and
-    plain jobs (nodes, seconds they run, written limit)."""
+def costs(seed: int, i: int) -> tuple[list[float], list[float]]:
+    """Job ``i``'s true layer costs and the ones pswift is told (seeded: the same in every
+    policy): true = COST_S x U(0.5, 1.5) per layer; told = true x U(0.6, 1.5) per layer x a
+    host factor U(0.8, 1.25) for the job."""
+    rng = random.Random(f"costs-{seed}-{i}")
+    true = [COST_S * rng.uniform(0.5, 1.5) for _ in range(LAYERS)]
+    host = rng.uniform(0.8, 1.25)
+    return true, [c * rng.uniform(0.6, 1.5) * host for c in true]
+
+
+def step_estimate_s(true: list[float], stages: int) -> float:
+    """A 1F1B step of the paced model on ``stages`` ranks, cut evenly by layer count:
+    (micro-batches + stages - 1) x the slowest stage's cost per micro-batch."""
+    per = math.ceil(len(true) / stages)
+    slowest = max(sum(true[k:k + per]) for k in range(0, len(true), per))
+    return (MICRO_BATCHES + stages - 1) * slowest
+
+
+def synthetic(seed: int, jobs: int, window: float, quick: bool) -> list[dict[str, Any]]:
+    """The arrivals, in time order: training jobs (user, steps, node range, the size asked,
+    written limit) and plain jobs (nodes, seconds they run, written limit)."""
     rng = random.Random(seed)
     out: list[dict[str, Any]] = []
     for i in range(jobs):
@@ -144,26 +186,60 @@ def trace(seed: int, jobs: int, window: float, quick: bool) -> list[dict[str, An
         if quick or i % 7 in (0, 2, 4):   # 3 of 7 are training jobs
             steps = 12 if quick else rng.choice([60, 120, 200])
             lo, hi = rng.choice([(1, 2), (1, 4), (2, 4)])
-            out.append({"kind": "train", "user": rng.choice(["alice", "bob"]), "at": at, "steps": steps,
-                        "nodes": (lo, hi), "limit_min": rng.choice([15, 20, 30])})
+            out.append({"kind": "train", "user": rng.choice(["alice", "bob"]), "high": False, "at": at,
+                        "steps": steps, "nodes": (lo, hi), "asked": rng.randint(lo, hi),
+                        "limit_min": rng.choice([15, 20, 30])})
         else:
             run_s = 5 if quick else rng.choice([20, 40, 60, 90, 120])
-            out.append({"kind": "plain", "user": "carol", "at": at, "nodes": rng.choice([1, 1, 2, 3]),
+            out.append({"kind": "plain", "user": "carol", "high": False, "at": at, "nodes": rng.choice([1, 1, 2, 3]),
                         "run_s": run_s, "limit_min": max(2, round(run_s * rng.uniform(2, 4) / 60))})
     if quick:   # one training job and two plain ones, seconds apart
-        out = [out[0], {"kind": "plain", "user": "carol", "at": 2.0, "nodes": 1, "run_s": 5, "limit_min": 2},
-               {"kind": "plain", "user": "carol", "at": 4.0, "nodes": 2, "run_s": 5, "limit_min": 2}]
-    return sorted(out, key=lambda j: j["at"])
+        out = [out[0], {"kind": "plain", "user": "carol", "high": False, "at": 2.0, "nodes": 1, "run_s": 5, "limit_min": 2},
+               {"kind": "plain", "user": "carol", "high": False, "at": 4.0, "nodes": 2, "run_s": 5, "limit_min": 2}]
+    return _with_costs(sorted(out, key=lambda j: j["at"]), seed)
+
+
+def from_trace(path: Path, seed: int, window: float, compression: float, train_min_size: int | None
+               ) -> list[dict[str, Any]]:
+    """The arrivals of a trace's window (bench/traces.py's mapping): a training job's steps take
+    its run time at the size it asked, after SETUP_S of start (at least MIN_STEPS)."""
+    jobs, machine = traces.read_trace(path)
+    out: list[dict[str, Any]] = []
+    for i, w in enumerate(traces.workload(jobs, machine, NODES, window, seed, compression,
+                                          train_min_size=train_min_size)):
+        limit_min = max(1, math.ceil(w.limit_s / 60))
+        if w.training:
+            true, _ = costs(seed, i)
+            steps = max(MIN_STEPS, round((w.run_s - SETUP_S) / step_estimate_s(true, w.nodes_asked)))
+            out.append({"kind": "train", "user": w.user, "high": w.high, "at": w.arrival_s, "steps": steps,
+                        "nodes": (w.nodes_lo, w.nodes_hi), "asked": w.nodes_asked, "limit_min": limit_min,
+                        "trace_job": w.job})
+        else:
+            out.append({"kind": "plain", "user": w.user, "high": w.high, "at": w.arrival_s, "nodes": w.nodes_asked,
+                        "run_s": round(w.run_s, 1), "limit_min": limit_min, "trace_job": w.job})
+    return _with_costs(out, seed)
+
+
+def _with_costs(arrivals: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    for i, job in enumerate(arrivals):
+        if job["kind"] == "train":
+            job["true_costs"], job["told_costs"] = costs(seed, i)
+    return arrivals
 
 
 def write_job(d: Path, job: dict[str, Any], policy: str, name: str) -> Path:
     d.mkdir(parents=True)
     (d / "paced.py").write_text(PACED)
     lo, hi = job["nodes"]
-    nodes = str(hi) if policy == "A" else f"[{lo}, {hi}]"
-    text = TOML.format(name=name, limit=f"0:{job['limit_min']:02d}:00",
-                       policy="predicted" if policy == "B" else "as_written", nodes=nodes, layers=LAYERS,
-                       costs=", ".join([str(COST_S)] * LAYERS), cost=COST_S, steps=job["steps"])
+    fixed = {"T": job["asked"], "L": lo, "H": hi}.get(policy)
+    nodes = str(fixed) if fixed is not None or lo == hi else f"[{lo}, {hi}]"
+    elastic_only = policy == "S"     # no planner (a uniform cut), no re-balancing, no growth
+    text = TOML.format(name=name, limit=f"{job['limit_min'] // 60}:{job['limit_min'] % 60:02d}:00",
+                       policy="predicted" if policy == "P" else "as_written", nodes=nodes, layers=LAYERS,
+                       told=", ".join(f"{c:.6g}" for c in job["told_costs"]),
+                       true=", ".join(f"{c:.6g}" for c in job["true_costs"]), steps=job["steps"],
+                       batch=4 * MICRO_BATCHES, grow=0 if elastic_only else 60,
+                       pipeline='partition = "uniform"\nrebalance = false\n' if elastic_only else "")
     (d / "train.toml").write_text(text)
     return d / "train.toml"
 
@@ -209,10 +285,10 @@ def slurm_start_estimate(job: str) -> float | None:
 
 
 def submit(job: dict[str, Any], policy: str, i: int, tmp: Path, pswift: str, env: dict) -> dict[str, Any]:
-    """Submit one arrival; what is known at its submission."""
+    """Submit one arrival; what is known at its submission (P: pswift's start estimate and Slurm's)."""
     t0 = time.time()
     if job["kind"] == "plain":
-        cmd = ["sbatch", "--parsable", "-p", "low", "--exclusive", f"-N{job['nodes']}",
+        cmd = ["sbatch", "--parsable", "-p", "high" if job["high"] else "low", "--exclusive", f"-N{job['nodes']}",
                f"--time={job['limit_min']}", "-J", f"plain{i}", "-o", "/dev/null", "--wrap", f"sleep {job['run_s']}"]
         jid = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout.strip()
         return {"id": jid, "submit": t0, **job}
@@ -223,9 +299,11 @@ def submit(job: dict[str, Any], policy: str, i: int, tmp: Path, pswift: str, env
     if proc.returncode != 0:
         raise SystemExit(f"job {i}: pswift sbatch failed: {proc.stderr}")
     jid = proc.stdout.strip()
-    pred = json.loads((run / "plan.json").read_text())["prediction"] or {}
-    return {"id": jid, "submit": t0, "run": str(run), "slurm_start": slurm_start_estimate(jid),
-            "pswift_start": t0 + float(pred.get("queue_s") or 0.0), **job}
+    known: dict[str, Any] = {}
+    if policy == "P":
+        pred = json.loads((run / "plan.json").read_text())["prediction"] or {}
+        known = {"slurm_start": slurm_start_estimate(jid), "pswift_start": t0 + float(pred.get("queue_s") or 0.0)}
+    return {"id": jid, "submit": t0, "run": str(run), **known, **job}
 
 
 def run_policy(policy: str, arrivals: list[dict[str, Any]], tmp: Path, pswift: str, timeout: float) -> dict:
@@ -271,26 +349,40 @@ def _train_outcome(j: dict[str, Any]) -> tuple[bool, int]:
     return (j["state"] == "COMPLETED" and steps == set(range(1, j["steps"] + 1)), ends.count("time_limit"))
 
 
-def summarise(run: dict[str, Any]) -> dict[str, Any]:
-    jobs = run["jobs"]
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One policy's figures over its runs (a run per seed): JCT and bounded slowdown over every
+    training job, the others' wait and bounded slowdown over every plain job, utilisation and
+    makespan each run's, averaged."""
+    jobs = [j for run in runs for j in run["jobs"]]
     train = [j for j in jobs if j["kind"] == "train"]
     plain = [j for j in jobs if j["kind"] == "plain"]
     jct = [j["end"] - j["submit"] for j in train if j["end"]]
     outcomes = [_train_outcome(j) for j in train]
-    ends = [j["end"] for j in jobs if j["end"]]
-    makespan = max(ends) - run["t0"] if ends else None
-    node_s = sum(_nodes_in(nl) for j in jobs for _, nl in j["held"] or [])   # one poll a second
+    spans = [_span(run) for run in runs]
     started = [j for j in train if j.get("start")]
+
     def err(key: str) -> list[float]:
         return [abs(j[key] - j["start"]) for j in started if j.get(key) is not None]
     return {"train_jobs": len(train), "other_jobs": len(plain), **jctstats.jct_summary(jct),
             "bsld_mean": jctstats.mean_bsld(_waits_and_runs(train)),
-            "other_wait_mean_s": _mean([j["start"] - j["submit"] for j in plain if j["start"]]),
+            "others_wait_mean_s": _mean([j["start"] - j["submit"] for j in plain if j["start"]]),
             "others_bsld_mean": jctstats.mean_bsld(_waits_and_runs(plain)),
-            "makespan_s": makespan, "utilisation": node_s / (NODES * makespan) if makespan else None,
+            "makespan_s": _mean([m for m, _ in spans if m is not None]),
+            "utilisation": _mean([u for _, u in spans if u is not None]),
             "time_limit_requeues": sum(n for _, n in outcomes),
-            "jobs_lost": sum(1 for ok, _ in outcomes if not ok) + sum(1 for j in plain if j["state"] != "COMPLETED"),
+            "lost": sum(1 for ok, _ in outcomes if not ok) + sum(1 for j in plain if j["state"] != "COMPLETED"),
             "start_error_median_s": {"pswift": _median(err("pswift_start")), "slurm": _median(err("slurm_start"))}}
+
+
+def _span(run: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(makespan, node utilisation) of one run: first arrival to last end, node-seconds held
+    (one poll a second) over the cluster's."""
+    ends = [j["end"] for j in run["jobs"] if j["end"]]
+    if not ends:
+        return None, None
+    makespan = max(ends) - run["t0"]
+    node_s = sum(_nodes_in(nl) for j in run["jobs"] for _, nl in j["held"] or [])
+    return makespan, node_s / (NODES * makespan)
 
 
 def _median(xs: list[float]) -> float | None:
@@ -309,9 +401,9 @@ def picture(runs: dict[str, dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from pipeswift_slurm.slurm.records import expand_hostlist
-    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 2.2 * len(runs)), sharex=True)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 2.2 * len(runs)), sharex=True, squeeze=False)
     cmap = plt.get_cmap("tab20")
-    for ax, (policy, run) in zip(axes, runs.items()):
+    for ax, (policy, run) in zip(axes[:, 0], runs.items()):
         for k, j in enumerate(run["jobs"]):
             for t, nl in j["held"] or []:
                 for n in expand_hostlist(nl):
@@ -321,74 +413,109 @@ def picture(runs: dict[str, dict[str, Any]], path: Path) -> None:
                                    edgecolor="black" if j["kind"] == "train" else None)   # a hatch is drawn in the edge colour
         ax.set_yticks([r + 0.45 for r in range(NODES)], [f"node{r + 1}" for r in range(NODES)])
         ax.set_title(f"({policy}) {POLICIES[policy]}", fontsize=9, loc="left")
-    axes[-1].set_xlabel("seconds since the first arrival (hatched: training jobs; plain: other users' jobs)")
+    axes[-1, 0].set_xlabel("seconds since the first arrival (hatched: training jobs; plain: other users' jobs)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--jobs", type=int, default=32, help="arrivals in the trace (3 of 7 training jobs)")
-    ap.add_argument("--window", type=float, default=900.0, help="seconds over which they arrive")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "workload.json"))
+    ap.add_argument("--trace", type=Path, help="an SWF log or the Alibaba GPU CSV (default: the synthetic mix)")
+    ap.add_argument("--window", type=float, help="seconds of arrivals: of the trace (default 3600) or "
+                                                  "of the synthetic mix (default 900)")
+    ap.add_argument("--compression", type=float, default=6.0, help="trace seconds per benchmark second")
+    ap.add_argument("--train-min-size", type=int, default=16,
+                    help="a trace job this large (processors, GPUs) trains (bench/traces.py)")
+    ap.add_argument("--jobs", type=int, default=32, help="synthetic: arrivals (3 of 7 training jobs)")
+    ap.add_argument("--seed", type=int, default=1, help="the first seed (the trace's window, the costs' errors)")
+    ap.add_argument("--seeds", type=int, default=1, help="seeds, from --seed on; the policies' order rotates")
+    ap.add_argument("--policies", default=",".join(POLICIES), help="of T, L, H, S, P, comma-separated (P required)")
+    ap.add_argument("--out")
     ap.add_argument("--picture", default=str(ROOT / "docs" / "workload.png"))
-    ap.add_argument("--quick", action="store_true", help="3 jobs within seconds (CI: the bench still runs)")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"synthetic, 3 jobs within seconds, policies {QUICK_POLICIES} (CI: the bench still runs)")
     args = ap.parse_args()
     if args.quick:
-        args.jobs, args.window = 3, 5.0
-    arrivals = trace(args.seed, args.jobs, args.window, args.quick)
+        args.trace, args.jobs, args.window, args.seeds, args.policies = None, 3, 5.0, 1, QUICK_POLICIES
+    args.policies = [p for p in args.policies.split(",") if p]
+    if "P" not in args.policies or set(args.policies) - set(POLICIES):
+        ap.error(f"--policies {','.join(args.policies)}: name P and any of {', '.join(POLICIES)}, comma-separated")
+    if args.window is None:
+        args.window = 3600.0 if args.trace else 900.0
+    name = f"workload-{args.trace.name.split('.')[0]}.json" if args.trace else "workload.json"
+    args.out = args.out or str(ROOT / "bench" / "results" / name)
+    return args
+
+
+def arrivals_of(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
+    if args.trace:
+        return from_trace(args.trace, seed, args.window, args.compression, args.train_min_size)
+    return synthetic(seed, args.jobs, args.window, args.quick)
+
+
+def main() -> None:
+    args = arguments()
     pswift = shutil.which("pswift", path=str(Path(sys.executable).parent)) or "pswift"
-    runs, summary = {}, {}
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in args.policies}
+    try:
+        windows = {seed: arrivals_of(args, seed) for seed in seeds}
+    except (OSError, traces.TraceError, ValueError) as e:
+        raise SystemExit(f"workload: {e}") from None
     with tempfile.TemporaryDirectory(prefix="pswift-bench-workload-") as tmp:
-        for policy in POLICIES:
-            runs[policy] = run_policy(policy, arrivals, Path(tmp), pswift, timeout=3600)
-            summary[policy] = summarise(runs[policy])
-            print(f"({policy}) {json.dumps(summary[policy])}", flush=True)
-        if not args.quick:
-            picture(runs, Path(args.picture))
-    ratio = ratios(summary)
-    res = {"benchmark": "workload", "jobs": args.jobs, "window_s": args.window, "seed": args.seed,
-           "summary": summary, "ratios": ratio, "paired": paired(runs, args.seed),
-           "runs": {p: [{k: v for k, v in j.items() if k != "held"} for j in r["jobs"]] for p, r in runs.items()}}
-    benchlib.save(args.out, res, quick=args.quick,
-                  what=f"{args.jobs} jobs of 3 users arriving over {args.window / 60:.0f} min on 4 nodes with "
-                       f"backfill: training jobs as users submit them (A), through pswift with predicted "
-                       f"limits (B) and with the limits as written (C)",
-                  figures=figures(summary, ratio))
+        for n, seed in enumerate(seeds):
+            order = args.policies[n % len(args.policies):] + args.policies[:n % len(args.policies)]
+            for policy in order:
+                got = run_policy(policy, windows[seed], Path(tmp) / f"s{seed}", pswift, timeout=3600)
+                runs[policy].append({**got, "seed": seed})
+                print(f"seed {seed} ({policy}) {json.dumps(summarise([got]))}", flush=True)
+    summary = {p: summarise(runs[p]) for p in args.policies}
+    if not args.quick:
+        picture({p: runs[p][0] for p in args.policies}, Path(args.picture))
+    source = str(args.trace.name) if args.trace else "synthetic"
+    res = {"benchmark": "workload", "source": source, "seeds": seeds, "policies": args.policies,
+           "window_s": args.window, "compression": args.compression if args.trace else None,
+           "train_min_size": args.train_min_size if args.trace else None, "jobs_per_seed": {s: len(w) for s, w in windows.items()},
+           "summary": summary, "paired": paired(runs),
+           "runs": {p: [{**{k: v for k, v in r.items() if k != "jobs"},
+                         "jobs": [{k: v for k, v in j.items() if k != "held"} for j in r["jobs"]]} for r in rs]
+                    for p, rs in runs.items()}}
+    benchlib.save(args.out, res, quick=args.quick, what=what(args, source, windows),
+                  figures=figures(summary, res["paired"]))
 
 
-def paired(runs: dict[str, dict[str, Any]], seed: int) -> dict[str, dict]:
-    """B's and C's mean JCT over A's on the training jobs both completed (jctstats.paired_ratio:
-    a bootstrap over the trace's jobs; one seed here)."""
+def what(args: argparse.Namespace, source: str, windows: dict[int, list]) -> str:
+    train = sum(j["kind"] == "train" for w in windows.values() for j in w)
+    jobs = sum(len(w) for w in windows.values())
+    told = (f"{args.window:.0f} s windows of {source} compressed {args.compression:g}x" if args.trace
+            else f"a synthetic mix over {args.window / 60:.0f} min")
+    return (f"{jobs} jobs ({train} training) in {len(windows)} seed(s), {told}, on 4 nodes with backfill; "
+            f"training jobs' costs told to pswift wrong by a seeded error; policies "
+            + ", ".join(f"({p}) {POLICIES[p]}" for p in args.policies))
+
+
+def paired(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict]:
+    """P's mean JCT over each other policy's on the training jobs both completed, keyed by
+    (seed, job): jctstats.paired_ratio, a bootstrap over seeds, then jobs."""
     def jcts(policy: str) -> dict:
-        return {(seed, i): j["end"] - j["submit"] for i, j in enumerate(runs[policy]["jobs"])
+        return {(r["seed"], i): j["end"] - j["submit"] for r in runs[policy] for i, j in enumerate(r["jobs"])
                 if j["kind"] == "train" and j["end"] and j["state"] == "COMPLETED"}
-    return {f"{p}/A": jctstats.paired_ratio(jcts(p), jcts("A")) for p in ("B", "C")}
+    return {f"P/{p}": jctstats.paired_ratio(jcts("P"), jcts(p)) for p in runs if p != "P"}
 
 
-def ratios(summary: dict[str, Any]) -> dict[str, float | None]:
-    a, b, c = summary["A"], summary["B"], summary["C"]
-    return {"jct_mean_B_over_A": _ratio(b["jct_mean_s"], a["jct_mean_s"]),
-            "jct_p90_B_over_A": _ratio(b["jct_p90_s"], a["jct_p90_s"]),
-            "jct_mean_B_over_C": _ratio(b["jct_mean_s"], c["jct_mean_s"]),
-            "other_wait_B_over_A": _ratio(b["other_wait_mean_s"], a["other_wait_mean_s"])}
-
-
-def figures(summary: dict[str, Any], ratio: dict[str, float | None]) -> str:
-    """The table row's figures: JCT, the other users' wait, jobs lost, start-time errors."""
-    a, b, c = summary["A"], summary["B"], summary["C"]
-    err = b["start_error_median_s"]
-    return (f"training JCT mean {_fmt(a['jct_mean_s'])} (A) / {_fmt(b['jct_mean_s'])} (B) / "
-            f"{_fmt(c['jct_mean_s'])} (C) s, B/A {_fmt(ratio['jct_mean_B_over_A'], 2)}; p90 B/A "
-            f"{_fmt(ratio['jct_p90_B_over_A'], 2)}; other users' wait B/A "
-            f"{_fmt(ratio['other_wait_B_over_A'], 2)}; lost {a['jobs_lost']}/{b['jobs_lost']}/{c['jobs_lost']}; "
-            f"start-time error (B, median) pswift {_fmt(err['pswift'])} s, Slurm {_fmt(err['slurm'])} s")
-
-
-def _ratio(x: float | None, y: float | None) -> float | None:
-    return x / y if x is not None and y else None
+def figures(summary: dict[str, Any], pair: dict[str, dict]) -> str:
+    """The table row's figures: P's JCT against each policy, others' slowdown, lost, start errors."""
+    p = summary["P"]
+    err = p["start_error_median_s"]
+    ratios = "; ".join(f"{k} {_fmt(v.get('ratio'), 2)} ({_fmt(v.get('lo'), 2)}–{_fmt(v.get('hi'), 2)})"
+                       for k, v in pair.items())
+    means = " / ".join(f"{_fmt(s['jct_mean_s'])} ({k})" for k, s in summary.items())
+    p90 = " / ".join(f"{_fmt(s['jct_p90_s'])} ({k})" for k, s in summary.items())
+    others = " / ".join(f"{_fmt(s['others_bsld_mean'], 2)} ({k})" for k, s in summary.items())
+    return (f"training JCT mean {means} s; p90 {p90} s; paired mean JCT {ratios}; other users' bounded "
+            f"slowdown {others}; lost " + "/".join(str(s["lost"]) for s in summary.values())
+            + f"; start-time error (P, median) pswift {_fmt(err['pswift'])} s, Slurm {_fmt(err['slurm'])} s")
 
 
 def _fmt(x: float | None, digits: int = 0) -> str:

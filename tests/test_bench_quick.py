@@ -50,4 +50,7 @@ def test_training_benchmarks_run(name, tmp_path):
                                                  else [pytest.mark.every_version])
                                   for n in sorted(CLUSTER)])
 def test_cluster_benchmarks_run(name, cluster, tmp_path):
-    bench(name, CLUSTER[name], tmp_path)
+    res = bench(name, CLUSTER[name], tmp_path)
+    if name == "workload.py":   # the quick policies, every job done, P paired with the others
+        assert set(res["summary"]) == {"H", "S", "P"} and set(res["paired"]) == {"P/H", "P/S"}, res["summary"]
+        assert all(s["lost"] == 0 for s in res["summary"].values()), res["summary"]

@@ -90,3 +90,19 @@ def test_the_command_prints_the_window_and_refuses_a_bad_trace_in_one_line(tmp_p
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "traces.py"), str(bad)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "SWF line 2" in proc.stderr
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10**4), st.integers(1, 10**4), st.sampled_from([1, 2, 4, 8, 16, 32, 64])),
+                min_size=1, max_size=40), st.integers(1, 8), st.sampled_from([4, 16, 32]))
+def test_on_a_small_cluster_the_trace_size_decides_who_trains(rows, nodes, min_size):
+    """4 nodes for a 128-processor log: scaling leaves almost every job on one node, so a job of
+    ``train_min_size`` processors or more trains, with a range above the one node it scaled to."""
+    lines = [swf_line(i + 1, s, r, p, 1) for i, (s, r, p) in enumerate(rows)]
+    jobs = sorted(traces.read_swf(lines), key=lambda j: (j.submit_s, j.job))
+    size = {j.job: j.size for j in jobs}
+    for j in traces.workload(jobs, 128, nodes, 2e4, 0, train_min_size=min_size):
+        assert j.training == (size[j.job] >= min_size)
+        assert 1 <= j.nodes_lo <= j.nodes_asked <= j.nodes_hi <= nodes
+        if j.training and nodes >= 2:
+            assert j.nodes_hi > j.nodes_asked or j.nodes_asked == nodes
