@@ -245,8 +245,8 @@ def write_job(d: Path, job: dict[str, Any], policy: str, name: str) -> Path:
 
 
 class Poller(threading.Thread):
-    """Every second, every job's state and nodes from squeue: when each started and ended, and
-    which nodes it held when (for utilisation and the picture)."""
+    """Every second, every job's state and nodes from squeue: when each first started and last
+    ended, and which nodes it held when (for utilisation and the picture)."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
@@ -265,7 +265,9 @@ class Poller(threading.Thread):
                 if state == "RUNNING":
                     j["start"] = j["start"] or now
                     j["held"].append((now, nodes))
-                elif state in ENDED and j["end"] is None:
+                if state not in ENDED:      # a job preempted and requeued has not ended
+                    j["end"] = None
+                elif j["end"] is None:
                     j["end"] = now
             self.stop.wait(1.0)
 
