@@ -104,7 +104,7 @@ test-22.05: setup tools
 test-new: setup slurm-new pyslurm
 	@start=$$(date +%s); PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) start; \
 	  PSWIFT_REQUIRE_PYSLURM=1 scripts/with-slurm $(NEW_SLURM) $(PY) -m pytest $(PYTEST_CI) --basetemp=/tmp/pswift-tests-new \
-	    -m "slurm and (every_version or newest_only)"; rc=$$?; \
+	    -m "(slurm and every_version) or newest_only"; rc=$$?; \
 	  echo "== stream new (Slurm $(NEW_SLURM)): $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
 # Slurm $(NEW_SLURM): unpacked from ../shared/slurm-$(NEW_SLURM)/prebuilt/ when its sha256 is the one
