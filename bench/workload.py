@@ -472,7 +472,7 @@ def main() -> None:
                 got = run_policy(policy, windows[seed], Path(tmp) / f"s{seed}", pswift, timeout=3600)
                 runs[policy].append({**got, "seed": seed})
                 print(f"seed {seed} ({policy}) {json.dumps(summarise([got]))}", flush=True)
-    summary = {p: summarise(runs[p]) for p in args.policies}
+        summary = {p: summarise(runs[p]) for p in args.policies}   # reads the runs' events: before they go
     if not args.quick:
         picture({p: runs[p][0] for p in args.policies}, Path(args.picture))
     source = str(args.trace.name) if args.trace else "synthetic"
