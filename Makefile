@@ -131,7 +131,7 @@ bench: setup tools
 	scripts/with-slurm 22.05 $(PY) bench/submit_latency.py
 	scripts/with-slurm 22.05 $(PY) bench/dynamic.py
 	scripts/with-slurm 22.05 $(PY) bench/goodput.py
-	scripts/with-slurm 22.05 $(PY) bench/workload.py
+	scripts/with-slurm 22.05 $(PY) bench/workload.py --trace ../shared/traces/nasa-ipsc-1993.swf.gz --window 3600 --compression 12 --train-min-size 16
 	$(MAKE) slurm-new pyslurm
 	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) start
 	scripts/with-slurm $(NEW_SLURM) $(PY) bench/slurm_backends.py

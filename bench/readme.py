@@ -23,13 +23,16 @@ END = "<!-- /bench-figures -->"
 
 def load(results: Path = RESULTS) -> dict[str, dict]:
     """Every benchmark's result, in ORDER, each followed by its runs in another setting
-    (``goodput.slurm-25.11.json``: the same benchmark on another Slurm), one row each."""
+    (``goodput.slurm-25.11.json``: the same benchmark on another Slurm; ``workload-TRACE.json``:
+    on another input), one row each."""
     out = {}
     for name in ORDER:
         path = results / f"{name}.json"
-        if not path.is_file():
+        found = [*([path] if path.is_file() else []), *sorted(results.glob(f"{name}.*.json")),
+                 *sorted(results.glob(f"{name}-*.json"))]
+        if not found:
             raise SystemExit(f"{path} is missing: run `{name}`'s benchmark (make bench)")
-        for each in (path, *sorted(results.glob(f"{name}.*.json"))):
+        for each in found:
             out[each.name.removesuffix(".json")] = json.loads(each.read_text())
     return out
 
