@@ -232,7 +232,7 @@ def write_job(d: Path, job: dict[str, Any], policy: str, name: str) -> Path:
     (d / "paced.py").write_text(PACED)
     lo, hi = job["nodes"]
     fixed = {"T": job["asked"], "L": lo, "H": hi}.get(policy)
-    nodes = str(fixed) if fixed is not None or lo == hi else f"[{lo}, {hi}]"
+    nodes = str(fixed) if fixed is not None else str(lo) if lo == hi else f"[{lo}, {hi}]"
     elastic_only = policy == "S"     # no planner (a uniform cut), no re-balancing, no growth
     text = TOML.format(name=name, limit=f"{job['limit_min'] // 60}:{job['limit_min'] % 60:02d}:00",
                        policy="predicted" if policy == "P" else "as_written", nodes=nodes, layers=LAYERS,
