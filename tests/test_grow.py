@@ -74,7 +74,7 @@ def submit_and_wait(toml, run, env) -> str:
     proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), env=env)
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip()
-    assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=600) == "COMPLETED", \
+    assert wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=1000) == "COMPLETED", \
         "".join(p.read_text() for p in run.glob("slurm-*.out"))
     return job
 
@@ -82,6 +82,8 @@ def submit_and_wait(toml, run, env) -> str:
 @pytest.mark.slurm
 @pytest.mark.deepspeed
 @pytest.mark.newest_only
+# its job took 571 s and 596 s in two CI runs (three streams on 2 cores) and ran past 600 s in a third
+@pytest.mark.timeout(1100)
 def test_a_job_started_on_one_node_grows_when_the_holder_ends(cluster, tmp_path):
     """nodes = [1, 2]: three nodes are held (for 10 min as far as Slurm knows), so the planner
     starts the job on the free one; the holder ends after 10 s, the job grows to two nodes from
