@@ -35,6 +35,18 @@ class Stop(IntEnum):
     HUNG = 98
 
 
+#: steps shorter than this (the slowest rank's) agree on the flags above a step late
+#: (pipeswift_launch.collectives.StepFlags.post): no step's end waits for the slowest rank, and
+#: a stop or a checkpoint waits one more step, at most this long
+POSTED_BELOW_S = 1.0
+
+
+def to_stop_s(step_s: float) -> float:
+    """Seconds from a signal to the step boundary where every rank stops: the step in flight,
+    and where steps agree a step late, the next one."""
+    return step_s + (step_s if step_s < POSTED_BELOW_S else 0.0)
+
+
 class Action(str, Enum):
     """What follows an attempt's stop or a launch's end (``planning.decide.Decision.action``);
     each equals its word, the one the events and the tests read."""

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
+from pipeswift_slurm.codes import to_stop_s
 from pipeswift_slurm import runfiles
 from pipeswift_slurm.history import rundir
 from pipeswift_slurm.slurm import client as slurm
@@ -270,8 +271,9 @@ def requeue_limit_warning(max_requeues: int) -> str | None:
 
 
 def grace_warning(partition: str | None, step_s: float | None, checkpoint_s: float | None) -> str | None:
-    """Why a preemption on ``partition`` would lose work: its GraceTime is shorter than the step
-    in flight plus the checkpoint the SIGTERM asks for (None: it fits, or nothing to say)."""
+    """Why a preemption on ``partition`` would lose work: its GraceTime is shorter than the steps
+    to the stop (codes.to_stop_s) plus the checkpoint the SIGTERM asks for (None: it fits, or
+    nothing to say)."""
     if step_s is None or checkpoint_s is None:
         return None
     try:
@@ -279,11 +281,12 @@ def grace_warning(partition: str | None, step_s: float | None, checkpoint_s: flo
     except PswiftError:
         return None   # the submission itself will say what is wrong with Slurm
     p = next((x for x in parts if x.partition == partition or (partition is None and x.default)), None)
-    need = step_s + checkpoint_s
+    to_stop = to_stop_s(step_s)
+    need = to_stop + checkpoint_s
     if p is None or p.mode.startswith("OFF") or p.grace_s >= need:
         return None
     return (f"warning: partition {p.partition} preempts ({p.mode}) with GraceTime = {p.grace_s} s, but the "
-            f"step in flight (~{step_s:.3g} s) and its checkpoint (~{checkpoint_s:.3g} s) need ~{need:.3g} s: "
+            f"steps to the stop (~{to_stop:.3g} s) and its checkpoint (~{checkpoint_s:.3g} s) need ~{need:.3g} s: "
             f"a preemption loses the work since the last periodic checkpoint; ask for GraceTime >= "
             f"{math.ceil(need * 1.5)} s, or use a partition that is not preempted")
 

@@ -37,7 +37,7 @@ def pswift(*args: str, env: dict | None = None, timeout: float = 600, cwd: str |
 
 #: a child's script runs inside this: a raise prints its traceback and exits 1, the end exits 0,
 #: both through the launcher's exit_now (the group destroyed, no interpreter teardown)
-_DIST_CHILD = """\
+DIST_CHILD = """\
 import sys, traceback
 from pipeswift_launch.hardexit import exit_now
 try:
@@ -55,7 +55,7 @@ def run_dist_child(code: str, *args: str, timeout: float = 300) -> subprocess.Co
     """``python -c code args...`` for a child that builds a process group or a DeepSpeed engine:
     it ends as every rank of a job does (pipeswift_launch.hardexit), so gloo's threads cannot
     abort it after its answer is printed (issue 43)."""
-    return subprocess.run([sys.executable, "-c", _DIST_CHILD, code, *args], capture_output=True,
+    return subprocess.run([sys.executable, "-c", DIST_CHILD, code, *args], capture_output=True,
                           text=True, timeout=timeout)
 
 

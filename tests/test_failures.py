@@ -99,7 +99,7 @@ def test_a_step_and_checkpoint_longer_than_gracetime_is_said_at_plan_time(cluste
     proc = pswift("plan", str(slow))
     assert proc.returncode == 0, proc.stderr
     line = next((x for x in proc.stderr.splitlines() if "GraceTime" in x), "")
-    assert line.startswith("warning: partition low preempts (REQUEUE) with GraceTime = 20 s, but the step in flight (~"), proc.stderr
+    assert line.startswith("warning: partition low preempts (REQUEUE) with GraceTime = 20 s, but the steps to the stop (~"), proc.stderr
     assert "ask for GraceTime >= " in line
     fast = copy_example(tmp_path / "fast")
     assert "GraceTime" not in pswift("plan", str(fast), check=True).stderr

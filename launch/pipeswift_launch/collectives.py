@@ -57,23 +57,35 @@ def broadcast(obj: Any, src: int, rank: int, group: Any = None, device: Any = "c
 
 class StepFlags:
     """Numbers every rank agrees on at each step's end, the largest over the ranks (stop, a
-    checkpoint due...). On CUDA they go up through pinned memory without waiting and come back
-    in one read: with rank 0's read of the loss, the only device synchronisations pswift adds to
-    a step (each assignment into a device tensor and each ``.item()`` is one: gpu-check's sync
-    audit counted eight a step before)."""
+    checkpoint due...), on a gloo group of their own with CPU tensors: no device is synchronised
+    for them, and nothing else (the pipeline's transfers, the background checkpoint's side
+    group) shares their order.
 
-    def __init__(self, n: int, device: Any) -> None:
+    Two ways, every rank taking the same at the same step: :meth:`agree` all-reduces ``mine``
+    and waits; :meth:`post` starts that all-reduce without waiting and :meth:`take` (at the next
+    step's end) returns its result: the wait a step's end would spend on the slowest rank is
+    spent inside the next step instead, and what the ranks agree on is a step late."""
+
+    def __init__(self, n: int) -> None:
         self.mine = [0.0] * n
-        self.on_device = torch.zeros(n, device=device)
-        cuda = self.on_device.device.type == "cuda"
-        self.host = torch.zeros(n).pin_memory() if cuda else None
+        self.group = dist.new_group(backend="gloo")
+        self.posted: tuple[Any, Any] | None = None     # (the all-reduce's work, its tensor)
 
     def agree(self) -> list[float]:
         """Every rank's ``mine``, the largest of each over the ranks (a collective: every rank calls)."""
-        if self.host is None:
-            self.on_device.copy_(torch.tensor(self.mine))
-        else:   # the last copy out of ``host`` ended before the last agree's read returned
-            self.host.copy_(torch.tensor(self.mine))
-            self.on_device.copy_(self.host, non_blocking=True)
-        dist.all_reduce(self.on_device, op=dist.ReduceOp.MAX)
-        return [float(x) for x in self.on_device.tolist()]
+        t = torch.tensor(self.mine)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return [float(x) for x in t.tolist()]
+
+    def post(self) -> None:
+        """Start the all-reduce of ``mine`` (every rank posts at the same step; :meth:`take` ends it)."""
+        t = torch.tensor(self.mine)
+        self.posted = (dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True), t)
+
+    def take(self) -> list[float] | None:
+        """The posted all-reduce's result (waiting for it), or None where none was posted."""
+        if self.posted is None:
+            return None
+        (work, t), self.posted = self.posted, None
+        work.wait()
+        return [float(x) for x in t.tolist()]

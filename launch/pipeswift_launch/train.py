@@ -39,8 +39,13 @@ if TYPE_CHECKING:
 
 #: the slots of the flags every rank all-reduces (MAX) at each step's end: the stop code
 #: (pipeswift_slurm.codes.Stop), step times drifted (re-profile), rank 0: a periodic checkpoint
-#: is due by time, a rank's background checkpoint is still being written
-FLAG_STOP, FLAG_DRIFT, FLAG_DUE, FLAG_WRITING = range(4)
+#: is due by time, a rank's background checkpoint is still being written, the step's seconds
+FLAG_STOP, FLAG_DRIFT, FLAG_DUE, FLAG_WRITING, FLAG_STEP_S = range(5)
+#: steps shorter than this (the slowest rank's) agree on their flags a step late
+#: (collectives.StepFlags.post): a stop or a checkpoint waits one more step, at most this long,
+#: and no step's end waits for the slowest rank. Longer steps agree at their own end, where
+#: that wait is a smaller share of the step than a step is of a GraceTime.
+POSTED_BELOW_S = 1.0
 #: the step this rank is running (None before training): a crash's record says where it was
 progress: dict[str, int | None] = {"step": None}
 
@@ -268,7 +273,7 @@ def _train(att: Attempt) -> int:
     m, mbs = att.layout["micro_batches"], att.layout["micro_batch_size"]
     dp_rank = engine.grid.data_parallel_id
     steps, every = int(t["steps"]), int(t["checkpoint_interval"])
-    flags = collectives.StepFlags(4, engine.device)   # FLAG_STOP, FLAG_DRIFT, FLAG_DUE, FLAG_WRITING
+    flags = collectives.StepFlags(5)   # FLAG_STOP, FLAG_DRIFT, FLAG_DUE, FLAG_WRITING, FLAG_STEP_S
     att.checkpoints.saved_at = time.time()
     stop_code = int(Stop.NONE)
     run_dir = Path(plan["run_dir"])
@@ -320,13 +325,17 @@ def _train(att: Attempt) -> int:
                 drift.settle(att.step, window)
                 watcher = watcher or _watch_for_growth(att, step_times, profiled)
         parts.lap("profile")
-        agreed = _agree(att, flags, drifted=att.rank == 0 and not profiler.handles
-                        and drift.drifted(att.step, step_times))
+        drifted = att.rank == 0 and not profiler.handles and drift.drifted(att.step, step_times)
+        agreed = _agree(att, flags, drifted, dt)
         parts.lap("flags")
         stop_code = _step_end(att, agreed, dog, every, proposal, watcher, profiled)
         parts.lap("step_end")
         if stop_code:
             break
+        if att.step < steps and agreed[FLAG_STEP_S] < POSTED_BELOW_S:   # the next step's end takes them
+            _mine(att, flags, drifted, dt)
+            flags.post()
+        parts.lap("flags")
         if agreed[FLAG_DRIFT] and not profiler.handles:   # every rank: profile the next steps again
             profiler, timer = _profilers(att), InstructionTimer(engine, sync=plan["device"] == "cuda")
             first = att.step
@@ -338,14 +347,24 @@ def _train(att: Attempt) -> int:
     return stop_code
 
 
-def _agree(att: Attempt, flags: collectives.StepFlags, drifted: bool) -> list[float]:
-    """The step's flags, every rank's taken together (one all-reduce): a stop asked for, rank 0's
-    step times ``drifted``, rank 0's periodic checkpoint due by time, a rank still writing one."""
+def _agree(att: Attempt, flags: collectives.StepFlags, drifted: bool, step_s: float) -> list[float]:
+    """The flags this step's end acts on, every rank's taken together: those posted at the last
+    step's end, after its decisions (a step late, where steps are short), else this step's now."""
+    agreed = flags.take()
+    if agreed is None:
+        _mine(att, flags, drifted, step_s)
+        agreed = flags.agree()
+    return agreed
+
+
+def _mine(att: Attempt, flags: collectives.StepFlags, drifted: bool, step_s: float) -> None:
+    """This rank's flags: a stop asked for, rank 0's step times ``drifted``, rank 0's periodic
+    checkpoint due by time, this rank still writing one, the step's seconds."""
     flags.mine[FLAG_DRIFT] = float(att.rank == 0 and drifted)
     flags.mine[FLAG_DUE] = float(att.rank == 0 and time.time() - att.checkpoints.saved_at >= _checkpoint_every_s(att))
     flags.mine[FLAG_STOP] = float(requested())
     flags.mine[FLAG_WRITING] = float(att.checkpoints.writing())
-    return flags.agree()
+    flags.mine[FLAG_STEP_S] = step_s
 
 
 def _checkpoint_every_s(att: Attempt) -> float:

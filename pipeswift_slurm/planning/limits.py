@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 
+from pipeswift_slurm.codes import to_stop_s
 from pipeswift_slurm.slurm.timespec import slurm_minutes
 from pipeswift_slurm.durations import duration
 from pipeswift_slurm.slurm.sbatch import Limits
@@ -42,8 +43,9 @@ def whole_minutes(seconds: float) -> int:
 
 
 def lead_wanted(checkpoint_s: float, step_s: float = 0.0) -> int:
-    """Seconds before the limit USR2 must come: the step in flight, the checkpoint, Slurm's slack."""
-    return math.ceil(checkpoint_s + step_s + SIGNAL_SLACK_S)
+    """Seconds before the limit USR2 must come: the steps to the stop (codes.to_stop_s), the
+    checkpoint, Slurm's slack."""
+    return math.ceil(checkpoint_s + to_stop_s(step_s) + SIGNAL_SLACK_S)
 
 
 def signal_lead(wanted_s: int, limit_s: int) -> int:
