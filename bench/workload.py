@@ -209,18 +209,19 @@ def from_trace(path: Path, seed: int, window: float, compression: float, train_m
                                           train_min_size=train_min_size)):
         limit_min = max(1, math.ceil(w.limit_s / 60))
         if w.training:
-            true, _ = costs(seed, i)
+            true, told = costs(seed, i)
             steps = max(MIN_STEPS, round((w.run_s - SETUP_S) / step_estimate_s(true, w.nodes_asked)))
             out.append({"kind": "train", "user": w.user, "high": w.high, "at": w.arrival_s, "steps": steps,
                         "nodes": (w.nodes_lo, w.nodes_hi), "asked": w.nodes_asked, "limit_min": limit_min,
-                        "trace_job": w.job})
+                        "trace_job": w.job, "true_costs": true, "told_costs": told})
         else:
             out.append({"kind": "plain", "user": w.user, "high": w.high, "at": w.arrival_s, "nodes": w.nodes_asked,
                         "run_s": round(w.run_s, 1), "limit_min": limit_min, "trace_job": w.job})
-    return _with_costs(out, seed)
+    return out
 
 
 def _with_costs(arrivals: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """The synthetic mix's training jobs with their true costs and the ones pswift is told."""
     for i, job in enumerate(arrivals):
         if job["kind"] == "train":
             job["true_costs"], job["told_costs"] = costs(seed, i)

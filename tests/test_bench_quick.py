@@ -56,3 +56,7 @@ def test_cluster_benchmarks_run(name, cluster, tmp_path):
     if name == "workload.py":   # the quick policies, every job done, P paired with the others
         assert set(res["summary"]) == {"H", "S", "P"} and set(res["paired"]) == {"P/H", "P/S"}, res["summary"]
         assert all(s["lost"] == 0 for s in res["summary"].values()), res["summary"]
+    if name == "goodput.py":    # the busy queue: the other user's jobs ran beside every configuration
+        assert res["queue"] == "busy" and all(r["other_jobs"] >= 2 for v in res["runs"].values() for r in v), res["runs"]
+        assert res["runs"]["baseline"][0]["attempts"] == 2 and res["runs"]["pswift"][0]["restarts"] == 1, res["runs"]
+        assert set(res["ratios"]) == {"goodput pswift/baseline", "jct pswift/baseline"}, res["ratios"]
