@@ -135,6 +135,7 @@ bench: setup tools
 	$(MAKE) slurm-new pyslurm
 	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) start
 	scripts/with-slurm $(NEW_SLURM) $(PY) bench/slurm_backends.py
+	scripts/with-slurm $(NEW_SLURM) $(PY) bench/goodput.py --out bench/results/goodput.slurm-25.11.json
 	$(PY) bench/readme.py
 
 # what only a GPU machine can check (nccl, bf16/fp16 with ZeRO-1, the memory model, a 2 -> 1 stage
