@@ -37,7 +37,8 @@ class Stop(IntEnum):
 
 #: steps shorter than this (the slowest rank's) agree on the flags above a step late
 #: (pipeswift_launch.collectives.StepFlags.post): no step's end waits for the slowest rank, and
-#: a stop or a checkpoint waits one more step, at most this long
+#: a stop or a checkpoint waits one more step, at most this long. Longer steps agree at their
+#: own end, where that wait is a smaller share of the step than a step is of a GraceTime.
 POSTED_BELOW_S = 1.0
 
 

@@ -16,7 +16,7 @@ import torch
 from deepspeed import comm as dist
 from pipeswift_slurm import runfiles
 from pipeswift_slurm import events as events_schema
-from pipeswift_slurm.codes import Exit, Stop
+from pipeswift_slurm.codes import POSTED_BELOW_S, Exit, Stop
 from pipeswift_slurm.plan import relaid_out, write_plan
 from pipeswift_slurm.planning import decide, interval, limits
 from pipeswift_slurm.planning.costmodel import estimate_step, zero_bucket_elements
@@ -41,11 +41,6 @@ if TYPE_CHECKING:
 #: (pipeswift_slurm.codes.Stop), step times drifted (re-profile), rank 0: a periodic checkpoint
 #: is due by time, a rank's background checkpoint is still being written, the step's seconds
 FLAG_STOP, FLAG_DRIFT, FLAG_DUE, FLAG_WRITING, FLAG_STEP_S = range(5)
-#: steps shorter than this (the slowest rank's) agree on their flags a step late
-#: (collectives.StepFlags.post): a stop or a checkpoint waits one more step, at most this long,
-#: and no step's end waits for the slowest rank. Longer steps agree at their own end, where
-#: that wait is a smaller share of the step than a step is of a GraceTime.
-POSTED_BELOW_S = 1.0
 #: the step this rank is running (None before training): a crash's record says where it was
 progress: dict[str, int | None] = {"step": None}
 
