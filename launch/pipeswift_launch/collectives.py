@@ -72,10 +72,10 @@ class StepFlags:
         self.posted: tuple[Any, Any] | None = None     # (the all-reduce's work, its tensor)
 
     def agree(self) -> list[float]:
-        """Every rank's ``mine``, the largest of each over the ranks (a collective: every rank calls)."""
-        t = torch.tensor(self.mine)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        return [float(x) for x in t.tolist()]
+        """Every rank's ``mine``, the largest of each over the ranks (a collective: every rank
+        calls), waiting for it: a post taken at once."""
+        self.post()
+        return self.take() or []
 
     def post(self) -> None:
         """Start the all-reduce of ``mine`` (every rank posts at the same step; :meth:`take` ends it)."""
