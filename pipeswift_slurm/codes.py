@@ -37,14 +37,17 @@ class Stop(IntEnum):
 
 #: steps shorter than this (the slowest rank's) agree on the flags above a step late
 #: (pipeswift_launch.collectives.StepFlags.post): no step's end waits for the slowest rank, and
-#: a stop or a checkpoint waits one more step, at most this long. Longer steps agree at their
-#: own end, where that wait is a smaller share of the step than a step is of a GraceTime.
+#: a stop or a checkpoint waits one more step, at most this long (a stop every rank was signalled
+#: during the step, as Slurm signals every task at once, does not: StepFlags.early). Longer steps
+#: agree at their own end, where that wait is a smaller share of the step than a step is of a
+#: GraceTime.
 POSTED_BELOW_S = 1.0
 
 
 def to_stop_s(step_s: float) -> float:
-    """Seconds from a signal to the step boundary where every rank stops: the step in flight,
-    and where steps agree a step late, the next one."""
+    """Seconds from a signal to the step boundary where every rank stops, at most: the step in
+    flight, and where steps agree a step late, the next one (where a step's end falls between
+    the ranks' signals)."""
     return step_s + (step_s if step_s < POSTED_BELOW_S else 0.0)
 
 

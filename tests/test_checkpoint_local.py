@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PSWIFT, copy_example, pswift, run_events
+from helpers import PSWIFT, copy_example, pswift, run_events, slow_example
+
+from pipeswift_slurm.codes import POSTED_BELOW_S
 
 pytestmark = [pytest.mark.deepspeed]
 
@@ -207,6 +209,38 @@ def test_sigterm_to_a_local_run_stops_every_rank_at_one_step_with_a_checkpoint(t
     assert man["step"] == end["step"] and man["stages"] == 2 and man["boundaries"] == [0, 3, 6]
     assert sorted(man["files"]) == ["rng.json", "stage_000.safetensors", "stage_001.safetensors"]
     assert all(len(v["crc32"]) == 8 and v["size"] > 0 for v in man["files"].values())
+
+
+def _mid_step(run: Path) -> int:
+    """The last step ended, once the next is well under way (0.2 s after that step's event
+    was seen, with no step ended since)."""
+    while True:
+        steps = [e["step"] for e in run_events(run, torn_ok=True) if e["event"] == "step"]
+        time.sleep(0.2)
+        if steps and steps[-1] == [e["step"] for e in run_events(run, torn_ok=True) if e["event"] == "step"][-1]:
+            return steps[-1]
+
+
+def test_a_signal_every_rank_gets_within_a_step_stops_at_its_end_though_flags_are_posted(tmp_path):
+    """Steps under POSTED_BELOW_S agree on their flags a step late; a SIGTERM that reaches every
+    rank during one step (as Slurm signals every task at once) still stops at that step's end
+    (StepFlags.early), not the next one's."""
+    toml = slow_example(tmp_path / "ex", {"steps": "100000", "checkpoint_interval": "0"}, sleep_s=0.15)
+    run = tmp_path / "run"
+    p = subprocess.Popen([*PSWIFT, "run", "--run-dir", str(run), str(toml)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while sum(e["event"] == "step" for e in run_events(run, torn_ok=True)) < 3:
+        assert time.time() < deadline and p.poll() is None
+        time.sleep(0.1)
+    last = _mid_step(run)      # ~0.6 s a step (4 micro-batches sleeping 0.15 s): inside the next
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, out[-3000:]
+    evs = run_events(run)
+    assert max(e["step_time"] for e in evs if e["event"] == "step") < POSTED_BELOW_S   # the flags were posted
+    (ck,) = [e for e in evs if e["event"] == "checkpoint"]
+    assert ck["reason"] == "signal" and ck["step"] == last + 1, (last, ck)
 
 
 def test_a_resumed_attempt_profiles_its_layers_too(tmp_path):

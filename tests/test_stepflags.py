@@ -1,6 +1,7 @@
 """The flags every rank agrees on at a step's end (pipeswift_launch.collectives.StepFlags), on
 two real gloo processes: at once (agree), or posted at one step's end and taken at the next
-(post/take), the largest of each slot over the ranks either way; and the rule that says which
+(post/take), the largest of each slot over the ranks either way; at once where every rank
+posted a slot set (early: a stop signalled to every rank in the same step); and the rule that says which
 (pipeswift_slurm.codes): the seconds from a signal to the stop that the USR2 lead and the
 GraceTime warning count."""
 
@@ -35,6 +36,16 @@ seen["taken_again"] = flags.take()
 flags.mine = [float(r), 0.0, 1.0]
 flags.post()
 seen["then"] = flags.take()
+flags.mine = [2.0 + r, 0.0, float(r)]      # both ranks set slot 0: both act at once, nothing left
+flags.post()
+seen["early_both"] = flags.early(0)
+seen["early_both_left"] = flags.take()
+flags.mine = [3.0 * r, 0.0, 4.0]           # rank 1 alone sets slot 0: nobody acts early
+flags.post()
+seen["early_one"] = flags.early(0)
+flags.mine = [0.0, 0.0, 0.0]
+seen["early_one_taken"] = flags.take()     # a step later, on both, as posted
+seen["early_unposted"] = flags.early(0)
 dist.barrier()
 json.dump(seen, open(f"{out}.{r}", "w"))
 print("done")
@@ -55,7 +66,9 @@ def test_posted_flags_are_every_ranks_largest_taken_a_step_later(tmp_path):
     for r in (0, 1):
         seen = json.loads((tmp_path / f"seen.{r}").read_text())
         assert seen == {"none_posted": None, "agree": [1.0, 5.0, 0.0], "taken": [0.0, 10.0, 7.0],
-                        "taken_again": None, "then": [1.0, 0.0, 1.0]}, (r, seen)
+                        "taken_again": None, "then": [1.0, 0.0, 1.0],
+                        "early_both": [3.0, 0.0, 1.0], "early_both_left": None,
+                        "early_one": None, "early_one_taken": [3.0, 0.0, 4.0], "early_unposted": None}, (r, seen)
 
 
 def test_short_steps_stop_a_step_later_and_the_usr2_lead_counts_it():

@@ -64,12 +64,15 @@ class StepFlags:
     Two ways, every rank taking the same at the same step: :meth:`agree` all-reduces ``mine``
     and waits; :meth:`post` starts that all-reduce without waiting and :meth:`take` (at the next
     step's end) returns its result: the wait a step's end would spend on the slowest rank is
-    spent inside the next step instead, and what the ranks agree on is a step late."""
+    spent inside the next step instead, and what the ranks agree on is a step late. Where every
+    rank posted one slot set (a stop Slurm signalled to every task at once), :meth:`early` lets
+    them all act on the posted flags at once instead."""
 
     def __init__(self, n: int) -> None:
         self.mine = [0.0] * n
         self.group = dist.new_group(backend="gloo")
-        self.posted: tuple[Any, Any] | None = None     # (the all-reduce's work, its tensor)
+        self.posted: tuple[Any, Any] | None = None     # (the all-reduce's work or None once waited, its tensor)
+        self.sent: list[float] = []                      # ``mine`` as posted
 
     def agree(self) -> list[float]:
         """Every rank's ``mine``, the largest of each over the ranks (a collective: every rank
@@ -78,14 +81,40 @@ class StepFlags:
         return self.take() or []
 
     def post(self) -> None:
-        """Start the all-reduce of ``mine`` (every rank posts at the same step; :meth:`take` ends it)."""
-        t = torch.tensor(self.mine)
+        """Start the all-reduce of ``mine`` (every rank posts at the same step; :meth:`take` ends
+        it). Each slot travels twice, as itself and negated: the largest of the negated ones is
+        the smallest over the ranks, for :meth:`early`."""
+        self.sent = list(self.mine)
+        t = torch.tensor(self.sent + [-x for x in self.sent])
         self.posted = (dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True), t)
+
+    def _wait(self) -> tuple[list[float], list[float]]:
+        """The posted all-reduce's largest and smallest of each slot over the ranks (waiting for it)."""
+        assert self.posted is not None
+        work, t = self.posted
+        if work is not None:
+            work.wait()
+            self.posted = (None, t)
+        both, n = [float(x) for x in t.tolist()], len(self.sent)
+        return both[:n], [-x for x in both[n:]]
 
     def take(self) -> list[float] | None:
         """The posted all-reduce's result (waiting for it), or None where none was posted."""
         if self.posted is None:
             return None
-        (work, t), self.posted = self.posted, None
-        work.wait()
-        return [float(x) for x in t.tolist()]
+        largest, _ = self._wait()
+        self.posted = None
+        return largest
+
+    def early(self, slot: int) -> list[float] | None:
+        """Where this rank posted ``slot`` set: wait for the posted flags now; when every rank
+        posted it set, they are every rank's now (each of them waits here and acts on them at
+        this step; nothing is left to take). Else None: a rank that did not set it does not wait,
+        so every rank takes them at the next step's end, as :meth:`take` would."""
+        if self.posted is None or not self.sent[slot]:
+            return None
+        largest, smallest = self._wait()
+        if not smallest[slot]:
+            return None
+        self.posted = None
+        return largest

@@ -330,6 +330,10 @@ def _train(att: Attempt) -> int:
         if att.step < steps and agreed[FLAG_STEP_S] < POSTED_BELOW_S:   # the next step's end takes them
             _mine(att, flags, drifted, dt)
             flags.post()
+            now = flags.early(FLAG_STOP)   # every rank asked to stop during this step: stop at its end
+            if now is not None:
+                stop_code = _step_end(att, now, dog, every, proposal, watcher, profiled)
+                break
         parts.lap("flags")
         if agreed[FLAG_DRIFT] and not profiler.handles:   # every rank: profile the next steps again
             profiler, timer = _profilers(att), InstructionTimer(engine, sync=plan["device"] == "cuda")
