@@ -16,7 +16,11 @@ trained locally with real DeepSpeed on CPU (`pswift run`, no Slurm needed), ever
   on as many ranks, then ``engine.save_checkpoint`` (every rank writing its files, as DeepSpeed
   does; timed from a barrier to a barrier, once as called and once with the ``sync`` that makes
   it as durable as pswift's fsynced files) and ``engine.load_checkpoint`` into the same layout
-  (DeepSpeed reloads optimizer state only into the layout that wrote it);
+  (DeepSpeed reloads optimizer state only into the layout that wrote it); and the stop a
+  DeepSpeed user writes for a signal, timed as pswift's is: SIGTERM to every rank once a step
+  has ended and the page cache is flushed, a handler that sets a flag, the flag all-reduced at
+  every step's end, ``engine.save_checkpoint`` at the step where it is set; signal -> saved on
+  every rank, and -> synced (the headline ratio is against this, not the save alone);
 - torch.distributed.checkpoint (DCP), as torchtitan checkpoints, in the same bare loop: every
   rank's module and optimizer state saved to one DCP folder (fsynced, as DCP does) and loaded
   back; and the background save's cost to training: the 5 steps after step 3 with DCP's
@@ -159,10 +163,46 @@ flushed()
 clean = window(3, ())
 flushed()
 with_async = window(8, (0, 3))
+# a DeepSpeed user's stop on SIGTERM, done well: the handler sets a flag, every step's end
+# all-reduces it (a rank signalled a moment after a step's end must stop with the others), and
+# the stop calls engine.save_checkpoint; signal -> saved on every rank (and synced). Rank 0
+# signals every rank as the pswift side is signalled: once a step has ended, the page cache
+# flushed (and dropped), half a second later
+import signal, threading, torch.distributed as tdist
+pids, asked, t_sig = [None] * world, [0.0], [0.0]
+tdist.all_gather_object(pids, os.getpid())
+signal.signal(signal.SIGTERM, lambda *_: asked.__setitem__(0, 1.0))
+def signal_all():
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1")
+    except OSError:
+        pass
+    time.sleep(0.5)
+    t_sig[0] = time.time()
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+step, stop = 13, torch.zeros(1)
+while not stop.item():
+    engine.train_batch(data_iter=iter([fn(step=step, index=dp * m + j, micro_batch_size=mbs, seed=seed, **kwargs) for j in range(m)]))
+    step += 1
+    if rank == 0 and step == 16:
+        threading.Thread(target=signal_all).start()
+    stop[0] = asked[0]
+    tdist.all_reduce(stop, op=tdist.ReduceOp.MAX)
+engine.save_checkpoint(folder + "-signal", tag="signal")
+dist.barrier()
+signal_saved = time.time() - t_sig[0]
+if rank == 0:
+    os.sync()
+dist.barrier()
+signal_synced = time.time() - t_sig[0]
 if rank == 0:
     size = sum(f.stat().st_size for f in __import__("pathlib").Path(folder, "bench").rglob("*") if f.is_file())
     with open(out, "w") as f:
         json.dump({"ds_save_s": saved, "ds_save_synced_s": synced, "ds_load_s": loaded, "ds_checkpoint_bytes": size,
+                   "ds_signal_save_s": signal_saved, "ds_signal_save_synced_s": signal_synced,
                    "dcp_save_s": dcp_saved, "dcp_load_s": dcp_loaded,
                    "dcp_async_cost_s": (with_async - clean) / 2, "dcp_window_clean_s": clean}, f)
 '''
@@ -334,7 +374,8 @@ def one_round(state: dict | None, hidden: int, baseline_first: bool, mode: str, 
 
 
 RATIOS = {  # name: (pswift figure, baseline figures summed); and one per resume of the mode
-    "signal_to_commit_vs_deepspeed_save": ("signal_to_commit_s", ("ds_save_s",)),
+    "signal_to_commit_vs_deepspeed_save": ("signal_to_commit_s", ("ds_signal_save_s",)),
+    "signal_to_commit_vs_deepspeed_save_synced": ("signal_to_commit_s", ("ds_signal_save_synced_s",)),
     "in_job_save_vs_deepspeed_save": ("in_job_save_s", ("ds_save_s",)),
     "in_job_save_vs_deepspeed_save_synced": ("in_job_save_s", ("ds_save_synced_s",)),
     "signal_to_commit_vs_torch_save_plus_step": ("signal_to_commit_s", ("torch_save_s", "step_s")),
@@ -387,8 +428,10 @@ def mode_figures(mode: str, s: dict) -> str:
     loads = " and ".join(f"{span(name[:-2] + '_vs_torch_load')} ({name[5:-2].replace('_to_', ' → ')})"
                          for name, _ in MODES[mode][3])
     return (f"{TITLES[mode]} ({m['checkpoint_bytes'] / 1e6:.0f} MB): signal → commit {m['signal_to_commit_s']:.2f} s = "
-            f"{span('signal_to_commit_vs_deepspeed_save')} DeepSpeed's save_checkpoint ({m['ds_save_s']:.2f} s, "
-            f"{m['ds_save_synced_s']:.2f} s synced); the in-job save {m['in_job_save_s']:.2f} s = "
+            f"{span('signal_to_commit_vs_deepspeed_save')} a DeepSpeed loop's signal → save_checkpoint "
+            f"({m['ds_signal_save_s']:.2f} s), {span('signal_to_commit_vs_deepspeed_save_synced')} of it synced "
+            f"({m['ds_signal_save_synced_s']:.2f} s); save_checkpoint alone {m['ds_save_s']:.2f} s "
+            f"({m['ds_save_synced_s']:.2f} s synced), the in-job save {m['in_job_save_s']:.2f} s = "
             f"{span('in_job_save_vs_deepspeed_save')} of it, {span('in_job_save_vs_deepspeed_save_synced')} synced, "
             f"{span('in_job_save_vs_torch_save')} one torch.save; loads into another layout {loads} one "
             f"torch.load (DeepSpeed's load into the same layout {m['ds_load_s']:.2f} s); a periodic checkpoint "
@@ -444,6 +487,7 @@ def main() -> None:
     headline = {f"{mode} {name}": {**s["ratios"][key], "ratio": s["ratios"][key]["median"]}
                 for mode, s in by_mode.items() for name, key in
                 (("signal_commit/deepspeed_save", "signal_to_commit_vs_deepspeed_save"),
+                 ("signal_commit/deepspeed_save_synced", "signal_to_commit_vs_deepspeed_save_synced"),
                  ("in_job_save/deepspeed_save", "in_job_save_vs_deepspeed_save"),
                  ("in_job_save/dcp_save", "in_job_save_vs_dcp_save"),
                  ("background_slowdown/dcp_async", "background_cost_vs_dcp_async_cost"))}
@@ -451,8 +495,9 @@ def main() -> None:
                   quick=args.quick,
                   what=f"a {first['median']['checkpoint_bytes'] / 1e6:.0f} MB checkpoint (model + Adam state): "
                        f"SIGTERM → committed checkpoint (outside: the step in flight, consensus, every rank "
-                       f"writing, manifest; inside: the save alone) vs DeepSpeed's `engine.save_checkpoint` of "
-                       f"the same job on as many ranks; resumes into another stage count or data-parallel "
+                       f"writing, manifest; inside: the save alone) vs the same job's bare DeepSpeed loop on as "
+                       f"many ranks, signalled alike, stopping at the step's end with `engine.save_checkpoint` "
+                       f"(and that save alone); resumes into another stage count or data-parallel "
                        f"degree; one plain `torch.save` (+ fsync) / `torch.load` of the same tensors as a "
                        f"floor; torch.distributed.checkpoint's save and its async_save's cost to training "
                        f"against the background save's; the stall of a periodic checkpoint written in the "
