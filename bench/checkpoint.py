@@ -189,6 +189,7 @@ while not stop.item():
     step += 1
     if rank == 0 and step == 16:
         threading.Thread(target=signal_all).start()
+    step_end = time.time()
     stop[0] = asked[0]
     tdist.all_reduce(stop, op=tdist.ReduceOp.MAX)
 engine.save_checkpoint(folder + "-signal", tag="signal")
@@ -203,6 +204,7 @@ if rank == 0:
     with open(out, "w") as f:
         json.dump({"ds_save_s": saved, "ds_save_synced_s": synced, "ds_load_s": loaded, "ds_checkpoint_bytes": size,
                    "ds_signal_save_s": signal_saved, "ds_signal_save_synced_s": signal_synced,
+                   "ds_signal_to_step_end_s": step_end - t_sig[0],
                    "dcp_save_s": dcp_saved, "dcp_load_s": dcp_loaded,
                    "dcp_async_cost_s": (with_async - clean) / 2, "dcp_window_clean_s": clean}, f)
 '''
@@ -213,6 +215,10 @@ def deepspeed_baseline(plan: Path, work: Path, world: int) -> dict:
     out, folder = work / "ds.json", work / "ds-ckpt"
     benchlib.run_deepspeed_ranks(DS_SAVE, plan, world, "cpu", str(folder), str(out), what="DeepSpeed baseline")
     got = json.loads(out.read_text())
+    # what follows the step's end: the stop's consensus and the save (the wait for the step in
+    # flight depends on where in a step the signal lands, a draw on either side)
+    got["ds_step_end_to_save_s"] = got["ds_signal_save_s"] - got["ds_signal_to_step_end_s"]
+    got["ds_step_end_to_synced_s"] = got["ds_signal_save_synced_s"] - got["ds_signal_to_step_end_s"]
     for f in work.glob(folder.name + "*"):
         shutil.rmtree(f, ignore_errors=True)
     return got
@@ -261,7 +267,9 @@ def signal_and_commit(toml: Path, run: Path, ckpt: Path, nodes: int) -> dict:
     (saved,) = [e for e in evs if e["event"] == "checkpoint"]
     steps = [e["step_time"] for e in evs if e["event"] == "step"]
     size = sum(f.stat().st_size for f in (ckpt / f"step_{saved['step']:08d}").glob("stage_*"))
+    (step_end,) = [e["time"] for e in evs if e["event"] == "step" and e["step"] == saved["step"]]
     return {"step": saved["step"], "checkpoint_bytes": size, "signal_to_commit_s": signal_to_commit,
+            "signal_to_step_end_s": step_end - t_sig, "step_end_to_commit_s": t_sig + signal_to_commit - step_end,
             "in_job_save_s": saved["seconds"], "stage_write_s": saved["write_s"],
             "commit_s": saved["commit_s"], "step_s": statistics.median(steps),
             "page_cache_dropped": dropped}
@@ -376,6 +384,8 @@ def one_round(state: dict | None, hidden: int, baseline_first: bool, mode: str, 
 RATIOS = {  # name: (pswift figure, baseline figures summed); and one per resume of the mode
     "signal_to_commit_vs_deepspeed_save": ("signal_to_commit_s", ("ds_signal_save_s",)),
     "signal_to_commit_vs_deepspeed_save_synced": ("signal_to_commit_s", ("ds_signal_save_synced_s",)),
+    "step_end_to_commit_vs_deepspeed_save": ("step_end_to_commit_s", ("ds_step_end_to_save_s",)),
+    "step_end_to_commit_vs_deepspeed_save_synced": ("step_end_to_commit_s", ("ds_step_end_to_synced_s",)),
     "in_job_save_vs_deepspeed_save": ("in_job_save_s", ("ds_save_s",)),
     "in_job_save_vs_deepspeed_save_synced": ("in_job_save_s", ("ds_save_synced_s",)),
     "signal_to_commit_vs_torch_save_plus_step": ("signal_to_commit_s", ("torch_save_s", "step_s")),
@@ -430,7 +440,10 @@ def mode_figures(mode: str, s: dict) -> str:
     return (f"{TITLES[mode]} ({m['checkpoint_bytes'] / 1e6:.0f} MB): signal → commit {m['signal_to_commit_s']:.2f} s = "
             f"{span('signal_to_commit_vs_deepspeed_save')} a DeepSpeed loop's signal → save_checkpoint "
             f"({m['ds_signal_save_s']:.2f} s), {span('signal_to_commit_vs_deepspeed_save_synced')} of it synced "
-            f"({m['ds_signal_save_synced_s']:.2f} s); save_checkpoint alone {m['ds_save_s']:.2f} s "
+            f"({m['ds_signal_save_synced_s']:.2f} s); from the step's end (the signal landed "
+            f"{m['signal_to_step_end_s']:.2f} s and {m['ds_signal_to_step_end_s']:.2f} s before it) "
+            f"{m['step_end_to_commit_s']:.2f} s = {span('step_end_to_commit_vs_deepspeed_save')} "
+            f"({span('step_end_to_commit_vs_deepspeed_save_synced')} synced); save_checkpoint alone {m['ds_save_s']:.2f} s "
             f"({m['ds_save_synced_s']:.2f} s synced), the in-job save {m['in_job_save_s']:.2f} s = "
             f"{span('in_job_save_vs_deepspeed_save')} of it, {span('in_job_save_vs_deepspeed_save_synced')} synced, "
             f"{span('in_job_save_vs_torch_save')} one torch.save; loads into another layout {loads} one "
