@@ -88,7 +88,8 @@ def save(out: str | Path, result: dict[str, Any], *, quick: bool, what: str, fig
 #: the plan's pipeline exactly as pswift's launcher does (its seeds, its DeepSpeed config) with
 #: DeepSpeed's own engine, and leaves ``engine``, ``dist``, ``plan``, ``layout``, ``seed``, the
 #: data source ``fn`` with its ``kwargs``, ``m`` micro-batches of ``mbs`` and ``started`` (the
-#: process's first instant). A body ends with DS_RANK_EXIT.
+#: process's first instant). A body ends with DS_RANK_EXIT. $BENCH_DS_CONFIG (JSON), where set,
+#: adds to the DeepSpeed config (a universal checkpoint's load: {"checkpoint": {"load_universal": true}}).
 DS_RANK_PRELUDE = r'''
 import json, os, sys, time
 started = time.time()
@@ -114,7 +115,8 @@ rng.reseed(seed, 0, 0)
 model = build_pipe(plan, layout)
 rng.reseed(seed, 0, rank)
 engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                       config=ds_config(plan, layout, sum(p.numel() for p in model.parameters())))
+                                       config={**ds_config(plan, layout, sum(p.numel() for p in model.parameters())),
+                                               **json.loads(os.environ.get("BENCH_DS_CONFIG", "{}"))})
 fn, kwargs, m, mbs = data.source(plan), dict(plan["model"]["kwargs"]), layout["micro_batches"], layout["micro_batch_size"]
 '''
 DS_RANK_EXIT = """

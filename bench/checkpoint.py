@@ -77,6 +77,12 @@ MODES = {
 }
 
 
+#: the modes whose resume into another layout DeepSpeed's universal checkpoint covers, and the
+#: ranks of that resume (the mode's first): its conversion reads ZeRO's optimizer partitions,
+#: which a plain fp32 optimizer does not write (DeepSpeed's pipeline reloads those per layer)
+UNIVERSAL = {"bf16_zero1": 2}
+
+
 def make_config(d: Path, ckpt: Path, steps: int, hidden: int = 1024, mode: str = "fp32") -> Path:
     shutil.copytree(ROOT / "examples" / "tiny-gpt", d, dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -210,11 +216,53 @@ if rank == 0:
 '''
 
 
-def deepspeed_baseline(plan: Path, work: Path, world: int) -> dict:
-    """DeepSpeed's own save_checkpoint / load_checkpoint of the job ``plan`` on ``world`` ranks."""
+#: DeepSpeed's universal checkpoint's load, after benchlib's DeepSpeed prelude (the config with
+#: checkpoint.load_universal): argv[6:] = checkpoint folder, out.json
+DS_UNIVERSAL_LOAD = r'''
+folder, out = sys.argv[6], sys.argv[7]
+dist.barrier()
+t0 = time.time()
+engine.load_checkpoint(folder, tag="bench_universal")
+dist.barrier()
+if rank == 0:
+    with open(out, "w") as f:
+        json.dump({"ds_universal_load_s": time.time() - t0, "ds_universal_step": engine.global_steps}, f)
+'''
+
+
+def deepspeed_universal(plan: Path, folder: Path, world: int, out: Path) -> dict:
+    """DeepSpeed's path to a resume in another layout (ZeRO's partitions resharded): the offline
+    conversion of the saved checkpoint (``python -m deepspeed.checkpoint.ds_to_universal``, as
+    its docs run it; ``--inject_missing_state``: a plain DeepSpeed job records no Megatron
+    patterns), then ``load_checkpoint`` with ``load_universal`` on ``world`` ranks."""
+    flush_dirty_pages()
+    t0 = time.time()
+    subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                    str(folder / "bench"), "--output_folder", str(folder / "bench_universal"), "--inject_missing_state"],
+                   check=True, capture_output=True, cwd=ROOT)
+    convert_s = time.time() - t0
+    (folder / "latest_universal").write_text("bench_universal")
+    flush_dirty_pages()
+    os.environ["BENCH_DS_CONFIG"] = json.dumps({"checkpoint": {"load_universal": True}})
+    try:
+        benchlib.run_deepspeed_ranks(DS_UNIVERSAL_LOAD, plan, world, "cpu", str(folder), str(out),
+                                     what="DeepSpeed universal checkpoint load")
+    finally:
+        del os.environ["BENCH_DS_CONFIG"]
+    got = json.loads(out.read_text())
+    if got.pop("ds_universal_step") != 3:
+        raise SystemExit("DeepSpeed's universal load did not resume at step 3")
+    return {"ds_universal_convert_s": convert_s, **got}
+
+
+def deepspeed_baseline(plan: Path, work: Path, world: int, universal_into: int | None = None) -> dict:
+    """DeepSpeed's own save_checkpoint / load_checkpoint of the job ``plan`` on ``world`` ranks;
+    with ``universal_into``, its universal checkpoint's resume on that many ranks too."""
     out, folder = work / "ds.json", work / "ds-ckpt"
     benchlib.run_deepspeed_ranks(DS_SAVE, plan, world, "cpu", str(folder), str(out), what="DeepSpeed baseline")
     got = json.loads(out.read_text())
+    if universal_into is not None:
+        got.update(deepspeed_universal(plan, folder, universal_into, work / "ds-universal.json"))
     # what follows the step's end: the stop's consensus and the save (the wait for the step in
     # flight depends on where in a step the signal lands, a draw on either side)
     got["ds_step_end_to_save_s"] = got["ds_signal_save_s"] - got["ds_signal_to_step_end_s"]
@@ -367,7 +415,7 @@ def one_round(state: dict | None, hidden: int, baseline_first: bool, mode: str, 
         work = Path(tmp)
         first = baseline_first and state is not None and plan is not None
         base = {**torch_baseline(state, work / "baseline.pt"),
-                **deepspeed_baseline(plan, work, MODES[mode][2])} if first else {}
+                **deepspeed_baseline(plan, work, MODES[mode][2], UNIVERSAL.get(mode))} if first else {}
         ckpt = work / "ckpt"
         got = signal_and_commit(make_config(work / "cfg", ckpt, steps=1000, hidden=hidden, mode=mode),
                                 work / "save", ckpt, MODES[mode][2])
@@ -377,7 +425,8 @@ def one_round(state: dict | None, hidden: int, baseline_first: bool, mode: str, 
         loads = resume_loads(work, ckpt, got.pop("step"), hidden, mode)
         stall = background_stall(work, hidden, mode)
         if not base:
-            base = {**torch_baseline(state, work / "baseline.pt"), **deepspeed_baseline(plan, work, MODES[mode][2])}
+            base = {**torch_baseline(state, work / "baseline.pt"), **deepspeed_baseline(plan, work, MODES[mode][2],
+                                                                                     UNIVERSAL.get(mode))}
         return {**got, **loads, **stall, **base, "baseline_first": first}
 
 
@@ -402,6 +451,9 @@ COSTS = {"background_cost_vs_dcp_async_cost": ("background_cost_s", "dcp_async_c
 def summarize(rounds: list[dict], mode: str) -> dict:
     ratios = {}
     loads = {f"{name[:-2]}_vs_torch_load": (name, ("torch_load_s",)) for name, _ in MODES[mode][3]}
+    if "ds_universal_convert_s" in rounds[0]:   # the first resume against DeepSpeed's universal path
+        first = MODES[mode][3][0][0]
+        loads[f"{first[:-2]}_vs_deepspeed_universal"] = (first, ("ds_universal_convert_s", "ds_universal_load_s"))
     for name, (mine, base) in {**RATIOS, **loads}.items():
         per = [r[mine] / sum(r[b] for b in base) for r in rounds]
         lo, hi = benchlib.median_interval(per)
@@ -447,12 +499,24 @@ def mode_figures(mode: str, s: dict) -> str:
             f"({m['ds_save_synced_s']:.2f} s synced), the in-job save {m['in_job_save_s']:.2f} s = "
             f"{span('in_job_save_vs_deepspeed_save')} of it, {span('in_job_save_vs_deepspeed_save_synced')} synced, "
             f"{span('in_job_save_vs_torch_save')} one torch.save; loads into another layout {loads} one "
-            f"torch.load (DeepSpeed's load into the same layout {m['ds_load_s']:.2f} s); a periodic checkpoint "
+            f"torch.load (DeepSpeed's load into the same layout {m['ds_load_s']:.2f} s){_universal(mode, s)}; "
+            f"a periodic checkpoint "
             f"in the background stalls training {m['background_stall_s']:.3f} s = "
             f"{span('background_stall_vs_sync_save')} the synchronous save and costs it "
             f"{m['background_cost_s']:.2f} s against DCP's async_save's {m['dcp_async_cost_s']:.2f} s "
             f"({span('background_cost_vs_dcp_async_cost')}); against DCP's save "
             f"({m['dcp_save_s']:.2f} s) the in-job save is {span('in_job_save_vs_dcp_save')}")
+
+
+def _universal(mode: str, s: dict) -> str:
+    """The first resume against DeepSpeed's universal checkpoint, where the mode has it."""
+    first = MODES[mode][3][0][0]
+    key, m = f"{first[:-2]}_vs_deepspeed_universal", s["median"]
+    if key not in s["ratios"]:
+        return ""
+    return (f"; the resume {first[5:-2].replace('_to_', ' → ')} {m[first]:.2f} s = {_span(s['ratios'][key])} "
+            f"DeepSpeed's universal checkpoint path (ds_to_universal {m['ds_universal_convert_s']:.2f} s "
+            f"offline + load_universal {m['ds_universal_load_s']:.2f} s)")
 
 
 def readme_figures(by_mode: dict[str, dict], rounds: int) -> str:
@@ -503,7 +567,8 @@ def main() -> None:
                  ("signal_commit/deepspeed_save_synced", "signal_to_commit_vs_deepspeed_save_synced"),
                  ("in_job_save/deepspeed_save", "in_job_save_vs_deepspeed_save"),
                  ("in_job_save/dcp_save", "in_job_save_vs_dcp_save"),
-                 ("background_slowdown/dcp_async", "background_cost_vs_dcp_async_cost"))}
+                 ("background_slowdown/dcp_async", "background_cost_vs_dcp_async_cost"),
+                 *[("reshard_resume/deepspeed_universal", k) for k in s["ratios"] if k.endswith("_vs_deepspeed_universal")])}
     benchlib.save(args.out, {"benchmark": "checkpoint", "repeats": repeats, "modes": by_mode, "ratios": headline},
                   quick=args.quick,
                   what=f"a {first['median']['checkpoint_bytes'] / 1e6:.0f} MB checkpoint (model + Adam state): "
