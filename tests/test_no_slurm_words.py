@@ -6,6 +6,7 @@ SLURM_CONF and no DNS SRV record: configless Slurm finds no controller."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -20,7 +21,9 @@ def test_plan_without_slurm_warns_in_one_short_line(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     (warning,) = [line for line in proc.stderr.splitlines() if "no live cluster state" in line]
-    assert len(warning) <= 160 and "Could not establish a configuration source" in warning, warning
+    # configless Slurm's own conclusion where its client tools are installed, else their absence
+    why = "Could not establish a configuration source" if shutil.which("scontrol") else "command not found"
+    assert len(warning) <= 160 and why in warning, warning
 
 
 def test_doctor_never_says_ok_and_failed_for_one_check(tmp_path):

@@ -69,8 +69,7 @@ def _run_once(cmd: Sequence[str], timeout: float, check: bool, survive_term: boo
               env: dict[str, str] | None) -> subprocess.CompletedProcess[str]:
     exe = cmd[0]
     if shutil.which(exe) is None:
-        raise SlurmAbsent(f"{exe}: command not found; install Slurm's client tools (slurm-client) or "
-                         f"start the dev cluster with scripts/slurm-dev-cluster start")
+        raise SlurmAbsent(f"{exe}: command not found (install slurm-client, or run scripts/slurm-dev-cluster start)")
     conf = os.environ.get("SLURM_CONF")
     if conf and not os.path.isfile(conf):
         # Slurm's clients (`--version` too) retry for a minute or wait for a configless server
