@@ -37,8 +37,9 @@ if TYPE_CHECKING:
 MIN_GAIN = 0.10
 COST_MARGIN = 2.0
 #: a launch profiles its layers again (and may re-cut) when the median of its last
-#: ``DRIFT_WINDOW`` steps is ``DRIFT`` away from the profiled steps', judged ``DRIFT_STEPS``
-#: steps after a profile at the earliest, at most ``MAX_PROFILES`` profiles a launch
+#: ``DRIFT_WINDOW`` steps is ``DRIFT`` away from that of the ``DRIFT_WINDOW`` steps after the
+#: last profile, judged ``DRIFT_STEPS`` steps after a profile at the earliest, at most
+#: ``MAX_PROFILES`` profiles a launch
 DRIFT, DRIFT_STEPS, DRIFT_WINDOW, MAX_PROFILES = 0.25, 20, 10, 3
 #: seconds of a launch not in the measured setup (srun, the interpreter before the launcher)
 LAUNCH_S = 1.0
@@ -173,19 +174,30 @@ def growth_cuts(plan: Plan, profile: Profile, nodes_now: int) -> dict[str, list[
 
 
 class Drift:
-    """When the stage times drift: rank 0 compares the recent step times with the last profiled
-    ones (the launch then profiles again, every rank together, and proposes again)."""
+    """When the stage times drift: rank 0 compares the recent step times with the steady ones
+    after the last profile (the launch then profiles again, every rank together, and proposes
+    again). The base is the ``DRIFT_WINDOW`` steps after a profile, not the profiled steps: its
+    hooks slow the steps they time (a third at a small model on this host's CPUs), which would
+    read as drift at every launch and profile again inside steady training."""
 
     def __init__(self) -> None:
         self.base: float | None = None
-        self.at = 0
+        self.at: int | None = None
         self.profiles = 0
 
-    def settle(self, step: int, window: Sequence[float]) -> None:
-        self.base, self.at, self.profiles = median(window), step, self.profiles + 1
+    def settle(self, step: int) -> None:
+        """A profile ended at ``step``: the steps that follow set the base."""
+        self.base, self.at, self.profiles = None, step, self.profiles + 1
 
     def drifted(self, step: int, step_times: Sequence[float]) -> bool:
-        if self.base is None or self.profiles >= MAX_PROFILES or step - self.at < DRIFT_STEPS:
+        """Called at every unprofiled step's end with this launch's step times so far."""
+        if self.at is None or self.profiles >= MAX_PROFILES:
+            return False
+        if self.base is None:
+            if step - self.at >= DRIFT_WINDOW:
+                self.base = median(step_times[-DRIFT_WINDOW:])
+            return False
+        if step - self.at < DRIFT_STEPS:
             return False
         now = median(step_times[-DRIFT_WINDOW:])
         return now is not None and abs(now - self.base) > DRIFT * self.base

@@ -317,7 +317,7 @@ def _train(att: Attempt) -> int:
             if att.step < steps:
                 window = step_times[-len(PROFILE_STEPS):]   # the profiled steps
                 proposal = _relayout_proposal(att, profiled, window)
-                drift.settle(att.step, window)
+                drift.settle(att.step)
                 watcher = watcher or _watch_for_growth(att, step_times, profiled)
         parts.lap("profile")
         drifted = att.rank == 0 and not profiler.handles and drift.drifted(att.step, step_times)
