@@ -110,14 +110,16 @@ folder, out = sys.argv[6], sys.argv[7]
 dp = engine.grid.data_parallel_id
 for step in range(3):
     engine.train_batch(data_iter=iter([fn(step=step, index=dp * m + i, micro_batch_size=mbs, seed=seed, **kwargs) for i in range(m)]))
+def drop_page_cache():
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1")
+    except OSError:
+        pass
 def flushed():
     if rank == 0:
-        os.sync()
-        try:
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("1")
-        except OSError:
-            pass
+        drop_page_cache()
     dist.barrier()
 flushed()
 t0 = time.time()
@@ -179,12 +181,7 @@ pids, asked, t_sig = [None] * world, [0.0], [0.0]
 tdist.all_gather_object(pids, os.getpid())
 signal.signal(signal.SIGTERM, lambda *_: asked.__setitem__(0, 1.0))
 def signal_all():
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1")
-    except OSError:
-        pass
+    drop_page_cache()
     time.sleep(0.5)
     t_sig[0] = time.time()
     for pid in pids:
