@@ -238,7 +238,9 @@ def test_a_signal_every_rank_gets_within_a_step_stops_at_its_end_though_flags_ar
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 0, out[-3000:]
     evs = run_events(run)
-    assert max(e["step_time"] for e in evs if e["event"] == "step") < POSTED_BELOW_S   # the flags were posted
+    # the flags were posted (the first step, warming up, may take longer on a busy host: it is
+    # not near the signal)
+    assert max(e["step_time"] for e in evs if e["event"] == "step" and e["step"] > 1) < POSTED_BELOW_S
     (ck,) = [e for e in evs if e["event"] == "checkpoint"]
     assert ck["reason"] == "signal" and ck["step"] == last + 1, (last, ck)
 
