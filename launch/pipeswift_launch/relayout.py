@@ -176,9 +176,9 @@ def growth_cuts(plan: Plan, profile: Profile, nodes_now: int) -> dict[str, list[
 class Drift:
     """When the stage times drift: rank 0 compares the recent step times with the steady ones
     after the last profile (the launch then profiles again, every rank together, and proposes
-    again). The base is the ``DRIFT_WINDOW`` steps after a profile, not the profiled steps: its
-    hooks slow the steps they time (a third at a small model on this host's CPUs), which would
-    read as drift at every launch and profile again inside steady training."""
+    again). The base is the ``DRIFT_WINDOW`` steps after a profile, not the profiled steps: the
+    first of those are still warming up and the profile's hooks slow the steps they time, so
+    the steady steps after them read as drift and profiled again inside steady training."""
 
     def __init__(self) -> None:
         self.base: float | None = None
