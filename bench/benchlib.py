@@ -88,8 +88,8 @@ def save(out: str | Path, result: dict[str, Any], *, quick: bool, what: str, fig
 #: the plan's pipeline exactly as pswift's launcher does (its seeds, its DeepSpeed config) with
 #: DeepSpeed's own engine, and leaves ``engine``, ``dist``, ``plan``, ``layout``, ``seed``, the
 #: data source ``fn`` with its ``kwargs``, ``m`` micro-batches of ``mbs`` and ``started`` (the
-#: process's first instant). A body ends with DS_RANK_EXIT. $BENCH_DS_CONFIG (JSON), where set,
-#: adds to the DeepSpeed config (a universal checkpoint's load: {"checkpoint": {"load_universal": true}}).
+#: process's first instant). A body ends with DS_RANK_EXIT. $BENCH_DS_CONFIG (JSON; run_deepspeed_ranks'
+#: ``ds_config``), where set, adds to the DeepSpeed config.
 DS_RANK_PRELUDE = r'''
 import json, os, sys, time
 started = time.time()
@@ -125,14 +125,17 @@ exit_now(0)
 """
 
 
-def run_deepspeed_ranks(body: str, plan: Path, world: int, device: str, *args: str, what: str) -> None:
-    """``world`` ranks of DS_RANK_PRELUDE + ``body`` on this host, on a free port; exits with
-    the ranks' logs (``what`` failed) when any fails."""
+def run_deepspeed_ranks(body: str, plan: Path, world: int, device: str, *args: str, what: str,
+                        ds_config: dict | None = None) -> None:
+    """``world`` ranks of DS_RANK_PRELUDE + ``body`` on this host, on a free port, ``ds_config``
+    added to the plan's DeepSpeed config; exits with the ranks' logs (``what`` failed) when any
+    fails."""
     import socket
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "launch")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "launch")]),
+           **({"BENCH_DS_CONFIG": json.dumps(ds_config)} if ds_config else {})}
     procs = [subprocess.Popen([sys.executable, "-c", DS_RANK_PRELUDE + body + DS_RANK_EXIT, str(plan), str(rank),
                                str(world), port, device, *args],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)

@@ -240,12 +240,9 @@ def deepspeed_universal(plan: Path, folder: Path, world: int, out: Path) -> dict
     convert_s = time.time() - t0
     (folder / "latest_universal").write_text("bench_universal")
     flush_dirty_pages()
-    os.environ["BENCH_DS_CONFIG"] = json.dumps({"checkpoint": {"load_universal": True}})
-    try:
-        benchlib.run_deepspeed_ranks(DS_UNIVERSAL_LOAD, plan, world, "cpu", str(folder), str(out),
-                                     what="DeepSpeed universal checkpoint load")
-    finally:
-        del os.environ["BENCH_DS_CONFIG"]
+    benchlib.run_deepspeed_ranks(DS_UNIVERSAL_LOAD, plan, world, "cpu", str(folder), str(out),
+                                 what="DeepSpeed universal checkpoint load",
+                                 ds_config={"checkpoint": {"load_universal": True}})
     got = json.loads(out.read_text())
     if got.pop("ds_universal_step") != 3:
         raise SystemExit("DeepSpeed's universal load did not resume at step 3")

@@ -214,11 +214,13 @@ def test_sigterm_to_a_local_run_stops_every_rank_at_one_step_with_a_checkpoint(t
 def _mid_step(run: Path) -> int:
     """The last step ended, once the next is well under way (0.2 s after that step's event
     was seen, with no step ended since)."""
-    while True:
+    deadline = time.time() + 60
+    while time.time() < deadline:
         steps = [e["step"] for e in run_events(run, torn_ok=True) if e["event"] == "step"]
         time.sleep(0.2)
         if steps and steps[-1] == [e["step"] for e in run_events(run, torn_ok=True) if e["event"] == "step"][-1]:
             return steps[-1]
+    raise AssertionError(f"no step under way for 0.2 s within 60 s: {run_events(run, torn_ok=True)[-3:]}")
 
 
 def test_a_signal_every_rank_gets_within_a_step_stops_at_its_end_though_flags_are_posted(tmp_path):
