@@ -2,11 +2,14 @@
 per-step hook on (the step's event, the metrics sinks csv and TensorBoard, the watchdog, the
 flags every rank agrees on each step, the step's end) and by a bare DeepSpeed loop (the same
 layers, boundaries, data, seed and DeepSpeed config: pswift's own builders, none of its hooks),
-in alternated rounds (who goes first alternates), each its own processes, one per stage, for
-each stage count asked (``--stages 2,4``).
+each its own processes, one per stage, for each stage count asked (``--stages 2,4``). A round
+runs bare, pswift, bare (ABA: a drift of the host's speed within the round cancels against the
+two bare runs' geometric mean), and its two bare runs give the **control**: bare / bare, what
+two runs of the same job differ by on this host (an A/A ratio). A ratio pswift / bare whose
+interval lies inside the control's says pswift's cost is below what this host can resolve.
 
-Figures, each the median over rounds of a round's own ratio pswift / bare (the two ran seconds
-apart: a drift of the host's speed falls on both) with a bootstrap 90 % interval of that median:
+Figures, each the median over rounds of a round's own ratio pswift / bare (the three ran seconds
+apart) with a bootstrap 90 % interval of that median:
 
 - **whole steps**: the wall time from step K's end to the last step's, per step (K = 6: after
   pswift's layer-profile window, steps 2-4, and the step that reads it): everything each step
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -123,30 +127,37 @@ def run_bare(plan: Path, work: Path, world: int, device: str) -> dict:
             "to_last_step_s": got["last_step_at"] - started}
 
 
+FIGURES = ("median_step_s", "whole_step_s", "to_last_step_s")
+
+
+def figures(got: dict) -> dict:
+    return {"median_step_s": statistics.median(got["step_times"]), "whole_step_s": whole_step_s(got["ends"]),
+            "to_last_step_s": got["to_last_step_s"]}
+
+
 def one_round(r: int, toml: Path, work: Path, world: int, device: str, first: dict) -> dict:
-    """Round ``r`` (even: pswift first): both runs' figures; ``first`` keeps the first pswift
+    """Round ``r``: bare, pswift, bare; each figure of "bare" is the geometric mean of the two
+    bare runs', "bare_a" and "bare_b" their own (the control); ``first`` keeps the first pswift
     run's plan (the bare loop trains it) and cut (every round must plan the same)."""
-    order = ("pswift", "bare") if r % 2 == 0 else ("bare", "pswift")
-    got: dict[str, dict] = {}
-    for who in order:
-        if who == "bare":
-            got[who] = run_bare(first["plan"], work, world, device)
-            continue
-        got[who] = run_pswift(toml, work)
-        if not first:
-            first.update(plan=Path(shutil.copy(got[who]["plan"], work / f"plan-{world}.json")), cut=got[who]["boundaries"])
-        if got[who]["boundaries"] != first["cut"]:
-            raise SystemExit(f"round {r + 1} planned other stages {got[who]['boundaries']} than {first['cut']}")
-    if got["pswift"]["losses"] != got["bare"]["losses"]:
+    if not first:   # the plan the bare loop trains: pswift's, made once before the rounds
+        made = run_pswift(toml, work)
+        first.update(plan=Path(shutil.copy(made["plan"], work / f"plan-{world}.json")), cut=made["boundaries"])
+    bare_a = run_bare(first["plan"], work, world, device)
+    pswift = run_pswift(toml, work)
+    bare_b = run_bare(first["plan"], work, world, device)
+    if pswift["boundaries"] != first["cut"]:
+        raise SystemExit(f"round {r + 1} planned other stages {pswift['boundaries']} than {first['cut']}")
+    if not pswift["losses"] == bare_a["losses"] == bare_b["losses"]:
         raise SystemExit("pswift and bare DeepSpeed trained different numbers: not the same job")
-    return {**{who: {"median_step_s": statistics.median(g["step_times"]), "whole_step_s": whole_step_s(g["ends"]),
-                     "to_last_step_s": g["to_last_step_s"]} for who, g in got.items()},
-            "parts": got["pswift"]["parts"]}
+    a, b = figures(bare_a), figures(bare_b)
+    return {"pswift": figures(pswift), "bare_a": a, "bare_b": b,
+            "bare": {k: math.sqrt(a[k] * b[k]) for k in FIGURES}, "parts": pswift["parts"]}
 
 
-def ratio_of(rounds: list[dict], figure: str) -> dict:
-    """The median over ``rounds`` of pswift / bare for ``figure``, its 90 % interval and range."""
-    per = [x["pswift"][figure] / x["bare"][figure] for x in rounds]
+def ratio_of(rounds: list[dict], figure: str, num: str = "pswift", den: str = "bare") -> dict:
+    """The median over ``rounds`` of ``num`` / ``den`` for ``figure`` (pswift / bare; the control:
+    bare_b / bare_a), its 90 % interval and range."""
+    per = [x[num][figure] / x[den][figure] for x in rounds]
     lo, hi = benchlib.median_interval(per)
     return {"ratio": statistics.median(per), "lo": lo, "hi": hi, "min": min(per), "max": max(per), "per_round": per}
 
@@ -165,7 +176,7 @@ def hooks(rounds: list[dict]) -> dict:
 
 
 def measure(stages: int, args: argparse.Namespace, work: Path) -> dict:
-    """``args.rounds`` alternated rounds at ``stages`` stages: the figures of one stage count."""
+    """``args.rounds`` rounds (bare, pswift, bare) at ``stages`` stages: the figures of one stage count."""
     toml = example(work / f"ex-{stages}", args.steps, args.hidden, args.device, stages, metrics=("csv", "tensorboard"))
     rounds: list[dict] = []
     first: dict = {}
@@ -179,15 +190,17 @@ def measure(stages: int, args: argparse.Namespace, work: Path) -> dict:
     whole = ratio_of(rounds, "whole_step_s")
     return {"whole_step_ratio": whole["ratio"], "lo": whole["lo"], "hi": whole["hi"], "rounds": args.rounds,
             "whole_step": whole, "step": ratio_of(rounds, "median_step_s"), "wall": ratio_of(rounds, "to_last_step_s"),
+            "control": ratio_of(rounds, "whole_step_s", "bare_b", "bare_a"),
             "hooks": hooks(rounds), "per_round": rounds}
 
 
 def figures_of(stages: str, m: dict, args: argparse.Namespace) -> str:
-    w, st, wall, h = m["whole_step"], m["step"], m["wall"], m["hooks"]
+    w, st, wall, h, aa = m["whole_step"], m["step"], m["wall"], m["hooks"], m["control"]
     own = (f", pswift's hooks {h['own_s'] * 1000:.2f} ms a step ({h['own_share_of_whole_step'] * 100:.2f} % of it)"
            if h else "")
     return (f"{stages} stages: whole steps pswift/bare {w['ratio']:.3f} (90 % interval {w['lo']:.3f}-{w['hi']:.3f}; "
-            f"rounds {w['min']:.3f}-{w['max']:.3f}){own}; the step alone {st['ratio']:.3f} ({st['lo']:.3f}-{st['hi']:.3f}); "
+            f"rounds {w['min']:.3f}-{w['max']:.3f}); control bare/bare {aa['ratio']:.3f} ({aa['lo']:.3f}-{aa['hi']:.3f}; "
+            f"rounds {aa['min']:.3f}-{aa['max']:.3f}){own}; the step alone {st['ratio']:.3f} ({st['lo']:.3f}-{st['hi']:.3f}); "
             f"launch to last step {wall['ratio']:.3f} ({wall['lo']:.3f}-{wall['hi']:.3f})")
 
 
@@ -215,7 +228,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     figures = "; ".join(figures_of(c, m, args) for c, m in by_stages.items()) + \
-        f"; {args.rounds} alternated rounds of {args.steps} steps (whole steps from step {FIRST_WHOLE}), " \
+        f"; {args.rounds} rounds (bare, pswift, bare) of {args.steps} steps (whole steps from step {FIRST_WHOLE}), " \
         f"4 micro-batches, hidden {args.hidden}, metrics csv + TensorBoard, {args.device}"
     benchlib.save(out, {"stages": by_stages, "first_whole_step": FIRST_WHOLE,
                         # the 2-stage (else first) count's ratios at the top, as earlier results had them
