@@ -20,6 +20,9 @@ class Exit(IntEnum):
     RELAYOUT = 75
     #: the watchdog found a rank hung and ended the launch (a fault, restarted like one)
     HUNG = 76
+    #: a run of members: another member left (or one waits to join) and this member's ranks
+    #: committed the checkpoint with the others: launch again in the run's next epoch
+    REJOIN = 77
 
 
 class Stop(IntEnum):
@@ -57,6 +60,7 @@ class Action(str, Enum):
     DONE = "done"          # exit with the decision's code, nothing more
     RELAUNCH = "relaunch"  # start the ranks again in this allocation, after a back-off
     RELAYOUT = "relayout"  # the same, on plan.json's new cut
+    REJOIN = "rejoin"      # a run of members changed: launch again in its next epoch
     SHRINK = "shrink"      # start them again on the nodes the allocation has left
     REQUEUE = "requeue"    # give the allocation back; the job queues again
     GROW = "grow"          # a requeue for more nodes

@@ -345,7 +345,23 @@ def _resources(t: dict[str, Any]) -> ResourcesSection:
     if device == "cuda" and tasks > gpus:
         raise ConfigError(f"[resources] tasks_per_node = {tasks} > gpus_per_node = {gpus}: one task "
                           f"drives one GPU; set tasks_per_node = {gpus}")
+    _check_members(fields["members"], fields["member_nodes"], lo, hi)
     return ResourcesSection(nodes_min=lo, nodes_max=hi, **fields)
+
+
+def _check_members(members: int, member_nodes: int, lo: int, hi: int) -> None:
+    """A run of members: at least two, whose nodes together are the node range's top."""
+    if members == 0:
+        return
+    if members == 1:
+        raise ConfigError("[resources] members = 1 is one job: write members = 0 (the default), or 2 or more")
+    if members * member_nodes != hi:
+        raise ConfigError(f"[resources] members = {members} of member_nodes = {member_nodes} make "
+                          f"{members * member_nodes} nodes, but nodes' top is {hi}: write nodes = "
+                          f"[{min(lo, members * member_nodes)}, {members * member_nodes}]")
+    if lo % member_nodes:
+        raise ConfigError(f"[resources] nodes' bottom {lo} is not a whole number of members of {member_nodes} "
+                          f"node(s): write nodes = [{max(member_nodes, lo - lo % member_nodes)}, {hi}]")
 
 
 def _model(t: dict[str, Any], base_dir: Path) -> ModelSection:

@@ -58,6 +58,11 @@ class Plan(TypedDict):
     python: str
     device: str
     cpus_per_task: int
+    #: [resources] members (0: one Slurm job; N: a job array of N members, one run:
+    #: pipeswift_launch.members), member_nodes and member_wait_s
+    members: int
+    member_nodes: int
+    member_wait_s: int
     max_requeues: int
     #: when `pswift sbatch` handed the job to Slurm (epoch s; None: planned, not submitted)
     submitted_at: float | None

@@ -62,6 +62,15 @@ class ResourcesFields(NamedTuple):
     cpus_per_task: int
     #: the device each rank drives (gloo on CPU, nccl on CUDA)
     device: str
+    #: 0: one Slurm job; N >= 2: a job array of N members of `member_nodes` nodes each, training
+    #: as one run (`nodes`' top = N x `member_nodes`): a preempted member leaves, the others
+    #: train on ("Members" in docs/design.md)
+    members: int
+    #: nodes of each member (with `members`)
+    member_nodes: int
+    #: seconds the first members wait at the start for the others (and for one that left without
+    #: a word) before training on the members present
+    member_wait_s: int
 
 
 class ModelFields(NamedTuple):

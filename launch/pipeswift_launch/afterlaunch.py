@@ -1,6 +1,7 @@
 """``python -m pipeswift_launch.afterlaunch PLAN RC LAUNCH_DIR RESTARTS RELAYOUTS``: the batch
 script asks this after every launch of the ranks what follows, and gets one line back:
-``restart`` or ``relayout`` (launch again in this allocation), ``shrink N NODELIST`` (launch
+``restart``, ``relayout`` or ``rejoin`` (launch again in this allocation; ``rejoin``: in the
+next epoch of a run of members), ``shrink N NODELIST`` (launch
 again on the N nodes Slurm left the job after a node failure) or ``exit N`` (end the script
 with N). The rules are pipeswift_slurm.planning.decide's; this module gathers their facts (the ranks'
 records, srun's report, the job's events), records the outcome (``crash`` and ``end`` events),
@@ -169,6 +170,8 @@ def carry_out(plan: Plan, d: decide.Decision, last_step: int | None, restarts: i
         return f"shrink {d.nodes} {d.nodelist}" + (f" {d.exclude}" if d.exclude else "")
     if d.action is Action.RELAYOUT:
         return "relayout"
+    if d.action is Action.REJOIN:
+        return "rejoin"
     if d.action is Action.RELAUNCH:
         print(f"pswift: {who}: {d.why}; launching again in {d.backoff_s:g} s", file=sys.stderr, flush=True)
         time.sleep(d.backoff_s)

@@ -3,6 +3,8 @@
 Under srun every task has SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; virtual nodes on one host
 (slurmd -N) have names that do not resolve, so MASTER_ADDR comes from SLURM_LAUNCH_NODE_IPADDR
 (the address of the node that runs the batch script, which is the first node and holds rank 0).
+A run of members (pipeswift_launch.members) offsets a member's ranks into its epoch's world:
+rank 0's member publishes the store's address in the epoch's folder, the others read it there.
 """
 
 from __future__ import annotations
@@ -68,6 +70,10 @@ def derive(env: Mapping[str, str]) -> DistEnv:
         nodes = _int(env, "PSWIFT_NODES", default=1)
         addr = env.get("MASTER_ADDR") or "127.0.0.1"
         port = _int(env, "MASTER_PORT", default=0)
+    if env.get("PSWIFT_RANK_OFFSET"):   # a run of members: this member's ranks in the epoch (members.py)
+        rank += _int(env, "PSWIFT_RANK_OFFSET")
+        world = _int(env, "PSWIFT_WORLD_SIZE")
+        nodes = _int(env, "PSWIFT_RUN_NODES")
     if not 0 <= rank < world:
         raise LaunchEnvError(f"rank {rank} is outside world size {world}")
     if not port and not env.get("PSWIFT_LAUNCH_DIR"):

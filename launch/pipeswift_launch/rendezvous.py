@@ -36,6 +36,14 @@ import torch.distributed as dist
 from .dist_env import LaunchEnvError
 
 FILE = "rendezvous.json"
+#: a run of members: the epoch's folder, where rank 0 publishes for every member's ranks
+#: (pipeswift_launch.members); else the launch's own folder ($PSWIFT_LAUNCH_DIR)
+EPOCH_ENV = "PSWIFT_RENDEZVOUS_DIR"
+
+
+def folder_of(env: Any) -> str | None:
+    """The folder this launch's rank 0 publishes the rendezvous in; None: a launch by hand."""
+    return env.get(EPOCH_ENV) or env.get("PSWIFT_LAUNCH_DIR")
 #: how long the other ranks wait for rank 0's file, and the store for every rank
 TIMEOUT_S = 600.0
 #: a collective's timeout: longer than rank 0 may ask Slurm through an outage of slurmctld

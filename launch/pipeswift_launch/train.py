@@ -16,12 +16,12 @@ import torch
 from deepspeed import comm as dist
 from pipeswift_slurm import runfiles
 from pipeswift_slurm import events as events_schema
-from pipeswift_slurm.codes import POSTED_BELOW_S, Exit, Stop
+from pipeswift_slurm.codes import POSTED_BELOW_S, Action, Exit, Stop
 from pipeswift_slurm.plan import relaid_out, write_plan
 from pipeswift_slurm.planning import decide, interval, limits
 from pipeswift_slurm.planning.costmodel import estimate_step, zero_bucket_elements
 
-from . import (collectives, data, ds_compat, grow, launchrec, metrics, probe, relayout, rendezvous, rng, signals,
+from . import (collectives, data, ds_compat, grow, members, metrics, probe, relayout, rendezvous, rng, signals,
                zerobubble)
 from .checkpointer import Checkpointer
 from .dist_env import DistEnv, log0 as _log
@@ -190,7 +190,8 @@ def _setup(att: Attempt) -> None:
         torch.cuda.set_device(denv.local_rank % max(1, torch.cuda.device_count()))
         backend, device = "nccl", torch.device("cuda", torch.cuda.current_device())
     # this launch's own store and secret (rendezvous.py); every rank proves it before anything else
-    secret = rendezvous.init_group(backend, denv.rank, denv.world_size, denv.master_addr, os.environ.get(launchrec.ENV))
+    secret = rendezvous.init_group(backend, denv.rank, denv.world_size, denv.master_addr,
+                                   rendezvous.folder_of(os.environ))
     rendezvous.prove(secret, denv.rank, denv.world_size, device)
     deepspeed.init_distributed(dist_backend=backend)
     seed = int(plan["training"]["seed"])
@@ -422,8 +423,11 @@ def _finish(att: Attempt, stop_code: int) -> int:
     """Rank 0 gathers the facts of the attempt's end (one Slurm query for all) and decide says
     what follows; every rank records it, rank 0 carries it out (requeue or not)."""
     denv = att.denv
+    leader = 0
     if stop_code == Stop.RELAYOUT:   # every rank knows: no fact to gather, nothing to send
         d = decide.what_follows(_stopped(att, Stop.RELAYOUT), _budgets(att))
+    elif att.plan["members"]:   # each member's first rank decides for its own job
+        d, leader = _member_decision(att, Stop(stop_code))
     else:   # rank 0 gathers the facts (one Slurm query for all) and decides for all
         mine = asdict(decide.what_follows(_stopped(att, Stop(stop_code)), _budgets(att))) if att.rank == 0 else None
         d = decide.Decision(**collectives.broadcast(mine, 0, att.rank, device=att.engine.device))
@@ -437,10 +441,37 @@ def _finish(att: Attempt, stop_code: int) -> int:
     att.events.close()
     _log(att.rank, f"attempt {denv.attempt} ended: {reason} at step {att.step}")
     att.dist.barrier()
-    if att.rank == 0 and denv.job_id is not None:
+    if att.rank == leader and denv.job_id is not None:
         _carry_out(att, d)
+    if att.plan["members"] and att.rank == 0 and d.reason == "completed":
+        members.finish(Path(att.plan["run_dir"]))   # a member requeued meanwhile ends when it starts
     att.dist.destroy_process_group()
     return d.exit_code
+
+
+def _member_decision(att: Attempt, stop: Stop) -> tuple[decide.Decision, int]:
+    """A run of members (pipeswift_launch.members): a member Slurm signalled (preempted,
+    cancelled, out of time) ends as a job of its own would, its first rank deciding and carrying
+    it out for its job, and says it left; the others launch again in the run's next epoch
+    (Exit.REJOIN), as every member does after a stop for a member waiting to join. Returns the
+    decision and the rank that carries it out. Two all-gathers, on every rank."""
+    denv, done = att.denv, att.step >= int(att.plan["training"]["steps"])
+    offset = int(os.environ.get("PSWIFT_RANK_OFFSET") or 0)
+    flags = collectives.all_gather([offset, int(requested() in (Stop.TERM, Stop.TIME))], denv.world_size,
+                                   device=att.engine.device)
+    signalled = any(s for o, s in flags if o == offset)
+    decides = att.rank == 0 if done else (signalled and att.rank == offset)
+    decided = asdict(decide.what_follows(_stopped(att, stop), _budgets(att))) if decides else None
+    every = collectives.all_gather(decided, denv.world_size, device=att.engine.device)
+    if done:
+        return decide.Decision(**every[0]), 0
+    if signalled:
+        if att.rank == offset:
+            members.leave(Path(os.environ.get(rendezvous.EPOCH_ENV) or "."), int(os.environ["SLURM_ARRAY_TASK_ID"]))
+        return decide.Decision(**every[offset]), offset
+    why = "a member waits to join" if stop == Stop.GROW else "a member of the run left"
+    return decide.Decision(Action.REJOIN, f"{why} at step {att.step}: the run's next epoch", int(Exit.REJOIN),
+                           reason="members_changed"), offset
 
 
 def model_id(plan: Plan) -> str:
@@ -528,8 +559,8 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
     check_s = float(plan["grow_check_s"])
     counts = [int(n) for n in plan["layouts"]]
     if (att.rank != 0 or not check_s or denv.job_id is None or denv.nodes >= max(counts)
-            or not decide.may_grow(denv.attempt, plan["max_requeues"])):
-        return None
+            or not (plan["members"] or decide.may_grow(denv.attempt, plan["max_requeues"]))):
+        return None   # a run of members grows in place (the next epoch): no requeue spent
     cpus = int(att.layout["tasks_per_node"]) * int(plan["cpus_per_task"])
     profile = relayout.measured_profile(plan, att.layout, profiled, att.boundaries)
     predicted = relayout.step_times(plan, profile) if profile is not None else None
@@ -539,10 +570,15 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
             int(att.layout["data_parallel"]), att.layout["tasks_per_node"], relayout.hardware(plan),
             plan["schedule"]).step_s
 
+    epoch = int(os.environ.get("PSWIFT_EPOCH") or 0)
+
     def check() -> Any:
-        state = slurm().cluster_state()
-        own = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
-        free = decide.free_nodes(state, plan["partition"], cpus, own)
+        if plan["members"]:   # the nodes of members seated for the next epoch, not Slurm's free ones
+            free = sum(len(s.nodes) for s in members.waiting(Path(plan["run_dir"]), epoch))
+        else:
+            state = slurm().cluster_state()
+            own = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
+            free = decide.free_nodes(state, plan["partition"], cpus, own)
         return grow.choose(plan, denv.nodes, free, step_times[-20:], int(plan["training"]["steps"]) - att.step,
                            att.setup_s + att.load_s, att.checkpoints.last_s or 0.0, predicted)
 

@@ -61,7 +61,7 @@ class RunRows:
 #: a pswift attempt's end (its events' reason) as Slurm names a job's state
 _SLURM_STATE = {"completed": "COMPLETED", "preempted": "PREEMPTED", "cancelled": "CANCELLED",
                 "stopped": "CANCELLED", "time_limit": "TIMEOUT", "grow": "REQUEUED", "hung": "REQUEUED",
-                "running": "RUNNING", "relayout": "RUNNING"}
+                "running": "RUNNING", "relayout": "RUNNING", "members_changed": "RUNNING"}
 
 
 def slurm_records(got: RunRows) -> list[dict[str, Any]]:

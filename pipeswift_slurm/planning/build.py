@@ -155,6 +155,9 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         "python": python or j.python or sys.executable,
         "device": cfg.resources.device,
         "cpus_per_task": cfg.resources.cpus_per_task,
+        "members": cfg.resources.members,
+        "member_nodes": cfg.resources.member_nodes,
+        "member_wait_s": cfg.resources.member_wait_s,
         "max_requeues": j.max_requeues,
         "max_restarts": j.max_restarts,
         "grow_check_s": j.grow_check_s,
@@ -205,7 +208,8 @@ def options_for(cfg: TrainConfig, run_dir: str, limits: Limits,
     # the TOML's own spelling when the limit is the one it wrote, else whole minutes
     time = j.time if limits.time_s == j.time_seconds else None if limits.time_s is None else slurm_minutes(limits.time_s)
     return SbatchOptions(
-        job_name=j.name, nodes=nodes or r.nodes_spec, ntasks_per_node=r.tasks_per_node,
+        job_name=j.name, nodes=str(r.member_nodes) if r.members else nodes or r.nodes_spec,
+        ntasks_per_node=r.tasks_per_node, array=f"0-{r.members - 1}" if r.members else None,
         cpus_per_task=r.cpus_per_task, output=output_pattern(run_dir),
         partition=",".join(j.partitions) if len(j.partitions) > 1 else j.partition,   # Slurm's list
         time=time,

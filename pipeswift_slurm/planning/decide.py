@@ -283,6 +283,8 @@ def _after_launch(end: Launched, b: Budgets) -> Decision:
         if b.relayouts < b.max_relayouts:
             return Decision(Action.RELAYOUT, f"re-layout {b.relayouts + 1}")
         return Decision(Action.FAIL, f"a re-layout beyond the {b.max_relayouts} an attempt may make", rc)
+    if rc == Exit.REJOIN and ended_itself:   # no budget: the run's members, not this one, changed
+        return Decision(Action.REJOIN, "the run's members changed: its next epoch")
     if ended_itself:
         return Decision(Action.DONE, f"the launcher ended the attempt itself (exit {rc})", rc)
     death = first_death(deaths) or Death(how=f"exit {rc}")
@@ -373,8 +375,9 @@ class RequeueFacts:
 
 def requeue_may_resize(plan: Any) -> bool:
     """Whether a requeued attempt may ask for another node count than this one: a node range
-    with several layouts (one layout, or a fixed request, which fixes the task count too: no)."""
-    return len(plan["layouts"]) >= 2 and "-" in str(plan["nodes_request"])
+    with several layouts (one layout, or a fixed request, which fixes the task count too: no; a
+    member of a run of members: its own nodes, always)."""
+    return len(plan["layouts"]) >= 2 and "-" in str(plan["nodes_request"]) and not plan["members"]
 
 
 def requeue_nodes(f: RequeueFacts, reason: str) -> tuple[int | None, str]:

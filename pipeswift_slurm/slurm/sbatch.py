@@ -62,6 +62,8 @@ class SbatchOptions(NamedTuple):
     qos: str | None = None
     gpus_per_node: int = 0
     signal: str | None = None
+    #: a run of members: the job array's indices (``0-N``: one task a member, each ``nodes``)
+    array: str | None = None
     extra: tuple[str, ...] = ()
 
     def directives(self) -> list[str]:
@@ -76,6 +78,7 @@ class SbatchOptions(NamedTuple):
             "mincpus": self.ntasks_per_node * self.cpus_per_task if ranged else None,
             "output": self.output, "partition": self.partition,
             "time": self.time, "time-min": self.time_min, "account": self.account, "qos": self.qos, "signal": self.signal,
+            "array": self.array,
             "gres": f"gpu:{self.gpus_per_node}" if self.gpus_per_node else None,
             "open-mode": "append",  # a requeued attempt appends to the same log
             "requeue": True,        # preemption in REQUEUE mode and self-requeue need it
@@ -134,6 +137,14 @@ def _carried_block(files: dict[str, bytes]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: a run of members, before each launch: a seat in the run's next epoch, the ranks' place in it as
+#: exports (pipeswift_launch.members), or "done" once the run has trained every step
+JOIN = """  epoch=$("$PYTHON" -m pipeswift_launch.members "$PSWIFT_PLAN") || { rc=$?; break; }
+  if [ "$epoch" = done ]; then rc=0; break; fi
+  eval "$epoch"
+"""
+
+
 def output_pattern(run_dir: str) -> str:
     """The job log's ``--output`` in the run directory: its ``%`` literal, ``%j`` the job id."""
     if "\\" in run_dir:
@@ -163,6 +174,7 @@ def render(options: SbatchOptions, run_dir: str, python: str, carried: dict[str,
     )
     # a line of its own, gone whole from a script that carries nothing (golden scripts unchanged)
     text = text.replace("@carried\n", _carried_block(carried) if carried else "")
+    text = text.replace("@join\n", JOIN if options.array else "")
     script = _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)   # KeyError: a template typo
     header = len(script.split("\nset -uo pipefail\n", 1)[0].encode())
     if header > HEADER_MAX:

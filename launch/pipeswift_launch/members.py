@@ -1,0 +1,312 @@
+"""Epochs of a run made of members (issue 62: a Slurm job array, one task a member). Not yet
+wired into the batch script: this module is the part that decides, before each launch, which
+members train together and where each one's ranks sit.
+
+Every member, before each launch of its ranks, takes a **seat** in the run's next **epoch**:
+``RUN_DIR/members/epoch-E/seat-T.json`` (T: its array task), written once, whole, by this user
+only. The first member that finds the epoch due **seals** it: ``sealed.json``, created once
+(``O_EXCL``), lists the fresh seats in task order. Each member then reads the seal: listed, it
+launches with its ranks at the offset the seal gives it (the first seat holds rank 0, and
+rank 0 publishes the rendezvous in the epoch's folder: :mod:`pipeswift_launch.rendezvous`);
+not listed (it sat down as the seal was made), it takes a seat in the next epoch, which the
+running epoch's ranks can see (:func:`waiting`): the run grows at its next checkpoint boundary.
+
+An epoch is due when every member has a fresh seat, or when the seats hold at least the node
+range's bottom and the first of them has waited ``wait_s`` (:func:`due`). A seat is fresh while
+its member keeps touching it (a member that left before the seal is not counted). A member
+whose epoch ended (a peer was preempted, a re-layout, a crash) joins the next one: the epoch
+after the newest sealed one. No torch here: the batch script's helpers run it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+FOLDER = "members"
+SEALED = "sealed.json"
+#: a seat not touched for this long belongs to a member that left before the epoch was sealed
+FRESH_S = 30.0
+#: the most of a seat or a seal that is read
+READ_MAX = 64 * 1024
+
+
+class MembersError(RuntimeError):
+    """The member cannot join an epoch (one line: what is wrong and what to change)."""
+
+
+@dataclass(frozen=True)
+class Seat:
+    """One member's place in an epoch: its array task, its Slurm job, its nodes and how many
+    ranks it runs, and when it sat down (time.time())."""
+    task: int
+    job_id: str
+    nodes: tuple[str, ...]
+    ranks: int
+    at: float
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """A sealed epoch: its number, its folder (the ranks' rendezvous) and its seats in task order."""
+    number: int
+    folder: Path
+    seats: tuple[Seat, ...]
+
+    @property
+    def world_size(self) -> int:
+        return sum(s.ranks for s in self.seats)
+
+    @property
+    def nodes(self) -> int:
+        return sum(len(s.nodes) for s in self.seats)
+
+    def offset(self, task: int) -> int:
+        """The global rank of member ``task``'s first rank (its ranks follow it)."""
+        before = 0
+        for s in self.seats:
+            if s.task == task:
+                return before
+            before += s.ranks
+        raise MembersError(f"member {task} has no seat in epoch {self.number}")
+
+
+def due(seats: list[Seat], expected: set[int], lo_nodes: int, now: float, wait_s: float) -> bool:
+    """Whether an epoch with these fresh ``seats`` is to be sealed at ``now``: they hold
+    ``lo_nodes`` nodes, and every ``expected`` member sat down or the first seat waited ``wait_s``."""
+    if not seats or sum(len(s.nodes) for s in seats) < lo_nodes:
+        return False
+    return expected <= {s.task for s in seats} or now - min(s.at for s in seats) >= wait_s
+
+
+def expected(run_dir: Path, number: int, members: int) -> set[int]:
+    """The members epoch ``number`` waits for: at the start every one, later those of the
+    epoch before that did not say they left (:func:`leave`)."""
+    before = sealed(run_dir, number - 1) if number > 0 else None
+    if before is None:
+        return set(range(members))
+    gone = {t for t in (s.task for s in before.seats) if (before.folder / f"left-{t}").exists()}
+    return {s.task for s in before.seats} - gone
+
+
+def leave(epoch_folder: Path, task: int) -> None:
+    """Member ``task`` leaves the epoch it trained in (preempted, cancelled, out of time): the
+    next epoch does not wait for it."""
+    try:
+        fd = os.open(epoch_folder / f"left-{task}", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+    except OSError:
+        pass   # the next epoch waits member_wait_s for it instead
+
+
+DONE = "done"
+
+
+def finish(run_dir: Path) -> None:
+    """The run trained every step: a member that comes back (requeued) ends at once."""
+    try:
+        fd = os.open(run_dir / FOLDER / DONE, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def finished(run_dir: Path) -> bool:
+    return os.path.lexists(run_dir / FOLDER / DONE)
+
+
+def _private_dirs(run_dir: Path, number: int) -> Path:
+    """The epoch's folder, made where missing: it and ``members/`` each this user's own folder,
+    not a link."""
+    path = run_dir
+    for part in (FOLDER, f"epoch-{number}"):
+        path = path / part
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise MembersError(f"{path} is not this user's folder (a link is not followed): remove it and launch again")
+    return path
+
+
+def _write_once(path: Path, record: dict[str, Any]) -> bool:
+    """``record`` as ``path``, whole, readable by this user only; False when it exists."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _read(path: Path) -> tuple[Any, float] | None:
+    """A JSON record of this user's, not a link, bounded, and its mtime; None when absent or
+    not such a record (a half-made or foreign file counts as none)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return None
+        blob = f.read(READ_MAX + 1)
+    try:
+        return (json.loads(blob), st.st_mtime) if len(blob) <= READ_MAX else None
+    except ValueError:
+        return None
+
+
+def _seat_of(rec: Any) -> Seat | None:
+    try:
+        seat = Seat(task=int(rec["task"]), job_id=str(rec["job_id"]), nodes=tuple(str(n) for n in rec["nodes"]),
+                    ranks=int(rec["ranks"]), at=float(rec["at"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return seat if seat.task >= 0 and seat.ranks >= 1 and seat.nodes else None
+
+
+def _epoch_dir(run_dir: Path, number: int) -> Path:
+    return run_dir / FOLDER / f"epoch-{number}"
+
+
+def sealed(run_dir: Path, number: int) -> Epoch | None:
+    """Epoch ``number`` as sealed; None when it is not (yet)."""
+    folder = _epoch_dir(run_dir, number)
+    got = _read(folder / SEALED)
+    if got is None or not isinstance(got[0], dict) or not isinstance(got[0].get("seats"), list):
+        return None
+    seats = [_seat_of(r) for r in got[0]["seats"]]
+    if not seats or any(s is None for s in seats):
+        return None
+    return Epoch(number, folder, tuple(s for s in seats if s is not None))
+
+
+def newest_sealed(run_dir: Path) -> int | None:
+    """The number of the newest sealed epoch; None before the first."""
+    try:
+        names = os.listdir(run_dir / FOLDER)
+    except OSError:
+        return None
+    numbers = sorted((int(n[6:]) for n in names if n.startswith("epoch-") and n[6:].isdigit()), reverse=True)
+    return next((n for n in numbers if (_epoch_dir(run_dir, n) / SEALED).exists()), None)
+
+
+def seats(run_dir: Path, number: int, now: float) -> list[Seat]:
+    """The fresh seats of epoch ``number`` (touched within FRESH_S of ``now``), in task order."""
+    folder = _epoch_dir(run_dir, number)
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.startswith("seat-") and n.endswith(".json"))
+    except OSError:
+        return []
+    out = {}
+    for name in names:
+        got = _read(folder / name)
+        seat = _seat_of(got[0]) if got else None
+        if seat is not None and got is not None and now - got[1] <= FRESH_S and name == f"seat-{seat.task}.json":
+            out[seat.task] = seat
+    return [out[t] for t in sorted(out)]
+
+
+def waiting(run_dir: Path, running: int) -> list[Seat]:
+    """Members seated for the epoch after ``running`` (the one training): the run may grow."""
+    return seats(run_dir, running + 1, time.time())
+
+
+def join(run_dir: Path, task: int, job_id: str, nodes: tuple[str, ...], ranks: int, members: int,
+         lo_nodes: int, wait_s: float, timeout_s: float, poll_s: float = 0.2) -> Epoch | None:
+    """Take a seat in the next epoch and return it once sealed with this member in it (a seal
+    made without it: the epoch after); None once the run is done. Raises MembersError after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    newest = newest_sealed(run_dir)
+    number = 0 if newest is None else newest + 1
+    while time.monotonic() < deadline:
+        folder = _private_dirs(run_dir, number)
+        mine = folder / f"seat-{task}.json"
+        seat = Seat(task, job_id, tuple(nodes), ranks, time.time())
+        if not _write_once(mine, asdict(seat)):
+            os.utime(mine, follow_symlinks=False)   # a seat of an earlier try of this member: fresh again
+        waited_for = expected(run_dir, number, members)
+        while time.monotonic() < deadline:
+            if finished(run_dir):
+                return None
+            epoch = sealed(run_dir, number)
+            if epoch is None and due(seats(run_dir, number, time.time()), waited_for, lo_nodes, time.time(), wait_s):
+                _write_once(folder / SEALED, {"seats": [asdict(s) for s in seats(run_dir, number, time.time())]})
+                epoch = sealed(run_dir, number)
+            if epoch is not None:
+                if any(s.task == task for s in epoch.seats):
+                    return epoch
+                break          # sealed without this member: the next epoch
+            os.utime(mine, follow_symlinks=False)
+            time.sleep(poll_s)
+        number += 1
+    raise MembersError(f"member {task} found no epoch to train in within {timeout_s:.0f} s: fewer than "
+                       f"{lo_nodes} node(s) of members came; lower [resources] nodes' bottom or wait for the queue")
+
+
+#: how long a member waits for an epoch before it gives up (its job ends; the others go on)
+JOIN_TIMEOUT_S = 3600.0
+
+
+def exports(epoch: Epoch, task: int) -> str:
+    """The batch script's shell for this member's next launch: its ranks' place in ``epoch``."""
+    import shlex
+    values = {"PSWIFT_EPOCH": str(epoch.number), "PSWIFT_RENDEZVOUS_DIR": str(epoch.folder),
+              "PSWIFT_RANK_OFFSET": str(epoch.offset(task)), "PSWIFT_WORLD_SIZE": str(epoch.world_size),
+              "PSWIFT_RUN_NODES": str(epoch.nodes)}
+    return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in values.items())
+
+
+def main(argv: list[str]) -> int:
+    """``python -m pipeswift_launch.members PLAN``: the batch script of a member, before each
+    launch: prints the exports of its place in the run's next epoch, or ``done``."""
+    import sys
+
+    from pipeswift_slurm.errors import PswiftError
+    from pipeswift_slurm.plan import read_plan, runnable
+    from pipeswift_slurm.slurm.records import expand_hostlist
+    if len(argv) != 1:
+        print("usage: python -m pipeswift_launch.members RUN_DIR/plan.json", file=sys.stderr)
+        return 2
+    try:
+        plan = runnable(read_plan(argv[0]), argv[0])
+        env = os.environ
+        task, job_id = int(env["SLURM_ARRAY_TASK_ID"]), env["SLURM_JOB_ID"]
+        nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST", ""))
+        ranks = int(env.get("SLURM_NTASKS") or len(nodes))
+        lo = min(int(n) for n in plan["layouts"])
+        epoch = join(Path(plan["run_dir"]), task, job_id, nodes, ranks, int(plan["members"]), lo,
+                     float(plan["member_wait_s"]), JOIN_TIMEOUT_S)
+    except (PswiftError, MembersError, KeyError, ValueError) as e:
+        print(f"pswift: member of the run cannot join it: {e}", file=sys.stderr, flush=True)
+        return 1
+    if epoch is None:
+        print(f"pswift: job {job_id}: the run has trained every step; this member ends", file=sys.stderr, flush=True)
+        print(DONE, flush=True)
+        return 0
+    print(f"pswift: job {job_id}: member {task} trains in epoch {epoch.number} with members "
+          f"{','.join(str(s.task) for s in epoch.seats)} ({epoch.nodes} node(s), ranks from {epoch.offset(task)})",
+          file=sys.stderr, flush=True)
+    print(exports(epoch, task), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,146 @@
+"""Epochs of a run made of members (pipeswift_launch.members): real files, members as real
+concurrent processes joining through the run directory."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from helpers import pswift, slow_example
+from pipeswift_launch import members
+from pipeswift_launch.members import Seat
+
+
+def seat(task: int, nodes: int = 1, at: float = 0.0) -> Seat:
+    return Seat(task, f"10{task}", tuple(f"n{task}{k}" for k in range(nodes)), nodes, at)
+
+
+def test_an_epoch_is_due_with_every_member_expected_or_with_the_bottom_after_the_wait():
+    assert members.due([seat(0), seat(1), seat(2)], {0, 1, 2}, 3, now=0.0, wait_s=60)
+    assert not members.due([seat(0), seat(1)], {0, 1, 2}, 2, now=59.0, wait_s=60)      # the bottom, still waiting
+    assert members.due([seat(0), seat(1, at=5.0)], {0, 1, 2}, 2, now=60.0, wait_s=60)  # the first seat's wait is over
+    assert members.due([seat(0)], {0}, 1, now=0.0, wait_s=60)     # the one member of the last epoch that stayed
+    assert not members.due([seat(0)], {0, 1, 2}, 2, now=1e6, wait_s=60)                # below the bottom: never
+    assert members.due([seat(0, nodes=2)], {0, 1, 2}, 2, now=60.0, wait_s=60)          # nodes count, not members
+    assert not members.due([], set(), 0, now=1e6, wait_s=0)
+
+
+def test_the_epoch_after_one_waits_for_its_members_that_did_not_leave(tmp_path: Path):
+    assert members.expected(tmp_path, 0, 3) == {0, 1, 2}            # the start: every member
+    folder = tmp_path / "members" / "epoch-0"
+    folder.mkdir(parents=True, mode=0o700)
+    (folder / "sealed.json").write_text(json.dumps({"seats": [asdict(seat(t)) for t in (0, 1, 2)]}))
+    (folder / "sealed.json").chmod(0o600)
+    members.leave(folder, 1)
+    assert members.expected(tmp_path, 1, 3) == {0, 2}
+    assert not members.finished(tmp_path)
+    members.finish(tmp_path)
+    assert members.finished(tmp_path)
+    assert members.join(tmp_path, 0, "8", ("n0",), 1, 3, 1, 0.0, timeout_s=5) is None   # done: nothing to join
+
+
+def _join(run: str, task: int, ranks: int, n: int, lo: int, wait_s: float, out: "multiprocessing.Queue") -> None:
+    try:
+        e = members.join(Path(run), task, f"job{task}", tuple(f"node{task}-{k}" for k in range(ranks)), ranks,
+                         n, lo, wait_s, timeout_s=20, poll_s=0.02)
+        out.put((task, e.number, e.offset(task), e.world_size, e.nodes, [s.task for s in e.seats]))
+    except members.MembersError as err:
+        out.put((task, "error", str(err)))
+
+
+def _start(run: Path, task: int, ranks: int, n: int, lo: int, wait_s: float, out) -> multiprocessing.Process:
+    p = multiprocessing.get_context("fork").Process(target=_join, args=(str(run), task, ranks, n, lo, wait_s, out))
+    p.start()
+    return p
+
+
+def _results(procs, out) -> dict:
+    got = {}
+    for _ in procs:
+        r = out.get(timeout=30)
+        got[r[0]] = r[1:]
+    for p in procs:
+        p.join(10)
+    return got
+
+
+def test_members_joining_at_once_share_one_epoch_with_ranks_in_task_order(tmp_path: Path):
+    out = multiprocessing.get_context("fork").Queue()
+    procs = [_start(tmp_path, t, ranks, 3, 3, 60.0, out) for t, ranks in ((2, 1), (0, 2), (1, 1))]
+    got = _results(procs, out)
+    assert got == {0: (0, 0, 4, 4, [0, 1, 2]), 1: (0, 2, 4, 4, [0, 1, 2]), 2: (0, 3, 4, 4, [0, 1, 2])}
+    assert members.newest_sealed(tmp_path) == 0
+    for f in (tmp_path / "members" / "epoch-0").iterdir():
+        assert f.stat().st_mode & 0o077 == 0, f
+
+
+def test_the_bottom_starts_without_a_late_member_who_waits_for_the_next_epoch(tmp_path: Path):
+    out = multiprocessing.get_context("fork").Queue()
+    first = [_start(tmp_path, t, 1, 3, 2, 0.3, out) for t in (0, 1)]
+    assert _results(first, out) == {0: (0, 0, 2, 2, [0, 1]), 1: (0, 1, 2, 2, [0, 1])}
+    late = [_start(tmp_path, 2, 1, 3, 2, 0.3, out)]
+    deadline = time.monotonic() + 10
+    while not members.waiting(tmp_path, 0) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [s.task for s in members.waiting(tmp_path, 0)] == [2]   # the running epoch can see it: grow
+    again = [_start(tmp_path, t, 1, 3, 2, 0.3, out) for t in (1, 0)]   # epoch 0 ended: everyone joins epoch 1
+    assert _results(late + again, out) == {t: (1, t, 3, 3, [0, 1, 2]) for t in (0, 1, 2)}
+
+
+def test_a_seat_left_stale_is_not_counted_and_a_member_below_the_bottom_gives_up(tmp_path: Path, monkeypatch):
+    folder = tmp_path / "members" / "epoch-0"
+    folder.mkdir(parents=True, mode=0o700)
+    stale = folder / "seat-1.json"
+    stale.write_text('{"task": 1, "job_id": "9", "nodes": ["n1"], "ranks": 1, "at": 0}')
+    stale.chmod(0o600)
+    old = time.time() - members.FRESH_S - 5
+    os.utime(stale, (old, old))
+    assert [s.task for s in members.seats(tmp_path, 0, time.time())] == []
+    with pytest.raises(members.MembersError, match="fewer than 2 node"):
+        members.join(tmp_path, 0, "8", ("n0",), 1, 2, 2, 0.0, timeout_s=0.5, poll_s=0.05)
+    assert [s.task for s in members.seats(tmp_path, 0, time.time())] == [0]
+    assert members.newest_sealed(tmp_path) is None
+
+
+def test_links_and_foreign_records_are_not_followed(tmp_path: Path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "members").symlink_to(elsewhere)
+    with pytest.raises(members.MembersError, match="not this user's folder"):
+        members.join(tmp_path / "run", 0, "8", ("n0",), 1, 1, 1, 0.0, timeout_s=1)
+    folder = tmp_path / "run2" / "members" / "epoch-0"
+    folder.mkdir(parents=True)
+    (folder / "sealed.json").symlink_to(elsewhere / "x.json")
+    (elsewhere / "x.json").write_text('{"seats": [{"task": 5, "job_id": "1", "nodes": ["a"], "ranks": 1, "at": 0}]}')
+    assert members.sealed(tmp_path / "run2", 0) is None      # a link is no seal
+    (folder / "seat-3.json").write_text('{"task": 4, "job_id": "1", "nodes": ["a"], "ranks": 1, "at": 0}')
+    os.chmod(folder / "seat-3.json", 0o600)
+    assert members.seats(tmp_path / "run2", 0, time.time()) == []   # a seat must be its own task's file
+
+
+def test_members_are_one_array_in_the_batch_script(tmp_path):
+    """`pswift sbatch --dry-run` of a run of members: a job array, one task of member_nodes a member."""
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "4"})
+    toml.write_text(toml.read_text().replace("[resources]\n", "[resources]\nmembers = 2\nmember_nodes = 2\n", 1))
+    out = pswift("sbatch", "--dry-run", "--run-dir", str(tmp_path / "run"), str(toml), check=True).stdout
+    assert "#SBATCH --array=0-1\n" in out and "#SBATCH --nodes=2\n" in out, out
+    assert "-m pipeswift_launch.members" in out
+    for wrong, said in (("members = 2\nmember_nodes = 3", "members = 2 of member_nodes = 3 make 6 nodes, but nodes' top is 4: "
+                                              "write nodes = [2, 6]"),
+                        ("members = 1", "members = 1 is one job"),
+                        ("members = 4\nmember_nodes = 1", None)):
+        toml.write_text(toml.read_text().replace("members = 2\nmember_nodes = 2", wrong))
+        proc = pswift("sbatch", "--dry-run", "--run-dir", str(tmp_path / "run2"), str(toml))
+        if said is None:   # 4 members of 1 node: the range [2, 4] holds, its bottom 2 members
+            assert proc.returncode == 0 and "#SBATCH --array=0-3\n" in proc.stdout, proc.stderr
+        else:
+            assert proc.returncode == 2 and said in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+        assert not (tmp_path / "run2").exists()
+        toml.write_text(toml.read_text().replace(wrong, "members = 2\nmember_nodes = 2"))

@@ -1,0 +1,90 @@
+"""A run made of members (issue 62) through the real local Slurm and real DeepSpeed: a job array
+of two 1-node members trains as one run; a higher-priority job preempts one member, and the
+other trains on in its own allocation, never leaving the queue."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import pswift, run_events, slow_example, slurm_log, step_losses, wait_steps
+
+pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
+
+
+def members_of(array: str) -> dict[int, dict[str, str]]:
+    """Each array task's own job id, state, node and restart count (scontrol, one line a task)."""
+    out = subprocess.run(["scontrol", "-o", "show", "job", array], capture_output=True, text=True,
+                         timeout=30).stdout
+    got = {}
+    for line in out.splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        if fields.get("ArrayTaskId", "").isdigit():
+            got[int(fields["ArrayTaskId"])] = fields
+    return got
+
+
+def wait_members(array: str, states: set[str], timeout: float = 300) -> dict[int, dict[str, str]]:
+    deadline = time.time() + timeout
+    while True:
+        got = members_of(array)
+        if got and all(m["JobState"] in states for m in got.values()):
+            return got
+        assert time.time() < deadline, {t: m["JobState"] for t, m in got.items()}
+        time.sleep(1)
+
+
+def test_a_preempted_member_leaves_and_the_other_trains_on_in_its_own_allocation(cluster, tmp_path,
+                                                                                background_reference):
+    """Two members of one node each train steps 1..k as 2 stages; a high-priority job takes
+    member 1's node; member 0 commits the stop's checkpoint with it, then trains on alone (1
+    stage) from step k + 1 in its own allocation (Restarts=0), and the run completes; every step
+    trained once, each loss the uninterrupted 2-node run's, bit for bit. Member 1, requeued,
+    finds the run done when it starts again and ends."""
+    toml = slow_example(tmp_path / "ex", {"nodes": "[1, 2]", "steps": "40", "checkpoint_interval": "0"})
+    toml.write_text(toml.read_text().replace("[resources]\n", "[resources]\nmembers = 2\nmember_wait_s = 120\n", 1))
+    uninterrupted = background_reference(toml, nodes=2)
+    run = tmp_path / "run"
+    proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
+    assert proc.returncode == 0, proc.stderr
+    array = proc.stdout.strip()
+    high = None
+    try:
+        wait_steps(run, 8, timeout=240)
+        running = members_of(array)
+        node1 = running[1]["NodeList"]
+        job0, job1 = running[0]["JobId"], running[1]["JobId"]
+        high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N1", "--exclusive", f"--nodelist={node1}",
+                               "-o", "/dev/null", "--wrap", "sleep 300"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        deadline = time.time() + 240
+        while members_of(array)[0]["JobState"] != "COMPLETED":
+            assert time.time() < deadline, slurm_log(run)[-4000:]
+            time.sleep(1)
+        ended = members_of(array)
+        assert ended[0]["Restarts"] == "0" and ended[0]["JobId"] == job0          # never left the queue
+        assert ended[1]["JobId"] == job1 and ended[1]["Restarts"] == "1"          # requeued once, by the preemption
+    finally:
+        if high:
+            subprocess.run(["scancel", high], timeout=30)
+    final = wait_members(array, {"COMPLETED"})
+    assert final[1]["Restarts"] == "1", slurm_log(run)[-4000:]
+    log = slurm_log(run)
+    assert "the run has trained every step; this member ends" in log, log[-4000:]
+    evs = run_events(run, torn_ok=True)
+    starts = [e for e in evs if e["event"] == "start"]
+    assert [(e["nodes"], e["stages"]) for e in starts] == [(2, 2), (1, 1)], starts
+    assert starts[1]["job_id"] == job0 and starts[0]["job_id"] == job0   # member 0 holds rank 0 both times
+    steps = [e["step"] for e in evs if e["event"] == "step"]
+    assert sorted(steps) == list(range(1, 41)) and len(steps) == 40      # every step once
+    stop = [e for e in evs if e["event"] == "checkpoint" and e["reason"] == "signal"]
+    assert len(stop) == 1 and starts[1]["resumed_from"].endswith(f"step_{stop[0]['step']:08d}")
+    assert 8 <= stop[0]["step"] < 40
+    assert step_losses(run, torn_ok=True) == step_losses(uninterrupted.wait(), torn_ok=True)
+    ends = [e for e in evs if e["event"] == "end"]
+    assert ends[0]["reason"] == "members_changed" and ends[-1]["reason"] == "completed", ends
+
