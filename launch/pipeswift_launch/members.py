@@ -22,11 +22,17 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from pipeswift_slurm.errors import PswiftError
+from pipeswift_slurm.plan import read_plan, runnable
+from pipeswift_slurm.slurm.records import expand_hostlist
 
 FOLDER = "members"
 SEALED = "sealed.json"
@@ -266,7 +272,6 @@ JOIN_TIMEOUT_S = 3600.0
 
 def exports(epoch: Epoch, task: int) -> str:
     """The batch script's shell for this member's next launch: its ranks' place in ``epoch``."""
-    import shlex
     values = {"PSWIFT_EPOCH": str(epoch.number), "PSWIFT_RENDEZVOUS_DIR": str(epoch.folder),
               "PSWIFT_RANK_OFFSET": str(epoch.offset(task)), "PSWIFT_WORLD_SIZE": str(epoch.world_size),
               "PSWIFT_RUN_NODES": str(epoch.nodes)}
@@ -276,24 +281,22 @@ def exports(epoch: Epoch, task: int) -> str:
 def main(argv: list[str]) -> int:
     """``python -m pipeswift_launch.members PLAN``: the batch script of a member, before each
     launch: prints the exports of its place in the run's next epoch, or ``done``."""
-    import sys
-
-    from pipeswift_slurm.errors import PswiftError
-    from pipeswift_slurm.plan import read_plan, runnable
-    from pipeswift_slurm.slurm.records import expand_hostlist
     if len(argv) != 1:
         print("usage: python -m pipeswift_launch.members RUN_DIR/plan.json", file=sys.stderr)
         return 2
     try:
         plan = runnable(read_plan(argv[0]), argv[0])
         env = os.environ
+        if not env.get("SLURM_ARRAY_TASK_ID") or not env.get("SLURM_JOB_ID"):
+            raise MembersError("this is not a task of a job array ($SLURM_ARRAY_TASK_ID is unset): a run of "
+                               "members runs as the array `pswift sbatch` submits")
         task, job_id = int(env["SLURM_ARRAY_TASK_ID"]), env["SLURM_JOB_ID"]
         nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST", ""))
         ranks = int(env.get("SLURM_NTASKS") or len(nodes))
         lo = min(int(n) for n in plan["layouts"])
         epoch = join(Path(plan["run_dir"]), task, job_id, nodes, ranks, int(plan["members"]), lo,
                      float(plan["member_wait_s"]), JOIN_TIMEOUT_S)
-    except (PswiftError, MembersError, KeyError, ValueError) as e:
+    except (PswiftError, MembersError, ValueError) as e:
         print(f"pswift: member of the run cannot join it: {e}", file=sys.stderr, flush=True)
         return 1
     if epoch is None:
@@ -308,5 +311,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    import sys
     sys.exit(main(sys.argv[1:]))

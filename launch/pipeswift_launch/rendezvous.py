@@ -43,7 +43,8 @@ EPOCH_ENV = "PSWIFT_RENDEZVOUS_DIR"
 
 def folder_of(env: Any) -> str | None:
     """The folder this launch's rank 0 publishes the rendezvous in; None: a launch by hand."""
-    return env.get(EPOCH_ENV) or env.get("PSWIFT_LAUNCH_DIR")
+    folder = env.get(EPOCH_ENV) or env.get("PSWIFT_LAUNCH_DIR")
+    return str(folder) if folder else None
 #: how long the other ranks wait for rank 0's file, and the store for every rank
 TIMEOUT_S = 600.0
 #: a collective's timeout: longer than rank 0 may ask Slurm through an outage of slurmctld
