@@ -417,7 +417,7 @@ def test_a_stop_is_carried_out_through_the_port(monkeypatch):
     from pipeswift_launch import train
     plan = plan_with(max_requeues=1, time_policy="fixed")
     plan["layouts"] = {"2": {"tasks_per_node": 1}}
-    denv = SimpleNamespace(rank=0, attempt=0, job_id="9", nodes=2)
+    denv = SimpleNamespace(rank=0, attempt=0, job_id="9", job_ref="9", nodes=2)
     att = SimpleNamespace(plan=plan, denv=denv, step=5, layout=plan["layouts"]["2"], grow_to=0, trained_from=(0, 0.0))
     for preempted, slurm_requeues, want in ((True, False, [("requeue", "9", None)]), (True, True, []),
                                             (False, False, [])):
@@ -425,6 +425,11 @@ def test_a_stop_is_carried_out_through_the_port(monkeypatch):
             d = decide.what_follows(train._stopped(att, Stop.TERM), train._budgets(att))
             train._carry_out(att, d)
         assert fake.calls == want, (preempted, slurm_requeues, d)
+    denv.job_ref = "8_1"   # a member of a run: task 1 of array 8 (its own id 9): never "9", which may be the array's
+    with slurm_port(FakeSlurm(preempted=True, requeues_preempted=False)) as fake:
+        train._carry_out(att, decide.what_follows(train._stopped(att, Stop.TERM), train._budgets(att)))
+    assert fake.calls == [("requeue", "8_1", None)]
+    denv.job_ref = "9"
     denv.attempt = 1   # the last attempt: Slurm 24.05+ would requeue it, so it is forbidden to
     with slurm_port(FakeSlurm(preempted=True, requeues_preempted=True)) as fake:
         d = decide.what_follows(train._stopped(att, Stop.TERM), train._budgets(att))

@@ -40,3 +40,16 @@ def test_missing_env_is_a_clear_error():
         derive({})
     with pytest.raises(LaunchEnvError, match="outside world size"):
         derive({"RANK": "2", "WORLD_SIZE": "2"})
+
+
+def test_a_task_of_a_job_array_is_acted_on_as_array_task():
+    """scontrol takes a job array's id for all its tasks, and a task's own id may be the array's:
+    a member of a run is requeued or updated as ARRAY_TASK."""
+    from pipeswift_launch.dist_env import job_ref
+    assert job_ref({"SLURM_JOB_ID": "187", "SLURM_ARRAY_JOB_ID": "187", "SLURM_ARRAY_TASK_ID": "1"}) == "187_1"
+    assert job_ref({"SLURM_JOB_ID": "42"}) == "42" and job_ref({}) is None
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_ID": "188", "SLURM_ARRAY_JOB_ID": "187",
+           "SLURM_ARRAY_TASK_ID": "0", "PSWIFT_LAUNCH_DIR": "/x", "PSWIFT_RANK_OFFSET": "2",
+           "PSWIFT_WORLD_SIZE": "3", "PSWIFT_RUN_NODES": "3"}
+    d = derive(env)
+    assert (d.rank, d.world_size, d.nodes, d.job_id, d.job_ref) == (2, 3, 3, "188", "187_0")

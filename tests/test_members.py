@@ -39,6 +39,9 @@ def test_the_epoch_after_one_waits_for_its_members_that_did_not_leave(tmp_path: 
     (folder / "sealed.json").chmod(0o600)
     members.leave(folder, 1)
     assert members.expected(tmp_path, 1, 3) == {0, 2}
+    members.leave(folder, 0)
+    members.leave(folder, 2)
+    assert members.expected(tmp_path, 1, 3) == {0, 1, 2}          # every member left: as at the start
     assert not members.finished(tmp_path)
     members.finish(tmp_path)
     assert members.finished(tmp_path)

@@ -13,7 +13,7 @@ import pytest
 
 from helpers import pswift, run_events, slow_example, slurm_log, step_losses, wait_steps
 
-pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
+pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed, pytest.mark.every_version]
 
 
 def members_of(array: str) -> dict[int, dict[str, str]]:
@@ -43,10 +43,13 @@ def test_a_preempted_member_leaves_and_the_other_trains_on_in_its_own_allocation
     """Two members of one node each train steps 1..k as 2 stages; a high-priority job takes
     member 1's node; member 0 commits the stop's checkpoint with it, then trains on alone (1
     stage) from step k + 1 in its own allocation (Restarts=0), and the run completes; every step
-    trained once, each loss the uninterrupted 2-node run's, bit for bit. Member 1, requeued,
-    finds the run done when it starts again and ends."""
+    trained once, each loss the uninterrupted 2-node run's (bit for bit to the stop, on 1 stage
+    after it within the 1- and 2-stage runs' own difference). Member 1, requeued, finds the run
+    done when it starts again and ends."""
     toml = slow_example(tmp_path / "ex", {"nodes": "[1, 2]", "steps": "40", "checkpoint_interval": "0"})
-    toml.write_text(toml.read_text().replace("[resources]\n", "[resources]\nmembers = 2\nmember_wait_s = 120\n", 1))
+    # members on nodes of their own (the dev cluster's nodes would hold both): a node's preemption takes one
+    toml.write_text(toml.read_text().replace("[resources]\n", "[resources]\nmembers = 2\nmember_wait_s = 120\n", 1)
+                    .replace("[job]\n", '[job]\nsbatch_options = ["--exclusive"]\n', 1))
     uninterrupted = background_reference(toml, nodes=2)
     run = tmp_path / "run"
     proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
@@ -84,7 +87,15 @@ def test_a_preempted_member_leaves_and_the_other_trains_on_in_its_own_allocation
     stop = [e for e in evs if e["event"] == "checkpoint" and e["reason"] == "signal"]
     assert len(stop) == 1 and starts[1]["resumed_from"].endswith(f"step_{stop[0]['step']:08d}")
     assert 8 <= stop[0]["step"] < 40
-    assert step_losses(run, torn_ok=True) == step_losses(uninterrupted.wait(), torn_ok=True)
+    # the same bits while the layout is the reference's; on 1 stage after it, within what an
+    # uninterrupted 1-stage run differs from a 2-stage one by (their reductions part from step 28
+    # of this example by up to 1.1e-4; a step lost or run twice moves the loss by ~1e-2)
+    ours, ref = step_losses(run, torn_ok=True), step_losses(uninterrupted.wait(), torn_ok=True)
+    k = stop[0]["step"]
+    assert {s: ours[s] for s in range(1, k + 1)} == {s: ref[s] for s in range(1, k + 1)}
+    far = {s: (float.fromhex(ours[s]), float.fromhex(ref[s])) for s in range(k + 1, 41)
+           if abs(float.fromhex(ours[s]) - float.fromhex(ref[s])) > 1e-3 * abs(float.fromhex(ref[s]))}
+    assert not far, far
     ends = [e for e in evs if e["event"] == "end"]
     assert ends[0]["reason"] == "members_changed" and ends[-1]["reason"] == "completed", ends
 

@@ -29,6 +29,7 @@ from pipeswift_slurm.slurm.records import expand_hostlist
 
 from . import launchrec, metrics
 from . import outcome
+from .dist_env import job_ref
 from .slurmport import slurm
 
 
@@ -156,8 +157,8 @@ def carry_out(plan: Plan, d: decide.Decision, last_step: int | None, restarts: i
     """Record the outcome, wait or requeue; the line for the batch script."""
     if d.death is not None or d.action in (Action.FAIL, Action.REQUEUE):
         _record(plan, d, last_step, restarts, env)
-    job = env.get("SLURM_JOB_ID")
-    who = f"job {job}" if job else "the local run"
+    job = job_ref(env)   # an array task (a member of a run) as ARRAY_TASK: its own id may be the array's
+    who = f"job {env.get('SLURM_JOB_ID')}" if job else "the local run"
     if d.action is Action.SHRINK:
         print(f"pswift: {who}: {d.why}; launching again in {d.backoff_s:g} s", file=sys.stderr, flush=True)
         if d.exclude and d.nodelist:   # Slurm still counts the silent node: give it back

@@ -33,6 +33,8 @@ class DistEnv:
     nodes: int
     attempt: int
     job_id: str | None
+    #: what Slurm's commands that act on this job take (:func:`job_ref`)
+    job_ref: str | None = None
 
     def exports(self) -> dict[str, str]:
         return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size),
@@ -51,6 +53,14 @@ def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int
     if default is None:
         raise LaunchEnvError(f"none of ${', $'.join(names)} is set: run under srun or `pswift run`")
     return default
+
+
+def job_ref(env: Mapping[str, str]) -> str | None:
+    """This job as Slurm's commands that act on it take it (requeue, update): a task of a job
+    array (a member of a run) as ``ARRAY_TASK``, since its own id may equal the array's, which
+    those commands take for every task of the array; else its id."""
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else env.get("SLURM_JOB_ID")
 
 
 def derive(env: Mapping[str, str]) -> DistEnv:
@@ -80,4 +90,4 @@ def derive(env: Mapping[str, str]) -> DistEnv:
         raise LaunchEnvError("no $PSWIFT_LAUNCH_DIR (the batch script and `pswift run` set one a launch, where "
                              "rank 0 publishes the rendezvous) and no $MASTER_PORT: set one of them")
     return DistEnv(rank=rank, world_size=world, local_rank=local, master_addr=addr,
-                   master_port=port, nodes=nodes, attempt=attempt, job_id=job_id)
+                   master_port=port, nodes=nodes, attempt=attempt, job_id=job_id, job_ref=job_ref(env))

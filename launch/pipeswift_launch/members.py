@@ -92,12 +92,13 @@ def due(seats: list[Seat], expected: set[int], lo_nodes: int, now: float, wait_s
 
 def expected(run_dir: Path, number: int, members: int) -> set[int]:
     """The members epoch ``number`` waits for: at the start every one, later those of the
-    epoch before that did not say they left (:func:`leave`)."""
+    epoch before that did not say they left (:func:`leave`), or every one where all left."""
     before = sealed(run_dir, number - 1) if number > 0 else None
     if before is None:
         return set(range(members))
     gone = {t for t in (s.task for s in before.seats) if (before.folder / f"left-{t}").exists()}
-    return {s.task for s in before.seats} - gone
+    stayed = {s.task for s in before.seats} - gone
+    return stayed or set(range(members))   # every member left (all preempted): as at the start
 
 
 def leave(epoch_folder: Path, task: int) -> None:

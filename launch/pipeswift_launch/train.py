@@ -672,7 +672,7 @@ def _ask_for_what_remains(att: Attempt) -> None:
                                att.setup_s, ckpt_s, int(plan["signal_lead_s"]), plan["time_written_s"])
     time_min_s = min(plan["time_min_s"], limit_s) if plan["time_min_s"] else None
     try:
-        slurm().set_time_limit(str(att.denv.job_id), limit_s, time_min_s)
+        slurm().set_time_limit(str(att.denv.job_ref), limit_s, time_min_s)
         _log(att.rank, f"the next attempt asks for {limit_s // 60} min (what remains at "
                        f"{(time.time() - started_at) / done:.3g} s a step)")
     except Exception as e:   # the next attempt then has this one's limit
@@ -690,7 +690,7 @@ def _carry_out(att: Attempt, d: decide.Decision) -> None:
     """Rank 0, after the checkpoint is committed: requeue the job where Slurm will not (asking
     for the node count that can start soonest), and keep Slurm from requeueing a preempted job
     whose requeue budget is spent."""
-    denv, job_id = att.denv, att.denv.job_id
+    denv, job_id = att.denv, att.denv.job_ref
     if job_id is None:   # pswift run: no Slurm job to requeue
         return
     if d.exit_code == Exit.BUDGET_SPENT:
