@@ -99,3 +99,91 @@ def test_a_preempted_member_leaves_and_the_other_trains_on_in_its_own_allocation
     ends = [e for e in evs if e["event"] == "end"]
     assert ends[0]["reason"] == "members_changed" and ends[-1]["reason"] == "completed", ends
 
+
+
+STEPS = 150
+
+
+def paced_example(d: Path, steps: int) -> Path:
+    """A run of 2 one-node members whose 8 layers sleep 10 ms each (bench/workload.py's paced
+    layers): a step takes 0.32 s on 1 stage and 0.20 s on 2, as on machines of their own."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from workload import PACED
+    d.mkdir(parents=True)
+    (d / "paced.py").write_text(PACED)
+    (d / "train.toml").write_text(f"""[job]
+name = "members"
+partition = "low"
+max_requeues = 6
+grow_check_s = 5
+sbatch_options = ["--exclusive"]
+
+[resources]
+nodes = [1, 2]
+members = 2
+member_wait_s = 120
+tasks_per_node = 1
+
+[model]
+entry = "paced:build_layers"
+loss = "paced:mse"
+num_layers = 8
+layer_costs = [{", ".join(["0.01"] * 8)}]
+kwargs = {{ width = 16, costs = [{", ".join(["0.01"] * 8)}] }}
+
+[training]
+steps = {steps}
+global_batch_size = 16
+micro_batch_size = 4
+data = "paced:batch"
+seed = 1
+optimizer = {{ type = "AdamW", params = {{ lr = 0.001 }} }}
+checkpoint_interval = 0
+
+[pipeline]
+rebalance = false
+""")
+    return d / "train.toml"
+
+
+def test_a_member_back_from_preemption_rejoins_and_the_run_grows_back(cluster, tmp_path, background_reference):
+    """The preemptor holds member 1's node and the free ones for a few seconds; member 0 trains
+    on alone meanwhile. When the preemptor ends, member 1 (requeued) starts again and sits in
+    the run's next epoch; member 0's growth watcher sees it there and stops at a step boundary
+    with a checkpoint; both train to the end on 2 nodes. Member 0 never left the queue; every
+    step ran once. The layers sleep their cost (bench/workload.py's), so 2 stages step faster
+    than 1 as on two machines, and growing pays."""
+    toml = paced_example(tmp_path / "ex", steps=STEPS)
+    uninterrupted = background_reference(toml, nodes=2)
+    run = tmp_path / "run"
+    proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
+    assert proc.returncode == 0, proc.stderr
+    array = proc.stdout.strip()
+    wait_steps(run, 8, timeout=240)
+    running = members_of(array)
+    free = sorted(set(subprocess.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"], capture_output=True,
+                                     text=True, timeout=30).stdout.split()))   # a line a node and partition
+    held = ",".join([running[1]["NodeList"], *free])
+    high = subprocess.run(["sbatch", "--parsable", "-p", "high", f"-N{1 + len(free)}", "--exclusive",
+                           f"--nodelist={held}", "-o", "/dev/null", "--wrap", "sleep 8"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        final = wait_members(array, {"COMPLETED"}, timeout=400)
+    finally:
+        subprocess.run(["scancel", high], timeout=30)
+    assert final[0]["Restarts"] == "0" and final[1]["Restarts"] == "1", slurm_log(run)[-4000:]
+    evs = run_events(run, torn_ok=True)
+    starts = [e for e in evs if e["event"] == "start"]
+    assert [e["nodes"] for e in starts] == [2, 1, 2], slurm_log(run)[-4000:]   # the layout: the planner's
+    (grew,) = [e for e in evs if e["event"] == "grow"]
+    assert grew["nodes_from"] == 1 and grew["nodes_to"] == 2 and starts[2]["step"] == grew["step"]
+    assert [e["reason"] for e in evs if e["event"] == "end"] == ["members_changed", "members_changed", "completed"]
+    steps = [e["step"] for e in evs if e["event"] == "step"]
+    assert sorted(steps) == list(range(1, STEPS + 1))                           # every step once
+    ours, ref = step_losses(run, torn_ok=True), step_losses(uninterrupted.wait(), torn_ok=True)
+    k = starts[1]["step"]
+    assert {s: ours[s] for s in range(1, k + 1)} == {s: ref[s] for s in range(1, k + 1)}
+    far = {s: (ours[s], ref[s]) for s in range(k + 1, STEPS + 1)
+           if abs(float.fromhex(ours[s]) - float.fromhex(ref[s])) > 1e-3 * abs(float.fromhex(ref[s]))}
+    assert not far, far

@@ -54,16 +54,19 @@ class Growth:
 
 
 def choose(plan: Plan, nodes: int, free: int, step_times: Sequence[float], remaining: int,
-           restart_s: float, ckpt_s: float, predicted: dict[int, float] | None = None) -> Growth:
+           restart_s: float, ckpt_s: float, predicted: dict[int, float] | None = None,
+           requeue_s: float = REQUEUE_S) -> Growth:
     """Whether to grow now from ``nodes`` with ``free`` more nodes free, and to how many;
-    ``predicted``: step time per node count (default: the planner's, from plan.json)."""
+    ``predicted``: step time per node count (default: the planner's, from plan.json);
+    ``requeue_s``: what the way back costs beside the checkpoint and the restart (a run of
+    members launches again in place: 0)."""
     keep = Growth(False, "", nodes, free=free, remaining=remaining)
     predicted = predicted if predicted is not None else predicted_steps(plan)
     if nodes not in predicted or not step_times:
         keep.why = "no planner estimate for this node count"
         return keep
     now = median_of(step_times)
-    cost = ckpt_s + restart_s + REQUEUE_S
+    cost = ckpt_s + restart_s + requeue_s
     best = keep
     for n, est in sorted(predicted.items()):
         if not nodes < n <= nodes + free:

@@ -580,7 +580,8 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
             own = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
             free = decide.free_nodes(state, plan["partition"], cpus, own)
         return grow.choose(plan, denv.nodes, free, step_times[-20:], int(plan["training"]["steps"]) - att.step,
-                           att.setup_s + att.load_s, att.checkpoints.last_s or 0.0, predicted)
+                           att.setup_s + att.load_s, att.checkpoints.last_s or 0.0, predicted,
+                           requeue_s=0.0 if plan["members"] else grow.REQUEUE_S)
 
     w = grow.Watcher(check_s, check, signals.request_grow, lambda msg: _log(0, msg))
     w.start()
