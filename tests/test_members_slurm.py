@@ -187,3 +187,28 @@ def test_a_member_back_from_preemption_rejoins_and_the_run_grows_back(cluster, t
     far = {s: (ours[s], ref[s]) for s in range(k + 1, STEPS + 1)
            if abs(float.fromhex(ours[s]) - float.fromhex(ref[s])) > 1e-3 * abs(float.fromhex(ref[s]))}
     assert not far, far
+
+
+@pytest.mark.parametrize("how", ["pswift cancel", "scancel"])
+def test_cancelling_the_run_ends_every_member(cluster, tmp_path, how):
+    """`pswift cancel JOB` and `scancel` of the array each end every member: each one's ranks
+    stop together, each member's first rank finds its job cancelled (not preempted), nothing is
+    requeued and nothing is left running; `pswift status` of the array says what it knows."""
+    toml = paced_example(tmp_path / "ex", steps=400)
+    run = tmp_path / "run"
+    proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
+    assert proc.returncode == 0, proc.stderr
+    array = proc.stdout.strip()
+    wait_steps(run, 5, timeout=240)
+    if how == "scancel":
+        subprocess.run(["scancel", array], check=True, timeout=30)
+    else:
+        pswift("cancel", array, check=True)
+    final = wait_members(array, {"CANCELLED", "COMPLETED"}, timeout=120)
+    assert all(m["Restarts"] == "0" for m in final.values()), final
+    assert not subprocess.run(["squeue", "-h", "-j", array], capture_output=True, text=True, timeout=30).stdout.strip()
+    evs = run_events(run, torn_ok=True)
+    assert [e["reason"] for e in evs if e["event"] == "end"] == ["cancelled"], slurm_log(run)[-3000:]
+    assert max(e["step"] for e in evs if e["event"] == "step") < 400
+    status = pswift("status", array)
+    assert status.returncode in (0, 1) and "Traceback" not in status.stderr, status.stderr
