@@ -101,11 +101,11 @@ def test_a_preempted_member_leaves_and_the_other_trains_on_in_its_own_allocation
 
 
 
-STEPS = 150
+STEPS = 300
 
 
-def paced_example(d: Path, steps: int) -> Path:
-    """A run of 2 one-node members whose 8 layers sleep 10 ms each (bench/workload.py's paced
+def paced_example(d: Path, steps: int, members: int = 2, nodes: str = "[1, 2]") -> Path:
+    """A run of one-node members whose 8 layers sleep 10 ms each (bench/workload.py's paced
     layers): a step takes 0.32 s on 1 stage and 0.20 s on 2, as on machines of their own."""
     import sys
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -120,8 +120,8 @@ grow_check_s = 5
 sbatch_options = ["--exclusive"]
 
 [resources]
-nodes = [1, 2]
-members = 2
+nodes = {nodes}
+members = {members}
 member_wait_s = 120
 tasks_per_node = 1
 
@@ -147,40 +147,61 @@ rebalance = false
     return d / "train.toml"
 
 
-def test_a_member_back_from_preemption_rejoins_and_the_run_grows_back(cluster, tmp_path, background_reference):
-    """The preemptor holds member 1's node and the free ones for a few seconds; member 0 trains
-    on alone meanwhile. When the preemptor ends, member 1 (requeued) starts again and sits in
-    the run's next epoch; member 0's growth watcher sees it there and stops at a step boundary
-    with a checkpoint; both train to the end on 2 nodes. Member 0 never left the queue; every
-    step ran once. The layers sleep their cost (bench/workload.py's), so 2 stages step faster
-    than 1 as on two machines, and growing pays."""
-    toml = paced_example(tmp_path / "ex", steps=STEPS)
-    uninterrupted = background_reference(toml, nodes=2)
+def preempt(node: str, hold_s: int) -> str:
+    """A high-priority exclusive job on ``node`` for ``hold_s`` seconds: the member there is preempted."""
+    return subprocess.run(["sbatch", "--parsable", "-p", "high", "-N1", "--exclusive", f"--nodelist={node}",
+                           "-o", "/dev/null", "--wrap", f"sleep {hold_s}"],
+                          capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+
+
+def quiet_seconds(evs: list[dict]) -> list[float]:
+    """Per epoch that ended for a change of members: seconds from its last step to the next step."""
+    steps = [e for e in evs if e["event"] == "step"]
+    out = []
+    for end in (e for e in evs if e["event"] == "end" and e["reason"] == "members_changed"):
+        last = max(e["time"] for e in steps if e["step"] == end["step"])
+        out.append(min(e["time"] for e in steps if e["step"] == end["step"] + 1) - last)
+    return out
+
+
+def test_four_members_two_preempted_at_different_steps_the_run_completes_and_grows_back(cluster, tmp_path,
+                                                                                      background_reference):
+    """Four members of one node each (every node of the dev cluster). A high-priority job takes
+    member 1's node at step 8 and another member 2's some 25 steps later, each for 10 s: the
+    members left train on from each stop's step, in their own allocations (members 0 and 3:
+    Restarts=0); each preempted member, requeued, starts again when its preemptor ends, sits in
+    the next epoch, and the run grows back to it at a step boundary. The run completes with every
+    step once; each loss is the uninterrupted 4-node run's, bit for bit to the first stop, within
+    what another layout's reductions change after. The layers sleep their cost
+    (bench/workload.py's), so more nodes step faster, as on machines of their own."""
+    toml = paced_example(tmp_path / "ex", steps=STEPS, members=4, nodes="[2, 4]")   # growing back pays: steps left
+    uninterrupted = background_reference(toml, nodes=4)
     run = tmp_path / "run"
     proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
     assert proc.returncode == 0, proc.stderr
     array = proc.stdout.strip()
-    wait_steps(run, 8, timeout=240)
-    running = members_of(array)
-    free = sorted(set(subprocess.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"], capture_output=True,
-                                     text=True, timeout=30).stdout.split()))   # a line a node and partition
-    held = ",".join([running[1]["NodeList"], *free])
-    high = subprocess.run(["sbatch", "--parsable", "-p", "high", f"-N{1 + len(free)}", "--exclusive",
-                           f"--nodelist={held}", "-o", "/dev/null", "--wrap", "sleep 8"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    highs = []
     try:
+        wait_steps(run, 8, timeout=240)
+        highs.append(preempt(members_of(array)[1]["NodeList"], 10))
+        first = max(e["step"] for e in run_events(run, torn_ok=True) if e["event"] == "step")
+        wait_steps(run, first + 25, timeout=240)
+        highs.append(preempt(members_of(array)[2]["NodeList"], 10))
         final = wait_members(array, {"COMPLETED"}, timeout=400)
     finally:
-        subprocess.run(["scancel", high], timeout=30)
-    assert final[0]["Restarts"] == "0" and final[1]["Restarts"] == "1", slurm_log(run)[-4000:]
+        subprocess.run(["scancel", *highs], timeout=30)
+    assert [final[t]["Restarts"] for t in range(4)] == ["0", "1", "1", "0"], slurm_log(run)[-4000:]
     evs = run_events(run, torn_ok=True)
     starts = [e for e in evs if e["event"] == "start"]
-    assert [e["nodes"] for e in starts] == [2, 1, 2], slurm_log(run)[-4000:]   # the layout: the planner's
-    (grew,) = [e for e in evs if e["event"] == "grow"]
-    assert grew["nodes_from"] == 1 and grew["nodes_to"] == 2 and starts[2]["step"] == grew["step"]
-    assert [e["reason"] for e in evs if e["event"] == "end"] == ["members_changed", "members_changed", "completed"]
+    nodes = [e["nodes"] for e in starts]
+    assert nodes[0] == 4 and 3 in nodes and nodes[-1] == 4 and len(nodes) >= 4, (nodes, slurm_log(run)[-4000:])
+    assert len([e for e in evs if e["event"] == "grow"]) >= 1
+    reasons = [e["reason"] for e in evs if e["event"] == "end"]
+    assert reasons == ["members_changed"] * (len(starts) - 1) + ["completed"], reasons
     steps = [e["step"] for e in evs if e["event"] == "step"]
     assert sorted(steps) == list(range(1, STEPS + 1))                           # every step once
+    quiet = quiet_seconds(evs)
+    assert len(quiet) == len(starts) - 1 and max(quiet) < 30, quiet   # a relaunch in place, not the queue
     ours, ref = step_losses(run, torn_ok=True), step_losses(uninterrupted.wait(), torn_ok=True)
     k = starts[1]["step"]
     assert {s: ours[s] for s in range(1, k + 1)} == {s: ref[s] for s in range(1, k + 1)}
