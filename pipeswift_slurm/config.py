@@ -349,9 +349,9 @@ def _resources(t: dict[str, Any]) -> ResourcesSection:
     return ResourcesSection(nodes_min=lo, nodes_max=hi, **fields)
 
 
-def _check_members(members: int, member_nodes: int, lo: int, hi: int) -> None:
+def _check_members(members: int | str, member_nodes: int, lo: int, hi: int) -> None:
     """A run of members: at least two, whose nodes together are the node range's top."""
-    if members == 0:
+    if members == 0 or members == "auto":   # auto: the planner's choice (pipeswift_slurm.planning.members)
         return
     if members == 1:
         raise ConfigError("[resources] members = 1 is one job: write members = 0 (the default), or 2 or more")

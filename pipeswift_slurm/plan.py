@@ -61,6 +61,8 @@ class Plan(TypedDict):
     #: [resources] members (0: one Slurm job; N: a job array of N members, one run:
     #: pipeswift_launch.members), member_nodes and member_wait_s
     members: int
+    #: why members or one job (pipeswift_slurm.planning.members): `pswift sbatch --dry-run` says it
+    members_why: str
     member_nodes: int
     member_wait_s: int
     max_requeues: int

@@ -64,8 +64,9 @@ class ResourcesFields(NamedTuple):
     device: str
     #: 0: one Slurm job; N >= 2: a job array of N members of `member_nodes` nodes each, training
     #: as one run (`nodes`' top = N x `member_nodes`): a preempted member leaves, the others
-    #: train on ("Members" in docs/design.md)
-    members: int
+    #: train on; `auto`: members where the partition's preemptions make them pay ("Members" in
+    #: docs/design.md)
+    members: int | str
     #: nodes of each member (with `members`)
     member_nodes: int
     #: seconds the first members wait at the start for the others (and for one that left without

@@ -128,9 +128,10 @@ SETTINGS: tuple[Setting, ...] = (
     S("resources", "cpus_per_task", "int", 1, "CPUs per task", plan="top"),
     S("resources", "device", "choice", "cpu", "the device each rank drives (gloo on CPU, nccl on CUDA)", choices=("cpu", "cuda"),
       plan="top"),
-    S("resources", "members", "int", 0, "0: one Slurm job; N >= 2: a job array of N members of `member_nodes` nodes "
-      "each, training as one run (`nodes`' top = N x `member_nodes`): a preempted member leaves, the others "
-      "train on (\"Members\" in docs/design.md)", lo=0, hi=LIMITS["nodes"], plan="top"),
+    S("resources", "members", "int|auto", 0, "0: one Slurm job; N >= 2: a job array of N members of `member_nodes` "
+      "nodes each, training as one run (`nodes`' top = N x `member_nodes`): a preempted member leaves, the "
+      "others train on; `auto`: members where the partition's preemptions make them pay (\"Members\" in "
+      "docs/design.md)", lo=0, hi=LIMITS["nodes"], plan="top"),
     S("resources", "member_nodes", "int", 1, "nodes of each member (with `members`)", hi=LIMITS["nodes"], plan="top"),
     S("resources", "member_wait_s", "int", 60, "seconds the first members wait at the start for the others "
       "(and for one that left without a word) before training on the members present", lo=0, hi=86400, plan="top"),

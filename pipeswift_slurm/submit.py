@@ -212,7 +212,7 @@ def prepare(toml: Path | str | dict[str, Any], run_dir: Path | str | None = None
     if why:
         raise ConfigError(why)
     plan["submitted_at"] = time.time()
-    opts = options_for(cfg, str(target), limits_of(plan), nodes=plan["nodes_request"])
+    opts = options_for(cfg, str(target), limits_of(plan), nodes=plan["nodes_request"], members=plan["members"])
     text = _toml_text(toml) if isinstance(toml, dict) else None
     return Prepared(cfg, target, plan, render(opts, str(target), plan["python"]), tuple(sbatch_args),
                     overrides or {}, text)
@@ -237,7 +237,8 @@ def dry_run_script(p: Prepared) -> str:
     first start, records the job there and in the registry (status, logs and the history know
     it), and appends its output to the run directory's log; options after `--` are #SBATCH
     lines of it."""
-    opts = options_for(p.config, str(p.run_dir), limits_of(p.plan), nodes=p.plan["nodes_request"])
+    opts = options_for(p.config, str(p.run_dir), limits_of(p.plan), nodes=p.plan["nodes_request"],
+                       members=p.plan["members"])
     opts = opts._replace(output=None, extra=opts.extra + p.sbatch_args)
     return render(opts, str(p.run_dir), p.plan["python"],
                   carried={runfiles.TOML: _toml_copy(p), runfiles.PLAN: plan_bytes(p.plan)})

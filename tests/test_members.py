@@ -147,3 +147,39 @@ def test_members_are_one_array_in_the_batch_script(tmp_path):
             assert proc.returncode == 2 and said in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
         assert not (tmp_path / "run2").exists()
         toml.write_text(toml.read_text().replace(wrong, "members = 2\nmember_nodes = 2"))
+
+
+def test_auto_makes_members_only_where_the_partition_preempts(tmp_path):
+    """planning.members: members = "auto" weighs the partition's preemptions over the run's
+    expected hours on its nodes; a partition that never preempted a pswift job: one job."""
+    from types import SimpleNamespace
+
+    from pipeswift_slurm.config import load_config
+    from pipeswift_slurm.planning import interval, members as choice
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]"})
+    toml.write_text(toml.read_text().replace("[resources]\n", '[resources]\nmembers = "auto"\n', 1))
+    cfg = load_config(toml)
+
+    def planned(per_hour: float, train_s: float):
+        est = SimpleNamespace(setup_s=60.0, train_s=train_s, checkpoint_s=0.0, queue_s=1800.0)
+        return SimpleNamespace(chosen=SimpleNamespace(estimate=est),
+                               interruptions=interval.Interruptions(preemptions_per_hour=per_hour))
+    n, why = choice.choose(cfg, planned(0.0, 36000.0))
+    assert n == 0 and why.startswith("one job: partition low preempted 0 pswift job(s) an hour"), why
+    n, why = choice.choose(cfg, planned(0.05, 540.0))     # 0.05 an hour over 10 minutes: 0.0083
+    assert n == 0 and "0.0083 preemption(s)" in why and "members would not pay" in why, why
+    n, why = choice.choose(cfg, planned(0.5, 3540.0))     # 0.5 an hour over an hour
+    assert n == 4 and why.startswith("4 members: ") and "0.5 preemption(s) expected" in why, why
+    assert choice.choose(cfg, None) == (0, "one job: no estimate of the run to weigh members against")
+    toml.write_text(toml.read_text().replace('members = "auto"', 'members = "auto"\nmember_nodes = 3'))
+    n, why = choice.choose(load_config(toml), planned(0.5, 3540.0))
+    assert n == 0 and "not a whole number of at least two members of member_nodes = 3" in why
+
+
+def test_auto_without_preemptions_in_the_history_submits_one_job(tmp_path):
+    """Through `pswift sbatch --dry-run` with an empty history: one job, and the reason said."""
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]", "steps": "4"})
+    toml.write_text(toml.read_text().replace("[resources]\n", '[resources]\nmembers = "auto"\n', 1))
+    proc = pswift("sbatch", "--dry-run", "--run-dir", str(tmp_path / "run"), str(toml), check=True)
+    assert "--array" not in proc.stdout and "pipeswift_launch.members" not in proc.stdout
+    assert "# members: one job: partition " in proc.stderr and "members would not pay" in proc.stderr, proc.stderr

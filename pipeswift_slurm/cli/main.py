@@ -166,6 +166,8 @@ def _print_dry_run(p: Any) -> None:
              f"{pr['jct_s']:.0f} s (queue {pr['queue_s']:.0f} s); request --nodes={plan['nodes_request']}")
     for n, why in plan["infeasible"].items():
         note(f"# {n} node(s) infeasible: {why}")
+    if p.config.resources.members:
+        note(f"# members: {plan['members_why']}")
     from pipeswift_slurm.planning.build import limits_of
     from pipeswift_slurm.planning.limits import describe
     note(f"# {describe(limits_of(plan))}")

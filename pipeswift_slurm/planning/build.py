@@ -16,7 +16,7 @@ from pipeswift_slurm import __version__, runfiles
 from pipeswift_slurm.config import TrainConfig, TrainingSection
 from pipeswift_slurm.errors import ConfigError
 from pipeswift_slurm.plan import PLAN_VERSION, LayoutSpec, Plan
-from pipeswift_slurm.planning import interval, limits
+from pipeswift_slurm.planning import interval, limits, members
 from pipeswift_slurm.planning.costmodel import Hardware, checkpoint_seconds
 from pipeswift_slurm.planning.layouts import rule_layouts
 from pipeswift_slurm.settings import travelling
@@ -155,7 +155,7 @@ def build_plan(cfg: TrainConfig, run_dir: Path, python: str | None = None,
         "python": python or j.python or sys.executable,
         "device": cfg.resources.device,
         "cpus_per_task": cfg.resources.cpus_per_task,
-        "members": cfg.resources.members,
+        **_members(cfg, planned),
         "member_nodes": cfg.resources.member_nodes,
         "member_wait_s": cfg.resources.member_wait_s,
         "max_requeues": j.max_requeues,
@@ -189,6 +189,12 @@ def _limits_section(lim: Limits, written_s: int | None) -> dict[str, Any]:
             "time_why": lim.why, "time_written_s": written_s}
 
 
+def _members(cfg: TrainConfig, planned: "PlanResult | None") -> dict[str, Any]:
+    """plan.json's ``members`` (0: one job) and why (pipeswift_slurm.planning.members)."""
+    n, why = members.choose(cfg, planned)
+    return {"members": n, "members_why": why}
+
+
 def _checkpoint_auto(cfg: TrainConfig, planned: "PlanResult | None") -> dict[str, Any] | None:
     """plan.json's ``checkpoint_auto``: what the launcher's interval starts from."""
     if cfg.training.checkpoint_interval != "auto":
@@ -201,15 +207,16 @@ def _checkpoint_auto(cfg: TrainConfig, planned: "PlanResult | None") -> dict[str
 
 
 def options_for(cfg: TrainConfig, run_dir: str, limits: Limits,
-                nodes: str | None = None) -> SbatchOptions:
-    """The batch script's options: the TOML's, with the node request and time limits planned."""
+                nodes: str | None = None, members: int = 0) -> SbatchOptions:
+    """The batch script's options: the TOML's, with the node request, the members (plan.json's:
+    0, one job) and the time limits planned."""
     r, j = cfg.resources, cfg.job
     lead = limits.signal_lead_s
     # the TOML's own spelling when the limit is the one it wrote, else whole minutes
     time = j.time if limits.time_s == j.time_seconds else None if limits.time_s is None else slurm_minutes(limits.time_s)
     return SbatchOptions(
-        job_name=j.name, nodes=str(r.member_nodes) if r.members else nodes or r.nodes_spec,
-        ntasks_per_node=r.tasks_per_node, array=f"0-{r.members - 1}" if r.members else None,
+        job_name=j.name, nodes=str(r.member_nodes) if members else nodes or r.nodes_spec,
+        ntasks_per_node=r.tasks_per_node, array=f"0-{members - 1}" if members else None,
         cpus_per_task=r.cpus_per_task, output=output_pattern(run_dir),
         partition=",".join(j.partitions) if len(j.partitions) > 1 else j.partition,   # Slurm's list
         time=time,
