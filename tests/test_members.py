@@ -52,7 +52,8 @@ def _join(run: str, task: int, ranks: int, n: int, lo: int, wait_s: float, out: 
     try:
         e = members.join(Path(run), task, f"job{task}", tuple(f"node{task}-{k}" for k in range(ranks)), ranks,
                          n, lo, wait_s, timeout_s=20, poll_s=0.02)
-        out.put((task, e.number, e.offset(task), e.world_size, e.nodes, [s.task for s in e.seats]))
+        out.put((task, "done") if e is None else
+                (task, e.number, e.offset(task), e.world_size, e.nodes, [s.task for s in e.seats]))
     except members.MembersError as err:
         out.put((task, "error", str(err)))
 
@@ -183,3 +184,23 @@ def test_auto_without_preemptions_in_the_history_submits_one_job(tmp_path):
     proc = pswift("sbatch", "--dry-run", "--run-dir", str(tmp_path / "run"), str(toml), check=True)
     assert "--array" not in proc.stdout and "pipeswift_launch.members" not in proc.stdout
     assert "# members: one job: partition " in proc.stderr and "members would not pay" in proc.stderr, proc.stderr
+
+
+def test_status_reads_the_newest_epoch_and_who_waits(tmp_path: Path):
+    """pipeswift_slurm.memberfiles.summary: what `pswift status` shows of a run of members."""
+    from pipeswift_slurm import memberfiles
+    assert memberfiles.summary(tmp_path) is None                      # one job: no members folder
+    out = multiprocessing.get_context("fork").Queue()
+    assert _results([_start(tmp_path, t, 1, 3, 2, 0.2, out) for t in (0, 1)], out)[0][0] == 0
+    late = _start(tmp_path, 2, 1, 3, 2, 0.2, out)
+    deadline = time.monotonic() + 10
+    while not members.waiting(tmp_path, 0) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    got = memberfiles.summary(tmp_path)
+    assert got == {"epoch": 0, "nodes": 2, "done": False,
+                   "members": [{"task": t, "job_id": f"job{t}", "nodes": [f"node{t}-0"]} for t in (0, 1)],
+                   "waiting": [{"task": 2, "job_id": "job2", "nodes": ["node2-0"]}]}
+    members.finish(tmp_path)
+    assert out.get(timeout=10) == (2, "done")          # the member waiting ends: the run is done
+    late.join(10)
+    assert memberfiles.summary(tmp_path)["done"] is True

@@ -200,6 +200,8 @@ def test_four_members_two_preempted_at_different_steps_the_run_completes_and_gro
     assert reasons == ["members_changed"] * (len(starts) - 1) + ["completed"], reasons
     steps = [e["step"] for e in evs if e["event"] == "step"]
     assert sorted(steps) == list(range(1, STEPS + 1))                           # every step once
+    status = pswift("status", array, check=True).stdout
+    assert "members: epoch " in status and "on 4 node(s) (done)\n" in status and status.count(" (in it): job ") == 4
     quiet = quiet_seconds(evs)
     assert len(quiet) == len(starts) - 1 and max(quiet) < 30, quiet   # a relaunch in place, not the queue
     ours, ref = step_losses(run, torn_ok=True), step_losses(uninterrupted.wait(), torn_ok=True)
@@ -214,7 +216,7 @@ def test_four_members_two_preempted_at_different_steps_the_run_completes_and_gro
 def test_cancelling_the_run_ends_every_member(cluster, tmp_path, how):
     """`pswift cancel JOB` and `scancel` of the array each end every member: each one's ranks
     stop together, each member's first rank finds its job cancelled (not preempted), nothing is
-    requeued and nothing is left running; `pswift status` of the array says what it knows."""
+    requeued and nothing is left running; `pswift status` of the array shows each member."""
     toml = paced_example(tmp_path / "ex", steps=400)
     run = tmp_path / "run"
     proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
@@ -231,5 +233,7 @@ def test_cancelling_the_run_ends_every_member(cluster, tmp_path, how):
     evs = run_events(run, torn_ok=True)
     assert [e["reason"] for e in evs if e["event"] == "end"] == ["cancelled"], slurm_log(run)[-3000:]
     assert max(e["step"] for e in evs if e["event"] == "step") < 400
-    status = pswift("status", array)
-    assert status.returncode in (0, 1) and "Traceback" not in status.stderr, status.stderr
+    status = pswift("status", array, check=True).stdout   # the run, and each member's job and node
+    assert "members: epoch 0 on 2 node(s)\n" in status, status
+    for t in (0, 1):
+        assert f"  member {t} (in it): job {final[t]['JobId']} on {final[t]['NodeList']}\n" in status, status

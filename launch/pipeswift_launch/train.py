@@ -16,6 +16,7 @@ import torch
 from deepspeed import comm as dist
 from pipeswift_slurm import runfiles
 from pipeswift_slurm import events as events_schema
+from pipeswift_slurm import memberfiles
 from pipeswift_slurm.codes import POSTED_BELOW_S, Action, Exit, Stop
 from pipeswift_slurm.plan import relaid_out, write_plan
 from pipeswift_slurm.planning import decide, interval, limits
@@ -574,7 +575,7 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
 
     def check() -> Any:
         if plan["members"]:   # the nodes of members seated for the next epoch, not Slurm's free ones
-            free = sum(len(s.nodes) for s in members.waiting(Path(plan["run_dir"]), epoch))
+            free = sum(len(s.nodes) for s in memberfiles.waiting(Path(plan["run_dir"]), epoch))
         else:
             state = slurm().cluster_state()
             own = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}

@@ -128,6 +128,12 @@ def status(job: str, as_json: bool, db: Path | None) -> None:
             say(f"    {crash_line(c)}")
     for g in out.get("growths") or []:
         say(f"  {growth_line(g)}")
+    if out["members"]:   # a run of members: its newest epoch's, and who waits to join the next
+        m = out["members"]
+        say(f"members: epoch {m['epoch']} on {m['nodes']} node(s)" + (" (done)" if m["done"] else ""))
+        for who, rows in (("in it", m["members"]), ("waiting", m["waiting"])):
+            for r in rows:
+                say(f"  member {r['task']} ({who}): job {r['job_id']} on {','.join(r['nodes'])}")
     if out["slurm_not_asked"]:     # no Slurm here (not an outage): what the rest knew, exit 0
         whose = {"events": "from its events", "history": "from the history", "sacct": "from sacct"}
         _warn(f"note: Slurm not asked ({out['slurm_not_asked']}); the state above is "

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
-from pipeswift_slurm import runfiles
+from pipeswift_slurm import memberfiles, runfiles
 from pipeswift_slurm.history import rundir
 from pipeswift_slurm.eventlines import crash_line
 from pipeswift_slurm.durations import duration
@@ -217,6 +217,7 @@ def status_of(ref: JobRef, db: Path | None = None) -> dict[str, Any]:
     p = progress(summary, running=seen.state == "RUNNING") if summary is not None else None
     log = log_path(ref.run, ref.job_id) if ref.run is not None and ref.job_id else None
     return {
+        "members": memberfiles.summary(ref.run) if ref.run is not None else None,
         "job_id": ref.job_id, "key": ref.key, "state": seen.state, "source": seen.source,
         "slurm_unreachable": seen.unreachable or None, "slurm_not_asked": seen.not_asked or None,
         "reason": seen.reason or None, "restarts": seen.restarts, "nodes": seen.nodes or None,
