@@ -204,3 +204,18 @@ def test_status_reads_the_newest_epoch_and_who_waits(tmp_path: Path):
     assert out.get(timeout=10) == (2, "done")          # the member waiting ends: the run is done
     late.join(10)
     assert memberfiles.summary(tmp_path)["done"] is True
+
+
+def test_a_members_time_limit_is_the_runs_at_the_bottom_of_its_range(tmp_path):
+    """A member may train on alone: its predicted --time is the run's on the range's bottom (what
+    a job fixed to that node count asks), not the chosen top's."""
+    from test_members_slurm import paced_example
+
+    def time_line(members: int, nodes: str) -> str:
+        toml = paced_example(tmp_path / f"ex-{members}-{nodes[-2]}", steps=20000, members=members, nodes=nodes)
+        if not members:
+            toml.write_text(toml.read_text().replace("members = 0\n", ""))
+        err = pswift("sbatch", "--dry-run", "--run-dir", str(tmp_path / "run"), str(toml), check=True).stderr
+        return next(line for line in err.splitlines() if line.startswith("# time limit: "))
+    run_of_members, one_job, at_the_bottom = time_line(2, "[1, 2]"), time_line(0, "[1, 2]"), time_line(0, "[1, 1]")
+    assert run_of_members == at_the_bottom != one_job, (run_of_members, one_job, at_the_bottom)

@@ -237,3 +237,61 @@ def test_cancelling_the_run_ends_every_member(cluster, tmp_path, how):
     assert "members: epoch 0 on 2 node(s)\n" in status, status
     for t in (0, 1):
         assert f"  member {t} (in it): job {final[t]['JobId']} on {final[t]['NodeList']}\n" in status, status
+
+
+def kill_node_of(job_id: str, node: str) -> None:
+    """``node`` dies without a word: its slurmd and every process of member job ``job_id`` on it
+    (its batch script, step daemons and rank) killed; Slurm is not told."""
+    import os
+    import signal
+
+    import psutil
+
+    from helpers import CLUSTER_DIR
+    doomed = {int((CLUSTER_DIR / "run" / f"slurmd-{node}.pid").read_text())}
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if f"[{job_id}." in " ".join(p.info["cmdline"] or []) or p.environ().get("SLURM_JOB_ID") == job_id:
+                doomed.add(p.pid)
+        except psutil.Error:
+            continue
+    for pid in doomed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_member_whose_node_dies_without_a_word_is_left_behind_within_a_minute(cluster, tmp_path):
+    """Member 1's node dies silently (slurmd and all its job's processes killed, Slurm not told):
+    member 0's ranks lose their peer, launch again in their allocation (Restarts=0), sit in the
+    next epoch, wait members.REJOIN_WAIT_S for member 1, which never comes, and train on alone
+    from the newest committed checkpoint; the run completes, every step trained, within a minute
+    of the death to member 0's next start."""
+    from test_failures import _bring_back
+    steps = 120
+    toml = paced_example(tmp_path / "ex", steps=steps)
+    toml.write_text(toml.read_text().replace("checkpoint_interval = 0", "checkpoint_interval = 10"))
+    run = tmp_path / "run"
+    array = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
+    wait_steps(run, 25, timeout=240)
+    running = members_of(array)
+    node = running[1]["NodeList"]
+    try:
+        died = time.time()
+        kill_node_of(running[1]["JobId"], node)
+        deadline = time.time() + 300
+        while members_of(array)[0]["JobState"] != "COMPLETED":
+            assert time.time() < deadline, slurm_log(run)[-4000:]
+            time.sleep(1)
+        assert members_of(array)[0]["Restarts"] == "0"
+    finally:
+        subprocess.run(["scancel", array], timeout=30)
+        _bring_back(node)
+    evs = run_events(run, torn_ok=True)
+    starts = [e for e in evs if e["event"] == "start"]
+    assert [e["nodes"] for e in starts] == [2, 1], slurm_log(run)[-4000:]
+    assert starts[1]["resumed_from"] and starts[1]["step"] % 10 == 0 and starts[1]["step"] >= 20
+    assert starts[1]["time"] - starts[1]["setup_s"] - died <= 60, (starts[1], died)
+    assert sorted(step_losses(run, torn_ok=True)) == list(range(1, steps + 1))
+    assert [e["reason"] for e in evs if e["event"] == "end"][-1] == "completed"

@@ -38,7 +38,8 @@ from pipeswift_slurm.slurm.records import expand_hostlist
 
 #: the records' reading side lives in pipeswift_slurm.memberfiles (`pswift status` reads them too)
 __all__ = ["DONE", "FOLDER", "FRESH_S", "SEALED", "Epoch", "MembersError", "Seat", "due", "epoch_dir", "expected",
-           "exports", "finish", "finished", "join", "leave", "main", "newest_sealed", "seats", "sealed", "waiting"]
+           "exports", "finish", "finished", "join", "leave", "main", "newest_sealed", "seats", "sealed", "waiting",
+           "REJOIN_WAIT_S"]
 
 
 
@@ -113,6 +114,10 @@ def _write_once(path: Path, record: dict[str, Any]) -> bool:
         tmp.unlink(missing_ok=True)
 
 
+#: how long an epoch after the first waits for a member of the last that did not say it left
+REJOIN_WAIT_S = 20.0
+
+
 def join(run_dir: Path, task: int, job_id: str, nodes: tuple[str, ...], ranks: int, members: int,
          lo_nodes: int, wait_s: float, timeout_s: float, poll_s: float = 0.2) -> Epoch | None:
     """Take a seat in the next epoch and return it once sealed with this member in it (a seal
@@ -128,11 +133,14 @@ def join(run_dir: Path, task: int, job_id: str, nodes: tuple[str, ...], ranks: i
         if not _write_once(mine, asdict(seat)):
             os.utime(mine, follow_symlinks=False)   # a seat of an earlier try of this member: fresh again
         waited_for = expected(run_dir, number, members)
+        # at the start, member_wait_s for the others; later, a member still in the run sits down
+        # again within seconds (its launch's end, the helper), and one that died never will
+        limit = wait_s if number == 0 else min(wait_s, REJOIN_WAIT_S)
         while time.monotonic() < deadline:
             if finished(run_dir):
                 return None
             epoch = sealed(run_dir, number)
-            if epoch is None and due(seats(run_dir, number, time.time()), waited_for, lo_nodes, time.time(), wait_s):
+            if epoch is None and due(seats(run_dir, number, time.time()), waited_for, lo_nodes, time.time(), limit):
                 _write_once(folder / SEALED, {"seats": [asdict(s) for s in seats(run_dir, number, time.time())]})
                 epoch = sealed(run_dir, number)
             if epoch is not None:

@@ -29,10 +29,14 @@ if TYPE_CHECKING:   # the planner's types only: a plan without its result import
 
 def time_limits(cfg: TrainConfig, planned: "PlanResult | None" = None) -> Limits:
     """--time, --time-min and the USR2 lead ([job] time_policy): from the chosen layout's
-    prediction, or [job] time as written (always without a prediction)."""
+    prediction (a run of members: its layout at the node range's bottom), or [job] time as
+    written (always without a prediction)."""
     written = cfg.job.time_seconds
     ckpt_s = checkpoint_seconds(cfg.model.layer_memory, unknown=10.0)   # the lead's: the safer one
     chosen = planned.chosen if planned is not None else None
+    if chosen is not None and planned is not None and members.choose(cfg, planned)[0]:
+        # a member may train on with the others gone: its limit is the run's at the range's bottom
+        chosen = planned.best_per_nodes().get(cfg.resources.nodes_min, chosen)
     if chosen is None:
         note = "" if cfg.job.time_policy == "as_written" or written is None else \
             f"[job] time as written ({cfg.job.time}): no prediction, the TOML fixes the split"
