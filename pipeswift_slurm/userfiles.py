@@ -463,3 +463,24 @@ def own_folder(path: os.PathLike[str] | str) -> int:
         os.close(fd)
         raise OutputRefused(f"{where} {why}: give a folder of your own that only you can write to")
     return fd
+
+
+def create_private(path: str | os.PathLike[str], blob: bytes) -> bool:
+    """``blob`` as ``path``, whole (fsynced) or not at all, readable by this user only, never
+    over a file that is there (nor through a link); False when one is: the job's records that
+    are written once (a launch's rendezvous, a member's seat, an epoch's seal)."""
+    path = os.fspath(path)
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)

@@ -448,3 +448,65 @@ def wandb_history(run: Path, tag: str) -> list[tuple[int, float]]:
             if tag in item:
                 points.append((int(item["_step"]), float(item[tag])))
     return points
+
+
+def bring_back(node: str) -> None:
+    """The node's slurmd started again and the node resumed, for the tests that follow."""
+    pidfile = CLUSTER_DIR / "run" / f"slurmd-{node}.pid"
+    try:
+        alive = pidfile.exists() and os.kill(int(pidfile.read_text()), 0) is None
+    except (OSError, ValueError):
+        alive = False
+    if not alive:
+        subprocess.run(["slurmd", "-f", os.environ["SLURM_CONF"], "-N", node], check=True, timeout=60)
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True, timeout=30)
+        state = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%t"], capture_output=True, text=True,
+                               timeout=30).stdout.strip()
+        if state in ("idle", "alloc", "mix"):
+            return
+        time.sleep(1)
+    raise AssertionError(f"{node} did not come back: {state}")
+
+
+def paced_example(d: Path, steps: int, members: int = 2, nodes: str = "[1, 2]") -> Path:
+    """A run of one-node members whose 8 layers sleep 10 ms each (bench/workload.py's paced
+    layers): a step takes 0.32 s on 1 stage and 0.20 s on 2, as on machines of their own."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from workload import PACED
+    d.mkdir(parents=True)
+    (d / "paced.py").write_text(PACED)
+    (d / "train.toml").write_text(f"""[job]
+name = "members"
+partition = "low"
+max_requeues = 6
+grow_check_s = 5
+sbatch_options = ["--exclusive"]
+
+[resources]
+nodes = {nodes}
+members = {members}
+member_wait_s = 120
+tasks_per_node = 1
+
+[model]
+entry = "paced:build_layers"
+loss = "paced:mse"
+num_layers = 8
+layer_costs = [{", ".join(["0.01"] * 8)}]
+kwargs = {{ width = 16, costs = [{", ".join(["0.01"] * 8)}] }}
+
+[training]
+steps = {steps}
+global_batch_size = 16
+micro_batch_size = 4
+data = "paced:batch"
+seed = 1
+optimizer = {{ type = "AdamW", params = {{ lr = 0.001 }} }}
+checkpoint_interval = 0
+
+[pipeline]
+rebalance = false
+""")
+    return d / "train.toml"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (pswift, rank_process, reference, run_events, slow_example, slurm_log, step_losses,
+from helpers import (bring_back, pswift, rank_process, reference, run_events, slow_example, slurm_log, step_losses,
                      wait_state, wait_steps)
 from pipeswift_slurm import submit
 from pipeswift_slurm.slurm import client as slurm
@@ -132,28 +132,6 @@ def _parent(pid: int) -> int:
     return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
 
 
-def _bring_back(node: str) -> None:
-    """The node's slurmd started again and the node resumed, for the tests that follow."""
-    import subprocess
-    from helpers import CLUSTER_DIR
-    pidfile = CLUSTER_DIR / "run" / f"slurmd-{node}.pid"
-    try:
-        alive = pidfile.exists() and os.kill(int(pidfile.read_text()), 0) is None
-    except (OSError, ValueError):
-        alive = False
-    if not alive:
-        subprocess.run(["slurmd", "-f", os.environ["SLURM_CONF"], "-N", node], check=True, timeout=60)
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True, timeout=30)
-        state = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%t"], capture_output=True, text=True,
-                               timeout=30).stdout.strip()
-        if state in ("idle", "alloc", "mix"):
-            return
-        time.sleep(1)
-    raise AssertionError(f"{node} did not come back: {state}")
-
-
 def _on_four_nodes(tmp_path: Path, steps: int) -> tuple[str, Path, dict, str, tuple[int, int, int]]:
     """A slow example training on all 4 nodes, 12 steps in: (job id, run dir, its start event,
     its last node (not the batch script's), that node's slurmd, step daemon and rank pids)."""
@@ -185,7 +163,7 @@ def test_a_lost_node_ends_nothing_the_ranks_go_on_with_fewer_stages(cluster, tmp
         state = wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
     finally:
         subprocess.run(["scancel", job], capture_output=True)
-        _bring_back(node)
+        bring_back(node)
     assert state == "COMPLETED", slurm_log(run)[-4000:]
     assert slurm.job_info(job).restarts == 0            # the same Slurm job: no requeue
     evs = run_events(run, torn_ok=True)
@@ -220,7 +198,7 @@ def test_a_node_that_dies_before_slurm_knows_is_left_out_within_a_minute(cluster
         info = slurm.job_info(job)
     finally:
         subprocess.run(["scancel", job], capture_output=True)
-        _bring_back(node)
+        bring_back(node)
     assert state == "COMPLETED", slurm_log(run)[-4000:]
     assert info.restarts == 0 and info.excluded == ""           # the same Slurm job, nothing excluded
     assert node not in expand_hostlist(info.nodes)              # given back to Slurm at the restart

@@ -209,7 +209,7 @@ def test_status_reads_the_newest_epoch_and_who_waits(tmp_path: Path):
 def test_a_members_time_limit_is_the_runs_at_the_bottom_of_its_range(tmp_path):
     """A member may train on alone: its predicted --time is the run's on the range's bottom (what
     a job fixed to that node count asks), not the chosen top's."""
-    from test_members_slurm import paced_example
+    from helpers import paced_example
 
     def time_line(members: int, nodes: str) -> str:
         toml = paced_example(tmp_path / f"ex-{members}-{nodes[-2]}", steps=20000, members=members, nodes=nodes)

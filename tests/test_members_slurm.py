@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import pswift, run_events, slow_example, slurm_log, step_losses, wait_steps
+from helpers import bring_back, paced_example, pswift, run_events, slow_example, slurm_log, step_losses, wait_steps
 
 pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed, pytest.mark.every_version]
 
@@ -102,49 +102,6 @@ def test_a_preempted_member_leaves_and_the_other_trains_on_in_its_own_allocation
 
 
 STEPS = 300
-
-
-def paced_example(d: Path, steps: int, members: int = 2, nodes: str = "[1, 2]") -> Path:
-    """A run of one-node members whose 8 layers sleep 10 ms each (bench/workload.py's paced
-    layers): a step takes 0.32 s on 1 stage and 0.20 s on 2, as on machines of their own."""
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from workload import PACED
-    d.mkdir(parents=True)
-    (d / "paced.py").write_text(PACED)
-    (d / "train.toml").write_text(f"""[job]
-name = "members"
-partition = "low"
-max_requeues = 6
-grow_check_s = 5
-sbatch_options = ["--exclusive"]
-
-[resources]
-nodes = {nodes}
-members = {members}
-member_wait_s = 120
-tasks_per_node = 1
-
-[model]
-entry = "paced:build_layers"
-loss = "paced:mse"
-num_layers = 8
-layer_costs = [{", ".join(["0.01"] * 8)}]
-kwargs = {{ width = 16, costs = [{", ".join(["0.01"] * 8)}] }}
-
-[training]
-steps = {steps}
-global_batch_size = 16
-micro_batch_size = 4
-data = "paced:batch"
-seed = 1
-optimizer = {{ type = "AdamW", params = {{ lr = 0.001 }} }}
-checkpoint_interval = 0
-
-[pipeline]
-rebalance = false
-""")
-    return d / "train.toml"
 
 
 def preempt(node: str, hold_s: int) -> str:
@@ -268,7 +225,6 @@ def test_a_member_whose_node_dies_without_a_word_is_left_behind_within_a_minute(
     next epoch, wait members.REJOIN_WAIT_S for member 1, which never comes, and train on alone
     from the newest committed checkpoint; the run completes, every step trained, within a minute
     of the death to member 0's next start."""
-    from test_failures import _bring_back
     steps = 120
     toml = paced_example(tmp_path / "ex", steps=steps)
     toml.write_text(toml.read_text().replace("checkpoint_interval = 0", "checkpoint_interval = 10"))
@@ -287,7 +243,7 @@ def test_a_member_whose_node_dies_without_a_word_is_left_behind_within_a_minute(
         assert members_of(array)[0]["Restarts"] == "0"
     finally:
         subprocess.run(["scancel", array], timeout=30)
-        _bring_back(node)
+        bring_back(node)
     evs = run_events(run, torn_ok=True)
     starts = [e for e in evs if e["event"] == "start"]
     assert [e["nodes"] for e in starts] == [2, 1], slurm_log(run)[-4000:]

@@ -35,6 +35,7 @@ from pipeswift_slurm.memberfiles import (DONE, FOLDER, FRESH_S, SEALED, Epoch, M
                                         finished, newest_sealed, seats, sealed, waiting)
 from pipeswift_slurm.plan import read_plan, runnable
 from pipeswift_slurm.slurm.records import expand_hostlist
+from pipeswift_slurm.userfiles import create_private
 
 #: the records' reading side lives in pipeswift_slurm.memberfiles (`pswift status` reads them too)
 __all__ = ["DONE", "FOLDER", "FRESH_S", "SEALED", "Epoch", "MembersError", "Seat", "due", "epoch_dir", "expected",
@@ -99,19 +100,7 @@ def _private_dirs(run_dir: Path, number: int) -> Path:
 
 def _write_once(path: Path, record: dict[str, Any]) -> bool:
     """``record`` as ``path``, whole, readable by this user only; False when it exists."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink(missing_ok=True)
+    return create_private(path, json.dumps(record).encode())
 
 
 #: how long an epoch after the first waits for a member of the last that did not say it left

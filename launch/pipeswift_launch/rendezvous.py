@@ -33,6 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeswift_slurm.userfiles import create_private
+
 from .dist_env import LaunchEnvError
 
 FILE = "rendezvous.json"
@@ -62,18 +64,8 @@ class RendezvousError(LaunchEnvError):
 def _publish(folder: Path, record: dict[str, Any]) -> None:
     """Write the record readable by this user only, whole or not at all (never over an
     earlier launch's: each launch has its own folder)."""
-    tmp = folder / f".{FILE}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        os.link(tmp, folder / FILE)
-    except FileExistsError:
-        raise RendezvousError(f"{folder / FILE} already exists: a launch folder serves one launch") from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    if not create_private(folder / FILE, json.dumps(record).encode()):
+        raise RendezvousError(f"{folder / FILE} already exists: a launch folder serves one launch")
 
 
 def _read(path: Path, deadline: float) -> dict[str, Any]:
