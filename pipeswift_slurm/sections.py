@@ -69,8 +69,8 @@ class ResourcesFields(NamedTuple):
     members: int | str
     #: nodes of each member (with `members`)
     member_nodes: int
-    #: seconds the first members wait at the start for the others (and for one that left without
-    #: a word) before training on the members present
+    #: seconds the first members wait at the start for the others before training on the members
+    #: present (later, at most 20 s for one that left without a word)
     member_wait_s: int
 
 

@@ -134,7 +134,8 @@ SETTINGS: tuple[Setting, ...] = (
       "docs/design.md)", lo=0, hi=LIMITS["nodes"], plan="top"),
     S("resources", "member_nodes", "int", 1, "nodes of each member (with `members`)", hi=LIMITS["nodes"], plan="top"),
     S("resources", "member_wait_s", "int", 60, "seconds the first members wait at the start for the others "
-      "(and for one that left without a word) before training on the members present", lo=0, hi=86400, plan="top"),
+      "before training on the members present (later, at most 20 s for one that left without a word)",
+      lo=0, hi=86400, plan="top"),
     # [model]
     S("model", "entry", "special", REQUIRED, "`module:function` returning the list of layers "
       "(`LayerSpec`s: each stage builds only its own)", py="str"),

@@ -1,21 +1,23 @@
-"""Epochs of a run made of members (issue 62: a Slurm job array, one task a member). Not yet
-wired into the batch script: this module is the part that decides, before each launch, which
-members train together and where each one's ranks sit.
+"""Epochs of a run made of members (issue 62: a Slurm job array, one task a member): before
+each launch, which members train together and where each one's ranks sit. A member's batch
+script runs ``python -m pipeswift_launch.members PLAN`` before every launch of its ranks
+(pipeswift_slurm.slurm.sbatch.JOIN) and launches with the exports it prints.
 
 Every member, before each launch of its ranks, takes a **seat** in the run's next **epoch**:
 ``RUN_DIR/members/epoch-E/seat-T.json`` (T: its array task), written once, whole, by this user
-only. The first member that finds the epoch due **seals** it: ``sealed.json``, created once
-(``O_EXCL``), lists the fresh seats in task order. Each member then reads the seal: listed, it
-launches with its ranks at the offset the seal gives it (the first seat holds rank 0, and
-rank 0 publishes the rendezvous in the epoch's folder: :mod:`pipeswift_launch.rendezvous`);
-not listed (it sat down as the seal was made), it takes a seat in the next epoch, which the
-running epoch's ranks can see (:func:`waiting`): the run grows at its next checkpoint boundary.
+only. The first member that finds the epoch due **seals** it: ``sealed.json``, created once,
+lists the fresh seats in task order. Each member then reads the seal: listed, it launches with
+its ranks at the offset the seal gives it (the first seat holds rank 0, and rank 0 publishes
+the rendezvous in the epoch's folder: :mod:`pipeswift_launch.rendezvous`); not listed (it sat
+down as the seal was made), it takes a seat in the next epoch, which the running epoch's rank 0
+sees (:func:`waiting`): the run grows at a step boundary when growing pays.
 
-An epoch is due when every member has a fresh seat, or when the seats hold at least the node
-range's bottom and the first of them has waited ``wait_s`` (:func:`due`). A seat is fresh while
-its member keeps touching it (a member that left before the seal is not counted). A member
-whose epoch ended (a peer was preempted, a re-layout, a crash) joins the next one: the epoch
-after the newest sealed one. No torch here: the batch script's helpers run it.
+An epoch is due when its seats hold the node range's bottom and every expected member sat down
+(at the start all; later those of the last epoch that did not say they left), or when the first
+seat waited ``member_wait_s`` (at the start) or ``REJOIN_WAIT_S`` (later) (:func:`due`). A seat
+is fresh while its member keeps touching it. A member whose epoch ended (a peer preempted or
+dead, a member waiting to join) joins the next one: the epoch after the newest sealed one. The
+records' reading side is :mod:`pipeswift_slurm.memberfiles`. No torch here.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from pipeswift_slurm.userfiles import create_private
 __all__ = ["DONE", "FOLDER", "FRESH_S", "SEALED", "Epoch", "MembersError", "Seat", "due", "epoch_dir", "expected",
            "exports", "finish", "finished", "join", "leave", "main", "newest_sealed", "seats", "sealed", "waiting",
            "REJOIN_WAIT_S"]
-
 
 
 def due(seats: list[Seat], expected: set[int], lo_nodes: int, now: float, wait_s: float) -> bool:

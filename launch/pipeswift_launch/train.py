@@ -467,8 +467,9 @@ def _member_decision(att: Attempt, stop: Stop) -> tuple[decide.Decision, int]:
     if done:
         return decide.Decision(**every[0]), 0
     if signalled:
-        if att.rank == offset:
-            members.leave(Path(os.environ.get(rendezvous.EPOCH_ENV) or "."), int(os.environ["SLURM_ARRAY_TASK_ID"]))
+        task, epoch = os.environ.get("SLURM_ARRAY_TASK_ID"), os.environ.get(rendezvous.EPOCH_ENV)
+        if att.rank == offset and task and epoch:   # (`pswift run` of a members TOML is one job: no epoch)
+            members.leave(Path(epoch), int(task))
         return decide.Decision(**every[offset]), offset
     why = "a member waits to join" if stop == Stop.GROW else "a member of the run left"
     return decide.Decision(Action.REJOIN, f"{why} at step {att.step}: the run's next epoch", int(Exit.REJOIN),
