@@ -470,9 +470,12 @@ def bring_back(node: str) -> None:
     raise AssertionError(f"{node} did not come back: {state}")
 
 
-def paced_example(d: Path, steps: int, members: int = 2, nodes: str = "[1, 2]") -> Path:
+def paced_example(d: Path, steps: int, members: int = 2, nodes: str = "[1, 2]",
+                  time_policy: str = "as_written") -> Path:
     """A run of one-node members whose 8 layers sleep 10 ms each (bench/workload.py's paced
-    layers): a step takes 0.32 s on 1 stage and 0.20 s on 2, as on machines of their own."""
+    layers): a step takes 0.32 s on 1 stage and 0.20 s on 2, as on machines of their own. Its
+    limit is 30 minutes as written (a predicted one, ``time_policy = "predicted"``, is the
+    host's speed alone: three CI streams on two cores ran a member past it)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from workload import PACED
     d.mkdir(parents=True)
@@ -480,6 +483,8 @@ def paced_example(d: Path, steps: int, members: int = 2, nodes: str = "[1, 2]") 
     (d / "train.toml").write_text(f"""[job]
 name = "members"
 partition = "low"
+time = "30"
+time_policy = "{time_policy}"
 max_requeues = 6
 grow_check_s = 5
 sbatch_options = ["--exclusive"]

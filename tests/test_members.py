@@ -212,10 +212,34 @@ def test_a_members_time_limit_is_the_runs_at_the_bottom_of_its_range(tmp_path):
     from helpers import paced_example
 
     def time_line(members: int, nodes: str) -> str:
-        toml = paced_example(tmp_path / f"ex-{members}-{nodes[-2]}", steps=20000, members=members, nodes=nodes)
+        toml = paced_example(tmp_path / f"ex-{members}-{nodes[-2]}", steps=20000, members=members, nodes=nodes,
+                             time_policy="predicted")
+        toml.write_text(toml.read_text().replace('time = "30"\n', ""))   # no cap: the prediction alone
         if not members:
             toml.write_text(toml.read_text().replace("members = 0\n", ""))
         err = pswift("sbatch", "--dry-run", "--run-dir", str(tmp_path / "run"), str(toml), check=True).stderr
         return next(line for line in err.splitlines() if line.startswith("# time limit: "))
     run_of_members, one_job, at_the_bottom = time_line(2, "[1, 2]"), time_line(0, "[1, 2]"), time_line(0, "[1, 1]")
     assert run_of_members == at_the_bottom != one_job, (run_of_members, one_job, at_the_bottom)
+
+
+def test_a_requeue_slurm_made_first_is_taken_as_done(tmp_path, monkeypatch):
+    """A preempted member whose grace ran out is requeued by Slurm before its own requeue: that
+    `scontrol requeue` answers "Job is pending execution", which is what was asked, not an error;
+    any other refusal still is one."""
+    from pipeswift_slurm.slurm import client
+    from pipeswift_slurm.errors import PswiftError
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")
+    for said, fails in (("240_2: Job is pending execution", False), ("240_2: Invalid job id specified", True)):
+        bin_dir = tmp_path / f"bin{fails}"
+        bin_dir.mkdir()
+        (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho '{said}' >&2\nexit 1\n")
+        (bin_dir / "scontrol").chmod(0o755)
+        monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+        monkeypatch.setenv("SLURM_CONF", str(conf))
+        if fails:
+            with pytest.raises(PswiftError, match="Invalid job id"):
+                client.requeue("240_2")
+        else:
+            assert client.requeue("240_2") is False

@@ -552,7 +552,12 @@ def requeue(job_id: str, exclude: str | None = None, nodes_needed: int = 1) -> b
         old = list(records.expand_hostlist(job.excluded)) if job is not None else []
         new_exc = exclusions(old, exclude, usable, nodes_needed)
     # the requeue SIGTERMs every process of the job, this command too: it must outlive that
-    _run(["scontrol", "requeue", str(job_id)], survive_term=True)
+    try:
+        _run(["scontrol", "requeue", str(job_id)], survive_term=True)
+    except SlurmError as e:
+        if "Job is pending execution" not in str(e):
+            raise
+        return False   # Slurm requeued it first (a preemption whose grace ran out): queued again, as asked
     if new_exc is not None and new_exc != old:
         _run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(new_exc)}"], survive_term=True)
     return new_exc is not None and exclude in new_exc
