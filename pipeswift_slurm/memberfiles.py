@@ -28,8 +28,6 @@ class MembersError(RuntimeError):
 
 
 @dataclass(frozen=True)
-
-
 class Seat:
     """One member's place in an epoch: its array task, its Slurm job, its nodes and how many
     ranks it runs, and when it sat down (time.time())."""
@@ -41,8 +39,6 @@ class Seat:
 
 
 @dataclass(frozen=True)
-
-
 class Epoch:
     """A sealed epoch: its number, its folder (the ranks' rendezvous) and its seats in task order."""
     number: int
@@ -154,7 +150,9 @@ def summary(run_dir: Path) -> dict[str, Any] | None:
     epoch = sealed(run_dir, newest)
     if epoch is None:
         return None
-    def row(s: Seat) -> dict[str, Any]:
-        return {"task": s.task, "job_id": s.job_id, "nodes": list(s.nodes)}
-    return {"epoch": newest, "nodes": epoch.nodes, "members": [row(s) for s in epoch.seats],
-            "waiting": [row(s) for s in waiting(run_dir, newest)], "done": finished(run_dir)}
+    return {"epoch": newest, "nodes": epoch.nodes, "members": [_row(s) for s in epoch.seats],
+            "waiting": [_row(s) for s in waiting(run_dir, newest)], "done": finished(run_dir)}
+
+
+def _row(s: Seat) -> dict[str, Any]:
+    return {"task": s.task, "job_id": s.job_id, "nodes": list(s.nodes)}

@@ -66,19 +66,20 @@ def expected(run_dir: Path, number: int, members: int) -> set[int]:
 
 def leave(epoch_folder: Path, task: int) -> None:
     """Member ``task`` leaves the epoch it trained in (preempted, cancelled, out of time): the
-    next epoch does not wait for it."""
-    try:
-        fd = os.open(epoch_folder / f"left-{task}", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        os.close(fd)
-    except OSError:
-        pass   # the next epoch waits member_wait_s for it instead
+    next epoch does not wait for it (without the mark, REJOIN_WAIT_S for it)."""
+    _mark(epoch_folder / f"left-{task}")
 
 
 def finish(run_dir: Path) -> None:
     """The run trained every step: a member that comes back (requeued) ends at once."""
+    _mark(run_dir / FOLDER / DONE)
+
+
+def _mark(path: Path) -> None:
+    """An empty file of this user's at ``path`` (not through a link); a mark that cannot be
+    made is only a longer wait for the others."""
     try:
-        fd = os.open(run_dir / FOLDER / DONE, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        os.close(fd)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
     except OSError:
         pass
 
@@ -130,8 +131,9 @@ def join(run_dir: Path, task: int, job_id: str, nodes: tuple[str, ...], ranks: i
             if finished(run_dir):
                 return None
             epoch = sealed(run_dir, number)
-            if epoch is None and due(seats(run_dir, number, time.time()), waited_for, lo_nodes, time.time(), limit):
-                _write_once(folder / SEALED, {"seats": [asdict(s) for s in seats(run_dir, number, time.time())]})
+            fresh = seats(run_dir, number, time.time()) if epoch is None else []
+            if fresh and due(fresh, waited_for, lo_nodes, time.time(), limit):
+                _write_once(folder / SEALED, {"seats": [asdict(s) for s in fresh]})
                 epoch = sealed(run_dir, number)
             if epoch is not None:
                 if any(s.task == task for s in epoch.seats):
