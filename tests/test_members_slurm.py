@@ -4,14 +4,16 @@ other trains on in its own allocation, never leaving the queue."""
 
 from __future__ import annotations
 
+import json
 import re
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import bring_back, paced_example, pswift, run_events, slow_example, slurm_log, step_losses, wait_steps
+from helpers import CLUSTER_DB, bring_back, paced_example, pswift, run_events, slow_example, slurm_log, step_losses, wait_steps
 
 pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed, pytest.mark.every_version]
 
@@ -98,6 +100,25 @@ def test_a_preempted_member_leaves_and_the_other_trains_on_in_its_own_allocation
     assert not far, far
     ends = [e for e in evs if e["event"] == "end"]
     assert ends[0]["reason"] == "members_changed" and ends[-1]["reason"] == "completed", ends
+    in_history_as_one_run(run, array, {0: job0, 1: job1}, requeued={1})
+
+
+def in_history_as_one_run(run: Path, array: str, jobs: dict[int, str], requeued: set[int]) -> None:
+    """The installed jobcomp plugin, at each member's end, ties it to the run: one pswift job
+    (the array's id) for the run directory, and each member's Slurm job by its task."""
+    db = sqlite3.connect(CLUSTER_DB)
+    deadline = time.time() + 60
+    while True:
+        ended = db.execute("SELECT COUNT(DISTINCT job_id) FROM slurm_jobs WHERE array_job_id = ? AND state = "
+                           "'COMPLETED'", [array]).fetchone()[0]
+        if ended == len(jobs) or time.time() > deadline:
+            break
+        time.sleep(1)
+    runs = db.execute("SELECT job_id, state FROM jobs WHERE run_dir = ?", [str(run)]).fetchall()
+    assert runs == [(array, "completed")], runs
+    shown = json.loads(pswift("history", "show", array, "--db", str(CLUSTER_DB), "--json", check=True).stdout)
+    got = {m["task"]: (m["job_id"], m["state"], m["requeued"]) for m in shown["members"]}
+    assert got == {t: (j, "COMPLETED", int(t in requeued)) for t, j in jobs.items()}, shown["members"]
 
 
 
@@ -128,8 +149,9 @@ def test_four_members_two_preempted_at_different_steps_the_run_completes_and_gro
     members left train on from each stop's step, in their own allocations (members 0 and 3:
     Restarts=0); each preempted member, requeued, starts again when its preemptor ends, sits in
     the next epoch, and the run grows back to it at a step boundary. The run completes with every
-    step once; each loss is the uninterrupted 4-node run's, bit for bit to the first stop, within
-    what another layout's reductions change after. The layers sleep their cost
+    step once; each loss is the uninterrupted 4-node run's, bit for bit to the first stop, and
+    within 1e-5 relative after it (the issue's bound: another layout's all-reduce sums in another
+    order; 1.6e-7 measured across 4 -> 3 -> 4 nodes). The layers sleep their cost
     (bench/workload.py's), so more nodes step faster, as on machines of their own."""
     toml = paced_example(tmp_path / "ex", steps=STEPS, members=4, nodes="[2, 4]")   # growing back pays: steps left
     uninterrupted = background_reference(toml, nodes=4)
@@ -148,6 +170,7 @@ def test_four_members_two_preempted_at_different_steps_the_run_completes_and_gro
     finally:
         subprocess.run(["scancel", *highs], timeout=30)
     assert [final[t]["Restarts"] for t in range(4)] == ["0", "1", "1", "0"], slurm_log(run)[-4000:]
+    in_history_as_one_run(run, array, {t: final[t]["JobId"] for t in range(4)}, requeued={1, 2})
     evs = run_events(run, torn_ok=True)
     starts = [e for e in evs if e["event"] == "start"]
     nodes = [e["nodes"] for e in starts]
@@ -165,7 +188,7 @@ def test_four_members_two_preempted_at_different_steps_the_run_completes_and_gro
     k = starts[1]["step"]
     assert {s: ours[s] for s in range(1, k + 1)} == {s: ref[s] for s in range(1, k + 1)}
     far = {s: (ours[s], ref[s]) for s in range(k + 1, STEPS + 1)
-           if abs(float.fromhex(ours[s]) - float.fromhex(ref[s])) > 1e-3 * abs(float.fromhex(ref[s]))}
+           if abs(float.fromhex(ours[s]) - float.fromhex(ref[s])) > 1e-5 * abs(float.fromhex(ref[s]))}
     assert not far, far
 
 

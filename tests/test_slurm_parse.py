@@ -329,3 +329,34 @@ def test_an_outage_that_ends_within_the_budget_is_ridden_out(monkeypatch):
     call, tries = _slow_outage(0.01, 3)
     assert outage.outlast("squeue", call) == "answer" and len(tries) == 3
     assert "retrying for up to 10 s" in said[0] and "answers again" in said[-1], said
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_job_arrays_task_is_read_from_every_source_as_its_array_and_index(version):
+    """A task of array 420 (its own job id 421, index 1) as sacct's JSON gives it on each
+    version (22.05: plain numbers; later: ``{"set", "number"}``), as jobcomp/filetxt writes it
+    and as the jobcomp plugin's environment holds it; a job that is no array's task (array id 0,
+    index unset: NO_VAL in the environment) has neither."""
+    from pipeswift_slurm.slurm import filetxt
+    from pipeswift_slurm.slurm.accounting import normalise_record
+    d = doc(version, "sacct.json")
+    (plain,) = slurm_json.sacct_records(d)
+    job = d["jobs"][0]
+    set_number = isinstance(job["array"]["task_id"], dict)
+    job["array"] = {**job["array"], "job_id": 420, "task_id": {"set": True, "infinite": False, "number": 1}
+                    if set_number else 1}
+    (task,) = slurm_json.sacct_records(d)
+    line = ("JobId=421 UserId=root(0) GroupId=root(0) Name=m JobState=COMPLETED Partition=low TimeLimit=15 "
+            "StartTime=2026-11-29T15:05:27 EndTime=2026-11-29T15:05:31 NodeList=node1 NodeCnt=1 ProcCnt=2 "
+            "WorkDir=/w ReservationName= Tres=cpu=2,mem=1G,node=1 Account=a QOS=normal WcKey= Cluster=c "
+            "SubmitTime=2026-11-29T15:05:26 EligibleTime=2026-11-29T15:05:26 ArrayJobId=420 ArrayTaskId=1 "
+            "DerivedExitCode=0:0 ExitCode=0:0 \n")
+    (from_filetxt,) = filetxt.parse(line, cutting=False).records
+    env = {"JOBID": "421", "START": "1796600000", "ARRAYJOBID": "420", "ARRAYTASKID": "1"}
+    for rec, source in ((task, "sacct"), (from_filetxt, "filetxt"), (env, "jobcomp")):
+        got = normalise_record(rec, source)
+        assert got is not None and (got["array_job_id"], got["array_task_id"]) == ("420", 1), (source, rec)
+    for rec, source in ((plain, "sacct"), ({**env, "ARRAYJOBID": "0", "ARRAYTASKID": "4294967294"}, "jobcomp"),
+                        ({"JOBID": "7", "START": "1796600000"}, "jobcomp")):
+        got = normalise_record(rec, source)
+        assert got is not None and (got["array_job_id"], got["array_task_id"]) == (None, None), (source, rec)

@@ -224,6 +224,29 @@ def test_ingest_sacct_reads_a_real_slurmdbd_incrementally(acct_cluster, tmp_path
     assert count[0] == count[1]
 
 
+def test_a_job_arrays_tasks_are_tied_to_their_array_in_the_history(acct_cluster, tmp_path, monkeypatch):
+    """sacct's array fields, as each version writes them, reach the history: every task is a
+    Slurm job of its own, tied to the array's id by its index, and `history show ARRAY` lists
+    them (a pswift run of members is such an array)."""
+    monkeypatch.setenv("SLURM_CONF", acct_cluster)
+    arr = sbatch("-J", "arr", "--array=0-1", "--wrap", "true")
+    sacct_has(arr, arr)                                       # the array's two tasks
+    db = tmp_path / "history.db"
+    ingest(db)
+    import sqlite3
+    tasks = dict(sqlite3.connect(db).execute(
+        "SELECT array_task_id, job_id FROM slurm_jobs WHERE array_job_id = ?", (arr,)).fetchall())
+    assert sorted(tasks) == [0, 1] and len(set(tasks.values())) == 2 and arr in tasks.values(), tasks
+    plain = sqlite3.connect(db).execute("SELECT COUNT(*) FROM slurm_jobs WHERE array_job_id IS NULL AND "
+                                        "array_task_id IS NOT NULL").fetchone()[0]
+    assert plain == 0
+    shown = json.loads(pswift("history", "show", arr, "--db", str(db), "--json", check=True).stdout)
+    assert [(m["task"], m["job_id"], m["attempts"], m["state"]) for m in shown["members"]] == \
+        [(0, tasks[0], 1, "COMPLETED"), (1, tasks[1], 1, "COMPLETED")], shown["members"]
+    text = pswift("history", "show", arr, "--db", str(db), check=True).stdout
+    assert f"2 member job(s) of array {arr}:" in text and f"task 1: job {tasks[1]}, 1 attempt(s)" in text, text
+
+
 def test_ingest_follow_fills_the_history_from_sacct_as_a_service(acct_cluster, tmp_path, monkeypatch):
     """Where the jobcomp plugin is not installed (a site's own JobCompType): `history ingest
     --sacct --follow` keeps the history current from slurmdbd, each job once, until TERM."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -116,8 +116,9 @@ def history_jobs(db: Path | None, sel: Any, out: Any, limit: int | None) -> None
 @_errors
 def history_show(job_id: str, db: Path | None, as_json: bool, clusters: str | None) -> None:
     """One job: its JCT breakdown, accounting (account, QOS, TRES, efficiency, exit codes) and
-    every attempt (layout, steps, how it ended). Where several clusters share the history and
-    each has a job JOB_ID, say which with -M.
+    every attempt (layout, steps, how it ended); for a job array (a pswift run of members, its
+    id), each task's Slurm job. Where several clusters share the history and each has a job
+    JOB_ID, say which with -M.
 
     Example:
 
@@ -135,6 +136,7 @@ def history_show(job_id: str, db: Path | None, as_json: bool, clusters: str | No
         sel = sel._replace(clusters=tuple(found) or sel.clusters)
         reps = job_reports(h, sel)
         values = next(job_rows(h, sel), None)
+        members = h.array_members(sel.clusters[0] if sel.clusters else "", job_id)
     finally:
         h.close()
     if not reps or values is None:
@@ -144,23 +146,28 @@ def history_show(job_id: str, db: Path | None, as_json: bool, clusters: str | No
     row["pswift"] = bool(row["pswift"])
     r = reps[-1]
     if as_json:
-        click.echo(json.dumps(_iso_times(row, r.attempt_rows, {c.key for c in LISTING if c.kind == "time"}), indent=2))
+        click.echo(json.dumps(_iso_times(row, r.attempt_rows, {c.key for c in LISTING if c.kind == "time"}, members),
+                              indent=2))
         return
-    _show_text(r, row)
+    _show_text(r, row, members)
 
 
-def _iso_times(row: dict[str, Any], attempts: list[dict[str, Any]], time_keys: set[str]) -> dict[str, Any]:
-    """`history show --json`: the job's row and its attempts, every time as sacct prints one."""
+def _iso_times(row: dict[str, Any], attempts: list[dict[str, Any]], time_keys: set[str],
+               members: list[dict[str, Any]]) -> dict[str, Any]:
+    """`history show --json`: the job's row, its attempts and its array's member jobs, every
+    time as sacct prints one."""
+    return {**_iso(row, time_keys.__contains__),
+            "attempt_rows": [_iso(a, lambda k: k.endswith("_time")) for a in attempts],
+            "members": [_iso(m, {"first_start", "last_end"}.__contains__) for m in members]}
+
+
+def _iso(d: dict[str, Any], is_time: Callable[[str], bool]) -> dict[str, Any]:
     from pipeswift_slurm.reports.tabular import iso_time
-
-    def iso(d: dict[str, Any], is_time: Any) -> dict[str, Any]:
-        return {k: iso_time(v) if is_time(k) and isinstance(v, (int, float)) and not isinstance(v, bool) else v
-                for k, v in d.items()}
-    return {**iso(row, time_keys.__contains__),
-            "attempt_rows": [iso(a, lambda k: k.endswith("_time")) for a in attempts]}
+    return {k: iso_time(v) if is_time(k) and isinstance(v, (int, float)) and not isinstance(v, bool) else v
+            for k, v in d.items()}
 
 
-def _show_text(r: Any, row: dict[str, Any]) -> None:
+def _show_text(r: Any, row: dict[str, Any], members: list[dict[str, Any]]) -> None:
     from pipeswift_slurm.terminal import inert
 
     def pct(v: float | None) -> str:
@@ -184,6 +191,12 @@ def _show_text(r: Any, row: dict[str, Any]) -> None:
         click.echo(f"  attempt {a['attempt']}: {a['nodes']} node(s), {a['stages']} stage(s) x "
                    f"{a['data_parallel']} dp, steps {a['start_step']} -> {a['end_step']}, {a['ended']}, "
                    f"setup {_dur(a['setup_s'])}, step p50 {_step(a['step_p50'])}")
+    if members:   # a job array's tasks (a pswift run of members), each the Slurm job Slurm made of it
+        click.echo(f"{len(members)} member job(s) of array {r.job_id}:")
+    for m in members:
+        click.echo(inert(f"  task {m['task']}: job {m['job_id']}, {m['attempts']} attempt(s), "
+                         f"{m['requeued']} requeued, {m['state']}, {m['node_s'] / 3600:.3g} node-hours, "
+                         f"last on {m['nodes'] or '-'}"))
 
 
 def _dur(s: float | None) -> str:

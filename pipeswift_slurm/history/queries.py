@@ -244,6 +244,25 @@ class Queries:
             "s.state, s.node_count, s.procs, s.work_dir, s.account, s.qos FROM slurm_jobs s WHERE "
             + where + " ORDER BY s.cluster, s.job_id, s.start", params)
 
+    def array_members(self, cluster: str, array_job_id: str) -> list[dict[str, Any]]:
+        """The tasks of job array ``array_job_id`` (a pswift run of members is one) as Slurm
+        recorded them, by task: task, job_id, attempts, requeued (attempts Slurm put back in the
+        queue: a preemption, a requeue; the jobcomp plugin records one as PENDING), first_start,
+        last_end, state (the newest attempt's), nodes (its node list), node_s."""
+        out: dict[str, dict[str, Any]] = {}
+        for r in self._named(
+                "SELECT job_id, array_task_id AS task, start, end, state, node_count, nodes FROM slurm_jobs "
+                "WHERE array_job_id = ? AND (cluster = ? OR ? = '') AND source != 'pswift' "
+                "ORDER BY array_task_id, job_id, start", [array_job_id, cluster, cluster]):
+            m = out.setdefault(r["job_id"], {"task": r["task"], "job_id": r["job_id"], "attempts": 0,
+                                              "requeued": 0, "first_start": r["start"], "node_s": 0.0})
+            m["attempts"] += 1
+            m["requeued"] += r["state"] in ("PENDING", "REQUEUED", "PREEMPTED")
+            m.update(last_end=r["end"], state=r["state"], nodes=r["nodes"])
+            if r["end"] is not None and r["node_count"]:
+                m["node_s"] += (r["end"] - r["start"]) * r["node_count"]
+        return list(out.values())
+
     def listing_rows(self, sel: Selection, keys: list[str], render: str | None = None,
                      limit: int | None = None) -> Iterator[tuple[Any, ...]]:
         """The selected jobs in numeric job-id order (streamed from the job_num index), each as

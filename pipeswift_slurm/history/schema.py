@@ -8,7 +8,7 @@ from __future__ import annotations
 COLS = ("cluster", "job_id", "start", "name", "user", "partition", "state", "node_count", "nodes",
         "submit", "end", "exit_code", "work_dir", "time_limit", "procs", "source",
         "account", "qos", "derived_exit_code", "limit_s", "gpus", "mem_mb", "req_mem_mb",
-        "cpu_time_s", "max_rss_mb", "eligible")
+        "cpu_time_s", "max_rss_mb", "eligible", "array_job_id", "array_task_id")
 
 #: an attempt Slurm stopped and put back in the queue (its work is lost unless it checkpointed)
 STOPPED = "('PREEMPTED', 'REQUEUED')"
@@ -240,6 +240,13 @@ MIGRATIONS: list[str] = [
     ALTER TABLE layer_profiles ADD COLUMN weight_fraction REAL;
     UPDATE layer_profiles SET weight_fraction = weight_seconds / seconds
         WHERE weight_seconds IS NOT NULL AND seconds > 0;
+    """,
+    # 17: a job array's task (issue 62: a pswift run of members is one array): the array's job
+    #     id and the task's index, which tie each member's Slurm job to its run
+    """
+    ALTER TABLE slurm_jobs ADD COLUMN array_job_id TEXT;
+    ALTER TABLE slurm_jobs ADD COLUMN array_task_id INTEGER;
+    CREATE INDEX slurm_jobs_array ON slurm_jobs(array_job_id);
     """,
 ]
 

@@ -33,7 +33,7 @@ from pipeswift_slurm.history.queries import Queries
 from pipeswift_slurm.history.schema import COLS as _COLS, MIGRATIONS, ROLLUP as _ROLLUP, UPSERT as _UPSERT
 from pipeswift_slurm.history.rundir import state_dir
 from pipeswift_slurm.history.rows import Owner, RunRows, rows, slurm_records, user_name
-from pipeswift_slurm.slurm.accounting import normalise_record, sacct_read_mark
+from pipeswift_slurm.slurm.accounting import array_task, normalise_record, sacct_read_mark
 
 
 class HistoryError(PswiftError):
@@ -563,15 +563,16 @@ def _read_spool(path: Path) -> dict[str, Any]:
 
 def _record_owner(rec: dict[str, Any]) -> Owner | None:
     """Whose job the record is, from Slurm's own fields (UID, GID, USERNAME, JOBID, PARTITION,
-    CLUSTER)."""
+    CLUSTER). A job array's task is its array's job (ARRAYJOBID): a pswift run of members is one
+    array, each member's end ingests the same run."""
     try:
         uid, gid = int(str(rec["UID"])), int(str(rec["GID"]))
     except (KeyError, ValueError):
         return None
     if not (0 <= uid < 2**32 and 0 <= gid < 2**32):
         return None
-    return Owner(str(rec.get("USERNAME") or user_name(uid)), uid, gid,
-                 job_id=str(rec["JOBID"]) if rec.get("JOBID") else None,
+    job_id = array_task(rec)["array_job_id"] or (str(rec["JOBID"]) if rec.get("JOBID") else None)
+    return Owner(str(rec.get("USERNAME") or user_name(uid)), uid, gid, job_id=job_id,
                  partition=str(rec["PARTITION"]) if rec.get("PARTITION") else None,
                  cluster=str(rec.get("CLUSTER") or ""))
 

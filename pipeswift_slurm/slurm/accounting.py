@@ -74,4 +74,18 @@ def normalise_record(r: dict[str, Any], source: str) -> dict[str, Any] | None:
             "limit_s": limit_seconds(r.get("LIMIT")), "gpus": _int(r.get("ALLOC_GPUS")),
             "mem_mb": _num(r.get("ALLOC_MEM_MB")), "req_mem_mb": _num(r.get("REQ_MEM_MB")),
             "cpu_time_s": _num(r.get("CPU_TIME_S")), "max_rss_mb": _num(r.get("MAX_RSS_MB")),
-            "eligible": epoch(r.get("ELIGIBLE"))}
+            "eligible": epoch(r.get("ELIGIBLE")), **array_task(r)}
+
+
+#: Slurm's NO_VAL: the task index of a job that is not an array's task
+_NO_TASK = 0xfffffffe
+
+
+def array_task(r: dict[str, Any]) -> dict[str, Any]:
+    """A job array's task: the array's job id and the task's index, from ARRAYJOBID and
+    ARRAYTASKID (the jobcomp environment's names; filetxt and sacct are read into them); both
+    None for a job that is no array's task (Slurm gives it array job id 0)."""
+    array, task = _int(r.get("ARRAYJOBID")), _int(r.get("ARRAYTASKID"))
+    if not array or task is None or not 0 <= task < _NO_TASK:
+        return {"array_job_id": None, "array_task_id": None}
+    return {"array_job_id": str(array), "array_task_id": task}

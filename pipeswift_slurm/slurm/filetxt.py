@@ -65,7 +65,7 @@ _RECORD = re.compile(
     r"WorkDir=(?P<WorkDir>.*) ReservationName=(?P<ReservationName>\S*) Tres=(?P<Tres>\S*) "
     r"Account=(?P<Account>\S*) QOS=(?P<QOS>\S*) WcKey=(?P<WcKey>\S*) Cluster=(?P<Cluster>\S*) "
     r"SubmitTime=(?P<SubmitTime>\S+) EligibleTime=(?P<EligibleTime>\S+)"
-    r"(?: ArrayJobId=\d+ ArrayTaskId=\d+| HetJobId=\d+ HetJobOffset=\d+)? "
+    r"(?: ArrayJobId=(?P<ArrayJobId>\d+) ArrayTaskId=(?P<ArrayTaskId>\d+)| HetJobId=\d+ HetJobOffset=\d+)? "
     r"DerivedExitCode=(?P<DerivedExitCode>\d+:\d+) ExitCode=(?P<ExitCode>\d+:\d+) ")
 
 
@@ -241,7 +241,8 @@ def _as_record(raw: dict[str, str]) -> dict[str, Any]:
             "START": f["StartTime"], "END": f["EndTime"], "NODES": f["NodeList"], "NODECNT": f["NodeCnt"],
             "PROCS": f["ProcCnt"], "WORK_DIR": f["WorkDir"], "SUBMIT": f["SubmitTime"],
             "EXITCODE": f["ExitCode"], "CLUSTER": f["Cluster"], "ACCOUNT": f["Account"], "QOS": f["QOS"],
-            "DERIVED_EC": f["DerivedExitCode"], "ELIGIBLE": f["EligibleTime"], **_tres(f["Tres"])}
+            "DERIVED_EC": f["DerivedExitCode"], "ELIGIBLE": f["EligibleTime"],
+            "ARRAYJOBID": f.get("ArrayJobId"), "ARRAYTASKID": f.get("ArrayTaskId"), **_tres(f["Tres"])}
 
 
 def _tres(text: str) -> dict[str, Any]:

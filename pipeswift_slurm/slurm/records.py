@@ -273,8 +273,15 @@ def sacct_records(doc: dict[str, Any]) -> list[dict[str, Any]]:
                     "WORK_DIR": j.get("working_directory"),
                     "EXITCODE": _exit_code(j.get("exit_code")),
                     "DERIVED_EC": _exit_code(j.get("derived_exit_code")),
-                    "ELIGIBLE": epoch(t.get("eligible")), **_usage(j, t)})
+                    "ELIGIBLE": epoch(t.get("eligible")), **_array(j.get("array")), **_usage(j, t)})
     return out
+
+
+def _array(a: Any) -> dict[str, Any]:
+    """sacct's ``array`` object (its ``job_id`` 0 and ``task_id`` unset: no array's task) as the
+    jobcomp environment's ARRAYJOBID and ARRAYTASKID."""
+    a = a if isinstance(a, dict) else {}
+    return {"ARRAYJOBID": number(a.get("job_id")), "ARRAYTASKID": number(a.get("task_id"))}
 
 
 def _tres(entries: Any) -> dict[str, float]:
