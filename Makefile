@@ -136,6 +136,7 @@ bench: setup tools
 	PSWIFT_PYTHON=$(abspath $(PY)) scripts/with-slurm $(NEW_SLURM) $(CLUSTER) start
 	scripts/with-slurm $(NEW_SLURM) $(PY) bench/slurm_backends.py
 	scripts/with-slurm $(NEW_SLURM) $(PY) bench/goodput.py --out bench/results/goodput.slurm-25.11.json
+	scripts/with-slurm $(NEW_SLURM) $(PY) bench/members.py --rounds 6
 	$(PY) bench/readme.py
 
 # what only a GPU machine can check (nccl, bf16/fp16 with ZeRO-1, the memory model, a 2 -> 1 stage

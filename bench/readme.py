@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 #: every benchmark, in the table's order (tests check this list against bench/*.py)
 ORDER = ["checkpoint", "submit_latency", "step_time_model", "history_scale", "plan_worst_case",
-         "slurm_backends", "simulator", "partition", "dynamic", "job_submit", "ingest_cap", "goodput", "workload", "overhead",
+         "slurm_backends", "simulator", "partition", "dynamic", "job_submit", "ingest_cap", "goodput", "members", "workload", "overhead",
          "schedules", "gloo_posted"]
 BEGIN = "<!-- bench-figures: written by `python bench/readme.py` from bench/results/*.json -->"
 END = "<!-- /bench-figures -->"

@@ -16,7 +16,7 @@ LOCAL = {"simulator.py": "schedules", "partition.py": None, "history_scale.py": 
 TRAINING = {"checkpoint.py": "ratios", "step_time_model.py": "summary", "overhead.py": "whole_step_ratio",
             "schedules.py": "cells", "gloo_posted.py": "backward_over_idle"}
 CLUSTER = {"submit_latency.py": "ratio", "slurm_backends.py": "cli_cold_median_ms", "dynamic.py": "ratios",
-           "goodput.py": "goodput", "workload.py": "summary"}
+           "goodput.py": "goodput", "workload.py": "summary", "members.py": "ratio"}
 HELPERS = {"benchlib.py", "readme.py", "traces.py", "jctstats.py"}   # libraries (tests/test_traces.py, tests/test_jctstats.py)
 
 
@@ -48,7 +48,7 @@ def test_training_benchmarks_run(name, tmp_path):
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.newest_only] if n in ("dynamic.py", "goodput.py", "workload.py")
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.newest_only] if n in ("dynamic.py", "goodput.py", "workload.py", "members.py")
                                                  else [pytest.mark.every_version])
                                   for n in sorted(CLUSTER)])
 def test_cluster_benchmarks_run(name, cluster, tmp_path):
@@ -56,6 +56,9 @@ def test_cluster_benchmarks_run(name, cluster, tmp_path):
     if name == "workload.py":   # the quick policies, every job done, P paired with the others
         assert set(res["summary"]) == {"H", "S", "P"} and set(res["paired"]) == {"P/H", "P/S"}, res["summary"]
         assert all(s["lost"] == 0 for s in res["summary"].values()), res["summary"]
+    if name == "members.py":    # a member left and the other trained on alone; the restart kept its layout
+        assert [r["layouts"] for r in res["runs"]["members"]] == [[[2, 2], [1, 1]]], res["runs"]
+        assert [r["layouts"] for r in res["runs"]["restart"]] == [[[2, 2], [2, 2]]], res["runs"]
     if name == "goodput.py":    # the busy queue: the other user's jobs ran beside every configuration
         assert res["queue"] == "busy" and all(r["other_jobs"] >= 2 for v in res["runs"].values() for r in v), res["runs"]
         assert res["runs"]["baseline"][0]["attempts"] == 2 and res["runs"]["pswift"][0]["restarts"] == 1, res["runs"]
