@@ -22,11 +22,15 @@ exclusive, 1 rank per node, one stage per rank):
 - (H) the top of its node range, fixed; the limit as written;
 - (S) Slurm alone: ``--nodes=lo-hi``, the launcher laying out whatever it got (a uniform cut:
   no planner, no re-balancing, no growth); the limit as written. What an elastic launcher gives;
-- (P) pswift: the node range and the planner; limits from predictions (`--time-min` with them).
+- (P) pswift: the node range and the planner; limits from predictions (`--time-min` with them);
+- (M) P as members (issue 62): ``members`` = the range's top, one node each (a job array, each
+  task scheduled and preempted alone; a range of one node stays one job). Judged against P
+  (``paired`` ``M/P``): on windows whose high tenant preempts, members should lose less.
 
 Per policy, over every seed: mean, p50, p90 and p99 JCT and the mean bounded slowdown of the
 training jobs (submit to COMPLETED; bench/jctstats.py), the other jobs' mean wait and bounded
-slowdown, node utilisation and makespan (each seed's, averaged), requeues at a time limit, jobs
+slowdown, node utilisation and makespan (each seed's, averaged), requeues at a time limit, the
+training jobs' requeues squeue showed (a preemption or a time limit; each member's own), jobs
 lost (not COMPLETED with every step), and for (P) the start-time error of pswift's queue
 estimate and of Slurm's own (`squeue --start` just after the submission) against the real
 start; P's mean JCT over each other policy's on the same jobs (``paired``, a bootstrap interval
@@ -67,8 +71,9 @@ POLICIES = {"T": "the size asked, fixed; limit as written",
             "L": "the bottom of the node range, fixed; limit as written",
             "H": "the top of the node range, fixed; limit as written",
             "S": "Slurm alone: --nodes=lo-hi, a uniform cut of what it got; limit as written",
-            "P": "pswift: node range, planner, predicted limits"}
-QUICK_POLICIES = "H,S,P"   # T and L run H's code with another fixed count
+            "P": "pswift: node range, planner, predicted limits",
+            "M": "P as members: a job array of one-node members, each preempted alone"}
+QUICK_POLICIES = "H,S,P,M"   # T and L run H's code with another fixed count
 LAYERS, COST_S, MICRO_BATCHES = 8, 0.01, 4
 #: a training job's start before its first step (DeepSpeed's ranks), and its fewest steps
 SETUP_S, MIN_STEPS = 15.0, 10
@@ -234,9 +239,11 @@ def write_job(d: Path, job: dict[str, Any], policy: str, name: str) -> Path:
     lo, hi = job["nodes"]
     fixed = {"T": job["asked"], "L": lo, "H": hi}.get(policy)
     nodes = str(fixed) if fixed is not None else str(lo) if lo == hi else f"[{lo}, {hi}]"
+    if policy == "M" and hi > 1:
+        nodes += f"\nmembers = {hi}\nmember_nodes = 1"
     elastic_only = policy == "S"     # no planner (a uniform cut), no re-balancing, no growth
     text = TOML.format(name=name, limit=f"{job['limit_min'] // 60}:{job['limit_min'] % 60:02d}:00",
-                       policy="predicted" if policy == "P" else "as_written", nodes=nodes, layers=LAYERS,
+                       policy="predicted" if policy in ("P", "M") else "as_written", nodes=nodes, layers=LAYERS,
                        told=", ".join(f"{c:.6g}" for c in job["told_costs"]),
                        true=", ".join(f"{c:.6g}" for c in job["true_costs"]), steps=job["steps"],
                        batch=4 * MICRO_BATCHES, grow=0 if elastic_only else 60,
@@ -247,7 +254,8 @@ def write_job(d: Path, job: dict[str, Any], policy: str, name: str) -> Path:
 
 class Poller(threading.Thread):
     """Every second, every job's state and nodes from squeue: when each first started and last
-    ended, and which nodes it held when (for utilisation and the picture)."""
+    ended, and which nodes it held when (for utilisation and the picture). A job array's tasks
+    (``ID_TASK``) are seen apart; :meth:`job` makes one job of them."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
@@ -261,7 +269,9 @@ class Poller(threading.Thread):
                                  text=True, timeout=30).stdout
             for line in out.splitlines():
                 jid, state, nodes = (line.split("|") + ["", ""])[:3]
-                j = self.seen.setdefault(jid, {"start": None, "end": None, "state": "", "held": []})
+                j = self.seen.setdefault(jid, {"start": None, "end": None, "state": "", "held": [], "requeues": 0})
+                j["requeues"] += j["state"] in ("RUNNING", "COMPLETING") and state in ("PENDING", "REQUEUED",
+                                                                                     "PREEMPTED", "REQUEUE_HOLD")
                 j["state"] = state
                 if state == "RUNNING":
                     j["start"] = j["start"] or now
@@ -271,6 +281,20 @@ class Poller(threading.Thread):
                 elif j["end"] is None:
                     j["end"] = now
             self.stop.wait(1.0)
+
+    def job(self, jid: str) -> dict[str, Any]:
+        """Job ``jid`` as seen, or its array's tasks as one job: started at the first task's
+        start, ended when every task ended (at the last end), COMPLETED when every task was,
+        every task's nodes held. An array's pending rest (``ID_[1-3]``) is not a task."""
+        tasks = [j for k, j in self.seen.items() if k.startswith(f"{jid}_") and "[" not in k]
+        if not tasks:
+            return {**self.seen.get(jid, {}), "tasks": 1}
+        starts, ends = [t["start"] for t in tasks if t["start"]], [t["end"] for t in tasks]
+        states = {t["state"] for t in tasks}
+        return {"start": min(starts) if starts else None, "end": None if None in ends else max(ends),
+                "state": states.pop() if len(states) == 1 else next(iter(states - {"COMPLETED"})),
+                "held": [h for t in tasks for h in t["held"]], "requeues": sum(t["requeues"] for t in tasks),
+                "tasks": len(tasks)}
 
 
 def slurm_start_estimate(job: str) -> float | None:
@@ -321,14 +345,14 @@ def run_policy(policy: str, arrivals: list[dict[str, Any]], tmp: Path, pswift: s
             time.sleep(max(0.0, t0 + job["at"] - time.time()))
             jobs.append(submit(job, policy, i, tmp, pswift, env))
         deadline = time.time() + timeout
-        while time.time() < deadline and not all(poller.seen.get(j["id"], {}).get("end") for j in jobs):
+        while time.time() < deadline and not all(poller.job(j["id"]).get("end") for j in jobs):
             time.sleep(2)
     finally:
         poller.stop.set()
         poller.join()
         subprocess.run(["scancel", *[j["id"] for j in jobs]], capture_output=True, timeout=60)
     for j in jobs:
-        j.update({k: poller.seen.get(j["id"], {}).get(k) for k in ("start", "end", "state", "held")})
+        j.update({k: poller.job(j["id"]).get(k) for k in ("start", "end", "state", "held", "requeues", "tasks")})
     return {"t0": t0, "jobs": jobs}
 
 
@@ -373,6 +397,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "makespan_s": _mean([m for m, _ in spans if m is not None]),
             "utilisation": _mean([u for _, u in spans if u is not None]),
             "time_limit_requeues": sum(n for _, n in outcomes),
+            "train_requeues": sum(j.get("requeues") or 0 for j in train),
             "lost": sum(1 for ok, _ in outcomes if not ok) + sum(1 for j in plain if j["state"] != "COMPLETED"),
             "start_error_median_s": {"pswift": _median(err("pswift_start")), "slurm": _median(err("slurm_start"))}}
 
@@ -433,7 +458,7 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--jobs", type=int, default=32, help="synthetic: arrivals (3 of 7 training jobs)")
     ap.add_argument("--seed", type=int, default=1, help="the first seed (the trace's window, the costs' errors)")
     ap.add_argument("--seeds", type=int, default=1, help="seeds, from --seed on; the policies' order rotates")
-    ap.add_argument("--policies", default=",".join(POLICIES), help="of T, L, H, S, P, comma-separated (P required)")
+    ap.add_argument("--policies", default="T,L,H,S,P", help="of T, L, H, S, P, M, comma-separated (P required)")
     ap.add_argument("--out")
     ap.add_argument("--picture", default=str(ROOT / "docs" / "workload.png"))
     ap.add_argument("--quick", action="store_true",
@@ -499,12 +524,13 @@ def what(args: argparse.Namespace, source: str, windows: dict[int, list]) -> str
 
 
 def paired(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict]:
-    """P's mean JCT over each other policy's on the training jobs both completed, keyed by
-    (seed, job): jctstats.paired_ratio, a bootstrap over seeds, then jobs."""
+    """P's mean JCT over each other policy's (M's over P's) on the training jobs both completed,
+    keyed by (seed, job): jctstats.paired_ratio, a bootstrap over seeds, then jobs."""
     def jcts(policy: str) -> dict:
         return {(r["seed"], i): j["end"] - j["submit"] for r in runs[policy] for i, j in enumerate(r["jobs"])
                 if j["kind"] == "train" and j["end"] and j["state"] == "COMPLETED"}
-    return {f"P/{p}": jctstats.paired_ratio(jcts("P"), jcts(p)) for p in runs if p != "P"}
+    pairs = [("P", p) if p != "M" else ("M", "P") for p in runs if p != "P"]
+    return {f"{a}/{b}": jctstats.paired_ratio(jcts(a), jcts(b)) for a, b in pairs}
 
 
 def figures(summary: dict[str, Any], pair: dict[str, dict]) -> str:

@@ -54,7 +54,10 @@ def test_training_benchmarks_run(name, tmp_path):
 def test_cluster_benchmarks_run(name, cluster, tmp_path):
     res = bench(name, CLUSTER[name], tmp_path)
     if name == "workload.py":   # the quick policies, every job done, P paired with the others
-        assert set(res["summary"]) == {"H", "S", "P"} and set(res["paired"]) == {"P/H", "P/S"}, res["summary"]
+        assert set(res["summary"]) == {"H", "S", "P", "M"} and set(res["paired"]) == {"P/H", "P/S", "M/P"}, \
+            res["summary"]
+        (train,) = [j for j in res["runs"]["M"][0]["jobs"] if j["kind"] == "train"]   # an array of members
+        assert train["tasks"] == train["nodes"][1] and train["state"] == "COMPLETED", train
         assert all(s["lost"] == 0 for s in res["summary"].values()), res["summary"]
     if name == "members.py":    # a member left and the other trained on alone; the restart kept its layout
         assert [r["layouts"] for r in res["runs"]["members"]] == [[[2, 2], [1, 1]]], res["runs"]
