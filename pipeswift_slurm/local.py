@@ -5,15 +5,25 @@ pipeswift_launch.afterlaunch`` (pipeswift_slurm.planning.decide's rules) says wh
 the ranks' records and a report of how each process ended written as srun writes its own. So a
 rank killed by a signal restarts the ranks from the newest committed checkpoint, within ``[job]
 max_restarts``, and a re-layout launches them again on plan.json's new cut, as in a Slurm job
-(a local run has no requeue: what would requeue ends the run)."""
+(a local run has no requeue: what would requeue ends the run).
+
+A run of members (``[resources] members``) runs each member as its array task's batch script
+would (:func:`run_members`): a loop of its own that takes a seat in the run's next epoch
+(``python -m pipeswift_launch.members``), launches its ranks there and asks afterlaunch what
+follows. A member whose ranks alone are signalled (``SLURM_ARRAY_TASK_ID`` in their
+environment names it) leaves the run and, as Slurm would requeue it, starts again
+``requeue_s`` later; the others train on in the next epoch."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import tempfile
+import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeswift_slurm import runfiles
@@ -32,14 +42,10 @@ def run_local(plan: Plan, plan_path: str, nodes: int, grace_s: float = 60.0) -> 
     them) until the helper says the run ends; its exit code (0: every rank finished)."""
     restarts = relayouts = 0
     env = _local_env()
+    world = int(plan["layouts"][str(nodes)]["world_size"])
     while True:
-        folder, codes = _launch_once(plan, plan_path, nodes, grace_s)
-        rc = srun.exit_code(codes)
-        with open(os.path.join(folder, "srun.err"), "w") as report:
-            report.write(srun.report(NODE, codes))
-        ask = subprocess.run([plan["python"], "-m", "pipeswift_launch.afterlaunch", plan_path, str(rc), folder,
-                              str(restarts), str(relayouts)], stdout=subprocess.PIPE, text=True, env=env)
-        step = ask.stdout.strip() if ask.returncode == 0 else ""
+        folder, codes = _launch_ranks(plan, plan_path, world, nodes, env, grace_s, forward=True)
+        step = _after_launch(plan, plan_path, folder, codes, restarts, relayouts, env)
         if step == "relayout":
             relayouts += 1
             print(f"pswift: re-layout {relayouts}: launching the ranks again", flush=True)
@@ -47,7 +53,107 @@ def run_local(plan: Plan, plan_path: str, nodes: int, grace_s: float = 60.0) -> 
             restarts += 1
             print(f"pswift: restart {restarts}: launching the ranks again", flush=True)
         else:
-            return int(step[len("exit "):]) if step.startswith("exit ") and step[5:].isdigit() else rc or 1
+            return int(step[len("exit "):]) if step.startswith("exit ") and step[5:].isdigit() else 1
+
+
+def _after_launch(plan: Plan, plan_path: str, folder: str, codes: list[int], restarts: int, relayouts: int,
+                  env: dict[str, str]) -> str:
+    """srun's report of the launch written, afterlaunch's line: what follows."""
+    rc = srun.exit_code(codes)
+    with open(os.path.join(folder, "srun.err"), "w") as report:
+        report.write(srun.report(NODE, codes))
+    ask = subprocess.run([plan["python"], "-m", "pipeswift_launch.afterlaunch", plan_path, str(rc), folder,
+                          str(restarts), str(relayouts)], stdout=subprocess.PIPE, text=True, env=env)
+    return ask.stdout.strip() if ask.returncode == 0 else f"exit {rc or 1}"
+
+
+#: seconds after a member left the run before it starts again, as Slurm's requeue would
+REQUEUE_S = 3.0
+
+
+def run_members(plan: Plan, plan_path: str, members: int, grace_s: float = 60.0,
+                requeue_s: float = REQUEUE_S) -> int:
+    """Run ``members`` members of the run, each in a thread of its own (:func:`_member`);
+    TERM/INT/USR2 to this process stop them all (the run cancelled). 0 once the run trained
+    every step, else the first member's failing code."""
+    stopping = threading.Event()
+    codes: dict[int, int] = {}
+    threads = [threading.Thread(target=lambda t=t: codes.__setitem__(t, _member(
+        plan, plan_path, t, grace_s, requeue_s, stopping)), daemon=True) for t in range(members)]
+
+    def stop_all(signum: int, frame: Any) -> None:
+        stopping.set()
+        _signal_members(plan_path, signum)
+
+    old = {s: signal.signal(s, stop_all) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
+    try:
+        for th in threads:
+            th.start()
+        while any(th.is_alive() for th in threads):
+            time.sleep(0.2)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if (Path(plan["run_dir"]) / "members" / "done").exists():
+        return 0
+    return next((c for _, c in sorted(codes.items()) if c), 1)
+
+
+def _member(plan: Plan, plan_path: str, task: int, grace_s: float, requeue_s: float,
+            stopping: threading.Event) -> int:
+    """Member ``task``'s batch script: join, launch, ask what follows, until its run is done or
+    it ends; once it left the run (its ranks signalled alone), again after ``requeue_s``."""
+    nodes = int(plan["member_nodes"])
+    ranks = nodes * _tasks_per_node(plan)
+    hosts = ",".join(f"member{task}n{k}" for k in range(nodes))
+    base = dict(_local_env(), SLURM_ARRAY_TASK_ID=str(task))
+    attempt = restarts = relayouts = 0
+    while not stopping.is_set():
+        join = subprocess.run([plan["python"], "-m", "pipeswift_launch.members", plan_path], stdout=subprocess.PIPE,
+                              text=True, env=dict(base, SLURM_JOB_ID=f"local{task}", SLURM_JOB_NODELIST=hosts,
+                                                  SLURM_NTASKS=str(ranks)))
+        if join.returncode != 0 or join.stdout.strip() == "done":
+            return join.returncode
+        epoch = dict(kv.split("=", 1) for kv in shlex.split(join.stdout.strip())[1:])   # "export K=V ..."
+        env = dict(base, PSWIFT_ATTEMPT=str(attempt), **epoch)
+        folder, codes = _launch_ranks(plan, plan_path, ranks, nodes, env, grace_s)
+        line = _after_launch(plan, plan_path, folder, codes, restarts, relayouts, env)
+        restarts += line == "restart"
+        relayouts += line == "relayout"
+        if line in ("rejoin", "restart", "relayout"):
+            continue
+        if not (Path(epoch["PSWIFT_RENDEZVOUS_DIR"]) / f"left-{task}").exists() or stopping.wait(requeue_s):
+            return int(line[5:]) if line.startswith("exit ") and line[5:].isdigit() else 1
+        attempt, restarts, relayouts = attempt + 1, 0, 0   # requeued: its next attempt
+    return 1
+
+
+def _signal_members(plan_path: str, signum: int) -> None:
+    """Every rank of this run's members (their environment names the plan's run)."""
+    for pid in member_ranks(plan_path):
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+
+def member_ranks(plan_path: str, task: int | None = None) -> list[int]:
+    """The pids of the ranks of this run's members (of member ``task`` only when given)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            if b"pipeswift_launch" not in cmd or plan_path.encode() not in cmd:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        tasks = [e[len(b"SLURM_ARRAY_TASK_ID="):] for e in env if e.startswith(b"SLURM_ARRAY_TASK_ID=")]
+        if tasks and (task is None or tasks[0] == str(task).encode()):
+            out.append(int(pid))
+    return out
 
 
 def _local_env() -> dict[str, str]:
@@ -55,32 +161,33 @@ def _local_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "MASTER_PORT"}
 
 
-def _launch_once(plan: Plan, plan_path: str, nodes: int, grace_s: float) -> tuple[str, list[int]]:
-    """One launch of every rank: its folder and the ranks' exit codes. One rank's failure stops
-    the others (as srun's --kill-on-bad-exit: else they would wait in a collective)."""
-    layout = plan["layouts"][str(nodes)]
-    world = int(layout["world_size"])
+def _launch_ranks(plan: Plan, plan_path: str, world: int, nodes: int, env: dict[str, str], grace_s: float,
+                  forward: bool = False) -> tuple[str, list[int]]:
+    """One launch of ``world`` ranks on ``nodes`` emulated nodes, in ``env``: its folder and the
+    ranks' exit codes; ``forward``: TERM/INT/USR2 to this process go to them (the main thread
+    only). One rank's failure stops the others (as srun's --kill-on-bad-exit: else they would
+    wait in a collective)."""
     # the launch's own folder: rank 0 publishes the rendezvous there, each rank its record
     folder = tempfile.mkdtemp(prefix=f"local.{os.getpid()}.", dir=_launches(plan))
     procs: list[subprocess.Popen[bytes]] = []
     for r in range(world):
-        env = dict(_local_env(), RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r % layout["tasks_per_node"]),
-                   MASTER_ADDR="127.0.0.1", PSWIFT_LAUNCH_DIR=folder, PSWIFT_NODES=str(nodes),
-                   OMP_NUM_THREADS=str(plan.get("cpus_per_task") or 1))
-        procs.append(subprocess.Popen([plan["python"], "-m", "pipeswift_launch", plan_path], env=env))
+        rank_env = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r % _tasks_per_node(plan)),
+                        MASTER_ADDR="127.0.0.1", PSWIFT_LAUNCH_DIR=folder, PSWIFT_NODES=str(nodes),
+                        OMP_NUM_THREADS=str(plan.get("cpus_per_task") or 1))
+        procs.append(subprocess.Popen([plan["python"], "-m", "pipeswift_launch", plan_path], env=rank_env))
 
-    def forward(signum: int, frame: Any) -> None:
+    def to_ranks(signum: int, frame: Any) -> None:
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
+    old = {s: signal.signal(s, to_ranks) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)} if forward else {}
     try:
         while True:
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
                 break
-            if any(c not in (None, Exit.OK, Exit.RELAYOUT) for c in codes):   # a re-layout: the others follow
+            if any(c not in (None, Exit.OK, Exit.RELAYOUT, Exit.REJOIN) for c in codes):   # the others follow
                 _stop(procs, grace_s)
                 break
             time.sleep(0.1)
@@ -88,6 +195,10 @@ def _launch_once(plan: Plan, plan_path: str, nodes: int, grace_s: float) -> tupl
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _tasks_per_node(plan: Plan) -> int:
+    return int(next(iter(plan["layouts"].values()))["tasks_per_node"])
 
 
 def _launches(plan: Plan) -> str:

@@ -97,6 +97,26 @@ def test_the_bottom_starts_without_a_late_member_who_waits_for_the_next_epoch(tm
     assert _results(late + again, out) == {t: (1, t, 3, 3, [0, 1, 2]) for t in (0, 1, 2)}
 
 
+def test_a_member_back_from_the_queue_waits_while_the_run_trains_and_never_seals_an_epoch_beside_it(tmp_path: Path):
+    """The workload bench found it: member 1, late, sat alone in epoch 1 while epoch 0 trained
+    on member 0 and sealed it after its wait: two trainings of one run side by side. An epoch
+    is sealed only once the one before is over."""
+    folder = tmp_path / "members" / "epoch-0"
+    folder.mkdir(parents=True, mode=0o700)
+    (folder / "sealed.json").write_text(json.dumps({"seats": [asdict(seat(t)) for t in (0, 1)]}))
+    (folder / "sealed.json").chmod(0o600)
+    with pytest.raises(members.MembersError):   # past its wait, the bottom held, the run still trains
+        members.join(tmp_path, 2, "j2", ("n2",), 1, 3, 1, 0.05, timeout_s=1.0, poll_s=0.02)
+    assert members.sealed(tmp_path, 1) is None and members.newest_sealed(tmp_path) == 0
+    assert not members.before_ended(tmp_path, 1, [seat(2)])
+    assert members.before_ended(tmp_path, 1, [seat(2), seat(0)])      # member 0's launch ended: it sat down
+    members.leave(folder, 0)
+    assert not members.before_ended(tmp_path, 1, [seat(2)])           # member 1 still trains
+    members.leave(folder, 1)
+    assert members.before_ended(tmp_path, 1, [seat(2)])               # every member of it left
+    assert members.before_ended(tmp_path, 0, [seat(2)])               # the first epoch has none before
+
+
 def test_a_seat_left_stale_is_not_counted_and_a_member_below_the_bottom_gives_up(tmp_path: Path, monkeypatch):
     folder = tmp_path / "members" / "epoch-0"
     folder.mkdir(parents=True, mode=0o700)

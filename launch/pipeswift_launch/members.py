@@ -14,7 +14,9 @@ sees (:func:`waiting`): the run grows at a step boundary when growing pays.
 
 An epoch is due when its seats hold the node range's bottom and every expected member sat down
 (at the start all; later those of the last epoch that did not say they left), or when the first
-seat waited ``member_wait_s`` (at the start) or ``REJOIN_WAIT_S`` (later) (:func:`due`). A seat
+seat waited ``member_wait_s`` (at the start) or ``REJOIN_WAIT_S`` (later) (:func:`due`); an
+epoch after the first, only once the one before is over (:func:`before_ended`): a member back
+from the queue waits while the run trains, and joins when rank 0 grows the run. A seat
 is fresh while its member keeps touching it. A member whose epoch ended (a peer preempted or
 dead, a member waiting to join) joins the next one: the epoch after the newest sealed one. The
 records' reading side is :mod:`pipeswift_slurm.memberfiles`. No torch here.
@@ -40,9 +42,9 @@ from pipeswift_slurm.slurm.records import expand_hostlist
 from pipeswift_slurm.userfiles import create_private
 
 #: the records' reading side lives in pipeswift_slurm.memberfiles (`pswift status` reads them too)
-__all__ = ["DONE", "FOLDER", "FRESH_S", "SEALED", "Epoch", "MembersError", "Seat", "due", "epoch_dir", "expected",
-           "exports", "finish", "finished", "join", "leave", "main", "newest_sealed", "seats", "sealed", "waiting",
-           "REJOIN_WAIT_S"]
+__all__ = ["DONE", "FOLDER", "FRESH_S", "SEALED", "Epoch", "MembersError", "Seat", "before_ended", "due", "epoch_dir",
+           "expected", "exports", "finish", "finished", "join", "leave", "main", "newest_sealed", "seats", "sealed",
+           "waiting", "REJOIN_WAIT_S"]
 
 
 def due(seats: list[Seat], expected: set[int], lo_nodes: int, now: float, wait_s: float) -> bool:
@@ -62,6 +64,21 @@ def expected(run_dir: Path, number: int, members: int) -> set[int]:
     gone = {t for t in (s.task for s in before.seats) if (before.folder / f"left-{t}").exists()}
     stayed = {s.task for s in before.seats} - gone
     return stayed or set(range(members))   # every member left (all preempted): as at the start
+
+
+def before_ended(run_dir: Path, number: int, fresh: list[Seat]) -> bool:
+    """Whether the epoch before ``number`` is over, so ``number`` may be sealed: a member of it
+    sat down again (a member re-seats only once its launch ended, and every launch of an epoch
+    ends together), or every member of it left. A member that was not in it (returning from
+    the queue) waits while it trains: the running epoch's rank 0 sees it waiting and grows the
+    run at a step boundary when growing pays; sealing without them would start a second
+    training beside the first."""
+    before = sealed(run_dir, number - 1) if number > 0 else None
+    if before is None:
+        return True
+    tasks = {s.task for s in before.seats}
+    gone = {t for t in tasks if (before.folder / f"left-{t}").exists()}
+    return bool(tasks & {s.task for s in fresh}) or gone == tasks
 
 
 def leave(epoch_folder: Path, task: int) -> None:
@@ -132,7 +149,7 @@ def join(run_dir: Path, task: int, job_id: str, nodes: tuple[str, ...], ranks: i
                 return None
             epoch = sealed(run_dir, number)
             fresh = seats(run_dir, number, time.time()) if epoch is None else []
-            if fresh and due(fresh, waited_for, lo_nodes, time.time(), limit):
+            if fresh and due(fresh, waited_for, lo_nodes, time.time(), limit) and before_ended(run_dir, number, fresh):
                 _write_once(folder / SEALED, {"seats": [asdict(s) for s in fresh]})
                 epoch = sealed(run_dir, number)
             if epoch is not None:

@@ -468,7 +468,7 @@ def _member_decision(att: Attempt, stop: Stop) -> tuple[decide.Decision, int]:
         return decide.Decision(**every[0]), 0
     if signalled:
         task, epoch = os.environ.get("SLURM_ARRAY_TASK_ID"), os.environ.get(rendezvous.EPOCH_ENV)
-        if att.rank == offset and task and epoch:   # (`pswift run` of a members TOML is one job: no epoch)
+        if att.rank == offset and task and epoch:   # (an epoch: the batch script, `pswift run` of members)
             members.leave(Path(epoch), int(task))
         return decide.Decision(**every[offset]), offset
     why = "a member waits to join" if stop == Stop.GROW else "a member of the run left"
@@ -560,9 +560,9 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
     plan, denv = att.plan, att.denv
     check_s = float(plan["grow_check_s"])
     counts = [int(n) for n in plan["layouts"]]
-    if (att.rank != 0 or not check_s or denv.job_id is None or denv.nodes >= max(counts)
-            or not (plan["members"] or decide.may_grow(denv.attempt, plan["max_requeues"]))):
-        return None   # a run of members grows in place (the next epoch): no requeue spent
+    if (att.rank != 0 or not check_s or denv.nodes >= max(counts)
+            or not (plan["members"] or denv.job_id is not None and decide.may_grow(denv.attempt, plan["max_requeues"]))):
+        return None   # a run of members grows in place (the next epoch, `pswift run`'s too): no requeue spent
     cpus = int(att.layout["tasks_per_node"]) * int(plan["cpus_per_task"])
     profile = relayout.measured_profile(plan, att.layout, profiled, att.boundaries)
     predicted = relayout.step_times(plan, profile) if profile is not None else None

@@ -231,6 +231,9 @@ def run_cmd(toml: Path, run_dir: Path | None, nodes: int | None, db: Path | None
     Same plan, launcher and events as `pswift sbatch`; TERM/INT/USR2 make every rank checkpoint
     and stop at the same step. A crashed or killed rank restarts the ranks from the newest
     checkpoint within [job] max_restarts, and a re-layout launches them again, as in a Slurm job.
+    A run of members ([resources] members) runs each member as its array task would (--nodes:
+    the members' nodes to start, default all); a member whose ranks alone are signalled leaves,
+    the others train on, and it comes back a few seconds later, as if Slurm requeued it.
 
     Example:
 
@@ -238,10 +241,15 @@ def run_cmd(toml: Path, run_dir: Path | None, nodes: int | None, db: Path | None
     """
     from pipeswift_slurm.history import rundir
     from pipeswift_slurm import submit as sub
-    from pipeswift_slurm.local import run_local
+    from pipeswift_slurm.local import run_local, run_members
 
     p = sub.prepare(toml, run_dir, db, live=False, warn=_warn)
-    n = nodes or p.config.resources.nodes_min
+    members = p.plan["members"]
+    n = nodes or (p.config.resources.nodes_max if members else p.config.resources.nodes_min)
+    if members and (n % p.plan["member_nodes"] or n > members * p.plan["member_nodes"]):
+        raise CLIError(f"--nodes {n}: a run of {members} members of {p.plan['member_nodes']} node(s) each starts "
+                       f"a whole number of them; give a multiple of {p.plan['member_nodes']} up to "
+                       f"{members * p.plan['member_nodes']}", 2)
     if str(n) not in p.plan["layouts"]:
         why = p.plan["infeasible"].get(str(n), f"outside [resources] nodes {p.config.resources.nodes_spec}")
         raise CLIError(f"--nodes {n}: {why}", 2)
@@ -249,7 +257,8 @@ def run_cmd(toml: Path, run_dir: Path | None, nodes: int | None, db: Path | None
     rundir.register_job(f"local-{target.name}", target)  # so the history ingests local runs too
     click.echo(f"running locally: {p.layout_line(n)}")
     click.echo(f"run directory: {target}")
-    rc = run_local(p.plan, str(target / runfiles.PLAN), n)
+    plan_path = str(target / runfiles.PLAN)
+    rc = run_members(p.plan, plan_path, n // p.plan["member_nodes"]) if members else run_local(p.plan, plan_path, n)
     _learn(target, db)
     s = rundir.summarize(target)
     if s["first_loss"] is not None:

@@ -1,0 +1,66 @@
+"""`pswift run` of a run of members (issue 62): each member a loop of its own, as its array
+task's batch script, with real DeepSpeed ranks and no Slurm. A member whose ranks alone are
+signalled leaves, the other trains on, and the member, started again as Slurm's requeue would,
+rejoins and the run grows back to it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import PSWIFT, paced_example, run_events, step_losses, wait_steps
+from pipeswift_slurm.local import member_ranks
+
+pytestmark = [pytest.mark.deepspeed]
+
+STEPS = 150
+
+
+def test_a_member_signalled_alone_leaves_the_other_trains_on_and_it_rejoins(tmp_path: Path):
+    toml = paced_example(tmp_path / "ex", steps=STEPS, members=2, nodes="[1, 2]")
+    toml.write_text(toml.read_text().replace("member_wait_s = 120", "member_wait_s = 30"))
+    ref = tmp_path / "reference"
+    proc = subprocess.Popen([*PSWIFT, "run", "--run-dir", str(tmp_path / "run"), str(toml)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_steps(tmp_path / "run", 20, timeout=180)
+        plan = str(tmp_path / "run" / "plan.json")
+        ranks = member_ranks(plan, 1)
+        assert len(ranks) == 1 and len(member_ranks(plan)) == 2, (ranks, member_ranks(plan))
+        for pid in ranks:
+            os.kill(pid, signal.SIGTERM)        # Slurm's preemption signals member 1's job alone
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    evs = run_events(tmp_path / "run")
+    starts = [(e["nodes"], e["stages"]) for e in evs if e["event"] == "start"]
+    assert [n for n, _ in starts] == [2, 1, 2], starts                        # left, then grown back
+    ends = [e["reason"] for e in evs if e["event"] == "end"]
+    assert ends == ["members_changed"] * (len(starts) - 1) + ["completed"], ends
+    steps = [e["step"] for e in evs if e["event"] == "step"]
+    assert sorted(steps) == list(range(1, STEPS + 1)), steps                  # every step once
+    assert (tmp_path / "run" / "members" / "done").exists()
+    left = sorted(p.name for p in (tmp_path / "run" / "members").glob("epoch-*/left-*"))
+    assert left == ["left-1"], left                                            # member 1 left once
+    # the losses of one uninterrupted 2-node run: bit for bit to the stop, within 1e-5 after
+    assert subprocess.run([*PSWIFT, "run", "--run-dir", str(ref), "--nodes", "2", str(_as_one_job(toml))],
+                          capture_output=True, timeout=300).returncode == 0
+    ours, want = step_losses(tmp_path / "run"), step_losses(ref)
+    k = [e for e in evs if e["event"] == "start"][1]["step"]
+    assert {s: ours[s] for s in range(1, k + 1)} == {s: want[s] for s in range(1, k + 1)}
+    far = {s: (ours[s], want[s]) for s in range(k + 1, STEPS + 1)
+           if abs(float.fromhex(ours[s]) - float.fromhex(want[s])) > 1e-5 * abs(float.fromhex(want[s]))}
+    assert not far, far
+
+
+def _as_one_job(toml: Path) -> Path:
+    one = toml.parent / "one.toml"
+    one.write_text(toml.read_text().replace("members = 2\n", "").replace("member_wait_s = 30\n", ""))
+    return one
+
