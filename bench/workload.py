@@ -30,7 +30,8 @@ exclusive, 1 rank per node, one stage per rank):
 Per policy, over every seed: mean, p50, p90 and p99 JCT and the mean bounded slowdown of the
 training jobs (submit to COMPLETED; bench/jctstats.py), the other jobs' mean wait and bounded
 slowdown, node utilisation and makespan (each seed's, averaged), requeues at a time limit, the
-training jobs' requeues squeue showed (a preemption or a time limit; each member's own), jobs
+training jobs' requeues squeue showed (a preemption or a time limit; each member's own), steps
+logged out of order with no launch between (two trainings of one run side by side), jobs
 lost (not COMPLETED with every step), and for (P) the start-time error of pswift's queue
 estimate and of Slurm's own (`squeue --start` just after the submission) against the real
 start; P's mean JCT over each other policy's on the same jobs (``paired``, a bootstrap interval
@@ -365,15 +366,31 @@ def _waits_and_runs(jobs: list[dict[str, Any]]) -> list[tuple[float, float]]:
     return [(j["start"] - j["submit"], j["end"] - j["start"]) for j in jobs if j.get("start") and j.get("end")]
 
 
-def _train_outcome(j: dict[str, Any]) -> tuple[bool, int]:
-    """(completed with every step, attempts that ended at a time limit) from the run's events."""
+def _train_outcome(j: dict[str, Any]) -> tuple[bool, int, int]:
+    """(completed with every step, attempts that ended at a time limit, steps trained more than
+    once beyond those a restart from a checkpoint runs again) from the run's events: a step
+    logged twice by launches that overlap in time is two trainings of one run."""
     try:
         evs = [json.loads(x) for x in (Path(j["run"]) / "events.jsonl").read_text().splitlines() if x.strip()]
     except (OSError, ValueError):
-        return False, 0
-    steps = {e["step"] for e in evs if e["event"] == "step"}
+        return False, 0, 0
+    steps = [e["step"] for e in evs if e["event"] == "step"]
     ends = [e.get("reason") for e in evs if e["event"] == "end"]
-    return (j["state"] == "COMPLETED" and steps == set(range(1, j["steps"] + 1)), ends.count("time_limit"))
+    overlapped = sum(1 for a, b in zip(steps, steps[1:]) if b < a and not _relaunched_between(evs, a, b))
+    return (j["state"] == "COMPLETED" and set(steps) == set(range(1, j["steps"] + 1)), ends.count("time_limit"),
+            overlapped)
+
+
+def _relaunched_between(evs: list[dict[str, Any]], before: int, after: int) -> bool:
+    """Whether a launch started from a step at or below ``after`` once step ``before`` was
+    logged (a restart from a checkpoint: the steps since it are run again, in order)."""
+    seen = False
+    for e in evs:
+        if e["event"] == "step" and e["step"] == before:
+            seen = True
+        elif seen and e["event"] == "start" and e["step"] < after:
+            return True
+    return False
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -396,9 +413,10 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "others_bsld_mean": jctstats.mean_bsld(_waits_and_runs(plain)),
             "makespan_s": _mean([m for m, _ in spans if m is not None]),
             "utilisation": _mean([u for _, u in spans if u is not None]),
-            "time_limit_requeues": sum(n for _, n in outcomes),
+            "time_limit_requeues": sum(n for _, n, _ in outcomes),
+            "steps_out_of_order": sum(n for _, _, n in outcomes),
             "train_requeues": sum(j.get("requeues") or 0 for j in train),
-            "lost": sum(1 for ok, _ in outcomes if not ok) + sum(1 for j in plain if j["state"] != "COMPLETED"),
+            "lost": sum(1 for ok, _, _ in outcomes if not ok) + sum(1 for j in plain if j["state"] != "COMPLETED"),
             "start_error_median_s": {"pswift": _median(err("pswift_start")), "slurm": _median(err("slurm_start"))}}
 
 
