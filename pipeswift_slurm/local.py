@@ -109,12 +109,11 @@ def _member(plan: Plan, plan_path: str, task: int, grace_s: float, requeue_s: fl
     base = dict(_local_env(), SLURM_ARRAY_TASK_ID=str(task))
     attempt = restarts = relayouts = 0
     while not stopping.is_set():
-        join = subprocess.run([plan["python"], "-m", "pipeswift_launch.members", plan_path], stdout=subprocess.PIPE,
-                              text=True, env=dict(base, SLURM_JOB_ID=f"local{task}", SLURM_JOB_NODELIST=hosts,
-                                                  SLURM_NTASKS=str(ranks)))
-        if join.returncode != 0 or join.stdout.strip() == "done":
-            return join.returncode
-        epoch = dict(kv.split("=", 1) for kv in shlex.split(join.stdout.strip())[1:])   # "export K=V ..."
+        rc, joined = _join(plan, plan_path, dict(base, SLURM_JOB_ID=f"local{task}", SLURM_JOB_NODELIST=hosts,
+                                                 SLURM_NTASKS=str(ranks)), stopping)
+        if rc != 0 or joined == "done":
+            return rc
+        epoch = dict(kv.split("=", 1) for kv in shlex.split(joined)[1:])   # "export K=V ..."
         env = dict(base, PSWIFT_ATTEMPT=str(attempt), **epoch)
         folder, codes = _launch_ranks(plan, plan_path, ranks, nodes, env, grace_s)
         line = _after_launch(plan, plan_path, folder, codes, restarts, relayouts, env)
@@ -126,6 +125,18 @@ def _member(plan: Plan, plan_path: str, task: int, grace_s: float, requeue_s: fl
             return int(line[5:]) if line.startswith("exit ") and line[5:].isdigit() else 1
         attempt, restarts, relayouts = attempt + 1, 0, 0   # requeued: its next attempt
     return 1
+
+
+def _join(plan: Plan, plan_path: str, env: dict[str, str], stopping: threading.Event) -> tuple[int, str]:
+    """``python -m pipeswift_launch.members``: its exit code and its line; stopped (143) when
+    the run is (a member may wait an hour for an epoch)."""
+    proc = subprocess.Popen([plan["python"], "-m", "pipeswift_launch.members", plan_path], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    while proc.poll() is None:
+        if stopping.wait(0.2):
+            proc.terminate()
+    out = proc.stdout.read() if proc.stdout is not None else ""
+    return (proc.returncode if not stopping.is_set() else 143), out.strip()
 
 
 def _signal_members(plan_path: str, signum: int) -> None:

@@ -64,3 +64,25 @@ def _as_one_job(toml: Path) -> Path:
     one.write_text(toml.read_text().replace("members = 2\n", "").replace("member_wait_s = 30\n", ""))
     return one
 
+
+
+def test_terminating_pswift_run_stops_every_member_and_leaves_nothing_running(tmp_path: Path):
+    """TERM to `pswift run` is the run cancelled: every member's ranks checkpoint at one step and
+    stop, no member comes back, and a member waiting for an epoch stops waiting."""
+    toml = paced_example(tmp_path / "ex", steps=STEPS, members=2, nodes="[1, 2]")
+    run = tmp_path / "run"
+    proc = subprocess.Popen([*PSWIFT, "run", "--run-dir", str(run), str(toml)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_steps(run, 10, timeout=180)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, out[-3000:]
+    assert member_ranks(str(run / "plan.json")) == []
+    evs = run_events(run)
+    stop = [e for e in evs if e["event"] == "checkpoint" and e["reason"] == "signal"]
+    assert len(stop) == 1 and [e["reason"] for e in evs if e["event"] == "end"] == ["stopped"], evs[-3:]
+    assert len([e for e in evs if e["event"] == "start"]) == 1 and not (run / "members" / "done").exists()
