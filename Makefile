@@ -137,6 +137,7 @@ bench: setup tools
 	scripts/with-slurm $(NEW_SLURM) $(PY) bench/slurm_backends.py
 	scripts/with-slurm $(NEW_SLURM) $(PY) bench/goodput.py --out bench/results/goodput.slurm-25.11.json
 	scripts/with-slurm $(NEW_SLURM) $(PY) bench/members.py --rounds 6
+	scripts/with-slurm $(NEW_SLURM) $(PY) bench/workload.py --trace ../shared/traces/nasa-ipsc-1993.swf.gz --window 3600 --compression 12 --train-min-size 16 --seed 8 --policies P,M --out bench/results/workload-nasa-ipsc-1993.members.json --picture /tmp/workload-members.png
 	$(PY) bench/readme.py
 
 # what only a GPU machine can check (nccl, bf16/fp16 with ZeRO-1, the memory model, a 2 -> 1 stage
