@@ -360,3 +360,15 @@ def test_a_job_arrays_task_is_read_from_every_source_as_its_array_and_index(vers
                         ({"JOBID": "7", "START": "1796600000"}, "jobcomp")):
         got = normalise_record(rec, source)
         assert got is not None and (got["array_job_id"], got["array_task_id"]) == (None, None), (source, rec)
+
+
+def test_an_attempt_the_plugin_records_as_pending_is_a_requeue():
+    """Slurm 22.05's jobcomp/script gives an attempt `scontrol requeue` ended (a pswift job
+    preempted requeues itself so) JOBSTATE=PENDING, with its end: a stopped attempt, REQUEUED as
+    sacct names it, whose work counts as lost; a preempted one says PREEMPTED (both recorded
+    through the plugin on the dev cluster)."""
+    from pipeswift_slurm.slurm.accounting import normalise_record
+    rec = {"JOBID": "452", "START": "1796614173", "END": "1796614177", "JOBSTATE": "PENDING"}
+    assert normalise_record(rec, "jobcomp")["state"] == "REQUEUED"
+    assert normalise_record({**rec, "JOBSTATE": "PREEMPTED"}, "jobcomp")["state"] == "PREEMPTED"
+    assert normalise_record({**rec, "END": "0"}, "jobcomp")["state"] == "PENDING"   # no end: not an attempt that ran

@@ -247,7 +247,7 @@ class Queries:
     def array_members(self, cluster: str, array_job_id: str) -> list[dict[str, Any]]:
         """The tasks of job array ``array_job_id`` (a pswift run of members is one) as Slurm
         recorded them, by task: task, job_id, attempts, requeued (attempts Slurm put back in the
-        queue: a preemption, a requeue; the jobcomp plugin records one as PENDING), first_start,
+        queue: a preemption, a requeue), first_start,
         last_end, state (the newest attempt's), nodes (its node list), node_s."""
         out: dict[str, dict[str, Any]] = {}
         for r in self._named(
@@ -257,7 +257,7 @@ class Queries:
             m = out.setdefault(r["job_id"], {"task": r["task"], "job_id": r["job_id"], "attempts": 0,
                                               "requeued": 0, "first_start": r["start"], "node_s": 0.0})
             m["attempts"] += 1
-            m["requeued"] += r["state"] in ("PENDING", "REQUEUED", "PREEMPTED")
+            m["requeued"] += r["state"] in ("REQUEUED", "PREEMPTED")
             m.update(last_end=r["end"], state=r["state"], nodes=r["nodes"])
             if r["end"] is not None and r["node_count"]:
                 m["node_s"] += (r["end"] - r["start"]) * r["node_count"]

@@ -61,9 +61,12 @@ def normalise_record(r: dict[str, Any], source: str) -> dict[str, Any] | None:
     if not jid or start is None:
         return None
     ec, dec = r.get("EXITCODE"), r.get("DERIVED_EC")
+    state = (r.get("JOBSTATE") or "").upper() or None
+    if state == "PENDING" and epoch(r.get("END")) is not None:
+        state = "REQUEUED"   # an attempt that ended back in the queue (22.05's plugin after `scontrol requeue`)
     return {"cluster": r.get("CLUSTER") or "", "job_id": str(jid), "start": start,
             "name": r.get("JOBNAME"), "user": r.get("USERNAME"), "partition": r.get("PARTITION"),
-            "state": (r.get("JOBSTATE") or "").upper() or None,
+            "state": state,
             "node_count": _int(r.get("NODECNT")),
             "nodes": r.get("NODES"), "submit": epoch(r.get("SUBMIT")), "end": epoch(r.get("END")),
             "exit_code": None if ec is None else str(ec), "work_dir": r.get("WORK_DIR"),
