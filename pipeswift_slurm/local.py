@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeswift_slurm import runfiles
+from pipeswift_slurm import memberfiles, runfiles
 from pipeswift_slurm.codes import Exit
 from pipeswift_slurm.slurm import srun
 
@@ -94,7 +94,7 @@ def run_members(plan: Plan, plan_path: str, members: int, grace_s: float = 60.0,
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    if (Path(plan["run_dir"]) / "members" / "done").exists():
+    if memberfiles.finished(Path(plan["run_dir"])):
         return 0
     return next((c for _, c in sorted(codes.items()) if c), 1)
 
@@ -121,7 +121,7 @@ def _member(plan: Plan, plan_path: str, task: int, grace_s: float, requeue_s: fl
         relayouts += line == "relayout"
         if line in ("rejoin", "restart", "relayout"):
             continue
-        if not (Path(epoch["PSWIFT_RENDEZVOUS_DIR"]) / f"left-{task}").exists() or stopping.wait(requeue_s):
+        if not memberfiles.left_mark(Path(epoch["PSWIFT_RENDEZVOUS_DIR"]), task).exists() or stopping.wait(requeue_s):
             return int(line[5:]) if line.startswith("exit ") and line[5:].isdigit() else 1
         attempt, restarts, relayouts = attempt + 1, 0, 0   # requeued: its next attempt
     return 1

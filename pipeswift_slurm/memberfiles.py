@@ -137,6 +137,11 @@ def waiting(run_dir: Path, running: int) -> list[Seat]:
     return seats(run_dir, running + 1, time.time())
 
 
+def left_mark(epoch_folder: Path, task: int) -> Path:
+    """Where member ``task`` says it left the epoch in ``epoch_folder`` (pipeswift_launch.members.leave)."""
+    return epoch_folder / f"left-{task}"
+
+
 def finished(run_dir: Path) -> bool:
     return os.path.lexists(run_dir / FOLDER / DONE)
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from pipeswift_slurm.errors import PswiftError
 from pipeswift_slurm.memberfiles import (DONE, FOLDER, FRESH_S, SEALED, Epoch, MembersError, Seat, epoch_dir,
-                                        finished, newest_sealed, seats, sealed, waiting)
+                                        finished, left_mark, newest_sealed, seats, sealed, waiting)
 from pipeswift_slurm.plan import read_plan, runnable
 from pipeswift_slurm.slurm.records import expand_hostlist
 from pipeswift_slurm.userfiles import create_private
@@ -61,7 +61,7 @@ def expected(run_dir: Path, number: int, members: int) -> set[int]:
     before = sealed(run_dir, number - 1) if number > 0 else None
     if before is None:
         return set(range(members))
-    gone = {t for t in (s.task for s in before.seats) if (before.folder / f"left-{t}").exists()}
+    gone = {t for t in (s.task for s in before.seats) if left_mark(before.folder, t).exists()}
     stayed = {s.task for s in before.seats} - gone
     return stayed or set(range(members))   # every member left (all preempted): as at the start
 
@@ -77,14 +77,14 @@ def before_ended(run_dir: Path, number: int, fresh: list[Seat]) -> bool:
     if before is None:
         return True
     tasks = {s.task for s in before.seats}
-    gone = {t for t in tasks if (before.folder / f"left-{t}").exists()}
+    gone = {t for t in tasks if left_mark(before.folder, t).exists()}
     return bool(tasks & {s.task for s in fresh}) or gone == tasks
 
 
 def leave(epoch_folder: Path, task: int) -> None:
     """Member ``task`` leaves the epoch it trained in (preempted, cancelled, out of time): the
     next epoch does not wait for it (without the mark, REJOIN_WAIT_S for it)."""
-    _mark(epoch_folder / f"left-{task}")
+    _mark(left_mark(epoch_folder, task))
 
 
 def finish(run_dir: Path) -> None:
