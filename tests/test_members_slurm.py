@@ -114,7 +114,9 @@ def in_history_as_one_run(run: Path, array: str, jobs: dict[int, str], requeued:
         if ended == len(jobs) or time.time() > deadline:
             break
         time.sleep(1)
-    runs = db.execute("SELECT job_id, state FROM jobs WHERE run_dir = ?", [str(run)]).fetchall()
+    ids = sorted({array, *jobs.values()})   # (the run directory's path may have held other jobs before)
+    runs = db.execute(f"SELECT job_id, state FROM jobs WHERE run_dir = ? AND job_id IN ({', '.join('?' * len(ids))})",
+                      [str(run), *ids]).fetchall()
     assert runs == [(array, "completed")], runs
     shown = json.loads(pswift("history", "show", array, "--db", str(CLUSTER_DB), "--json", check=True).stdout)
     got = {m["task"]: (m["job_id"], m["state"], m["requeued"]) for m in shown["members"]}
