@@ -120,7 +120,8 @@ def in_history_as_one_run(run: Path, array: str, jobs: dict[int, str], requeued:
     assert runs == [(array, "completed")], runs
     shown = json.loads(pswift("history", "show", array, "--db", str(CLUSTER_DB), "--json", check=True).stdout)
     got = {m["task"]: (m["job_id"], m["state"], m["requeued"]) for m in shown["members"]}
-    assert got == {t: (j, "COMPLETED", int(t in requeued)) for t, j in jobs.items()}, shown["members"]
+    assert {t: g[:2] for t, g in got.items()} == {t: (j, "COMPLETED") for t, j in jobs.items()}, shown["members"]
+    assert all((g[2] >= 1) == (t in requeued) for t, g in got.items()), shown["members"]
 
 
 
@@ -171,7 +172,11 @@ def test_four_members_two_preempted_at_different_steps_the_run_completes_and_gro
         final = wait_members(array, {"COMPLETED"}, timeout=400)
     finally:
         subprocess.run(["scancel", *highs], timeout=30)
-    assert [final[t]["Restarts"] for t in range(4)] == ["0", "1", "1", "0"], slurm_log(run)[-4000:]
+    # the survivors never left the queue; a preempted member was requeued once, or twice where
+    # Slurm's preemption requeue and the member's own came apart under load (25.11, CI: 2)
+    restarts = [int(final[t]["Restarts"]) for t in range(4)]
+    assert restarts[0] == restarts[3] == 0 and 1 <= restarts[1] <= 2 and 1 <= restarts[2] <= 2, \
+        (restarts, slurm_log(run)[-4000:])
     in_history_as_one_run(run, array, {t: final[t]["JobId"] for t in range(4)}, requeued={1, 2})
     evs = run_events(run, torn_ok=True)
     starts = [e for e in evs if e["event"] == "start"]

@@ -196,11 +196,12 @@ def test_a_job_cut_from_wrong_costs_rebalances_once_in_place_and_matches_a_stati
     # other streams move with their load (a CI run measured the job's steps after the re-layout
     # at 0.94 s while a static run of the same cut, minutes later, took 0.64 s).
     # status and doctor say what was predicted and what was measured
+    # (at step 4, or 5 where the flags agree a step late under load: CI's three streams did)
     status = pswift("status", job, check=True).stdout
-    assert "re-laid out at step 4: [0, 5, 6] -> [0, 2, 6]" in status and "(predicted" in status
+    assert f"re-laid out at step {r['step']}: [0, 5, 6] -> [0, 2, 6]" in status and "(predicted" in status, status
     db = tmp_path / "h.db"
     doc = pswift("doctor", job, "--db", str(db), check=True).stdout
-    assert "attempt 0 re-laid out at step 4" in doc and "saved" in doc
+    assert f"attempt 0 re-laid out at step {r['step']}" in doc and "saved" in doc, doc
     (n,) = sqlite3.connect(db).execute("SELECT count(*) FROM relayouts").fetchone()
     assert n == 1
 
