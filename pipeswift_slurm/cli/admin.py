@@ -158,7 +158,7 @@ def _iso_times(row: dict[str, Any], attempts: list[dict[str, Any]], time_keys: s
     time as sacct prints one."""
     return {**_iso(row, time_keys.__contains__),
             "attempt_rows": [_iso(a, lambda k: k.endswith("_time")) for a in attempts],
-            "members": [_iso(m, {"first_start", "last_end"}.__contains__) for m in members]}
+            "members": [_iso(m, {"submit", "last_end"}.__contains__) for m in members]}
 
 
 def _iso(d: dict[str, Any], is_time: Callable[[str], bool]) -> dict[str, Any]:

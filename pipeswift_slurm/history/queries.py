@@ -9,6 +9,7 @@ import sqlite3
 import time as _time
 from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
+from pipeswift_slurm.history.schema import STOPPED
 from pipeswift_slurm.stats import median_of
 
 if TYPE_CHECKING:
@@ -245,23 +246,17 @@ class Queries:
             + where + " ORDER BY s.cluster, s.job_id, s.start", params)
 
     def array_members(self, cluster: str, array_job_id: str) -> list[dict[str, Any]]:
-        """The tasks of job array ``array_job_id`` (a pswift run of members is one) as Slurm
-        recorded them, by task: task, job_id, attempts, requeued (attempts Slurm put back in the
-        queue: a preemption, a requeue), first_start,
-        last_end, state (the newest attempt's), nodes (its node list), node_s."""
-        out: dict[str, dict[str, Any]] = {}
-        for r in self._named(
-                "SELECT job_id, array_task_id AS task, start, end, state, node_count, nodes FROM slurm_jobs "
-                "WHERE array_job_id = ? AND (cluster = ? OR ? = '') AND source != 'pswift' "
-                "ORDER BY array_task_id, job_id, start", [array_job_id, cluster, cluster]):
-            m = out.setdefault(r["job_id"], {"task": r["task"], "job_id": r["job_id"], "attempts": 0,
-                                              "requeued": 0, "first_start": r["start"], "node_s": 0.0})
-            m["attempts"] += 1
-            m["requeued"] += r["state"] in ("REQUEUED", "PREEMPTED")
-            m.update(last_end=r["end"], state=r["state"], nodes=r["nodes"])
-            if r["end"] is not None and r["node_count"]:
-                m["node_s"] += (r["end"] - r["start"]) * r["node_count"]
-        return list(out.values())
+        """The tasks of job array ``array_job_id`` (a pswift run of members is one), each the
+        Slurm job its roll-up holds, by task: task, job_id, attempts, requeued (attempts Slurm put
+        back in the queue: a preemption, a requeue), submit, last_end, state (the newest
+        attempt's), nodes (its node list), node_s."""
+        return [dict(r) for r in self._named(
+            f"SELECT t.task, r.job_id, r.attempts, (SELECT COUNT(*) FROM slurm_jobs x WHERE x.cluster = r.cluster "
+            f"AND x.job_id = r.job_id AND x.state IN {STOPPED}) AS requeued, r.submit, r.end AS last_end, "
+            f"r.last_state AS state, r.nodelist AS nodes, COALESCE(r.node_s, 0.0) AS node_s FROM job_rollup r "
+            f"JOIN (SELECT DISTINCT cluster, job_id, array_task_id AS task FROM slurm_jobs WHERE array_job_id = ? "
+            f"AND (cluster = ? OR ? = '') AND source != 'pswift') t ON t.cluster = r.cluster AND t.job_id = r.job_id "
+            f"ORDER BY t.task, r.job_id", [array_job_id, cluster, cluster])]
 
     def listing_rows(self, sel: Selection, keys: list[str], render: str | None = None,
                      limit: int | None = None) -> Iterator[tuple[Any, ...]]:
