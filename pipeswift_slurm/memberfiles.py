@@ -133,13 +133,23 @@ def seats(run_dir: Path, number: int, now: float) -> list[Seat]:
 
 
 def waiting(run_dir: Path, running: int) -> list[Seat]:
-    """Members seated for the epoch after ``running`` (the one training): the run may grow."""
-    return seats(run_dir, running + 1, time.time())
+    """Members seated for the epoch after ``running`` (the one training) that do not train in
+    it (back from the queue, or late): the run may grow onto them. A member of ``running`` sits
+    down there too once its launch ended, and holds no node more."""
+    epoch = sealed(run_dir, running)
+    inside = {s.task for s in epoch.seats} if epoch is not None else set()
+    return [s for s in seats(run_dir, running + 1, time.time()) if s.task not in inside]
 
 
 def left_mark(epoch_folder: Path, task: int) -> Path:
     """Where member ``task`` says it left the epoch in ``epoch_folder`` (pipeswift_launch.members.leave)."""
     return epoch_folder / f"left-{task}"
+
+
+def declined_mark(epoch_folder: Path, task: int) -> Path:
+    """Where the running epoch's rank 0 says it does not take member ``task``, seated in
+    ``epoch_folder`` (pipeswift_launch.members.decline): growing would not pay."""
+    return epoch_folder / f"declined-{task}"
 
 
 def finished(run_dir: Path) -> bool:

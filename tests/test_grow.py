@@ -45,6 +45,10 @@ def test_no_growth_without_free_nodes_enough_steps_or_an_estimate():
     assert not top.go
     blind = grow.choose({"layouts": PLAN["layouts"], "candidates": []}, 1, 3, [0.8], 200, 5, 0)
     assert not blind.go and blind.why == "no planner estimate for this node count"
+    # only a weighed "no" declines a waiting member (it gives its nodes back); no estimate or no
+    # layout that fits may change as the run goes on
+    assert late.declined and not none.declined and not blind.declined and not top.declined
+    assert not grow.choose(PLAN, 1, free=3, step_times=[0.8] * 5, remaining=200, restart_s=5.0, ckpt_s=0.5).declined
 
 
 def test_free_nodes_leave_out_the_jobs_own_busy_ones_and_what_pending_jobs_ask_for():

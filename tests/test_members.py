@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -115,6 +116,68 @@ def test_a_member_back_from_the_queue_waits_while_the_run_trains_and_never_seals
     members.leave(folder, 1)
     assert members.before_ended(tmp_path, 1, [seat(2)])               # every member of it left
     assert members.before_ended(tmp_path, 0, [seat(2)])               # the first epoch has none before
+
+
+def _running_epoch_0(run: Path) -> None:
+    folder = run / "members" / "epoch-0"
+    folder.mkdir(parents=True, mode=0o700)
+    (folder / "sealed.json").write_text(json.dumps({"seats": [asdict(seat(t)) for t in (0, 1)]}))
+    (folder / "sealed.json").chmod(0o600)
+
+
+def _join_in_thread(run: Path) -> tuple[threading.Thread, dict]:
+    """Member 2, back from the queue, joins while epoch 0 trains (in a thread: the test's patches hold)."""
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(epoch=members.join(run, 2, "j2", ("n2",), 1, 3, 1, 0.05,
+                                                                      timeout_s=20, poll_s=0.02)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not members.waiting(run, 0) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [s.task for s in members.waiting(run, 0)] == [2]
+    return t, got
+
+
+def test_a_member_the_running_epoch_declines_gives_its_seat_up_and_ends(tmp_path: Path, monkeypatch):
+    """Issue 62: a member waiting to join that the run will not grow onto held its node idle to
+    the run's end (other users' slowdown doubled in the workload bench). Declined, it ends."""
+    monkeypatch.setattr(members, "SEAL_S", 0.5)
+    _running_epoch_0(tmp_path)
+    t, got = _join_in_thread(tmp_path)
+    members.decline(members.epoch_dir(tmp_path, 1), 2)
+    t.join(5)
+    assert not t.is_alive() and got == {"epoch": None}        # it ends (the batch script exits 0)
+    assert members.waiting(tmp_path, 0) == []                 # its seat is gone: nobody counts its node
+    assert members.newest_sealed(tmp_path) == 0 and not members.finished(tmp_path)
+
+
+def test_a_member_of_the_running_epoch_seated_for_the_next_is_not_waiting_to_join(tmp_path: Path):
+    """A member of the running epoch sits down for the next one once its launch ended (the epoch
+    is ending): its node is not one more for the run to grow onto, nor one to decline."""
+    _running_epoch_0(tmp_path)
+    folder = members.epoch_dir(tmp_path, 1)
+    folder.mkdir(mode=0o700)
+    for t in (1, 2):
+        (folder / f"seat-{t}.json").write_text(json.dumps(asdict(seat(t, at=time.time()))))
+        (folder / f"seat-{t}.json").chmod(0o600)
+    assert [s.task for s in members.waiting(tmp_path, 0)] == [2]
+    assert [s.task for s in members.seats(tmp_path, 1, time.time())] == [1, 2]
+
+
+def test_a_declined_member_that_a_seal_took_first_trains(tmp_path: Path, monkeypatch):
+    """The running epoch ended just as rank 0 declined the member, and a seal read its seat: the
+    member must train in it (its ranks are in that epoch's world), not leave."""
+    monkeypatch.setattr(members, "SEAL_S", 2.0)
+    _running_epoch_0(tmp_path)
+    t, got = _join_in_thread(tmp_path)
+    fresh = members.seats(tmp_path, 1, time.time())
+    members.decline(members.epoch_dir(tmp_path, 1), 2)
+    folder = members.epoch_dir(tmp_path, 1)
+    (folder / "sealed.json").write_text(json.dumps({"seats": [asdict(s) for s in (seat(0), *fresh)]}))
+    (folder / "sealed.json").chmod(0o600)
+    t.join(5)
+    assert not t.is_alive() and got["epoch"] is not None and got["epoch"].number == 1
+    assert [s.task for s in got["epoch"].seats] == [0, 2]
 
 
 def test_a_seat_left_stale_is_not_counted_and_a_member_below_the_bottom_gives_up(tmp_path: Path, monkeypatch):

@@ -59,6 +59,35 @@ def test_a_member_signalled_alone_leaves_the_other_trains_on_and_it_rejoins(tmp_
     assert not far, far
 
 
+def test_a_member_back_too_late_to_pay_is_declined_and_gives_its_node_back(tmp_path: Path):
+    """Member 1 leaves near the end; back from the queue, growing onto it would not pay (few
+    steps left), so rank 0 declines it and it ends while member 0 trains on: its node is not
+    held idle to the run's end (the workload bench's other users paid for that)."""
+    toml = paced_example(tmp_path / "ex", steps=STEPS, members=2, nodes="[1, 2]")
+    toml.write_text(toml.read_text().replace("member_wait_s = 120", "member_wait_s = 30"))
+    run = tmp_path / "run"
+    proc = subprocess.Popen([*PSWIFT, "run", "--run-dir", str(run), str(toml)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_steps(run, STEPS - 45, timeout=240)
+        for pid in member_ranks(str(run / "plan.json"), 1):
+            os.kill(pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    evs = run_events(run)
+    assert [e["nodes"] for e in evs if e["event"] == "start"] == [2, 1], out[-3000:]   # no growth back
+    assert sorted(e["step"] for e in evs if e["event"] == "step") == list(range(1, STEPS + 1))
+    declined = list((run / "members").glob("epoch-*/declined-1"))
+    assert len(declined) == 1, out[-3000:]
+    assert "does not grow onto it" in out and "not taken" in out, out[-3000:]
+    assert not list(declined[0].parent.glob("seat-1.json"))                     # its seat given up
+    last_step = max(e["time"] for e in evs if e["event"] == "step")
+    assert declined[0].stat().st_mtime < last_step - 1.0                        # while member 0 trained
+
+
 def _as_one_job(toml: Path) -> Path:
     one = toml.parent / "one.toml"
     one.write_text(toml.read_text().replace("members = 2\n", "").replace("member_wait_s = 30\n", ""))

@@ -48,6 +48,11 @@ class Growth:
     gain_s: float = 0.0
     cost_s: float = 0.0
 
+    @property
+    def declined(self) -> bool:
+        """Growing was weighed and does not pay (not: no estimate yet, or no layout fits)."""
+        return not self.go and self.nodes_to > 0
+
     def record(self) -> dict[str, Any]:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()
                 if k not in ("go", "why")}

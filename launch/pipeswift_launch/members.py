@@ -10,7 +10,9 @@ lists the fresh seats in task order. Each member then reads the seal: listed, it
 its ranks at the offset the seal gives it (the first seat holds rank 0, and rank 0 publishes
 the rendezvous in the epoch's folder: :mod:`pipeswift_launch.rendezvous`); not listed (it sat
 down as the seal was made), it takes a seat in the next epoch, which the running epoch's rank 0
-sees (:func:`waiting`): the run grows at a step boundary when growing pays.
+sees (:func:`waiting`): the run grows at a step boundary when growing pays; where it does not,
+rank 0 declines the member (:func:`decline`), which then ends and gives its nodes back rather
+than hold them idle.
 
 An epoch is due when its seats hold the node range's bottom and every expected member sat down
 (at the start all; later those of the last epoch that did not say they left), or when the first
@@ -35,15 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeswift_slurm.errors import PswiftError
-from pipeswift_slurm.memberfiles import (DONE, FOLDER, FRESH_S, SEALED, Epoch, MembersError, Seat, epoch_dir,
-                                        finished, left_mark, newest_sealed, seats, sealed, waiting)
+from pipeswift_slurm.memberfiles import (DONE, FOLDER, FRESH_S, SEALED, Epoch, MembersError, Seat, declined_mark,
+                                        epoch_dir, finished, left_mark, newest_sealed, seats, sealed, waiting)
 from pipeswift_slurm.plan import read_plan, runnable
 from pipeswift_slurm.slurm.records import expand_hostlist
 from pipeswift_slurm.userfiles import create_private
 
 #: the records' reading side lives in pipeswift_slurm.memberfiles (`pswift status` reads them too)
-__all__ = ["DONE", "FOLDER", "FRESH_S", "SEALED", "Epoch", "MembersError", "Seat", "before_ended", "due", "epoch_dir",
-           "expected", "exports", "finish", "finished", "join", "leave", "main", "newest_sealed", "seats", "sealed",
+__all__ = ["DONE", "FOLDER", "FRESH_S", "SEALED", "Epoch", "MembersError", "Seat", "before_ended", "decline", "due",
+           "epoch_dir", "expected", "exports", "finish", "finished", "join", "leave", "main", "newest_sealed", "seats", "sealed",
            "waiting", "REJOIN_WAIT_S"]
 
 
@@ -85,6 +87,12 @@ def leave(epoch_folder: Path, task: int) -> None:
     """Member ``task`` leaves the epoch it trained in (preempted, cancelled, out of time): the
     next epoch does not wait for it (without the mark, REJOIN_WAIT_S for it)."""
     _mark(left_mark(epoch_folder, task))
+
+
+def decline(epoch_folder: Path, task: int) -> None:
+    """The running epoch's rank 0 does not take member ``task``, seated in ``epoch_folder``:
+    growing would not pay (grow.choose). The member gives its nodes back (:func:`join`)."""
+    _mark(declined_mark(epoch_folder, task))
 
 
 def finish(run_dir: Path) -> None:
@@ -129,8 +137,9 @@ REJOIN_WAIT_S = 20.0
 def join(run_dir: Path, task: int, job_id: str, nodes: tuple[str, ...], ranks: int, members: int,
          lo_nodes: int, wait_s: float, timeout_s: float, poll_s: float = 0.2) -> Epoch | None:
     """Take a seat in the next epoch and return it once sealed with this member in it (a seal
-    made without it: the epoch after); None once the run is done. Raises MembersError after
-    ``timeout_s``."""
+    made without it: the epoch after); None once the run is done, or when the running epoch
+    declined this member (:func:`decline`: its nodes are worth more to the cluster). Raises
+    MembersError after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     newest = newest_sealed(run_dir)
     number = 0 if newest is None else newest + 1
@@ -156,11 +165,34 @@ def join(run_dir: Path, task: int, job_id: str, nodes: tuple[str, ...], ranks: i
                 if any(s.task == task for s in epoch.seats):
                     return epoch
                 break          # sealed without this member: the next epoch
+            if declined_mark(folder, task).exists():
+                return _withdraw(run_dir, number, task, mine, poll_s)
             os.utime(mine, follow_symlinks=False)
             time.sleep(poll_s)
         number += 1
     raise MembersError(f"member {task} found no epoch to train in within {timeout_s:.0f} s: fewer than "
                        f"{lo_nodes} node(s) of members came; lower [resources] nodes' bottom or wait for the queue")
+
+
+#: the longest from a seal's maker reading the seats to the seal on disk (a read, a write)
+SEAL_S = 5.0
+
+
+def _withdraw(run_dir: Path, number: int, task: int, seat: Path, poll_s: float) -> Epoch | None:
+    """Member ``task``, declined, leaves epoch ``number``: its seat is removed, and once no seal
+    made from a read before that can still appear (SEAL_S), None: its job ends and its nodes go
+    back to the cluster. A seal that took it first (the running epoch ended just then) is
+    returned, and the member trains."""
+    try:
+        seat.unlink()
+    except OSError:
+        pass
+    until = time.monotonic() + SEAL_S
+    while True:
+        epoch = sealed(run_dir, number)
+        if epoch is not None or time.monotonic() >= until:
+            return epoch if epoch is not None and any(s.task == task for s in epoch.seats) else None
+        time.sleep(poll_s)
 
 
 #: how long a member waits for an epoch before it gives up (its job ends; the others go on)
@@ -197,7 +229,10 @@ def main(argv: list[str]) -> int:
         print(f"pswift: member of the run cannot join it: {e}", file=sys.stderr, flush=True)
         return 1
     if epoch is None:
-        print(f"pswift: job {job_id}: the run has trained every step; this member ends", file=sys.stderr, flush=True)
+        why = ("the run has trained every step" if finished(Path(plan["run_dir"])) else
+               "the run does not grow onto it (growing would not pay; the launcher's log says why) and its "
+               "node(s) go back to the cluster")
+        print(f"pswift: job {job_id}: {why}; this member ends", file=sys.stderr, flush=True)
         print(DONE, flush=True)
         return 0
     print(f"pswift: job {job_id}: member {task} trains in epoch {epoch.number} with members "

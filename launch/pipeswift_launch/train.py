@@ -575,15 +575,21 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
     epoch = int(os.environ.get("PSWIFT_EPOCH") or 0)
 
     def check() -> Any:
+        waiting = memberfiles.waiting(Path(plan["run_dir"]), epoch) if plan["members"] else []
         if plan["members"]:   # the nodes of members seated for the next epoch, not Slurm's free ones
-            free = sum(len(s.nodes) for s in memberfiles.waiting(Path(plan["run_dir"]), epoch))
+            free = sum(len(s.nodes) for s in waiting)
         else:
             state = slurm().cluster_state()
             own = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
             free = decide.free_nodes(state, plan["partition"], cpus, own)
-        return grow.choose(plan, denv.nodes, free, step_times[-20:], int(plan["training"]["steps"]) - att.step,
-                           att.setup_s + att.load_s, att.checkpoints.last_s or 0.0, predicted,
-                           requeue_s=0.0 if plan["members"] else grow.REQUEUE_S)
+        g = grow.choose(plan, denv.nodes, free, step_times[-20:], int(plan["training"]["steps"]) - att.step,
+                        att.setup_s + att.load_s, att.checkpoints.last_s or 0.0, predicted,
+                        requeue_s=0.0 if plan["members"] else grow.REQUEUE_S)
+        if g.declined and waiting:   # a member the run will not take gives its nodes back, not held idle
+            _log(0, f"member(s) {','.join(str(s.task) for s in waiting)} not taken ({g.why}): they end")
+            for s in waiting:
+                members.decline(memberfiles.epoch_dir(Path(plan["run_dir"]), epoch + 1), s.task)
+        return g
 
     w = grow.Watcher(check_s, check, signals.request_grow, lambda msg: _log(0, msg))
     w.start()
