@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import pswift, slow_example
+from helpers import paced_example, pswift, slow_example
 from pipeswift_launch import members
 from pipeswift_launch.members import Seat
 
@@ -326,3 +326,17 @@ def test_a_requeue_slurm_made_first_is_taken_as_done(tmp_path, monkeypatch):
                 client.requeue("240_2")
         else:
             assert client.requeue("240_2") is False
+
+
+@pytest.mark.parametrize("nodes", ["3", "6"])
+def test_pswift_run_of_members_refuses_nodes_that_are_not_whole_members(tmp_path: Path, nodes: str):
+    """`pswift run --nodes N` of a run of 2 members of 2 nodes: N must be 2 or 4 (whole members,
+    at most all of them); anything else is one line that says so, exit 2, no run directory."""
+    toml = paced_example(tmp_path / "ex", steps=10, members=2, nodes="[2, 4]")
+    toml.write_text(toml.read_text().replace("members = 2\n", "members = 2\nmember_nodes = 2\n"))
+    run = tmp_path / "run"
+    got = pswift("run", "--run-dir", str(run), "--nodes", nodes, str(toml), timeout=120)
+    assert got.returncode == 2, (got.stdout, got.stderr)
+    lines = got.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--nodes {nodes}" in lines[0] and "multiple of 2 up to 4" in lines[0], got.stderr
+    assert "Traceback" not in got.stderr and not run.exists()
