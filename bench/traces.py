@@ -207,13 +207,28 @@ def workload(jobs: list[TraceJob], machine: int, nodes: int, window_s: float, se
     return out
 
 
+def contended(jobs: list[WorkloadJob], nodes: int) -> int:
+    """How many of the high tenant's arrivals find the cluster full with a training job on it,
+    were every other job to run from its arrival for its run time (no queue): the arrivals
+    that would preempt a training job. A window is drawn for the preemptions it holds by this
+    count alone (``bench/workload.py --contended K``), never by how a policy fares on it."""
+    low = [j for j in jobs if not j.high]
+    count = 0
+    for h in (j for j in jobs if j.high):
+        running = [j for j in low if j.arrival_s <= h.arrival_s < j.arrival_s + j.run_s]
+        if any(j.training for j in running) and sum(j.nodes_asked for j in running) + h.nodes_asked > nodes:
+            count += 1
+    return count
+
+
 def summary(jobs: list[WorkloadJob], nodes: int) -> dict[str, float]:
     """What a window holds: its jobs, training jobs, the high tenant's, and the node-seconds it
     asks against the cluster's over the window's span (its offered load)."""
     span = max((j.arrival_s for j in jobs), default=0.0) or 1.0
     demand = sum(j.run_s * j.nodes_asked for j in jobs)
     return {"jobs": len(jobs), "training": sum(j.training for j in jobs), "high": sum(j.high for j in jobs),
-            "users": len({j.user for j in jobs}), "offered_load": demand / (nodes * span)}
+            "users": len({j.user for j in jobs}), "offered_load": demand / (nodes * span),
+            "contended": contended(jobs, nodes)}
 
 
 def main(argv: list[str] | None = None) -> int:

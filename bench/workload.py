@@ -26,6 +26,9 @@ exclusive, 1 rank per node, one stage per rank):
 - (M) P as members (issue 62): ``members`` = the range's top, one node each (a job array, each
   task scheduled and preempted alone; a range of one node stays one job). Judged against P
   (``paired`` ``M/P``): on windows whose high tenant preempts, members should lose less.
+  ``--contended K`` draws such windows by a rule fixed before any run: the first ``--seeds``
+  seeds whose window holds K arrivals of the high tenant that would find the cluster full with
+  a training job on it (bench/traces.py ``contended``), never by how a policy fares.
 
 Per policy, over every seed: mean, p50, p90 and p99 JCT and the mean bounded slowdown of the
 training jobs (submit to COMPLETED; bench/jctstats.py), the other jobs' mean wait and bounded
@@ -42,7 +45,8 @@ What it is not: one Unix user submits every job (the trace's users are labels: n
 4 nodes, not 64.
 
     scripts/with-slurm 22.05 python bench/workload.py [--trace FILE --window S --compression X --train-min-size N]
-                                                      [--seed 1 --seeds 1] [--policies T,L,H,S,P] [--quick] [--out ...]
+                                                      [--seed 1 --seeds 1 --contended K] [--policies T,L,H,S,P]
+                                                      [--quick] [--out ...]
 """
 
 from __future__ import annotations
@@ -476,6 +480,9 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--jobs", type=int, default=32, help="synthetic: arrivals (3 of 7 training jobs)")
     ap.add_argument("--seed", type=int, default=1, help="the first seed (the trace's window, the costs' errors)")
     ap.add_argument("--seeds", type=int, default=1, help="seeds, from --seed on; the policies' order rotates")
+    ap.add_argument("--contended", type=int, default=0,
+                    help="trace: only windows where at least this many of the high tenant's arrivals would preempt "
+                         "a training job (bench/traces.py contended); the first --seeds such seeds from --seed on")
     ap.add_argument("--policies", default="T,L,H,S,P", help="of T, L, H, S, P, M, comma-separated (P required)")
     ap.add_argument("--out")
     ap.add_argument("--picture", default=str(ROOT / "docs" / "workload.png"))
@@ -494,6 +501,25 @@ def arguments() -> argparse.Namespace:
     return args
 
 
+def draw_seeds(args: argparse.Namespace, tries: int = 10_000) -> list[int]:
+    """``--seeds`` seeds from ``--seed`` on; with ``--contended K``, the first ones whose trace
+    window holds K arrivals of the high tenant that would preempt a training job."""
+    if not args.contended:
+        return list(range(args.seed, args.seed + args.seeds))
+    if not args.trace:
+        raise SystemExit("workload: --contended reads a trace's windows: give --trace")
+    jobs, machine = traces.read_trace(args.trace)
+    out: list[int] = []
+    for seed in range(args.seed, args.seed + tries):
+        window = traces.workload(jobs, machine, NODES, args.window, seed, args.compression,
+                                 train_min_size=args.train_min_size)
+        if traces.contended(window, NODES) >= args.contended:
+            out.append(seed)
+            if len(out) == args.seeds:
+                return out
+    raise SystemExit(f"workload: fewer than {args.seeds} of {tries} windows hold {args.contended} contended arrivals")
+
+
 def arrivals_of(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
     if args.trace:
         return from_trace(args.trace, seed, args.window, args.compression, args.train_min_size)
@@ -503,7 +529,7 @@ def arrivals_of(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
 def main() -> None:
     args = arguments()
     pswift = shutil.which("pswift", path=str(Path(sys.executable).parent)) or "pswift"
-    seeds = list(range(args.seed, args.seed + args.seeds))
+    seeds = draw_seeds(args)
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in args.policies}
     try:
         windows = {seed: arrivals_of(args, seed) for seed in seeds}
@@ -522,7 +548,8 @@ def main() -> None:
     source = str(args.trace.name) if args.trace else "synthetic"
     res = {"benchmark": "workload", "source": source, "seeds": seeds, "policies": args.policies,
            "window_s": args.window, "compression": args.compression if args.trace else None,
-           "train_min_size": args.train_min_size if args.trace else None, "jobs_per_seed": {s: len(w) for s, w in windows.items()},
+           "train_min_size": args.train_min_size if args.trace else None,
+           "contended": args.contended, "jobs_per_seed": {s: len(w) for s, w in windows.items()},
            "summary": summary, "paired": paired(runs),
            "runs": {p: [{**{k: v for k, v in r.items() if k != "jobs"},
                          "jobs": [{k: v for k, v in j.items() if k != "held"} for j in r["jobs"]]} for r in rs]

@@ -106,3 +106,17 @@ def test_on_a_small_cluster_the_trace_size_decides_who_trains(rows, nodes, min_s
         assert 1 <= j.nodes_lo <= j.nodes_asked <= j.nodes_hi <= nodes
         if j.training and nodes >= 2:
             assert j.nodes_hi > j.nodes_asked or j.nodes_asked == nodes
+
+
+def _job(at: float, run: float, nodes: int, high: bool = False, training: bool = False) -> traces.WorkloadJob:
+    return traces.WorkloadJob(job=f"j{at}", arrival_s=at, run_s=run, nodes_lo=nodes, nodes_hi=nodes, nodes_asked=nodes,
+                              limit_s=run * 2, user="u", high=high, training=training)
+
+
+def test_a_high_arrival_is_contended_only_when_the_cluster_is_full_with_a_training_job_on_it():
+    train, plain = _job(0, 100, 2, training=True), _job(0, 100, 1)
+    assert traces.contended([train, plain, _job(10, 5, 2, high=True)], nodes=4) == 1      # 3 busy + 2 > 4
+    assert traces.contended([train, plain, _job(10, 5, 1, high=True)], nodes=4) == 0      # it fits beside them
+    assert traces.contended([train, plain, _job(150, 5, 4, high=True)], nodes=4) == 0     # they ended
+    assert traces.contended([_job(0, 100, 4), _job(10, 5, 1, high=True)], nodes=4) == 0   # no training job to take
+    assert traces.contended([train, _job(10, 5, 3, high=True), _job(20, 5, 3, high=True)], nodes=4) == 2
