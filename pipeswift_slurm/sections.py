@@ -43,8 +43,8 @@ class JobFields(NamedTuple):
     #: how much longer than the best layout's JCT (a fraction) the planner accepts to hold fewer
     #: node-hours; 0 takes the fastest whatever it costs
     jct_slack: float
-    #: how often a job below the top of its node range checks whether growing pays (≥ 5 s); 0
-    #: never grows
+    #: how often a job below the top of its node range checks whether growing pays (≥ 5 s; a run
+    #: of members every 5 s at most); 0 never grows
     grow_check_s: int
 
 

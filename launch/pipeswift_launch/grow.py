@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 #: seconds Slurm takes to start a requeued job when nodes are free (its requeue delay)
 REQUEUE_S = 10.0
+#: a run of members checks at least this often: its waiting members are files in the run
+#: directory (no Slurm query), and each idles its nodes until the run grows onto it or declines it
+MEMBERS_CHECK_S = 5.0
 
 
 @dataclass

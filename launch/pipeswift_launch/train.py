@@ -559,6 +559,8 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
     measured (the cost model over each count's measured cut), else from the planner's."""
     plan, denv = att.plan, att.denv
     check_s = float(plan["grow_check_s"])
+    if plan["members"] and check_s:   # its seats are files in the run directory, not a Slurm query
+        check_s = min(check_s, grow.MEMBERS_CHECK_S)
     counts = [int(n) for n in plan["layouts"]]
     if (att.rank != 0 or not check_s or denv.nodes >= max(counts)
             or not (plan["members"] or denv.job_id is not None and decide.may_grow(denv.attempt, plan["max_requeues"]))):
