@@ -29,6 +29,9 @@ exclusive, 1 rank per node, one stage per rank):
   ``--contended K`` draws such windows by a rule fixed before any run: the first ``--seeds``
   seeds whose window holds K arrivals of the high tenant that would find the cluster full with
   a training job on it (bench/traces.py ``contended``), never by how a policy fares.
+  ``--until-trained`` ends a policy's run once every training job ended and every other job
+  started (a trace's hour-long job would hold the bench for an hour): a plain job still running
+  ends at its start plus its sleep, marked ``cut`` (a preemption after the cut goes unseen).
 
 Per policy, over every seed: mean, p50, p90 and p99 JCT and the mean bounded slowdown of the
 training jobs (submit to COMPLETED; bench/jctstats.py), the other jobs' mean wait and bounded
@@ -45,7 +48,8 @@ What it is not: one Unix user submits every job (the trace's users are labels: n
 4 nodes, not 64.
 
     scripts/with-slurm 22.05 python bench/workload.py [--trace FILE --window S --compression X --train-min-size N]
-                                                      [--seed 1 --seeds 1 --contended K] [--policies T,L,H,S,P]
+                                                      [--seed 1 --seeds 1 --contended K --until-trained]
+                                                      [--policies T,L,H,S,P]
                                                       [--quick] [--out ...]
 """
 
@@ -63,7 +67,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
@@ -338,7 +342,24 @@ def submit(job: dict[str, Any], policy: str, i: int, tmp: Path, pswift: str, env
     return {"id": jid, "submit": t0, "run": str(run), **known, **job}
 
 
-def run_policy(policy: str, arrivals: list[dict[str, Any]], tmp: Path, pswift: str, timeout: float) -> dict:
+def settled(jobs: list[dict[str, Any]], seen: Callable[[str], dict[str, Any]], until_trained: bool) -> bool:
+    """Whether a policy's run is over: every job ended; with ``until_trained``, every training
+    job ended and every other job started (a plain job's end is then its start + its run time:
+    :func:`cut_short`)."""
+    if not until_trained:
+        return all(seen(j["id"]).get("end") for j in jobs)
+    return all(seen(j["id"]).get("end") if j["kind"] == "train" else seen(j["id"]).get("start") for j in jobs)
+
+
+def cut_short(j: dict[str, Any]) -> None:
+    """A plain job still running when its run was cut (``--until-trained``): it ends at its start
+    plus the seconds it sleeps (a preemption after the cut is not seen: ``cut`` marks it)."""
+    if j["kind"] == "plain" and j.get("start") and not j.get("end") and j.get("state") in ("RUNNING", "CANCELLED"):
+        j.update(end=j["start"] + float(j["run_s"]), state="COMPLETED", cut=True)
+
+
+def run_policy(policy: str, arrivals: list[dict[str, Any]], tmp: Path, pswift: str, timeout: float,
+               until_trained: bool = False) -> dict:
     env = {**os.environ, "PSWIFT_HOME": str(tmp / f"{policy}-home"), "PSWIFT_HOST_CORES": "64",
            "PSWIFT_RANKS_PER_HOST": "1"}
     poller = Poller()
@@ -350,14 +371,17 @@ def run_policy(policy: str, arrivals: list[dict[str, Any]], tmp: Path, pswift: s
             time.sleep(max(0.0, t0 + job["at"] - time.time()))
             jobs.append(submit(job, policy, i, tmp, pswift, env))
         deadline = time.time() + timeout
-        while time.time() < deadline and not all(poller.job(j["id"]).get("end") for j in jobs):
+        while time.time() < deadline and not settled(jobs, poller.job, until_trained):
             time.sleep(2)
+        running = {j["id"] for j in jobs if poller.job(j["id"]).get("state") == "RUNNING"}
     finally:
         poller.stop.set()
         poller.join()
         subprocess.run(["scancel", *[j["id"] for j in jobs]], capture_output=True, timeout=60)
     for j in jobs:
         j.update({k: poller.job(j["id"]).get(k) for k in ("start", "end", "state", "held", "requeues", "tasks")})
+        if until_trained and j["id"] in running:
+            cut_short(j)
     return {"t0": t0, "jobs": jobs}
 
 
@@ -432,6 +456,7 @@ def _span(run: dict[str, Any]) -> tuple[float | None, float | None]:
         return None, None
     makespan = max(ends) - run["t0"]
     node_s = sum(_nodes_in(nl) for j in run["jobs"] for _, nl in j["held"] or [])
+    node_s += sum(j["nodes"] * max(0.0, j["end"] - j["held"][-1][0]) for j in run["jobs"] if j.get("cut") and j["held"])
     return makespan, node_s / (NODES * makespan)
 
 
@@ -483,6 +508,9 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--contended", type=int, default=0,
                     help="trace: only windows where at least this many of the high tenant's arrivals would preempt "
                          "a training job (bench/traces.py contended); the first --seeds such seeds from --seed on")
+    ap.add_argument("--until-trained", action="store_true",
+                    help="a policy's run ends once every training job ended and every other job started; a plain "
+                         "job still running ends at its start + its run time (it only sleeps), marked cut")
     ap.add_argument("--policies", default="T,L,H,S,P", help="of T, L, H, S, P, M, comma-separated (P required)")
     ap.add_argument("--out")
     ap.add_argument("--picture", default=str(ROOT / "docs" / "workload.png"))
@@ -539,7 +567,8 @@ def main() -> None:
         for n, seed in enumerate(seeds):
             order = args.policies[n % len(args.policies):] + args.policies[:n % len(args.policies)]
             for policy in order:
-                got = run_policy(policy, windows[seed], Path(tmp) / f"s{seed}", pswift, timeout=3600)
+                got = run_policy(policy, windows[seed], Path(tmp) / f"s{seed}", pswift, timeout=3600,
+                                 until_trained=args.until_trained)
                 runs[policy].append({**got, "seed": seed})
                 print(f"seed {seed} ({policy}) {json.dumps(summarise([got]))}", flush=True)
         summary = {p: summarise(runs[p]) for p in args.policies}   # reads the runs' events: before they go
@@ -549,7 +578,7 @@ def main() -> None:
     res = {"benchmark": "workload", "source": source, "seeds": seeds, "policies": args.policies,
            "window_s": args.window, "compression": args.compression if args.trace else None,
            "train_min_size": args.train_min_size if args.trace else None,
-           "contended": args.contended, "jobs_per_seed": {s: len(w) for s, w in windows.items()},
+           "contended": args.contended, "until_trained": args.until_trained, "jobs_per_seed": {s: len(w) for s, w in windows.items()},
            "summary": summary, "paired": paired(runs),
            "runs": {p: [{**{k: v for k, v in r.items() if k != "jobs"},
                          "jobs": [{k: v for k, v in j.items() if k != "held"} for j in r["jobs"]]} for r in rs]

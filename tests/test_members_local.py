@@ -63,10 +63,11 @@ def test_a_member_back_too_late_to_pay_is_declined_and_gives_its_node_back(tmp_p
     """Member 1 leaves; back from the queue, growing onto it would not pay (the user gives up
     to 60 % of JCT for fewer node-hours, and 2 nodes step 44 % faster), so rank 0 declines it
     and it ends while member 0 trains on: its node is not held idle to the run's end (the
-    workload bench's other users paid for that)."""
+    workload bench's other users paid for that). grow_check_s is an hour: a run of members
+    checks its waiting seats every 5 s whatever it says (files, not a Slurm query)."""
     toml = paced_example(tmp_path / "ex", steps=STEPS, members=2, nodes="[1, 2]")
     toml.write_text(toml.read_text().replace("member_wait_s = 120", "member_wait_s = 30")
-                    .replace("grow_check_s = 5\n", "grow_check_s = 5\njct_slack = 0.6\n"))
+                    .replace("grow_check_s = 5\n", "grow_check_s = 3600\njct_slack = 0.6\n"))
     run = tmp_path / "run"
     proc = subprocess.Popen([*PSWIFT, "run", "--run-dir", str(run), str(toml)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -39,3 +39,23 @@ def test_two_trainings_of_one_run_side_by_side_are_counted(tmp_path):
 
 def test_a_step_missing_is_lost(tmp_path):
     assert outcome(tmp_path, [start(0), *steps(1, 2, 4)], 4)[0] is False
+
+
+def test_until_trained_ends_a_run_once_training_ended_and_every_other_job_started():
+    jobs = [{"id": "1", "kind": "train"}, {"id": "2", "kind": "plain"}]
+    seen = {"1": {"start": 5.0, "end": 50.0}, "2": {"start": 10.0, "end": None}}
+    assert workload.settled(jobs, seen.__getitem__, until_trained=True)
+    assert not workload.settled(jobs, seen.__getitem__, until_trained=False)     # the plain job still sleeps
+    seen["2"]["start"] = None
+    assert not workload.settled(jobs, seen.__getitem__, until_trained=True)      # it has not started
+    seen["1"]["end"], seen["2"]["start"] = None, 10.0
+    assert not workload.settled(jobs, seen.__getitem__, until_trained=True)      # training goes on
+
+
+def test_a_plain_job_cut_short_ends_at_its_start_plus_its_sleep_and_says_so():
+    j = {"kind": "plain", "start": 100.0, "end": None, "state": "RUNNING", "run_s": 30.0}
+    workload.cut_short(j)
+    assert j == {"kind": "plain", "start": 100.0, "end": 130.0, "state": "COMPLETED", "run_s": 30.0, "cut": True}
+    t = {"kind": "train", "start": 100.0, "end": None, "state": "RUNNING", "run_s": 30.0}
+    workload.cut_short(t)
+    assert t["end"] is None and "cut" not in t                                   # a training job is never cut
