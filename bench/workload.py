@@ -409,6 +409,30 @@ def _train_outcome(j: dict[str, Any]) -> tuple[bool, int, int]:
             overlapped)
 
 
+def _useful_node_s(j: dict[str, Any]) -> float:
+    """A training job's node-seconds of steps that count: each step's time (its last run: one
+    run again after a restart counts once) x the nodes of the launch that ran it."""
+    try:
+        evs = [json.loads(x) for x in (Path(j["run"]) / "events.jsonl").read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return 0.0
+    nodes, last = 1, {}
+    for e in evs:
+        if e["event"] == "start":
+            nodes = int(e.get("nodes") or 1)
+        elif e["event"] == "step":
+            last[e["step"]] = float(e.get("step_time") or 0.0) * nodes
+    return sum(last.values())
+
+
+def goodput(train: list[dict[str, Any]]) -> float | None:
+    """The training jobs' goodput: node-seconds of steps that count over the node-seconds they
+    held (squeue, one poll a second; a member waiting to join holds its node too). Set-up,
+    checkpoints, steps run again, waits for an epoch and relaunches are the rest."""
+    held = sum(_nodes_in(nl) for j in train for _, nl in j.get("held") or [])
+    return sum(_useful_node_s(j) for j in train) / held if held else None
+
+
 def _relaunched_between(evs: list[dict[str, Any]], before: int, after: int) -> bool:
     """Whether a launch started from a step at or below ``after`` once step ``before`` was
     logged (a restart from a checkpoint: the steps since it are run again, in order)."""
@@ -443,7 +467,9 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "utilisation": _mean([u for _, u in spans if u is not None]),
             "time_limit_requeues": sum(n for _, n, _ in outcomes),
             "steps_out_of_order": sum(n for _, _, n in outcomes),
-            "train_requeues": sum(j.get("requeues") or 0 for j in train),
+            "train_requeues": sum(j.get("requeues") or 0 for j in train), "goodput": goodput(train),
+            "others_cut": sum(1 for j in plain if j.get("cut")),
+            "others_preempted": sum(1 for j in plain if j["state"] == "PREEMPTED"),
             "lost": sum(1 for ok, _, _ in outcomes if not ok) + sum(1 for j in plain if j["state"] != "COMPLETED"),
             "start_error_median_s": {"pswift": _median(err("pswift_start")), "slurm": _median(err("slurm_start"))}}
 
@@ -617,7 +643,9 @@ def figures(summary: dict[str, Any], pair: dict[str, dict]) -> str:
     p90 = " / ".join(f"{_fmt(s['jct_p90_s'])} ({k})" for k, s in summary.items())
     others = " / ".join(f"{_fmt(s['others_bsld_mean'], 2)} ({k})" for k, s in summary.items())
     return (f"training JCT mean {means} s; p90 {p90} s; paired mean JCT {ratios}; other users' bounded "
-            f"slowdown {others}; lost " + "/".join(str(s["lost"]) for s in summary.values())
+            f"slowdown {others}; training goodput "
+            + " / ".join(f"{_fmt(s.get('goodput'), 2)} ({k})" for k, s in summary.items())
+            + "; lost " + "/".join(str(s["lost"]) for s in summary.values())
             + f"; start-time error (P, median) pswift {_fmt(err['pswift'])} s, Slurm {_fmt(err['slurm'])} s")
 
 
