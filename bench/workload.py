@@ -344,11 +344,12 @@ def submit(job: dict[str, Any], policy: str, i: int, tmp: Path, pswift: str, env
 
 def settled(jobs: list[dict[str, Any]], seen: Callable[[str], dict[str, Any]], until_trained: bool) -> bool:
     """Whether a policy's run is over: every job ended; with ``until_trained``, every training
-    job ended and every other job started (a plain job's end is then its start + its run time:
-    :func:`cut_short`)."""
+    job ended and every other job started or ended (one that slept under the poll's second is
+    seen ended, never running; a plain job's end is its start + its run time: :func:`cut_short`)."""
     if not until_trained:
         return all(seen(j["id"]).get("end") for j in jobs)
-    return all(seen(j["id"]).get("end") if j["kind"] == "train" else seen(j["id"]).get("start") for j in jobs)
+    return all(seen(j["id"]).get("end") if j["kind"] == "train" else
+               seen(j["id"]).get("start") or seen(j["id"]).get("end") for j in jobs)
 
 
 def cut_short(j: dict[str, Any]) -> None:

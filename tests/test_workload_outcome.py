@@ -48,6 +48,9 @@ def test_until_trained_ends_a_run_once_training_ended_and_every_other_job_starte
     assert not workload.settled(jobs, seen.__getitem__, until_trained=False)     # the plain job still sleeps
     seen["2"]["start"] = None
     assert not workload.settled(jobs, seen.__getitem__, until_trained=True)      # it has not started
+    seen["2"]["end"] = 12.0
+    assert workload.settled(jobs, seen.__getitem__, until_trained=True)          # it ended within a poll
+    seen["2"]["end"] = None
     seen["1"]["end"], seen["2"]["start"] = None, 10.0
     assert not workload.settled(jobs, seen.__getitem__, until_trained=True)      # training goes on
 
