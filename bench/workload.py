@@ -605,7 +605,8 @@ def main() -> None:
     res = {"benchmark": "workload", "source": source, "seeds": seeds, "policies": args.policies,
            "window_s": args.window, "compression": args.compression if args.trace else None,
            "train_min_size": args.train_min_size if args.trace else None,
-           "contended": args.contended, "until_trained": args.until_trained, "jobs_per_seed": {s: len(w) for s, w in windows.items()},
+           "contended": args.contended, "until_trained": args.until_trained,
+           "jobs_per_seed": {s: len(w) for s, w in windows.items()},
            "summary": summary, "paired": paired(runs),
            "runs": {p: [{**{k: v for k, v in r.items() if k != "jobs"},
                          "jobs": [{k: v for k, v in j.items() if k != "held"} for j in r["jobs"]]} for r in rs]

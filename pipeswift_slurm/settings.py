@@ -117,7 +117,8 @@ SETTINGS: tuple[Setting, ...] = (
       "the planner accepts to hold fewer node-hours; 0 takes the fastest whatever it costs",
       lo=0.0, hi=1.0, plan="top"),
     S("job", "grow_check_s", "special", 60, "how often a job below the top of its node range "
-      "checks whether growing pays (≥ 5 s; a run of members every 5 s at most); 0 never grows", lo=0, hi=86400, plan="top", json=(int,), py="int"),
+      "checks whether growing pays (≥ 5 s; a run of members every 5 s at most); 0 never grows",
+      lo=0, hi=86400, plan="top", json=(int,), py="int"),
     # [resources]
     S("resources", "nodes", "special", 1, "an integer or `[min, max]`: the job takes what is free "
       "and adapts its layout", fields=(("nodes_min", "int", "the least node count the job runs on"),

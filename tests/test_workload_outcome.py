@@ -65,8 +65,10 @@ def test_a_plain_job_cut_short_ends_at_its_start_plus_its_sleep_and_says_so():
 
 
 def test_goodput_counts_each_step_once_at_its_launchs_nodes_over_the_node_seconds_held(tmp_path):
-    evs = [{"event": "start", "nodes": 2, "step": 0}, *({"event": "step", "step": n, "step_time": 1.0} for n in (1, 2, 3)),
-           {"event": "start", "nodes": 1, "step": 2}, *({"event": "step", "step": n, "step_time": 2.0} for n in (3, 4))]
+    evs = [{"event": "start", "nodes": 2, "step": 0},
+           *({"event": "step", "step": n, "step_time": 1.0} for n in (1, 2, 3)),
+           {"event": "start", "nodes": 1, "step": 2},
+           *({"event": "step", "step": n, "step_time": 2.0} for n in (3, 4))]
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evs))
     held = [(float(t), "node[1-2]") for t in range(10)] + [(10.0 + t, "node1") for t in range(10)]   # 30 node-s
     job = {"run": str(tmp_path), "held": held}

@@ -45,8 +45,8 @@ from pipeswift_slurm.userfiles import create_private
 
 #: the records' reading side lives in pipeswift_slurm.memberfiles (`pswift status` reads them too)
 __all__ = ["DONE", "FOLDER", "FRESH_S", "SEALED", "Epoch", "MembersError", "Seat", "before_ended", "decline", "due",
-           "epoch_dir", "expected", "exports", "finish", "finished", "join", "leave", "main", "newest_sealed", "seats", "sealed",
-           "waiting", "REJOIN_WAIT_S"]
+           "epoch_dir", "expected", "exports", "finish", "finished", "join", "leave", "main", "newest_sealed", "seats",
+           "sealed", "waiting", "REJOIN_WAIT_S"]
 
 
 def due(seats: list[Seat], expected: set[int], lo_nodes: int, now: float, wait_s: float) -> bool:
