@@ -17,7 +17,8 @@ TRAINING = {"checkpoint.py": "ratios", "step_time_model.py": "summary", "overhea
             "schedules.py": "cells", "gloo_posted.py": "backward_over_idle"}
 CLUSTER = {"submit_latency.py": "ratio", "slurm_backends.py": "cli_cold_median_ms", "dynamic.py": "ratios",
            "goodput.py": "goodput", "workload.py": "summary", "members.py": "ratio"}
-HELPERS = {"benchlib.py", "readme.py", "traces.py", "jctstats.py"}   # libraries (tests/test_traces.py, tests/test_jctstats.py)
+HELPERS = {"benchlib.py", "readme.py", "traces.py", "jctstats.py",   # libraries (tests/test_traces.py,
+           "workload_outcome.py"}                                  # tests/test_jctstats.py, tests/test_workload_outcome.py)
 
 
 def bench(name: str, key: str | None, tmp_path: Path) -> dict:
