@@ -46,8 +46,8 @@ def test_a_preempted_member_leaves_and_the_other_trains_on_in_its_own_allocation
     member 1's node; member 0 commits the stop's checkpoint with it, then trains on alone (1
     stage) from step k + 1 in its own allocation (Restarts=0), and the run completes; every step
     trained once, each loss the uninterrupted 2-node run's (bit for bit to the stop, on 1 stage
-    after it within the 1- and 2-stage runs' own difference). Member 1, requeued, finds the run
-    done when it starts again and ends."""
+    after it within the 1- and 2-stage runs' own difference). Member 1, requeued, ends without
+    training again: the run is done, or growing onto it would not pay (declined)."""
     toml = slow_example(tmp_path / "ex", {"nodes": "[1, 2]", "steps": "40", "checkpoint_interval": "0"})
     # members on nodes of their own (the dev cluster's nodes would hold both): a node's preemption takes one
     toml.write_text(toml.read_text().replace("[resources]\n", "[resources]\nmembers = 2\nmember_wait_s = 120\n", 1)
@@ -79,7 +79,11 @@ def test_a_preempted_member_leaves_and_the_other_trains_on_in_its_own_allocation
     final = wait_members(array, {"COMPLETED"})
     assert final[1]["Restarts"] == "1", slurm_log(run)[-4000:]
     log = slurm_log(run)
-    assert "the run has trained every step; this member ends" in log, log[-4000:]
+    # member 1 ends without training again: it comes back after the run is done, or (a node free
+    # sooner, as in CI) while member 0 trains on, and is declined: on this host 2 nodes step
+    # under 10 % faster than 1, so growing would not pay and it gives its node back
+    assert ("the run has trained every step; this member ends" in log
+            or "the run does not grow onto it" in log and "member(s) 1 not taken" in log), log[-4000:]
     evs = run_events(run, torn_ok=True)
     starts = [e for e in evs if e["event"] == "start"]
     assert [(e["nodes"], e["stages"]) for e in starts] == [(2, 2), (1, 1)], starts
