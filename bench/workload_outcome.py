@@ -25,13 +25,20 @@ def _waits_and_runs(jobs: list[dict[str, Any]]) -> list[tuple[float, float]]:
     return [(j["start"] - j["submit"], j["end"] - j["start"]) for j in jobs if j.get("start") and j.get("end")]
 
 
+def _events(j: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A training job's events (its run directory's events.jsonl); None when unreadable."""
+    try:
+        return [json.loads(x) for x in (Path(j["run"]) / "events.jsonl").read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return None
+
+
 def _train_outcome(j: dict[str, Any]) -> tuple[bool, int, int]:
     """(completed with every step, attempts that ended at a time limit, steps trained more than
     once beyond those a restart from a checkpoint runs again) from the run's events: a step
     logged twice by launches that overlap in time is two trainings of one run."""
-    try:
-        evs = [json.loads(x) for x in (Path(j["run"]) / "events.jsonl").read_text().splitlines() if x.strip()]
-    except (OSError, ValueError):
+    evs = _events(j)
+    if evs is None:
         return False, 0, 0
     steps = [e["step"] for e in evs if e["event"] == "step"]
     ends = [e.get("reason") for e in evs if e["event"] == "end"]
@@ -43,10 +50,7 @@ def _train_outcome(j: dict[str, Any]) -> tuple[bool, int, int]:
 def _useful_node_s(j: dict[str, Any]) -> float:
     """A training job's node-seconds of steps that count: each step's time (its last run: one
     run again after a restart counts once) x the nodes of the launch that ran it."""
-    try:
-        evs = [json.loads(x) for x in (Path(j["run"]) / "events.jsonl").read_text().splitlines() if x.strip()]
-    except (OSError, ValueError):
-        return 0.0
+    evs = _events(j) or []
     nodes, last = 1, {}
     for e in evs:
         if e["event"] == "start":
