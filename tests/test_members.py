@@ -233,9 +233,11 @@ def test_members_are_one_array_in_the_batch_script(tmp_path):
         toml.write_text(toml.read_text().replace(wrong, "members = 2\nmember_nodes = 2"))
 
 
-def test_auto_makes_members_only_where_the_partition_preempts(tmp_path):
+def test_auto_makes_members_only_where_the_partition_preempts_and_a_preemption_costs_them_less(tmp_path):
     """planning.members: members = "auto" weighs the partition's preemptions over the run's
-    expected hours on its nodes; a partition that never preempted a pswift job: one job."""
+    expected hours on its nodes, then what one costs: one job waits for the bottom and starts
+    again; members relaunch twice and train on the nodes left meanwhile. A partition that never
+    preempted a pswift job, or a queue that gives a requeued job back at once: one job."""
     from types import SimpleNamespace
 
     from pipeswift_slurm.config import load_config
@@ -244,16 +246,29 @@ def test_auto_makes_members_only_where_the_partition_preempts(tmp_path):
     toml.write_text(toml.read_text().replace("[resources]\n", '[resources]\nmembers = "auto"\n', 1))
     cfg = load_config(toml)
 
-    def planned(per_hour: float, train_s: float):
-        est = SimpleNamespace(setup_s=60.0, train_s=train_s, checkpoint_s=0.0, queue_s=1800.0)
-        return SimpleNamespace(chosen=SimpleNamespace(estimate=est),
+    def planned(per_hour: float, train_s: float, queue_s: float = 1800.0, steps: dict | None = None):
+        steps = {2: 1.9, 3: 1.3, 4: 1.0} if steps is None else steps   # seconds a step per node count
+        est = SimpleNamespace(setup_s=60.0, train_s=train_s, checkpoint_s=0.0, queue_s=queue_s, step_s=1.0)
+        best = {n: SimpleNamespace(estimate=SimpleNamespace(**{**est.__dict__, "step_s": s,
+                                                                   "queue_s": queue_s + 100 * (n == 2)}))
+                for n, s in steps.items()}
+        return SimpleNamespace(chosen=SimpleNamespace(estimate=est, est=est), best_per_nodes=lambda: best,
                                interruptions=interval.Interruptions(preemptions_per_hour=per_hour))
     n, why = choice.choose(cfg, planned(0.0, 36000.0))
     assert n == 0 and why.startswith("one job: partition low preempted 0 pswift job(s) an hour"), why
     n, why = choice.choose(cfg, planned(0.05, 540.0))     # 0.05 an hour over 10 minutes: 0.0083
     assert n == 0 and "0.0083 preemption(s)" in why and "members would not pay" in why, why
-    n, why = choice.choose(cfg, planned(0.5, 3540.0))     # 0.5 an hour over an hour
+    # 0.5 an hour over an hour; one job waits 1900 s (the bottom's, 2 nodes) and sets up 60 s:
+    # 1960 s; members 2 x 60 s + 1960 s x (1 - 1.0 / 1.3) = 572 s
+    n, why = choice.choose(cfg, planned(0.5, 3540.0))
     assert n == 4 and why.startswith("4 members: ") and "0.5 preemption(s) expected" in why, why
+    assert "each costing one job 1960 s and members 572 s" in why and "3 node(s) step 1.30x slower than 4" in why, why
+    # the queue gives a preempted job back soon (110 s for the bottom): one job 170 s; members, a step
+    # 1.5x slower on the nodes left, 120 + 170 x (1 - 1 / 1.5) = 177 s: one job
+    n, why = choice.choose(cfg, planned(0.5, 3540.0, queue_s=10.0, steps={2: 1.9, 3: 1.5, 4: 1.0}))
+    assert n == 0 and "each costing one job 170 s and members 177 s" in why and "members would not pay" in why, why
+    n, why = choice.choose(cfg, planned(0.5, 3540.0, steps={2: 1.9, 4: 1.0}))   # no layout on 3 nodes
+    assert n == 0 and "no step time for 3 node(s)" in why, why
     assert choice.choose(cfg, None) == (0, "one job: no estimate of the run to weigh members against")
     toml.write_text(toml.read_text().replace('members = "auto"', 'members = "auto"\nmember_nodes = 3'))
     n, why = choice.choose(load_config(toml), planned(0.5, 3540.0))

@@ -3,11 +3,21 @@
 
 A preempted job goes back to the queue and waits there again, for its node range's bottom; a
 run of members loses only the preempted member, and the others train on after a relaunch in
-their own allocations. Members pay where preemptions are expected during the run: ``[resources]
-members = "auto"`` makes the run members when the partition's history (its preemptions of
-pswift jobs per hour, over the run's expected hours on the nodes) expects at least
-``MIN_EXPECTED`` preemptions; where it expects fewer, or the node range is not a whole number
-of at least two members, one job. A number is the user's, and stays.
+their own allocations. ``[resources] members = "auto"`` weighs one against the other, per
+preemption the partition's history expects over the run (its preemptions of pswift jobs an
+hour x the run's expected hours on the nodes):
+
+- one job: it waits in the queue again (the planner's wait for the range's bottom) and starts
+  again (its setup);
+- members: the run relaunches twice in place (a setup as the member leaves, another as it comes
+  back), and while the member is away (the same wait, counted in full: a member's nodes are
+  never more than the bottom's) the others train at the step time of the nodes left.
+
+Members where at least ``MIN_EXPECTED`` preemptions are expected and a preemption costs members
+less; else, or where the node range is not a whole number of at least two members, one job. A
+number is the user's, and stays. The workload bench (docs/benchmarks.md, "Reading the workload
+row with members") is why the price is weighed, not the rate alone: members forced on every
+training job of a window lost to one job (M/P 1.13).
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from pipeswift_slurm.durations import duration
 
 if TYPE_CHECKING:
     from pipeswift_slurm.config import TrainConfig
-    from pipeswift_slurm.planning.planner import PlanResult
+    from pipeswift_slurm.planning.planner import Candidate, Estimate, PlanResult
 
 #: preemptions expected over the run from which members pay: one chance in ten
 MIN_EXPECTED = 0.1
@@ -45,6 +55,31 @@ def choose(cfg: TrainConfig, planned: PlanResult | None) -> tuple[int, str]:
     if expected < MIN_EXPECTED:
         return 0, (f"one job: {seen}, {expected:.2g} preemption(s) over the run's {duration(hours * 3600)} on "
                    f"its nodes, under {MIN_EXPECTED:g}: members would not pay")
+    price = preemption_costs(planned.best_per_nodes(), est, top, size, r.nodes_min)
+    if price is None:
+        return 0, f"one job: {seen}, but no step time for {top - size} node(s) to weigh a member's loss with"
+    one_s, members_s, why = price
+    if members_s >= one_s:
+        return 0, (f"one job: {seen}, {expected:.2g} preemption(s) expected, each costing one job {one_s:.0f} s "
+                   f"and members {members_s:.0f} s ({why}): members would not pay")
     return top // size, (f"{top // size} members: {seen}, {expected:.2g} preemption(s) expected over the run's "
-                         f"{duration(hours * 3600)}; each would send one job back to the queue (now "
-                         f"{duration(est.queue_s)} to start), while members train on")
+                         f"{duration(hours * 3600)}, each costing one job {one_s:.0f} s and members "
+                         f"{members_s:.0f} s ({why})")
+
+
+def preemption_costs(best: dict[int, Candidate], chosen: Estimate, top: int, size: int,
+                     bottom: int) -> tuple[float, float, str] | None:
+    """Seconds one preemption costs the run as one job and as members of ``size`` node(s), and
+    how, from the planner's best layout per node count (``best``) and its chosen one's estimate;
+    None without a step time for the top and for one member fewer."""
+    full, fewer = best.get(top), best.get(top - size)
+    if full is None or fewer is None or full.estimate is None or fewer.estimate is None:
+        return None
+    at_bottom = best.get(bottom)
+    wait = (at_bottom.estimate if at_bottom is not None and at_bottom.estimate is not None else chosen).queue_s
+    setup = chosen.setup_s
+    lost = max(0.0, 1.0 - full.estimate.step_s / fewer.estimate.step_s)
+    one_s = wait + setup
+    members_s = 2 * setup + (wait + setup) * lost
+    return one_s, members_s, (f"a wait of {wait:.0f} s and a setup of {setup:.0f} s; {top - size} node(s) step "
+                              f"{fewer.estimate.step_s / full.estimate.step_s:.2f}x slower than {top}")
