@@ -25,19 +25,19 @@ def _waits_and_runs(jobs: list[dict[str, Any]]) -> list[tuple[float, float]]:
     return [(j["start"] - j["submit"], j["end"] - j["start"]) for j in jobs if j.get("start") and j.get("end")]
 
 
-def _events(j: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """A training job's events (its run directory's events.jsonl); None when unreadable."""
+def events_of(j: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A training job's events (its run directory's events.jsonl, read once per job by
+    :func:`summarise`); None when unreadable."""
     try:
         return [json.loads(x) for x in (Path(j["run"]) / "events.jsonl").read_text().splitlines() if x.strip()]
     except (OSError, ValueError):
         return None
 
 
-def _train_outcome(j: dict[str, Any]) -> tuple[bool, int, int]:
+def _train_outcome(j: dict[str, Any], evs: list[dict[str, Any]] | None) -> tuple[bool, int, int]:
     """(completed with every step, attempts that ended at a time limit, steps trained more than
-    once beyond those a restart from a checkpoint runs again) from the run's events: a step
-    logged twice by launches that overlap in time is two trainings of one run."""
-    evs = _events(j)
+    once beyond those a restart from a checkpoint runs again) from the run's events ``evs``: a
+    step logged twice by launches that overlap in time is two trainings of one run."""
     if evs is None:
         return False, 0, 0
     steps = [e["step"] for e in evs if e["event"] == "step"]
@@ -47,12 +47,11 @@ def _train_outcome(j: dict[str, Any]) -> tuple[bool, int, int]:
             overlapped)
 
 
-def _useful_node_s(j: dict[str, Any]) -> float:
-    """A training job's node-seconds of steps that count: each step's time (its last run: one
-    run again after a restart counts once) x the nodes of the launch that ran it."""
-    evs = _events(j) or []
+def _useful_node_s(evs: list[dict[str, Any]] | None) -> float:
+    """A training job's node-seconds of steps that count, from its events: each step's time (its
+    last run: one run again after a restart counts once) x the nodes of the launch that ran it."""
     nodes, last = 1, {}
-    for e in evs:
+    for e in evs or []:
         if e["event"] == "start":
             nodes = int(e.get("nodes") or 1)
         elif e["event"] == "step":
@@ -60,12 +59,13 @@ def _useful_node_s(j: dict[str, Any]) -> float:
     return sum(last.values())
 
 
-def goodput(train: list[dict[str, Any]]) -> float | None:
-    """The training jobs' goodput: node-seconds of steps that count over the node-seconds they
-    held (squeue, one poll a second; a member waiting to join holds its node too). Set-up,
-    checkpoints, steps run again, waits for an epoch and relaunches are the rest."""
+def goodput(train: list[dict[str, Any]], events: list[list[dict[str, Any]] | None]) -> float | None:
+    """The training jobs' goodput: node-seconds of steps that count (``events``: each job's)
+    over the node-seconds they held (squeue, one poll a second; a member waiting to join holds
+    its node too). Set-up, checkpoints, steps run again, waits for an epoch and relaunches are
+    the rest."""
     held = sum(nodes_in(nl) for j in train for _, nl in j.get("held") or [])
-    return sum(_useful_node_s(j) for j in train) / held if held else None
+    return sum(_useful_node_s(evs) for evs in events) / held if held else None
 
 
 def _relaunched_between(evs: list[dict[str, Any]], before: int, after: int) -> bool:
@@ -88,7 +88,8 @@ def summarise(runs: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
     train = [j for j in jobs if j["kind"] == "train"]
     plain = [j for j in jobs if j["kind"] == "plain"]
     jct = [j["end"] - j["submit"] for j in train if j["end"]]
-    outcomes = [_train_outcome(j) for j in train]
+    events = [events_of(j) for j in train]
+    outcomes = [_train_outcome(j, evs) for j, evs in zip(train, events)]
     spans = [_span(run, nodes) for run in runs]
     started = [j for j in train if j.get("start")]
 
@@ -102,7 +103,7 @@ def summarise(runs: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
             "utilisation": _mean([u for _, u in spans if u is not None]),
             "time_limit_requeues": sum(n for _, n, _ in outcomes),
             "steps_out_of_order": sum(n for _, _, n in outcomes),
-            "train_requeues": sum(j.get("requeues") or 0 for j in train), "goodput": goodput(train),
+            "train_requeues": sum(j.get("requeues") or 0 for j in train), "goodput": goodput(train, events),
             "others_cut": sum(1 for j in plain if j.get("cut")),
             "others_preempted": sum(1 for j in plain if j["state"] == "PREEMPTED"),
             "lost": sum(1 for ok, _, _ in outcomes if not ok) + sum(1 for j in plain if j["state"] != "COMPLETED"),

@@ -17,7 +17,8 @@ import workload_outcome  # noqa: E402
 
 def outcome(tmp_path: Path, events: list[dict], steps: int) -> tuple[bool, int, int]:
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    return workload_outcome._train_outcome({"run": str(tmp_path), "state": "COMPLETED", "steps": steps})
+    job = {"run": str(tmp_path), "state": "COMPLETED", "steps": steps}
+    return workload_outcome._train_outcome(job, workload_outcome.events_of(job))
 
 
 def start(step: int) -> dict:
@@ -75,5 +76,6 @@ def test_goodput_counts_each_step_once_at_its_launchs_nodes_over_the_node_second
     held = [(float(t), "node[1-2]") for t in range(10)] + [(10.0 + t, "node1") for t in range(10)]   # 30 node-s
     job = {"run": str(tmp_path), "held": held}
     # steps 1, 2 on 2 nodes (2 node-s each), 3 run again and 4 on 1 node (2 node-s each): 8 of 30
-    assert workload_outcome.goodput([job]) == 8 / 30
-    assert workload_outcome.goodput([{"run": str(tmp_path), "held": []}]) is None
+    assert workload_outcome.goodput([job], [workload_outcome.events_of(job)]) == 8 / 30
+    assert workload_outcome.goodput([{"run": str(tmp_path), "held": []}], [workload_outcome.events_of(job)]) is None
+    assert workload_outcome.events_of({"run": str(tmp_path / "gone")}) is None
