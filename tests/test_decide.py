@@ -191,6 +191,22 @@ def test_srun_reports_are_read_in_order_and_its_own_terminations_left_out():
     assert decide.srun_deaths("step 4 loss 3.1\nsrun: error: nonsense\n") == []
 
 
+#: what srun says (22.05's and 25.11's words: slurm_errno.c) when a job's step cannot be made because
+#: the job is completing: preempted or requeued between two launches of its batch script
+STEP_REFUSED = "srun: error: Unable to create step for job 830: Job/step already completing or completed\n"
+
+
+def test_a_step_refused_for_a_job_that_is_ending_is_not_a_fault_to_launch_again():
+    assert srun.job_ending(STEP_REFUSED) == "Job/step already completing or completed"
+    assert srun.job_ending("srun: error: Unable to create step for job 9: Requested node configuration is not "
+                           "available\n") is None          # a step that can never start: a failure, as before
+    assert srun.job_ending(SRUN_22) is None
+    d = what_follows(Launched(1, job_ending="Job/step already completing or completed"), budgets())
+    assert (d.action, d.exit_code, d.death, d.counts_as_restart) == ("done", 1, None, False), d
+    assert "not launching again" in d.why
+    assert what_follows(Launched(1), budgets()).action == "relaunch"   # without the words: a fault, restarted
+
+
 def _plan(tmp_path, **over) -> dict:
     run = tmp_path / "run"
     run.mkdir(exist_ok=True)
@@ -261,6 +277,32 @@ def test_the_helper_follows_a_launch_that_ended_itself_and_removes_its_folder(tm
     finally:
         plan_mod.read_plan = orig
     assert capsys.readouterr().out == "relayout\n" and not folder.exists()
+
+
+def test_a_member_whose_job_ends_between_launches_leaves_its_epoch_without_a_crash(tmp_path, capsys, monkeypatch):
+    """A member sealed into an epoch as its job was being preempted: srun refuses the step. The
+    helper ends the batch script (no restart, no crash recorded: no rank ran) and marks the
+    member gone from its epoch, so the run's next epoch does not wait for it (REJOIN_WAIT_S)."""
+    from pipeswift_launch import afterlaunch
+    from pipeswift_slurm import events
+    plan = _plan(tmp_path, members=2)
+    epoch = tmp_path / "run" / "members" / "epoch-3"
+    epoch.mkdir(parents=True)
+    env = {"SLURM_JOB_ID": "830", "SLURM_RESTART_COUNT": "1", "SLURM_ARRAY_TASK_ID": "1",
+           "PSWIFT_RENDEZVOUS_DIR": str(epoch)}
+    monkeypatch.setattr(afterlaunch.os, "environ", env)
+    for name in ("read_plan", "runnable"):
+        monkeypatch.setattr(afterlaunch, name, lambda p, *_: plan)
+    monkeypatch.setattr(afterlaunch, "for_partition", lambda p, _: p)
+    folder = _launch(tmp_path, 0, [], STEP_REFUSED)
+    with slurm_port(FakeSlurm(job=lambda job: pytest.fail("Slurm asked: srun said it all"))) as fake:
+        assert afterlaunch.main([str(tmp_path / "plan.json"), "1", str(folder), "0", "0"]) == 0
+    assert fake.calls == []
+    out = capsys.readouterr()
+    assert out.out == "exit 1\n", out
+    from pipeswift_slurm.memberfiles import left_mark
+    assert left_mark(epoch, 1).exists() and not left_mark(epoch, 0).exists()
+    assert not [e for e in events.read(plan["run_dir"])[0] if e["event"] in ("crash", "end")]
 
 
 def test_max_restarts_is_checked_where_the_config_is_built(tmp_path):

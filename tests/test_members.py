@@ -49,6 +49,33 @@ def test_the_epoch_after_one_waits_for_its_members_that_did_not_leave(tmp_path: 
     assert members.join(tmp_path, 0, "8", ("n0",), 1, 3, 1, 0.0, timeout_s=5) is None   # done: nothing to join
 
 
+def test_with_every_member_gone_the_first_back_waits_for_the_others_no_longer_than_a_relaunch(tmp_path: Path):
+    """Each member of the last epoch left (preempted, requeued): they come back from the queue
+    each at its own time, so the first back waits for the others no longer than the run's
+    relaunch (its newest start's setup and restore), then trains and grows onto them later; a
+    member of the last epoch that did not say it left is waited for REJOIN_WAIT_S, as before."""
+    from pipeswift_slurm import events
+    folder = tmp_path / "members" / "epoch-0"
+    folder.mkdir(parents=True, mode=0o700)
+    (folder / "sealed.json").write_text(json.dumps({"seats": [asdict(seat(t)) for t in (0, 1)]}))
+    (folder / "sealed.json").chmod(0o600)
+    assert members.seat_wait(tmp_path, 0, 60.0) == 60.0                          # the start: member_wait_s
+    members.leave(folder, 1)
+    assert members.seat_wait(tmp_path, 1, 60.0) == members.REJOIN_WAIT_S         # member 0 is still in the run
+    members.leave(folder, 0)
+    assert members.seat_wait(tmp_path, 1, 60.0) == members.REJOIN_WAIT_S         # no launch measured yet
+    layout = {"nodes": 2, "world_size": 2, "stages": 2, "data_parallel": 1, "micro_batches": 4, "micro_batch_size": 4}
+    events.append(tmp_path, "start", 0, "101", step=0, setup_s=9.0, load_s=0.0, **layout)
+    events.append(tmp_path, "start", 1, "101", step=40, setup_s=1.25, load_s=0.25, **layout)   # the newest
+    assert members.seat_wait(tmp_path, 1, 60.0) == 1.5
+    assert members.seat_wait(tmp_path, 1, 1.0) == 1.0                            # member_wait_s bounds it too
+    began = time.monotonic()
+    e = members.join(tmp_path, 0, "100", ("n00",), 1, 2, 1, 60.0, timeout_s=30, poll_s=0.02)
+    waited = time.monotonic() - began
+    assert e is not None and e.number == 1 and [s.task for s in e.seats] == [0], e
+    assert 1.5 <= waited < members.REJOIN_WAIT_S / 2, waited                     # not the 20 s of before
+
+
 def _join(run: str, task: int, ranks: int, n: int, lo: int, wait_s: float, out: "multiprocessing.Queue") -> None:
     try:
         e = members.join(Path(run), task, f"job{task}", tuple(f"node{task}-{k}" for k in range(ranks)), ranks,

@@ -25,10 +25,12 @@ from pipeswift_slurm.codes import Action, Exit
 from pipeswift_slurm.errors import PswiftError
 from pipeswift_slurm.plan import for_partition, read_plan, runnable
 from pipeswift_slurm.planning import decide
+from pipeswift_slurm.slurm import srun
 from pipeswift_slurm.slurm.records import expand_hostlist
 
-from . import launchrec, metrics
+from . import launchrec, members, metrics
 from . import outcome
+from .rendezvous import EPOCH_ENV
 from .dist_env import job_ref
 from .slurmport import slurm
 
@@ -65,11 +67,12 @@ def decide_after(plan: Plan, rc: int, folder: Path, restarts: int, relayouts: in
     # nodes lost before Slurm knew: launchwatch found them silent, or srun could not reach them
     silent = tuple(dict.fromkeys([*launchrec.lost(folder), *(x.node for x in deaths
                                                              if x.how == "lost" and x.rank is None and x.node)]))
-    alloc = None
-    if rc != 0 and not ended_itself:
+    alloc, ending = None, srun.job_ending(report) if rc != 0 and not ended_itself else None
+    if rc != 0 and not ended_itself and not ending:
         alloc = (unannounced(plan, env, silent) if silent
                  else allocation(plan, env, any(x.how == "lost" for x in deaths)))
-    d = decide.what_follows(decide.Launched(rc, ended_itself, deaths, _job_failures(crashes, job_id), alloc), budgets)
+    d = decide.what_follows(decide.Launched(rc, ended_itself, deaths, _job_failures(crashes, job_id), alloc, ending),
+                            budgets)
     return d, last_step
 
 
@@ -193,6 +196,14 @@ def carry_out(plan: Plan, d: decide.Decision, last_step: int | None, restarts: i
     return f"exit {d.exit_code}"
 
 
+def _leave_epoch(env: dict[str, str]) -> None:
+    """A member whose batch script ends here (requeued, failed, its job ending) leaves the epoch
+    it launched in: the run's next epoch does not wait for it (members.REJOIN_WAIT_S)."""
+    task, epoch = env.get("SLURM_ARRAY_TASK_ID"), env.get(EPOCH_ENV)
+    if task and task.isdigit() and epoch:
+        members.leave(Path(epoch), int(task))
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 5:
         print("usage: python -m pipeswift_launch.afterlaunch PLAN RC LAUNCH_DIR RESTARTS RELAYOUTS",
@@ -205,6 +216,8 @@ def main(argv: list[str]) -> int:
     if d.death is None and d.action is not Action.FAIL:   # nothing went wrong: nothing to keep
         shutil.rmtree(folder, ignore_errors=True)
     line = carry_out(plan, d, last_step, restarts, env)
+    if line.startswith("exit") and plan["members"]:
+        _leave_epoch(env)
     try:
         print(line, flush=True)
     except BrokenPipeError:   # the batch script is gone (cancelled while this decided): nothing to tell

@@ -16,7 +16,8 @@ than hold them idle.
 
 An epoch is due when its seats hold the node range's bottom and every expected member sat down
 (at the start all; later those of the last epoch that did not say they left), or when the first
-seat waited ``member_wait_s`` (at the start) or ``REJOIN_WAIT_S`` (later) (:func:`due`); an
+seat waited ``member_wait_s`` (at the start) or ``REJOIN_WAIT_S`` (later; where every member left,
+no longer than the run's relaunch: :func:`seat_wait`) (:func:`due`); an
 epoch after the first, only once the one before is over (:func:`before_ended`): a member back
 from the queue waits while the run trains, and joins when rank 0 grows the run. A seat
 is fresh while its member keeps touching it. A member whose epoch ended (a peer preempted or
@@ -36,6 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from pipeswift_slurm import events
 from pipeswift_slurm.errors import PswiftError
 from pipeswift_slurm.memberfiles import (DONE, FOLDER, FRESH_S, SEALED, Epoch, MembersError, Seat, declined_mark,
                                         epoch_dir, finished, left_mark, newest_sealed, seats, sealed, waiting)
@@ -45,8 +47,8 @@ from pipeswift_slurm.userfiles import create_private
 
 #: the records' reading side lives in pipeswift_slurm.memberfiles (`pswift status` reads them too)
 __all__ = ["DONE", "FOLDER", "FRESH_S", "SEALED", "Epoch", "MembersError", "Seat", "before_ended", "decline", "due",
-           "epoch_dir", "expected", "exports", "finish", "finished", "join", "leave", "main", "newest_sealed", "seats",
-           "sealed", "waiting", "REJOIN_WAIT_S"]
+           "epoch_dir", "expected", "exports", "finish", "finished", "join", "leave", "main", "newest_sealed",
+           "relaunch_s", "seat_wait", "seats", "sealed", "waiting", "REJOIN_WAIT_S"]
 
 
 def due(seats: list[Seat], expected: set[int], lo_nodes: int, now: float, wait_s: float) -> bool:
@@ -66,6 +68,37 @@ def expected(run_dir: Path, number: int, members: int) -> set[int]:
     gone = {t for t in (s.task for s in before.seats) if left_mark(before.folder, t).exists()}
     stayed = {s.task for s in before.seats} - gone
     return stayed or set(range(members))   # every member left (all preempted): as at the start
+
+
+def seat_wait(run_dir: Path, number: int, wait_s: float) -> float:
+    """How long epoch ``number``'s first seat waits for the members it expects (:func:`expected`)
+    before sealing without them: at the start ``member_wait_s``; later REJOIN_WAIT_S, as a member
+    still in the run sits down again within seconds (its launch's end) and one that died never
+    will; where every member of the last epoch left (each preempted or requeued, back from the
+    queue at its own time), no longer than the run's relaunch costs (its newest launch's setup
+    and restore): waiting longer for a member still in the queue costs the members present more
+    than starting without it and growing onto it when it comes."""
+    if number == 0:
+        return wait_s
+    limit = min(wait_s, REJOIN_WAIT_S)
+    before = sealed(run_dir, number - 1)
+    if before is None or not all(left_mark(before.folder, s.task).exists() for s in before.seats):
+        return limit
+    return min(limit, relaunch_s(run_dir))
+
+
+def relaunch_s(run_dir: Path) -> float:
+    """The run's newest launch's setup and restore seconds (its ``start`` event); REJOIN_WAIT_S
+    before any launch, or with no readable start."""
+    newest = None
+    try:
+        for e in events.stream(run_dir, ("start",)):
+            newest = e
+    except (OSError, PswiftError):
+        return REJOIN_WAIT_S
+    if newest is None:
+        return REJOIN_WAIT_S
+    return float(newest.get("setup_s") or 0.0) + float(newest.get("load_s") or 0.0)
 
 
 def before_ended(run_dir: Path, number: int, fresh: list[Seat]) -> bool:
@@ -149,10 +182,7 @@ def join(run_dir: Path, task: int, job_id: str, nodes: tuple[str, ...], ranks: i
         seat = Seat(task, job_id, tuple(nodes), ranks, time.time())
         if not _write_once(mine, asdict(seat)):
             os.utime(mine, follow_symlinks=False)   # a seat of an earlier try of this member: fresh again
-        waited_for = expected(run_dir, number, members)
-        # at the start, member_wait_s for the others; later, a member still in the run sits down
-        # again within seconds (its launch's end, the helper), and one that died never will
-        limit = wait_s if number == 0 else min(wait_s, REJOIN_WAIT_S)
+        waited_for, limit = expected(run_dir, number, members), seat_wait(run_dir, number, wait_s)
         while time.monotonic() < deadline:
             if finished(run_dir):
                 return None

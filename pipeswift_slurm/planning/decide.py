@@ -130,12 +130,14 @@ class Launched:
     """A launch of the ranks ended under srun with ``rc``. ``ended_itself``: the launcher wrote
     this launch's end (its own decision); ``deaths``: what the ranks recorded and srun saw;
     ``seen``: the signatures of this job's earlier failures; ``alloc``: the job's nodes (None:
-    not known)."""
+    not known); ``job_ending``: Slurm's words when srun could not start the launch because
+    the job is completing (:func:`slurm.srun.job_ending`)."""
     rc: int
     ended_itself: bool = False
     deaths: list[Death] = field(default_factory=list)
     seen: list[str] = field(default_factory=list)
     alloc: Allocation | None = None
+    job_ending: str | None = None
 
 
 @dataclass(frozen=True)
@@ -287,6 +289,9 @@ def _after_launch(end: Launched, b: Budgets) -> Decision:
         return Decision(Action.REJOIN, "the run's members changed: its next epoch")
     if ended_itself:
         return Decision(Action.DONE, f"the launcher ended the attempt itself (exit {rc})", rc)
+    if end.job_ending:   # preempted, requeued or cancelled between launches: Slurm ends the job
+        return Decision(Action.DONE, f"srun could not start the launch ({end.job_ending}): the job is being "
+                                     f"preempted, requeued or cancelled; not launching again", rc)
     death = first_death(deaths) or Death(how=f"exit {rc}")
     if not death.is_fault and death.signature in seen:
         return Decision(Action.FAIL, f"{death.describe()} again: the same error at the same step in two "

@@ -10,6 +10,9 @@ from typing import NamedTuple
 
 _SRUN_TASK = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<ranks>[\d,\-]+): (?P<what>.+?)\s*$")
 _LAUNCH_FAILED = re.compile(r"^srun: error: Task launch for \S+ failed on node (?P<node>[^\s:]+): (?P<what>.+?)\s*$")
+#: srun could not create the launch's step: the job is completing (preempted, requeued, cancelled)
+_STEP_REFUSED = re.compile(r"^srun: error: Unable to create step for job \S+: (?P<what>.*already completing or "
+                           r"completed.*?)\s*$")
 
 #: the most ranks a launch has (a rank number srun reports beyond it is no rank of ours)
 MAX_RANKS = 1 << 20
@@ -69,6 +72,17 @@ def ended_badly(text: str) -> list[Ended]:
         first = re.match(r"\d+", m.group("ranks"))
         out.append(Ended(how=how, rank=_rank(first.group()) if first else None, node=m.group("node")))
     return out
+
+
+def job_ending(text: str) -> str | None:
+    """Slurm's words when srun could not create the launch's step because the job is already
+    completing or completed (preempted, requeued or cancelled between two launches); None
+    otherwise. No rank ran: nothing failed, and nothing is to be launched again."""
+    for line in text.splitlines():
+        m = _STEP_REFUSED.match(line)
+        if m is not None:
+            return m.group("what")
+    return None
 
 
 def exit_code(codes: list[int]) -> int:
