@@ -303,6 +303,13 @@ def test_a_member_whose_job_ends_between_launches_leaves_its_epoch_without_a_cra
     from pipeswift_slurm.memberfiles import left_mark
     assert left_mark(epoch, 1).exists() and not left_mark(epoch, 0).exists()
     assert not [e for e in events.read(plan["run_dir"])[0] if e["event"] in ("crash", "end")]
+    from pipeswift_launch import members
+    members.finish(tmp_path / "run")        # a run trained to its end: its members' exits leave no mark
+    env["SLURM_ARRAY_TASK_ID"] = "0"
+    with slurm_port(FakeSlurm()):
+        assert afterlaunch.main([str(tmp_path / "plan.json"), "1", str(_launch(tmp_path, 1, [], STEP_REFUSED)),
+                                 "0", "0"]) == 0
+    assert not left_mark(epoch, 0).exists()
 
 
 def test_max_restarts_is_checked_where_the_config_is_built(tmp_path):

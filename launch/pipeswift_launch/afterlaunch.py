@@ -216,8 +216,8 @@ def main(argv: list[str]) -> int:
     if d.death is None and d.action is not Action.FAIL:   # nothing went wrong: nothing to keep
         shutil.rmtree(folder, ignore_errors=True)
     line = carry_out(plan, d, last_step, restarts, env)
-    if line.startswith("exit") and plan["members"]:
-        _leave_epoch(env)
+    if line.startswith("exit") and plan["members"] and not members.finished(Path(plan["run_dir"])):
+        _leave_epoch(env)   # (a run trained to its end: nobody waits for anyone)
     try:
         print(line, flush=True)
     except BrokenPipeError:   # the batch script is gone (cancelled while this decided): nothing to tell
