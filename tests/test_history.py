@@ -267,3 +267,26 @@ def test_a_pswift_jobs_waste_is_cpu_hours_on_slurms_count_of_each_attempts_cpus(
     (rep,) = job_reports(h)
     assert rep.cpu_hours_wasted is None and rep.steps_lost == 2
     h.close()
+
+
+def test_a_run_of_members_is_as_its_last_end_says_not_its_last_attempt_to_begin(tmp_path):
+    """A run of members: each epoch's rank 0 writes the events as its own member job's attempt,
+    so attempts of several jobs interleave in time. Member 1, requeued once (attempt 1), held
+    rank 0 of a middle epoch; member 0 (attempt 0) held it at the end: the run completed, at the
+    last end's time (before: the last attempt to begin, 'members_changed')."""
+    from helpers import GOOD, run_dir
+    start = {k: v for k, v in GOOD[0].items() if k not in ("time", "attempt", "step")}
+
+    def ev(kind: str, job: str, attempt: int, t: float, **more) -> bytes:
+        return json.dumps({"event": kind, "job_id": job, "attempt": attempt, "time": t, **more}).encode()
+    evs = [ev("start", "11", 0, 10.0, step=0, **start), ev("end", "11", 0, 20.0, reason="members_changed", step=5),
+           ev("start", "12", 1, 21.0, step=5, **start), ev("end", "12", 1, 30.0, reason="members_changed", step=9),
+           ev("start", "11", 0, 31.0, step=9, **start), ev("end", "11", 0, 40.0, reason="completed", step=12)]
+    run = run_dir(tmp_path / "run")
+    (run / "events.jsonl").write_bytes(b"\n".join(evs) + b"\n")
+    h = History(tmp_path / "h.db")
+    try:
+        h.ingest_run_dir(run)
+        assert h.conn.execute("SELECT state, end_time FROM jobs").fetchall() == [("completed", 40.0)]
+    finally:
+        h.close()

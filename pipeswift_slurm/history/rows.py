@@ -303,14 +303,22 @@ def _relayout_rows(grouped: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows + [{"kind": "grow", **g} for g in eventfold.growth_outcomes(grouped)]
 
 
+def _newest(ordered: list[dict[str, Any]]) -> dict[str, Any]:
+    """The attempt that ended last, one still running before any: a job's last attempt; in a run
+    of members, whose member jobs' attempts interleave in time, not always the last to begin (a
+    member requeued once may hold rank 0 of an epoch before the run's last)."""
+    return max(ordered, key=lambda a: (a.get("ended") == "running", a.get("end_time") or 0.0))
+
+
 def _from_events(mkey: str, job: dict[str, Any], grouped: list[dict[str, Any]]) -> RunRows:
     profiles: list[dict[str, Any]] = []
     overheads: list[dict[str, Any]] = []
     ordered = [_attempt_row(a, mkey, profiles, overheads) for a in grouped]
     if ordered:
+        newest = _newest(ordered)
         job["start_time"] = ordered[0].get("start_time")
-        job["end_time"] = ordered[-1].get("end_time")
-        job["state"] = ordered[-1].get("ended")
+        job["end_time"] = newest.get("end_time")
+        job["state"] = newest.get("ended")
         job["actual_step_s"] = median(x for a in grouped for x in a["steps"].step_time[1:])
         if job["state"] == "completed" and job.get("submit_time") and job.get("end_time"):
             job["actual_jct_s"] = job["end_time"] - job["submit_time"]
