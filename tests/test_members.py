@@ -30,6 +30,12 @@ def test_an_epoch_is_due_with_every_member_expected_or_with_the_bottom_after_the
     assert not members.due([seat(0)], {0, 1, 2}, 2, now=1e6, wait_s=60)                # below the bottom: never
     assert members.due([seat(0, nodes=2)], {0, 1, 2}, 2, now=60.0, wait_s=60)          # nodes count, not members
     assert not members.due([], set(), 0, now=1e6, wait_s=0)
+    # member 2, back from the queue, sat down at 0 while the epoch before trained; its members 0
+    # and 1 sit down again at 50 as it ends: the wait for 1 runs from 50, not from member 2's seat
+    back = [seat(2, at=0.0), seat(0, at=50.0)]
+    assert not members.due(back, {0, 1}, 2, now=55.0, wait_s=20)
+    assert members.due(back, {0, 1}, 2, now=70.0, wait_s=20)
+    assert members.due([*back, seat(1, at=52.0)], {0, 1}, 2, now=52.0, wait_s=20)   # every one expected
 
 
 def test_the_epoch_after_one_waits_for_its_members_that_did_not_leave(tmp_path: Path):

@@ -47,7 +47,8 @@ def test_a_preempted_member_leaves_and_the_other_trains_on_in_its_own_allocation
     stage) from step k + 1 in its own allocation (Restarts=0), and the run completes; every step
     trained once, each loss the uninterrupted 2-node run's (bit for bit to the stop, on 1 stage
     after it within the 1- and 2-stage runs' own difference). Member 1, requeued, ends without
-    training again: the run is done, or growing onto it would not pay (declined)."""
+    training again (the run is done, or growing onto it would not pay: declined), or, back on a
+    free node before member 0 launched again, trains in that next epoch beside it."""
     toml = slow_example(tmp_path / "ex", {"nodes": "[1, 2]", "steps": "40", "checkpoint_interval": "0"})
     # members on nodes of their own (the dev cluster's nodes would hold both): a node's preemption takes one
     toml.write_text(toml.read_text().replace("[resources]\n", "[resources]\nmembers = 2\nmember_wait_s = 120\n", 1)
@@ -79,14 +80,16 @@ def test_a_preempted_member_leaves_and_the_other_trains_on_in_its_own_allocation
     final = wait_members(array, {"COMPLETED"})
     assert final[1]["Restarts"] == "1", slurm_log(run)[-4000:]
     log = slurm_log(run)
-    # member 1 ends without training again: it comes back after the run is done, or (a node free
-    # sooner, as in CI) while member 0 trains on, and is declined: on this host 2 nodes step
-    # under 10 % faster than 1, so growing would not pay and it gives its node back
-    assert ("the run has trained every step; this member ends" in log
+    # member 1, requeued, comes back after the run is done; or (a node free sooner, as in CI) while
+    # member 0 trains on, and is declined (on this host 2 nodes step under 10 % faster than 1: it
+    # gives its node back); or, back on a free node before member 0's relaunch, it sits in that
+    # next epoch with it (CI under load: the relaunch took 10 s): the run goes on on 2 nodes
+    rejoined = "member 1 trains in epoch 1 with members 0,1" in log
+    assert (rejoined or "the run has trained every step; this member ends" in log
             or "the run does not grow onto it" in log and "member(s) 1 not taken" in log), log[-4000:]
     evs = run_events(run, torn_ok=True)
     starts = [e for e in evs if e["event"] == "start"]
-    assert [(e["nodes"], e["stages"]) for e in starts] == [(2, 2), (1, 1)], starts
+    assert [(e["nodes"], e["stages"]) for e in starts] == [(2, 2), (2, 2) if rejoined else (1, 1)], starts
     assert starts[1]["job_id"] == job0 and starts[0]["job_id"] == job0   # member 0 holds rank 0 both times
     steps = [e["step"] for e in evs if e["event"] == "step"]
     assert sorted(steps) == list(range(1, 41)) and len(steps) == 40      # every step once

@@ -53,10 +53,14 @@ __all__ = ["DONE", "FOLDER", "FRESH_S", "SEALED", "Epoch", "MembersError", "Seat
 
 def due(seats: list[Seat], expected: set[int], lo_nodes: int, now: float, wait_s: float) -> bool:
     """Whether an epoch with these fresh ``seats`` is to be sealed at ``now``: they hold
-    ``lo_nodes`` nodes, and every ``expected`` member sat down or the first seat waited ``wait_s``."""
+    ``lo_nodes`` nodes, and every ``expected`` member sat down or the first expected one to sit
+    down waited ``wait_s`` (a member back from the queue sits down while the epoch before still
+    trains: its seat does not start the wait, or the epoch would be sealed the moment the one
+    before ended, before its members sat down again)."""
     if not seats or sum(len(s.nodes) for s in seats) < lo_nodes:
         return False
-    return expected <= {s.task for s in seats} or now - min(s.at for s in seats) >= wait_s
+    clock = [s.at for s in seats if s.task in expected] or [s.at for s in seats]
+    return expected <= {s.task for s in seats} or now - min(clock) >= wait_s
 
 
 def expected(run_dir: Path, number: int, members: int) -> set[int]:
