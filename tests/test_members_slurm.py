@@ -202,7 +202,12 @@ def test_four_members_two_preempted_at_different_steps_the_run_completes_and_gro
     status = pswift("status", array, check=True).stdout
     assert "members: epoch " in status and "on 4 node(s) (done)\n" in status and status.count(" (in it): job ") == 4
     quiet = quiet_seconds(evs)
-    assert len(quiet) == len(starts) - 1 and max(quiet) < 30, quiet   # a relaunch in place, not the queue
+    # a relaunch in place (the survivors' Restarts=0 above: never the queue), prompt: beyond the next
+    # launch's own setup, the checkpoint, the seats, srun and the first step take about 5-6 s on a
+    # quiet host (quiet 9-10 s in all); CI's three streams on two cores stretch everything 2-3x
+    # (19-31 s in all), so the bound is on what is not setup, with that room
+    beyond = [q - float(s.get("setup_s") or 0.0) for q, s in zip(quiet, starts[1:])]
+    assert len(quiet) == len(starts) - 1 and max(beyond) < 30, (quiet, beyond)
     ours, ref = step_losses(run, torn_ok=True), step_losses(uninterrupted.wait(), torn_ok=True)
     k = starts[1]["step"]
     assert {s: ours[s] for s in range(1, k + 1)} == {s: ref[s] for s in range(1, k + 1)}
