@@ -22,7 +22,7 @@ import sqlite3
 import stat
 import time
 from pathlib import Path
-from typing import Any, Iterator, TypeVar
+from typing import Any, Iterator, NamedTuple, TypeVar
 
 from pipeswift_slurm import runfiles
 from pipeswift_slurm import events as events_mod
@@ -49,6 +49,15 @@ class IngestRefused(PswiftError):
 def default_path() -> Path:
     env = os.environ.get("PSWIFT_DB")
     return Path(env) if env else state_dir() / "history.db"
+
+
+class _RunRead(NamedTuple):
+    """A run directory read for the history (its events file's size and mtime: the next
+    ingest skips it while they are the same)."""
+    run: str
+    rows: RunRows
+    size: int
+    mtime: float
 
 
 class History(Queries):
@@ -196,6 +205,17 @@ class History(Queries):
         process is root); a directory refused there raises :class:`IngestRefused`.
         ``measured_only``: skip a directory whose job has written no events yet (nothing to
         learn from; it is ingested once it has)."""
+        read = self._read_run_dir(run_dir, owner, timeout, measured_only)
+        if read is None:
+            return False
+        with self._writing():
+            self._store_run(read)
+        return True
+
+    def _read_run_dir(self, run_dir: Path | str, owner: Owner | None, timeout: float,
+                      measured_only: bool = False) -> _RunRead | None:
+        """The run directory's rows, read outside any write transaction (the read may take up to
+        ``timeout``: other writers are not held that long); None when unchanged or not a run."""
         run = os.path.abspath(run_dir)    # not resolve(): that would follow the user's symlinks
         try:
             st = os.stat(os.path.join(run, events_mod.FILE), follow_symlinks=False)
@@ -203,11 +223,11 @@ class History(Queries):
         except OSError:
             size, mtime = 0, 0.0
         if measured_only and size == 0:
-            return False
+            return None
         row = self.conn.execute("SELECT size, mtime FROM ingest_state WHERE run_dir = ?",
                                    [run]).fetchone()
         if row is not None and row[0] == size and row[1] == mtime:
-            return False
+            return None
         from pipeswift_slurm import userfiles      # (the reading modules load only for a changed run:
         from pipeswift_slurm.history import eventfold   # a submission checks the user's runs)
         fold = eventfold.Fold()   # events.jsonl is folded as it is read, never held whole
@@ -220,13 +240,34 @@ class History(Queries):
         except userfiles.UnsafeFile as e:
             raise IngestRefused(f"run directory not ingested: {e}") from None
         got = rows(run, files, owner, fold)
-        if got is None:
-            return False
-        self.skipped_events += got.skipped_events
-        self.dropped_events += got.dropped_events
-        self._replace_run(run, got, files.events_size, files.events_mtime)
-        self._run_as_slurm_records(got)
-        return True
+        return None if got is None else _RunRead(run, got, files.events_size, files.events_mtime)
+
+    def _store_run(self, read: _RunRead) -> None:
+        """Write what :meth:`_read_run_dir` read (inside the caller's :meth:`_writing`), unless
+        another ingest stored a newer read meanwhile (two members' ends merge at once: the one
+        that read less of the append-only events file must not write over the other)."""
+        stored = self.conn.execute("SELECT size, mtime FROM ingest_state WHERE run_dir = ?", [read.run]).fetchone()
+        if stored is not None and (stored[1], stored[0]) > (read.mtime, read.size):   # (a path reused: newer)
+            return
+        self.skipped_events += read.rows.skipped_events
+        self.dropped_events += read.rows.dropped_events
+        self._replace_run(read.run, read.rows, read.size, read.mtime)
+        self._run_as_slurm_records(read.rows)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One write transaction (BEGIN IMMEDIATE .. COMMIT, ROLLBACK on error); inside another,
+        part of it: a spool record and its run directory's rows land together or not at all."""
+        if self.conn.in_transaction:
+            yield
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
 
     def _run_as_slurm_records(self, got: RunRows) -> None:
         """The run's attempts as Slurm's records (rows.slurm_records) where Slurm's own record of
@@ -249,8 +290,7 @@ class History(Queries):
 
     def _replace_run(self, run: str, got: RunRows, size: int, mtime: float) -> None:
         conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with self._writing():
             # the same job: its path, job id and user, on its cluster (an unknown cluster, '', is
             # any: a run dir ingested by hand is the job the plugin ingested with its cluster)
             same = ("FROM jobs WHERE run_dir = ? AND COALESCE(job_id, '') = ? AND COALESCE(user, '') = ? "
@@ -266,10 +306,6 @@ class History(Queries):
             _insert(conn, "plan_decisions", [{**d, "job": job_pk} for d in got.decisions])
             _insert(conn, "relayouts", [{**r, "job": job_pk} for r in got.relayouts], ("job", "attempt", "step"))
             _insert(conn, "ingest_state", [{"run_dir": run, "size": size, "mtime": mtime}], ("run_dir",))
-            conn.execute("COMMIT")
-        except Exception:
-            conn.execute("ROLLBACK")
-            raise
 
     def ingest_registered(self, measured_only: bool = False, progress: Any = no_progress) -> int:
         """Ingest every run directory in the per-user job registry; returns how many changed
@@ -310,8 +346,7 @@ class History(Queries):
                      "PRIMARY KEY (cluster, job_id)) WITHOUT ROWID")
         conn.execute("CREATE TEMP TABLE IF NOT EXISTS incoming (cluster TEXT, job_id TEXT, "
                      "start REAL, PRIMARY KEY (cluster, job_id, start)) WITHOUT ROWID")
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with self._writing():
             conn.execute("DELETE FROM temp.touched")
             conn.execute("DELETE FROM temp.incoming")
             conn.executemany("INSERT OR IGNORE INTO temp.incoming VALUES (?, ?, ?)", keys)
@@ -324,10 +359,6 @@ class History(Queries):
             conn.executemany("INSERT OR IGNORE INTO temp.touched VALUES (?, ?)",
                              {(r["cluster"], r["job_id"]) for r in rows})
             conn.execute(_ROLLUP)
-            conn.execute("COMMIT")
-        except Exception:
-            conn.execute("ROLLBACK")
-            raise
         return len(keys) - known
 
     def sacct_since(self, cluster: str) -> float | None:
@@ -354,15 +385,18 @@ class History(Queries):
         Returns why the run directory was not merged, or None. A spool file that cannot be read
         safely raises IngestRefused (a symlink, not a regular file, over 64 KiB, not JSON)."""
         rec = _read_spool(Path(path))
-        self.add_slurm_records([rec], "jobcomp")
-        problem = None
+        problem, read = None, None
         owner = _record_owner(rec)
         work = rec.get("WORK_DIR")
         if owner is not None and work and _lstat_regular(os.path.join(work, runfiles.PLAN)):
             try:
-                self.ingest_run_dir(work, owner, timeout)
+                read = self._read_run_dir(work, owner, timeout)
             except IngestRefused as e:
                 problem = str(e)
+        with self._writing():   # one transaction: whoever sees Slurm's record sees the run as of it
+            self.add_slurm_records([rec], "jobcomp")
+            if read is not None:
+                self._store_run(read)
         Path(path).unlink(missing_ok=True)
         return problem
 
