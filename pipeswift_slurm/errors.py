@@ -49,3 +49,15 @@ class OutputRefused(PswiftError):
     write, or a folder that is not the caller's own."""
 
     exit_code = 1
+
+
+class HistoryError(PswiftError):
+    """The history database cannot be opened, read or written (locked, corrupt, newer)."""
+
+    exit_code = 1
+
+
+class IngestRefused(PswiftError):
+    """A run directory or spool file that is not read (unsafe, too big, too slow): the reason."""
+
+    exit_code = 1

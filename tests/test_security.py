@@ -19,7 +19,8 @@ import pytest
 
 from helpers import CLUSTER_DB, CLUSTER_SPOOL, PLAN, USER, pswift, run_dir, wait_state
 from pipeswift_slurm import userfiles
-from pipeswift_slurm.history.store import History, IngestRefused
+from pipeswift_slurm.errors import IngestRefused
+from pipeswift_slurm.history.store import History
 from pipeswift_slurm.history.rows import Owner, model_key
 
 HOSTILE_LINES = [b'{"event": "step", "attempt": null, "step": 3, "loss": 1.0, "step_time": "0.1"}',

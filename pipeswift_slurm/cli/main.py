@@ -181,7 +181,8 @@ def _print_dry_run(p: Any) -> None:
 def _learn(run: Path, db: Path | None) -> None:
     """A finished run into the history, so that the next `pswift plan` learns from it (plan
     itself writes nothing)."""
-    from pipeswift_slurm.history.store import IngestRefused, safe_open
+    from pipeswift_slurm.errors import IngestRefused
+    from pipeswift_slurm.history.store import safe_open
     h = safe_open(db, _warn)
     if h is None:
         return

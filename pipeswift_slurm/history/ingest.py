@@ -17,7 +17,8 @@ from pipeswift_slurm import runfiles
 from pipeswift_slurm.errors import SlurmError, UsageError
 from pipeswift_slurm.progress import no_progress
 from pipeswift_slurm.history import eventfold
-from pipeswift_slurm.history.store import History, IngestRefused
+from pipeswift_slurm.errors import IngestRefused
+from pipeswift_slurm.history.store import History
 from pipeswift_slurm.slurm import client as slurm
 from pipeswift_slurm.slurm import filetxt
 

@@ -17,9 +17,7 @@ import contextlib
 import functools
 import json
 import os
-import re
 import sqlite3
-import stat
 import time
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple, TypeVar
@@ -27,23 +25,14 @@ from typing import Any, Iterator, NamedTuple, TypeVar
 from pipeswift_slurm import runfiles
 from pipeswift_slurm import events as events_mod
 from pipeswift_slurm.history import views as history_views
-from pipeswift_slurm.errors import PswiftError
+from pipeswift_slurm.errors import HistoryError, IngestRefused
 from pipeswift_slurm.progress import no_progress
 from pipeswift_slurm.history.queries import Queries
 from pipeswift_slurm.history.schema import COLS as _COLS, MIGRATIONS, ROLLUP as _ROLLUP, UPSERT as _UPSERT
+from pipeswift_slurm.history import spool
 from pipeswift_slurm.history.rundir import state_dir
 from pipeswift_slurm.history.rows import Owner, RunRows, rows, slurm_records, user_name
-from pipeswift_slurm.slurm.accounting import array_task, normalise_record, sacct_read_mark
-
-
-class HistoryError(PswiftError):
-    exit_code = 1
-
-
-class IngestRefused(PswiftError):
-    """A run directory or spool file that is not read (unsafe, too big, too slow): the reason."""
-
-    exit_code = 1
+from pipeswift_slurm.slurm.accounting import normalise_record, sacct_read_mark
 
 
 def default_path() -> Path:
@@ -384,11 +373,11 @@ class History(Queries):
         record's UID/GID: identity comes from Slurm's record only), then delete the spool file.
         Returns why the run directory was not merged, or None. A spool file that cannot be read
         safely raises IngestRefused (a symlink, not a regular file, over 64 KiB, not JSON)."""
-        rec = _read_spool(Path(path))
+        rec = spool.read_record(Path(path))
         problem, read = None, None
-        owner = _record_owner(rec)
+        owner = spool.record_owner(rec)
         work = rec.get("WORK_DIR")
-        if owner is not None and work and _lstat_regular(os.path.join(work, runfiles.PLAN)):
+        if owner is not None and work and spool.regular_file(os.path.join(work, runfiles.PLAN)):
             try:
                 read = self._read_run_dir(work, owner, timeout)
             except IngestRefused as e:
@@ -406,7 +395,7 @@ class History(Queries):
         read is moved to ``bad/`` beside them with a ``.why`` file, never lost; the rest merge.
         A spool folder that is a link, another user's or writable by others raises IngestRefused."""
         d = Path(spool_dir)
-        unsafe = _unsafe_spool(d)
+        unsafe = spool.unsafe_folder(d)
         if unsafe:
             raise IngestRefused(unsafe)
         files = sorted(d.glob("*.json")) if d.is_dir() else []
@@ -418,7 +407,7 @@ class History(Queries):
         for f in files:
             advance(1)
             try:
-                with _deadline(timeout, f"merging took over {timeout:g} s"):   # reading and folding
+                with spool.deadline(timeout, f"merging took over {timeout:g} s"):   # reading and folding
                     problem = self.ingest_spool_file(f, timeout)
                 merged += 1
                 if problem:
@@ -426,76 +415,11 @@ class History(Queries):
             except HistoryError as e:
                 if "locked" in str(e):
                     raise   # the database, not the file: every file stays for the next ingest
-                problems.append(_set_aside(d, f, e))
+                problems.append(spool.set_aside(d, f, e))
             except Exception as e:   # whatever one file does, the others still merge
-                problems.append(_set_aside(d, f, e))
+                problems.append(spool.set_aside(d, f, e))
         return merged, problems
 
-
-class _Overtime(IngestRefused):
-    """One spool file's merge ran past its deadline (it is set aside; the others go on)."""
-
-
-@contextlib.contextmanager
-def _deadline(seconds: float, why: str) -> Iterator[None]:
-    """Raise _Overtime(why) in the block after ``seconds`` of wall time (a real-time timer: the
-    main thread only; elsewhere the block runs unbounded, as userfiles' reader is still killed
-    at its own deadline)."""
-    import signal
-    import threading
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def fire(*_: Any) -> None:
-        raise _Overtime(why)
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
-def _unsafe_spool(d: Path) -> str | None:
-    """Why the spool folder is not read, or None: it must be a real folder (not a link) of the
-    reading user (root for the plugin's) that no other user may write into; the jobcomp plugin
-    makes it so (0750)."""
-    try:
-        st = os.lstat(d)
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISDIR(st.st_mode):
-        return f"spool {d} is not a directory (a link is not followed): nothing merged"
-    if st.st_uid != os.geteuid():
-        return f"spool {d} belongs to uid {st.st_uid}, not to this user ({os.geteuid()}): nothing merged"
-    if st.st_mode & 0o022:
-        return (f"spool {d} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): nothing merged; "
-                f"chmod go-w {d}")
-    return None
-
-
-def _set_aside(spool: Path, f: Path, why: BaseException) -> str:
-    """Move a spool file that could not be merged to ``bad/`` with a ``.why`` beside it; a
-    ``bad`` that is a link or not a directory is never followed (the file then stays)."""
-    bad = spool / "bad"
-    text = f"{type(why).__name__}: {why}" if not isinstance(why, (IngestRefused, HistoryError)) else str(why)
-    text = " ".join(text.split())[:500]
-    try:
-        os.mkdir(bad, 0o750)
-    except FileExistsError:
-        pass
-    except OSError as e:
-        return f"{f.name}: {text}; left in place ({bad}: {e.strerror})"
-    st = os.lstat(bad)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        return f"{f.name}: {text}; left in place ({bad} is not a directory of this user's)"
-    os.replace(f, bad / f.name)
-    fd = os.open(bad / f"{f.name}.why", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
-    with os.fdopen(fd, "w") as w:
-        w.write(text + "\n")
-    return f"{f.name}: {text}; moved to {bad}"
 
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
@@ -574,56 +498,12 @@ def _retry_locked(fn: Any, timeout: float) -> Any:
             time.sleep(0.05)
 
 
-SPOOL_MAX = 64 << 10
-_SPOOL_KEY = re.compile(r"^[A-Z_]{1,32}$|^recorded_at$")
-
-
-def _read_spool(path: Path) -> dict[str, Any]:
-    """One spool record, read without following a symlink or blocking on a FIFO, bounded."""
-    from pipeswift_slurm import userfiles
-    try:
-        files = userfiles.read_one(str(path), SPOOL_MAX)
-    except userfiles.UnsafeFile as e:
-        raise IngestRefused(str(e)) from None
-    try:
-        rec = json.loads(files.decode("utf-8"))
-    except (ValueError, RecursionError) as e:
-        raise IngestRefused(f"{path.name} is not a JSON record ({type(e).__name__})") from None
-    if not isinstance(rec, dict):
-        raise IngestRefused(f"{path.name} is not a JSON object")
-    return {k: v for k, v in rec.items() if isinstance(k, str) and _SPOOL_KEY.match(k)
-            and (isinstance(v, str) and len(v) <= 4096 or isinstance(v, (int, float)) and not isinstance(v, bool))}
-
-
-def _record_owner(rec: dict[str, Any]) -> Owner | None:
-    """Whose job the record is, from Slurm's own fields (UID, GID, USERNAME, JOBID, PARTITION,
-    CLUSTER). A job array's task is its array's job (ARRAYJOBID): a pswift run of members is one
-    array, each member's end ingests the same run."""
-    try:
-        uid, gid = int(str(rec["UID"])), int(str(rec["GID"]))
-    except (KeyError, ValueError):
-        return None
-    if not (0 <= uid < 2**32 and 0 <= gid < 2**32):
-        return None
-    job_id = array_task(rec)["array_job_id"] or (str(rec["JOBID"]) if rec.get("JOBID") else None)
-    return Owner(str(rec.get("USERNAME") or user_name(uid)), uid, gid, job_id=job_id,
-                 partition=str(rec["PARTITION"]) if rec.get("PARTITION") else None,
-                 cluster=str(rec.get("CLUSTER") or ""))
-
-
 def _finished(entry: os.DirEntry[str], end_time: float | None) -> bool:
     """Is the registry ``entry`` a job that completed at ``end_time`` (and not one written later)?"""
     if end_time is None:
         return False
     try:
         return entry.stat(follow_symlinks=False).st_mtime <= end_time
-    except OSError:
-        return False
-
-
-def _lstat_regular(path: str) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return False
 
