@@ -488,11 +488,18 @@ def main() -> None:
                                  until_trained=args.until_trained)
                 runs[policy].append({**got, "seed": seed})
                 print(f"seed {seed} ({policy}) {json.dumps(workload_outcome.summarise([got], NODES))}", flush=True)
-        summary = {p: workload_outcome.summarise(runs[p], NODES) for p in args.policies}   # reads the runs' events: before they go
+            # every seed's result written as it ends (the runs' events are read before they go): a
+            # run of many seeds stopped part-way keeps the seeds it finished, said in `seeds`
+            save_result(args, {s: windows[s] for s in seeds[:n + 1]}, runs)
     if not args.quick:
         picture({p: runs[p][0] for p in args.policies}, Path(args.picture))
+
+
+def save_result(args: argparse.Namespace, windows: dict[int, list], runs: dict[str, list[dict[str, Any]]]) -> None:
+    """bench/results' file for the seeds in ``windows`` (those every policy has run)."""
+    summary = {p: workload_outcome.summarise(runs[p], NODES) for p in args.policies}
     source = str(args.trace.name) if args.trace else "synthetic"
-    res = {"benchmark": "workload", "source": source, "seeds": seeds, "policies": args.policies,
+    res = {"benchmark": "workload", "source": source, "seeds": list(windows), "policies": args.policies,
            "window_s": args.window, "compression": args.compression if args.trace else None,
            "train_min_size": args.train_min_size if args.trace else None,
            "contended": args.contended, "until_trained": args.until_trained,

@@ -710,7 +710,13 @@ def _carry_out(att: Attempt, d: decide.Decision) -> None:
         nodes, why = d.nodes, "; ".join(d.notes)
         _log(denv.rank, f"requeueing job {denv.job_id}" + (f" for {nodes} node(s) ({why})" if nodes else ""))
         outcome.requeue(att.plan, job_id, nodes=nodes, say=lambda m: _log(denv.rank, m))
-        _ask_for_what_remains(att)
+        if d.reason == "preempted" and att.plan["time_policy"] == "predicted":
+            # slurmctld refuses a preempted job's TimeLimit until its attempt has ended (job_mgr.c:
+            # preempt_time, cleared in batch_requeue_fini), past this process's life
+            _log(denv.rank, "Slurm keeps a preempted job's time limit until this attempt has ended: the next "
+                            "attempt runs under this one's")
+        else:
+            _ask_for_what_remains(att)
     elif d.requeue_by == "slurm":
         _log(denv.rank, f"Slurm requeues preempted job {denv.job_id} itself")
     elif d.forbid_requeue:
