@@ -181,14 +181,13 @@ def _print_dry_run(p: Any) -> None:
 def _learn(run: Path, db: Path | None) -> None:
     """A finished run into the history, so that the next `pswift plan` learns from it (plan
     itself writes nothing)."""
-    from pipeswift_slurm.errors import IngestRefused
     from pipeswift_slurm.history.store import safe_open
     h = safe_open(db, _warn)
     if h is None:
         return
     try:
         h.ingest_run_dir(run)
-    except (IngestRefused, PswiftError, OSError) as e:
+    except (PswiftError, OSError) as e:   # IngestRefused is one
         _warn(f"warning: {run} not added to the history ({e})")
     finally:
         h.close()

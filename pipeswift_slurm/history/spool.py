@@ -6,6 +6,9 @@ store merges what these read (:meth:`History.ingest_spool`)."""
 
 from __future__ import annotations
 
+# Imports inside functions: signal and threading, only for a merge's deadline; userfiles, only
+# when a record is read (the plugin imports this module at every job's end)
+
 import contextlib
 import json
 import os
