@@ -192,6 +192,9 @@ class FakeSlurm:
     def job_info(self, job_id: str) -> Any:
         return self.job(job_id) if callable(self.job) else self.job
 
+    def cancel_pending(self, array_job_id: str) -> None:
+        self.calls.append(("cancel_pending", array_job_id))
+
 
 @contextlib.contextmanager
 def slurm_port(fake: FakeSlurm) -> Iterator[FakeSlurm]:

@@ -77,15 +77,21 @@ def test_a_preempted_member_leaves_and_the_other_trains_on_in_its_own_allocation
     finally:
         if high:
             subprocess.run(["scancel", high], timeout=30)
-    final = wait_members(array, {"COMPLETED"})
+    final = wait_members(array, {"COMPLETED", "CANCELLED"})
     assert final[1]["Restarts"] == "1", slurm_log(run)[-4000:]
     log = slurm_log(run)
+    # member 1 still queued when member 0 trained the last step: the run cancels it (it would have
+    # waited for a node ahead of other users' jobs only to find the run done); the run reads COMPLETED
+    cancelled = final[1]["JobState"] == "CANCELLED"
+    assert final[0]["JobState"] == "COMPLETED" and (not cancelled or f"its members still queued (array {array}) "
+                                                    "are cancelled" in log), (final, log[-4000:])
+    assert json.loads(pswift("status", array, "--json", check=True).stdout)["state"] == "COMPLETED"
     # member 1, requeued, comes back after the run is done; or (a node free sooner, as in CI) while
     # member 0 trains on, and is declined (on this host 2 nodes step under 10 % faster than 1: it
     # gives its node back); or, back on a free node before member 0's relaunch, it sits in that
     # next epoch with it (CI under load: the relaunch took 10 s): the run goes on on 2 nodes
     rejoined = "member 1 trains in epoch 1 with members 0,1" in log
-    assert (rejoined or "the run has trained every step; this member ends" in log
+    assert (rejoined or cancelled or "the run has trained every step; this member ends" in log
             or "the run does not grow onto it" in log and "member(s) 1 not taken" in log), log[-4000:]
     evs = run_events(run, torn_ok=True)
     starts = [e for e in evs if e["event"] == "start"]
@@ -107,17 +113,54 @@ def test_a_preempted_member_leaves_and_the_other_trains_on_in_its_own_allocation
     assert not far, far
     ends = [e for e in evs if e["event"] == "end"]
     assert ends[0]["reason"] == "members_changed" and ends[-1]["reason"] == "completed", ends
-    in_history_as_one_run(run, array, {0: job0, 1: job1}, requeued={1})
+    in_history_as_one_run(run, array, {0: job0, 1: job1}, requeued={1},
+                          states={0: "COMPLETED", 1: final[1]["JobState"]})
 
 
-def in_history_as_one_run(run: Path, array: str, jobs: dict[int, str], requeued: set[int]) -> None:
+def test_a_run_done_with_a_member_still_queued_cancels_it_and_reads_completed(cluster, tmp_path):
+    """Member 1 preempted while every other node is held: requeued, it waits in the queue while
+    member 0 trains the run's last step. The run then cancels it (a member back only to find the
+    run done would wait for a node ahead of other users' jobs: the workload bench's finished runs
+    kept such members queued for minutes); nothing of the array is left in the queue, member 1
+    ends CANCELLED, and the run reads COMPLETED in `pswift status` (from all its tasks)."""
+    toml = slow_example(tmp_path / "ex", {"nodes": "[1, 2]", "steps": "30", "checkpoint_interval": "0"})
+    toml.write_text(toml.read_text().replace("[resources]\n", "[resources]\nmembers = 2\nmember_wait_s = 120\n", 1)
+                    .replace("[job]\n", '[job]\nsbatch_options = ["--exclusive"]\n', 1))
+    run = tmp_path / "run"
+    array = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml), check=True).stdout.strip()
+    held = []
+    try:
+        wait_steps(run, 6, timeout=240)
+        running = members_of(array)
+        others = 4 - len({m["NodeList"] for m in running.values()})   # the dev cluster's other nodes
+        held.append(subprocess.run(["sbatch", "--parsable", "-p", "low", f"-N{others}", "--exclusive", "-o", "/dev/null",
+                                    "--wrap", "sleep 300"], capture_output=True, text=True, check=True,
+                                   timeout=30).stdout.strip())
+        held.append(preempt(running[1]["NodeList"], 300))
+        final = wait_members(array, {"COMPLETED", "CANCELLED"}, timeout=240)
+    finally:
+        subprocess.run(["scancel", *held], timeout=30)
+    log = slurm_log(run)
+    assert final[0]["JobState"] == "COMPLETED" and final[0]["Restarts"] == "0", (final, log[-3000:])
+    assert final[1]["JobState"] == "CANCELLED" and final[1]["Restarts"] == "1", (final, log[-3000:])
+    assert f"its members still queued (array {array}) are cancelled" in log, log[-3000:]
+    assert not subprocess.run(["squeue", "-h", "-j", array], capture_output=True, text=True, timeout=30).stdout.strip()
+    assert json.loads(pswift("status", array, "--json", check=True).stdout)["state"] == "COMPLETED"
+    steps = [e["step"] for e in run_events(run, torn_ok=True) if e["event"] == "step"]
+    assert sorted(steps) == list(range(1, 31))
+
+
+def in_history_as_one_run(run: Path, array: str, jobs: dict[int, str], requeued: set[int],
+                          states: dict[int, str] | None = None) -> None:
     """The installed jobcomp plugin, at each member's end, ties it to the run: one pswift job
-    (the array's id) for the run directory, and each member's Slurm job by its task."""
+    (the array's id) for the run directory, and each member's Slurm job by its task, with its
+    final state (``states``; COMPLETED each by default)."""
+    states = states or {t: "COMPLETED" for t in jobs}
     db = sqlite3.connect(CLUSTER_DB)
     deadline = time.time() + 60
     while True:
-        ended = db.execute("SELECT COUNT(DISTINCT job_id) FROM slurm_jobs WHERE array_job_id = ? AND state = "
-                           "'COMPLETED'", [array]).fetchone()[0]
+        ended = db.execute("SELECT COUNT(DISTINCT job_id) FROM slurm_jobs WHERE array_job_id = ? AND state IN "
+                           "('COMPLETED', 'CANCELLED')", [array]).fetchone()[0]
         if ended == len(jobs) or time.time() > deadline:
             break
         time.sleep(1)
@@ -127,7 +170,7 @@ def in_history_as_one_run(run: Path, array: str, jobs: dict[int, str], requeued:
     assert runs == [(array, "completed")], runs
     shown = json.loads(pswift("history", "show", array, "--db", str(CLUSTER_DB), "--json", check=True).stdout)
     got = {m["task"]: (m["job_id"], m["state"], m["requeued"]) for m in shown["members"]}
-    assert {t: g[:2] for t, g in got.items()} == {t: (j, "COMPLETED") for t, j in jobs.items()}, shown["members"]
+    assert {t: g[:2] for t, g in got.items()} == {t: (j, states[t]) for t, j in jobs.items()}, shown["members"]
     assert all((g[2] >= 1) == (t in requeued) for t, g in got.items()), shown["members"]
 
 

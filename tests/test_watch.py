@@ -248,3 +248,26 @@ def test_others_listing_folds_no_events_of_a_directory_that_is_no_pswift_run(tmp
     monkeypatch.setattr(rundir, "summarize", lambda d: folded.append(str(d)) or real(d))
     rows = watch.others_listing([])
     assert [r["job_id"] for r in rows] == ["9"] and folded == [str(run)]
+
+
+def _task(job_id: str, state: str, nodes: str = ""):
+    from pipeswift_slurm.slurm.records import JobInfo
+    return JobInfo(job_id, "train", state, "", "low", nodes, (nodes,) if nodes else (), 1 if nodes else 0, 0,
+                   None, None, None, None, 0, "normal")
+
+
+def test_a_run_of_members_reads_as_one_job_from_its_tasks():
+    """reports.watch.members_state: RUNNING while a member runs; once the run trained every step
+    and none runs, COMPLETED though the members it cancelled (queued when it finished) read
+    CANCELLED, and whichever task holds the array's id; PENDING while one waits; else the array's
+    own record (a run cancelled or failed is not made COMPLETED)."""
+    own = _task("20", "CANCELLED")
+    running = [_task("21", "RUNNING", "node2"), own]
+    assert watch.members_state(running, True, own).state == "RUNNING"
+    assert watch.members_state(running, True, own).nodes == "node2"
+    ended = [_task("21", "COMPLETED"), own]
+    assert watch.members_state(ended, True, own).state == "COMPLETED"
+    assert watch.members_state(ended, False, own).state == "CANCELLED"       # the run did not finish
+    waiting = [_task("21", "PENDING"), _task("20", "COMPLETED")]
+    assert watch.members_state(waiting, False, waiting[1]).state == "PENDING"
+    assert watch.members_state([_task("20", "FAILED")], False, _task("20", "FAILED")).state == "FAILED"

@@ -40,6 +40,9 @@ class SlurmPort(Protocol):
     def job_info(self, job_id: str) -> JobInfo | None:
         """The job as Slurm sees it, None once purged."""
 
+    def cancel_pending(self, array_job_id: str) -> None:
+        """Cancel the job array's tasks that are still queued."""
+
 
 _port: list[SlurmPort] = [client]
 

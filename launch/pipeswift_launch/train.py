@@ -446,8 +446,24 @@ def _finish(att: Attempt, stop_code: int) -> int:
         _carry_out(att, d)
     if att.plan["members"] and att.rank == 0 and d.reason == "completed":
         members.finish(Path(att.plan["run_dir"]))   # a member requeued meanwhile ends when it starts
+        _cancel_queued_members(att)
     att.dist.destroy_process_group()
     return d.exit_code
+
+
+def _cancel_queued_members(att: Attempt) -> None:
+    """The run trained every step: its members still in the queue (requeued by a preemption)
+    are cancelled, not left to wait for a node ahead of other users' jobs only to find the run
+    done (the workload bench's zombie members). Their array then ends with those tasks
+    CANCELLED; `pswift status` and `--wait` read the run as COMPLETED (reports.watch)."""
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if not array or att.denv.job_id is None:
+        return
+    try:
+        slurm().cancel_pending(array)
+        _log(att.rank, f"the run is done: its members still queued (array {array}) are cancelled")
+    except Exception as e:   # noqa: BLE001 - they then start, find the run done and end
+        _log(att.rank, f"could not cancel the run's queued members ({e}); each ends when it starts")
 
 
 def _member_decision(att: Attempt, stop: Stop) -> tuple[decide.Decision, int]:

@@ -16,13 +16,16 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 from pipeswift_slurm import memberfiles, runfiles
 from pipeswift_slurm.history import rundir
 from pipeswift_slurm.eventlines import crash_line
 from pipeswift_slurm.durations import duration
-from pipeswift_slurm.errors import PswiftError
+from pipeswift_slurm.errors import PswiftError, SlurmError
+
+if TYPE_CHECKING:
+    from pipeswift_slurm.slurm.records import JobInfo
 
 #: `--wait`'s exit code when --timeout passes first (as timeout(1)): the job goes on
 TIMEOUT_EXIT = 124
@@ -144,7 +147,7 @@ def state(ref: JobRef, summary: dict[str, Any] | None, db: Path | None = None) -
     down = absent = ""
     if ref.job_id:
         try:
-            info = slurm.job_info(ref.job_id)
+            info = job_now(ref.job_id, ref.run)
         except SlurmUnreachable as e:
             info, down = None, str(e)
         except SlurmAbsent as e:   # no Slurm to ask on this machine: the rest still know
@@ -168,13 +171,42 @@ def state(ref: JobRef, summary: dict[str, Any] | None, db: Path | None = None) -
     return seen._replace(unreachable=down, not_asked=absent)
 
 
+def job_now(job_id: str, run: Path | None) -> JobInfo | None:
+    """The job as squeue sees it now; a run of members (``run``'s) as one job, from its array's
+    tasks (:func:`members_state`; ``info`` alone where they cannot be listed). None once Slurm
+    has forgotten it."""
+    from pipeswift_slurm.slurm import client as slurm
+    info = slurm.job_info(job_id)
+    if info is not None and run is not None and memberfiles.newest_sealed(run) is not None:
+        try:
+            tasks = slurm.array_tasks(job_id)
+        except SlurmError:
+            tasks = []
+        info = members_state(tasks or [info], memberfiles.finished(run), info)
+    return info
+
+
+def members_state(tasks: list[JobInfo], finished: bool, own: JobInfo) -> JobInfo:
+    """The run's state from its members' (array tasks): RUNNING while one runs (as that task);
+    once the run trained every step (``finished``) and none runs, COMPLETED: the members still
+    queued then were cancelled by the run (pipeswift_launch.train), their CANCELLED is not the
+    run's end; PENDING while one waits; else ``own``, the array's record of how it ended."""
+    running = [t for t in tasks if not t.terminal and t.state != "PENDING"]
+    if running:
+        return running[0]
+    if finished:
+        return own._replace(state="COMPLETED", reason="")
+    pending = [t for t in tasks if t.state == "PENDING"]
+    return pending[0] if pending else own
+
+
 def has_ended(job_id: str, run: Path, note: Callable[[str], None]) -> bool:
     """Whether the job has ended, for `logs -f`: Slurm's word; while slurmctld does not answer,
     not yet; where Slurm cannot be asked at all, the run's events' word (said once)."""
     from pipeswift_slurm.errors import SlurmAbsent, SlurmUnreachable
     from pipeswift_slurm.slurm import client as slurm
     try:
-        info = slurm.job_info(job_id)
+        info = job_now(job_id, run)
     except SlurmUnreachable:
         return False
     except SlurmAbsent as e:
@@ -323,8 +355,7 @@ def wait(job_id: str, run: Path, say: Callable[[str], None], timeout: float | No
     ``say``. Slurm is asked at 1, 2, 4 ... 30 s intervals (back to 1 s when the job's events
     change, so its end is seen at once); the events are read every ``EVENTS_EVERY_S``."""
     from pipeswift_slurm.errors import SlurmUnreachable
-    from pipeswift_slurm.slurm import client as slurm
-    query = query or slurm.job_info
+    query = query or (lambda j: job_now(j, run))
     start = clock()
     interval, next_query = POLL_FIRST_S, start
     last_state, restarts, seen = "", 0, (0, 0, 0)   # (attempts, crashes, ended attempts) said

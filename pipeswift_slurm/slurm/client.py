@@ -602,3 +602,14 @@ def sacct_state(job_id: str) -> tuple[str, int] | None:
 def cancel(job_id: str, signal: str | None = None) -> None:
     """scancel the job; with ``signal`` (a name or number), only send it to the job's steps."""
     _run(["scancel", *([f"--signal={signal}"] if signal else []), str(job_id)])
+
+
+def cancel_pending(array_job_id: str) -> None:
+    """scancel the array's tasks that are still queued (a run of members that trained every
+    step: a member requeued meanwhile has nothing left to do); its running tasks end themselves."""
+    _run(["scancel", "--state=PENDING", str(array_job_id)], timeout=QUERY_TIMEOUT)
+
+
+def array_tasks(array_job_id: str) -> list[JobInfo]:
+    """Every task of the job array as squeue sees them (recently ended ones included)."""
+    return backend().jobs(str(array_job_id))
