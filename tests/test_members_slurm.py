@@ -123,7 +123,7 @@ def test_a_run_done_with_a_member_still_queued_cancels_it_and_reads_completed(cl
     run done would wait for a node ahead of other users' jobs: the workload bench's finished runs
     kept such members queued for minutes); nothing of the array is left in the queue, member 1
     ends CANCELLED, and the run reads COMPLETED in `pswift status` (from all its tasks)."""
-    toml = slow_example(tmp_path / "ex", {"nodes": "[1, 2]", "steps": "30", "checkpoint_interval": "0"})
+    toml = slow_example(tmp_path / "ex", {"nodes": "[1, 2]", "steps": "60", "checkpoint_interval": "0"})
     toml.write_text(toml.read_text().replace("[resources]\n", "[resources]\nmembers = 2\nmember_wait_s = 120\n", 1)
                     .replace("[job]\n", '[job]\nsbatch_options = ["--exclusive"]\n', 1))
     run = tmp_path / "run"
@@ -137,6 +137,12 @@ def test_a_run_done_with_a_member_still_queued_cancels_it_and_reads_completed(cl
                                     "--wrap", "sleep 300"], capture_output=True, text=True, check=True,
                                    timeout=30).stdout.strip())
         held.append(preempt(running[1]["NodeList"], 300))
+        deadline = time.time() + 120
+        while members_of(array)[1]["JobState"] != "PENDING":   # requeued, with no node to go to
+            assert time.time() < deadline, members_of(array)
+            time.sleep(1)
+        # the run trains on member 0 whichever task holds the array's id (member 1, queued, here)
+        assert json.loads(pswift("status", array, "--json", check=True).stdout)["state"] == "RUNNING"
         final = wait_members(array, {"COMPLETED", "CANCELLED"}, timeout=240)
     finally:
         subprocess.run(["scancel", *held], timeout=30)
@@ -147,7 +153,7 @@ def test_a_run_done_with_a_member_still_queued_cancels_it_and_reads_completed(cl
     assert not subprocess.run(["squeue", "-h", "-j", array], capture_output=True, text=True, timeout=30).stdout.strip()
     assert json.loads(pswift("status", array, "--json", check=True).stdout)["state"] == "COMPLETED"
     steps = [e["step"] for e in run_events(run, torn_ok=True) if e["event"] == "step"]
-    assert sorted(steps) == list(range(1, 31))
+    assert sorted(steps) == list(range(1, 61))
 
 
 def in_history_as_one_run(run: Path, array: str, jobs: dict[int, str], requeued: set[int],

@@ -611,5 +611,6 @@ def cancel_pending(array_job_id: str) -> None:
 
 
 def array_tasks(array_job_id: str) -> list[JobInfo]:
-    """Every task of the job array as squeue sees them (recently ended ones included)."""
-    return backend().jobs(str(array_job_id))
+    """Every task of the job array as squeue sees them (recently ended ones included): through
+    squeue whatever the backend, as pyslurm's Job.load gives the one task holding the array's id."""
+    return CliBackend().jobs(str(array_job_id))
