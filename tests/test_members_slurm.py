@@ -195,6 +195,24 @@ def preempt(node: str, hold_s: int) -> str:
                           capture_output=True, text=True, check=True, timeout=30).stdout.strip()
 
 
+def hold_until_relaunched_without(run: Path, node: str, timeout: float = 240) -> str:
+    """Preempt the member on ``node`` and hold the node until the members left have launched an
+    epoch on fewer than the dev cluster's 4 nodes; then free it. (A fixed 10 s hold raced the
+    relaunch: in a loaded CI stream the survivors took longer than that to launch, the requeued
+    member was back in time to sit in their epoch, and the run never trained on fewer nodes.)"""
+    before = sum(e["event"] == "start" for e in run_events(run, torn_ok=True))
+    high = preempt(node, 900)
+    deadline = time.time() + timeout
+    try:
+        while not [e for e in [e for e in run_events(run, torn_ok=True) if e["event"] == "start"][before:]
+                   if e["nodes"] < 4]:
+            assert time.time() < deadline, slurm_log(run)[-3000:]
+            time.sleep(0.5)
+    finally:
+        subprocess.run(["scancel", high], timeout=30)
+    return high
+
+
 def quiet_seconds(evs: list[dict]) -> list[float]:
     """Per epoch that ended for a change of members: seconds from its last step to the next step."""
     steps = [e for e in evs if e["event"] == "step"]
@@ -208,8 +226,8 @@ def quiet_seconds(evs: list[dict]) -> list[float]:
 def test_four_members_two_preempted_at_different_steps_the_run_completes_and_grows_back(cluster, tmp_path,
                                                                                       background_reference):
     """Four members of one node each (every node of the dev cluster). A high-priority job takes
-    member 1's node at step 8 and another member 2's some 25 steps later, each for 10 s: the
-    members left train on from each stop's step, in their own allocations (members 0 and 3:
+    member 1's node at step 8 and another member 2's some 25 steps later, each until the
+    members left have launched without it: the members left train on from each stop's step, in their own allocations (members 0 and 3:
     Restarts=0); each preempted member, requeued, starts again when its preemptor ends, sits in
     the next epoch, and the run grows back to it at a step boundary. The run completes with every
     step once; each loss is the uninterrupted 4-node run's, bit for bit to the first stop, and
@@ -225,10 +243,10 @@ def test_four_members_two_preempted_at_different_steps_the_run_completes_and_gro
     highs = []
     try:
         wait_steps(run, 8, timeout=240)
-        highs.append(preempt(members_of(array)[1]["NodeList"], 10))
+        highs.append(hold_until_relaunched_without(run, members_of(array)[1]["NodeList"]))
         first = max(e["step"] for e in run_events(run, torn_ok=True) if e["event"] == "step")
         wait_steps(run, first + 25, timeout=240)
-        highs.append(preempt(members_of(array)[2]["NodeList"], 10))
+        highs.append(hold_until_relaunched_without(run, members_of(array)[2]["NodeList"]))
         final = wait_members(array, {"COMPLETED"}, timeout=400)
     finally:
         subprocess.run(["scancel", *highs], timeout=30)
