@@ -63,6 +63,9 @@ class Plan(TypedDict):
     members: int
     #: why members or one job (pipeswift_slurm.planning.members): `pswift sbatch --dry-run` says it
     members_why: str
+    #: how many members may hold nodes at once (the array's ``%K``; pipeswift_slurm.planning.members
+    #: .at_once); the run raises it where growing pays. Read through :func:`members_at_once`
+    members_at_once: int
     member_nodes: int
     member_wait_s: int
     max_requeues: int
@@ -125,6 +128,11 @@ _NEEDED: dict[str, tuple[type, ...]] = {
     "p2p_latency": (int, float), "p2p_bandwidth": (int, float),
     "time_limit_s": (int, _NONE), "time_min_s": (int, _NONE), "signal_lead_s": (int, _NONE),
     "time_written_s": (int, _NONE)}
+
+
+def members_at_once(plan: Plan) -> int:
+    """How many members the run starts with (a plan.json written before the throttle: all)."""
+    return int(plan.get("members_at_once") or plan["members"])
 
 
 def for_partition(plan: Plan, started_in: str | None) -> Plan:

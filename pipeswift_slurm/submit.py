@@ -25,7 +25,7 @@ from pipeswift_slurm.slurm import client as slurm
 from pipeswift_slurm.config import TrainConfig, config_from_dict, describe_overrides, load_config
 from pipeswift_slurm.errors import ConfigError, PswiftError, RunDirError, UsageError
 from pipeswift_slurm.planning.layouts import rule_layouts
-from pipeswift_slurm.plan import Plan, plan_bytes, write_plan
+from pipeswift_slurm.plan import Plan, members_at_once, plan_bytes, write_plan
 from pipeswift_slurm.planning.build import build_plan, limits_of, options_for
 from pipeswift_slurm.slurm.sbatch import planned_option, render
 
@@ -212,7 +212,8 @@ def prepare(toml: Path | str | dict[str, Any], run_dir: Path | str | None = None
     if why:
         raise ConfigError(why)
     plan["submitted_at"] = time.time()
-    opts = options_for(cfg, str(target), limits_of(plan), nodes=plan["nodes_request"], members=plan["members"])
+    opts = options_for(cfg, str(target), limits_of(plan), nodes=plan["nodes_request"], members=plan["members"],
+                       at_once=members_at_once(plan))
     text = _toml_text(toml) if isinstance(toml, dict) else None
     return Prepared(cfg, target, plan, render(opts, str(target), plan["python"]), tuple(sbatch_args),
                     overrides or {}, text)
@@ -238,7 +239,7 @@ def dry_run_script(p: Prepared) -> str:
     it), and appends its output to the run directory's log; options after `--` are #SBATCH
     lines of it."""
     opts = options_for(p.config, str(p.run_dir), limits_of(p.plan), nodes=p.plan["nodes_request"],
-                       members=p.plan["members"])
+                       members=p.plan["members"], at_once=members_at_once(p.plan))
     opts = opts._replace(output=None, extra=opts.extra + p.sbatch_args)
     return render(opts, str(p.run_dir), p.plan["python"],
                   carried={runfiles.TOML: _toml_copy(p), runfiles.PLAN: plan_bytes(p.plan)})

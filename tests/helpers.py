@@ -195,6 +195,9 @@ class FakeSlurm:
     def cancel_pending(self, array_job_id: str) -> None:
         self.calls.append(("cancel_pending", array_job_id))
 
+    def set_array_throttle(self, array_job_id: str, at_once: int) -> None:
+        self.calls.append(("set_array_throttle", array_job_id, at_once))
+
 
 @contextlib.contextmanager
 def slurm_port(fake: FakeSlurm) -> Iterator[FakeSlurm]:

@@ -441,7 +441,7 @@ def test_the_slurm_client_and_the_tests_fake_implement_the_launchers_port():
     from pipeswift_slurm.slurm import client
     wanted = {n: inspect.signature(f) for n, f in vars(slurmport.SlurmPort).items()
               if callable(f) and not n.startswith("_")}
-    assert len(wanted) == 10
+    assert len(wanted) == 11
     for impl in (client, FakeSlurm()):
         for name, sig in wanted.items():
             got = inspect.signature(getattr(impl, name))

@@ -388,3 +388,46 @@ def test_pswift_run_of_members_refuses_nodes_that_are_not_whole_members(tmp_path
     lines = got.stderr.strip().splitlines()
     assert len(lines) == 1 and f"--nodes {nodes}" in lines[0] and "multiple of 2 up to 4" in lines[0], got.stderr
     assert "Traceback" not in got.stderr and not run.exists()
+
+
+def test_the_array_holds_back_the_members_beyond_the_planners_node_count(tmp_path):
+    """planning.members.at_once: as many members run at once as the planner's chosen node count
+    holds (one job would ask no more), never fewer than the range's bottom; the batch script's
+    --array carries it as ``%K`` only where it holds members back."""
+    from types import SimpleNamespace
+
+    from pipeswift_slurm.config import load_config
+    from pipeswift_slurm.planning import build, members as choice
+    toml = slow_example(tmp_path / "ex", {"nodes": "[2, 4]"})
+    toml.write_text(toml.read_text().replace("[resources]\n", "[resources]\nmembers = 4\n", 1))
+    cfg = load_config(toml)
+    chose = lambda n: SimpleNamespace(chosen=SimpleNamespace(nodes=n))   # noqa: E731
+    assert [choice.at_once(cfg, chose(n), 4) for n in (1, 2, 3, 4)] == [2, 2, 3, 4]
+    assert choice.at_once(cfg, None, 4) == 4 and choice.at_once(cfg, chose(3), 0) == 0
+    assert [build._array(4, k) for k in (2, 4, 0)] == ["0-3%2", "0-3", "0-3"] and build._array(0, 2) is None
+
+
+def test_a_run_of_members_counts_free_nodes_without_its_own_held_back_tasks_and_records_a_raise(tmp_path):
+    """grow.members_free: idle nodes less what pending jobs ask for, the array's own held-back
+    tasks (one pending job holding the array's id) aside; a requeued member (its own job id)
+    counts, as it starts first. grow.let_members_run sets the throttle through the port and says
+    so in plan.json, which the next launch reads."""
+    from helpers import FakeSlurm, plan_with
+    from pipeswift_launch import grow
+    from pipeswift_slurm.plan import members_at_once, read_plan, write_plan
+    from pipeswift_slurm.slurm.cluster import ClusterState, NodeState, PendingJob
+    nodes = [NodeState(f"n{i}", "idle" if i < 3 else "allocated", 2, 2 if i < 3 else 0, ("low",)) for i in range(4)]
+    array, requeued, theirs = (PendingJob(j, "low", 1, 600.0) for j in ("100", "103", "200"))
+    assert grow.members_free(ClusterState(0.0, nodes, [], [array]), "low", 2, "100") == 3
+    assert grow.members_free(ClusterState(0.0, nodes, [], [array, requeued, theirs]), "low", 2, "100") == 1
+    as_text = [PendingJob(j, "low", 1, 600.0) for j in ("100_[2-3%2]", "100_1", "200")]   # 22.05's squeue text
+    assert grow.members_free(ClusterState(0.0, nodes, [], as_text), "low", 2, "100") == 1
+    plan = plan_with(members=4, members_at_once=2, member_nodes=1, run_dir=str(tmp_path))
+    write_plan(plan, tmp_path / "plan.json")
+    assert grow.held_back(plan)
+    fake = FakeSlurm()
+    grow.let_members_run(plan, "100", 3, fake.set_array_throttle)
+    assert fake.calls == [("set_array_throttle", "100", 3)]
+    assert members_at_once(read_plan(tmp_path / "plan.json")) == 3 == members_at_once(plan) and grow.held_back(plan)
+    grow.let_members_run(plan, "100", 4, fake.set_array_throttle)
+    assert not grow.held_back(plan) and members_at_once(read_plan(tmp_path / "plan.json")) == 4

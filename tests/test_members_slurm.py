@@ -365,3 +365,36 @@ def test_a_member_whose_node_dies_without_a_word_is_left_behind_within_a_minute(
     assert starts[1]["time"] - starts[1]["setup_s"] - died <= 60, (starts[1], died)
     assert sorted(step_losses(run, torn_ok=True)) == list(range(1, steps + 1))
     assert [e["reason"] for e in evs if e["event"] == "end"][-1] == "completed"
+
+
+def test_members_beyond_the_planners_node_count_wait_in_the_array_until_growing_onto_them_pays(cluster, tmp_path):
+    """Two of the dev cluster's four nodes held by other jobs at submission: the planner chooses
+    the two free ones, and the array of four one-node members runs two at once (``%2``): the
+    other two wait as the array's, not ahead of other users' jobs for every node that frees.
+    When the holders end, rank 0 finds growing onto the freed nodes pays, lets the array run
+    more at once, and the run grows onto them in place; it completes with every step once."""
+    holders = [subprocess.run(["sbatch", "--parsable", "-p", "low", "-N1", "--exclusive", "-t", "10", "-o", "/dev/null",
+                               "--wrap", "sleep 600"], capture_output=True, text=True, check=True,
+                              timeout=30).stdout.strip() for _ in range(2)]
+    try:
+        toml = paced_example(tmp_path / "ex", steps=STEPS, members=4, nodes="[2, 4]")
+        run = tmp_path / "run"
+        proc = pswift("sbatch", "--parsable", "--run-dir", str(run), str(toml))
+        assert proc.returncode == 0, proc.stderr
+        array = proc.stdout.strip()
+        wait_steps(run, 10, timeout=240)
+        tasks = subprocess.run(["squeue", "-h", "-r", "-j", array, "-o", "%K %T %r"], capture_output=True, text=True,
+                               timeout=30).stdout.split("\n")
+        held = sorted(line.split()[0] for line in tasks if line.endswith("JobArrayTaskLimit"))
+        assert held == ["2", "3"], (tasks, (run / "plan.json").read_text()[:400])
+    finally:
+        subprocess.run(["scancel", *holders], timeout=30)
+    final = wait_members(array, {"COMPLETED"}, timeout=400)
+    log = slurm_log(run)
+    assert f"members: array {array} lets " in log, log[-3000:]
+    assert all(final[t]["Restarts"] == "0" for t in range(4)), (final, log[-3000:])
+    evs = run_events(run, torn_ok=True)
+    nodes = [e["nodes"] for e in evs if e["event"] == "start"]
+    assert nodes[0] == 2 and nodes[-1] == 4, (nodes, log[-3000:])
+    assert sorted(e["step"] for e in evs if e["event"] == "step") == list(range(1, STEPS + 1))
+    assert json.loads(pswift("status", array, "--json", check=True).stdout)["state"] == "COMPLETED"

@@ -15,15 +15,26 @@ only with a requeue to spare (``max_requeues``): no flapping.
 
 Nodes count as free when idle (enough idle CPUs) in the job's partition, not the job's own,
 less the nodes the partition's pending jobs ask for (they may start first).
+
+A run of members grows in place onto members waiting to join (files in the run directory). Its
+array holds members back beyond the planner's node count (``%K``, plan.json's
+``members_at_once``): where growing onto free nodes pays by the same rule, rank 0 raises the
+throttle (:func:`let_members_run`), a held-back member starts, sits down, and the run grows onto it;
+a member the run declines brings the throttle back down to the members training.
 """
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from pipeswift_slurm.plan import predicted_steps
+from pipeswift_slurm import runfiles
+from pipeswift_slurm.plan import members_at_once, predicted_steps, read_plan, write_plan
+from pipeswift_slurm.planning.decide import free_nodes
+from pipeswift_slurm.slurm.cluster import ClusterState
+from pipeswift_slurm.slurm.records import holds_array_tasks
 from pipeswift_slurm.stats import median_of
 
 from .relayout import COST_MARGIN, MIN_GAIN
@@ -99,6 +110,29 @@ def choose(plan: Plan, nodes: int, free: int, step_times: Sequence[float], remai
                     f"{best.predicted_step_s:.4g} s predicted, saves {best.gain_s:.1f} s over {remaining} "
                     f"step(s) for a requeue of {best.cost_s:.1f} s")
     return best
+
+
+def held_back(plan: Plan) -> bool:
+    """Whether the run's array holds members back (its throttle under its task count)."""
+    return members_at_once(plan) < int(plan["members"])
+
+
+def members_free(state: ClusterState, partition: str | None, cpus_per_node: int, array_id: str) -> int:
+    """Nodes a run of members could add by starting a member its array holds back: idle nodes,
+    less what pending jobs ask for, the array's own held-back tasks aside (squeue lists them as
+    one pending job: ``records.holds_array_tasks``); a member requeued by a preemption counts as the
+    others do: it starts first."""
+    others = [p for p in state.pending if not holds_array_tasks(p.job_id, array_id)]
+    return free_nodes(ClusterState(state.now, state.nodes, state.running, others), partition, cpus_per_node, set())
+
+
+def let_members_run(plan: Plan, array_id: str, at_once: int, set_throttle: Callable[[str, int], None]) -> None:
+    """Let ``at_once`` members of the run hold nodes (the array's throttle), and say so in the
+    run's plan.json (``plan``, this launch's copy, too), so the next launch starts from it."""
+    set_throttle(array_id, at_once)
+    plan["members_at_once"] = at_once
+    path = Path(plan["run_dir"]) / runfiles.PLAN
+    write_plan({**read_plan(path), "members_at_once": at_once}, path)
 
 
 class Watcher:

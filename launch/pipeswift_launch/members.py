@@ -15,7 +15,7 @@ rank 0 declines the member (:func:`decline`), which then ends and gives its node
 than hold them idle.
 
 An epoch is due when its seats hold the node range's bottom and every expected member sat down
-(at the start all; later those of the last epoch that did not say they left), or when the first
+(at the start all the array lets run at once, plan.json's ``members_at_once``; later those of the last epoch that did not say they left), or when the first
 seat waited ``member_wait_s`` (at the start) or ``REJOIN_WAIT_S`` (later; where every member left,
 no longer than the run's relaunch: :func:`seat_wait`) (:func:`due`); an
 epoch after the first, only once the one before is over (:func:`before_ended`): a member back
@@ -41,7 +41,7 @@ from pipeswift_slurm import events
 from pipeswift_slurm.errors import PswiftError
 from pipeswift_slurm.memberfiles import (DONE, FOLDER, FRESH_S, SEALED, Epoch, MembersError, Seat, declined_mark,
                                         epoch_dir, finished, left_mark, newest_sealed, seats, sealed, waiting)
-from pipeswift_slurm.plan import read_plan, runnable
+from pipeswift_slurm.plan import members_at_once, read_plan, runnable
 from pipeswift_slurm.slurm.records import expand_hostlist
 from pipeswift_slurm.userfiles import create_private
 
@@ -257,7 +257,7 @@ def main(argv: list[str]) -> int:
         nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST", ""))
         ranks = int(env.get("SLURM_NTASKS") or len(nodes))
         lo = min(int(n) for n in plan["layouts"])
-        epoch = join(Path(plan["run_dir"]), task, job_id, nodes, ranks, int(plan["members"]), lo,
+        epoch = join(Path(plan["run_dir"]), task, job_id, nodes, ranks, members_at_once(plan), lo,
                      float(plan["member_wait_s"]), JOIN_TIMEOUT_S)
     except (PswiftError, MembersError, ValueError) as e:
         print(f"pswift: member of the run cannot join it: {e}", file=sys.stderr, flush=True)

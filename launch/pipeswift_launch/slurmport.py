@@ -43,6 +43,9 @@ class SlurmPort(Protocol):
     def cancel_pending(self, array_job_id: str) -> None:
         """Cancel the job array's tasks that are still queued."""
 
+    def set_array_throttle(self, array_job_id: str, at_once: int) -> None:
+        """How many of the job array's tasks may run at once."""
+
 
 _port: list[SlurmPort] = [client]
 

@@ -591,10 +591,18 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
             plan["schedule"]).step_s
 
     epoch = int(os.environ.get("PSWIFT_EPOCH") or 0)
+    array = os.environ.get("SLURM_ARRAY_JOB_ID") or ""
+    throttled = bool(plan["members"] and array and grow.held_back(plan))
+    asked = [-float(plan["grow_check_s"])]   # when Slurm was last asked: as often as one job asks it
 
     def check() -> Any:
         waiting = memberfiles.waiting(Path(plan["run_dir"]), epoch) if plan["members"] else []
-        if plan["members"]:   # the nodes of members seated for the next epoch, not Slurm's free ones
+        held = throttled and not waiting and grow.held_back(plan) and \
+            time.monotonic() - asked[0] >= float(plan["grow_check_s"])
+        if held:   # nodes a member the array holds back could start on
+            asked[0] = time.monotonic()
+            free = grow.members_free(slurm().cluster_state(), plan["partition"], cpus, array)
+        elif plan["members"]:   # the nodes of members seated for the next epoch, not Slurm's free ones
             free = sum(len(s.nodes) for s in waiting)
         else:
             state = slurm().cluster_state()
@@ -603,15 +611,43 @@ def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str,
         g = grow.choose(plan, denv.nodes, free, step_times[-20:], int(plan["training"]["steps"]) - att.step,
                         att.setup_s + att.load_s, att.checkpoints.last_s or 0.0, predicted,
                         requeue_s=0.0 if plan["members"] else grow.REQUEUE_S)
+        if held and g.go:
+            return _start_held_member(att, array, g)
         if g.declined and waiting:   # a member the run will not take gives its nodes back, not held idle
-            _log(0, f"member(s) {','.join(str(s.task) for s in waiting)} not taken ({g.why}): they end")
-            for s in waiting:
-                members.decline(memberfiles.epoch_dir(Path(plan["run_dir"]), epoch + 1), s.task)
+            _decline_members(att, waiting, epoch, g, array if throttled else "")
         return g
 
     w = grow.Watcher(check_s, check, signals.request_grow, lambda msg: _log(0, msg))
     w.start()
     return w
+
+
+def _start_held_member(att: Attempt, array: str, g: Any) -> Any:
+    """Growing onto free nodes pays: the array lets a member it holds back start (its throttle
+    up to the members ``g`` grows to); the run grows onto it once it sits down (not now: it is
+    not here yet)."""
+    at_once = g.nodes_to // int(att.plan["member_nodes"])
+    try:
+        grow.let_members_run(att.plan, array, at_once, slurm().set_array_throttle)
+    except Exception as e:   # noqa: BLE001 - Slurm unreachable: the next check tries again
+        return grow.Growth(False, f"cannot let the array start a member ({e})", g.nodes_from)
+    _log(0, f"members: array {array} lets {at_once} member(s) run at once ({g.why})")
+    return grow.Growth(False, f"waiting for the member(s) array {array} now starts", g.nodes_from)
+
+
+def _decline_members(att: Attempt, waiting: list[Any], epoch: int, g: Any, array: str) -> None:
+    """Members the run will not take end and give their nodes back; an array that held members
+    back holds back as many again (its throttle down to the members training), or the next
+    one would start only to be declined."""
+    _log(0, f"member(s) {','.join(str(s.task) for s in waiting)} not taken ({g.why}): they end")
+    for s in waiting:
+        members.decline(memberfiles.epoch_dir(Path(att.plan["run_dir"]), epoch + 1), s.task)
+    if array:
+        try:
+            grow.let_members_run(att.plan, array, att.denv.nodes // int(att.plan["member_nodes"]),
+                               slurm().set_array_throttle)
+        except Exception as e:   # noqa: BLE001 - it stays as it was; a member started is declined too
+            _log(0, f"could not hold the array's members back again ({e})")
 
 
 def _commit_growth(att: Attempt, watcher: Any, profiled: dict[str, Any] | None) -> None:

@@ -196,7 +196,7 @@ def _limits_section(lim: Limits, written_s: int | None) -> dict[str, Any]:
 def _members(cfg: TrainConfig, planned: "PlanResult | None") -> dict[str, Any]:
     """plan.json's ``members`` (0: one job) and why (pipeswift_slurm.planning.members)."""
     n, why = members.choose(cfg, planned)
-    return {"members": n, "members_why": why}
+    return {"members": n, "members_why": why, "members_at_once": members.at_once(cfg, planned, n)}
 
 
 def _checkpoint_auto(cfg: TrainConfig, planned: "PlanResult | None") -> dict[str, Any] | None:
@@ -210,17 +210,25 @@ def _checkpoint_auto(cfg: TrainConfig, planned: "PlanResult | None") -> dict[str
     return {**planned.interruptions.record(), "cost_s": planned.checkpoint_cost_s, "every_s": every}
 
 
+def _array(members: int, at_once: int) -> str | None:
+    """sbatch's --array for a run of members: one task a member, ``%K`` where fewer run at once."""
+    if not members:
+        return None
+    return f"0-{members - 1}" + (f"%{at_once}" if 0 < at_once < members else "")
+
+
 def options_for(cfg: TrainConfig, run_dir: str, limits: Limits,
-                nodes: str | None = None, members: int = 0) -> SbatchOptions:
+                nodes: str | None = None, members: int = 0, at_once: int = 0) -> SbatchOptions:
     """The batch script's options: the TOML's, with the node request, the members (plan.json's:
-    0, one job) and the time limits planned."""
+    0, one job; ``at_once``: how many may run at once, the array's throttle) and the time limits
+    planned."""
     r, j = cfg.resources, cfg.job
     lead = limits.signal_lead_s
     # the TOML's own spelling when the limit is the one it wrote, else whole minutes
     time = j.time if limits.time_s == j.time_seconds else None if limits.time_s is None else slurm_minutes(limits.time_s)
     return SbatchOptions(
         job_name=j.name, nodes=str(r.member_nodes) if members else nodes or r.nodes_spec,
-        ntasks_per_node=r.tasks_per_node, array=f"0-{members - 1}" if members else None,
+        ntasks_per_node=r.tasks_per_node, array=_array(members, at_once),
         cpus_per_task=r.cpus_per_task, output=output_pattern(run_dir),
         partition=",".join(j.partitions) if len(j.partitions) > 1 else j.partition,   # Slurm's list
         time=time,

@@ -610,6 +610,14 @@ def cancel_pending(array_job_id: str) -> None:
     _run(["scancel", "--state=PENDING", str(array_job_id)], timeout=QUERY_TIMEOUT)
 
 
+def set_array_throttle(array_job_id: str, at_once: int) -> None:
+    """How many of the job array's tasks may run at once (``scontrol update ArrayTaskThrottle``,
+    the ``%K`` of --array, which the array's owner may change while tasks are queued). Raises
+    PswiftError with Slurm's word."""
+    _run(["scontrol", "update", f"JobId={array_job_id}", f"ArrayTaskThrottle={int(at_once)}"],
+         timeout=QUERY_TIMEOUT)
+
+
 def array_tasks(array_job_id: str) -> list[JobInfo]:
     """Every task of the job array as squeue sees them (recently ended ones included): through
     squeue whatever the backend, as pyslurm's Job.load gives the one task holding the array's id."""

@@ -65,6 +65,12 @@ class JobInfo(NamedTuple):
         return self.state in TERMINAL_STATES
 
 
+def holds_array_tasks(job_id: str, array_job_id: str) -> bool:
+    """Whether a pending job is the job array's own record of its tasks not started yet: squeue's
+    text names it ``ARRAY_[2-3%2]`` (22.05's CLI), its JSON and pyslurm by the array's id."""
+    return job_id == array_job_id or job_id.startswith(f"{array_job_id}_[")
+
+
 def load(text: str, what: str) -> dict[str, Any]:
     """Parse one JSON answer; a non-object or malformed answer is a SlurmError naming the command."""
     try:
