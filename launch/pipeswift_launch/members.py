@@ -15,14 +15,15 @@ rank 0 declines the member (:func:`decline`), which then ends and gives its node
 than hold them idle.
 
 An epoch is due when its seats hold the node range's bottom and every expected member sat down
-(at the start all the array lets run at once, plan.json's ``members_at_once``; later those of the last epoch that did not say they left), or when the first
-seat waited ``member_wait_s`` (at the start) or ``REJOIN_WAIT_S`` (later; where every member left,
-no longer than the run's relaunch: :func:`seat_wait`) (:func:`due`); an
-epoch after the first, only once the one before is over (:func:`before_ended`): a member back
-from the queue waits while the run trains, and joins when rank 0 grows the run. A seat
-is fresh while its member keeps touching it. A member whose epoch ended (a peer preempted or
-dead, a member waiting to join) joins the next one: the epoch after the newest sealed one. The
-records' reading side is :mod:`pipeswift_slurm.memberfiles`. No torch here.
+(at the start all the array lets run at once, plan.json's ``members_at_once``; later those of
+the last epoch that did not say they left), or when the first seat waited ``member_wait_s``
+(at the start) or ``REJOIN_WAIT_S`` (later; where every member left, no longer than the run's
+relaunch: :func:`seat_wait`) (:func:`due`); an epoch after the first, only once the one before
+is over (:func:`before_ended`): a member back from the queue waits while the run trains, and
+joins when rank 0 grows the run. A seat is fresh while its member keeps touching it. A member
+whose epoch ended (a peer preempted or dead, a member waiting to join) joins the next one: the
+epoch after the newest sealed one. The records' reading side is
+:mod:`pipeswift_slurm.memberfiles`. No torch here.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from pipeswift_slurm import runfiles
 from pipeswift_slurm import events as events_schema
 from pipeswift_slurm import memberfiles
 from pipeswift_slurm.codes import POSTED_BELOW_S, Action, Exit, Stop
-from pipeswift_slurm.plan import relaid_out, write_plan
+from pipeswift_slurm.plan import members_at_once, relaid_out, write_plan
 from pipeswift_slurm.planning import decide, interval, limits
 from pipeswift_slurm.planning.costmodel import estimate_step, zero_bucket_elements
 
@@ -626,7 +626,9 @@ def _start_held_member(att: Attempt, array: str, g: Any) -> Any:
     """Growing onto free nodes pays: the array lets a member it holds back start (its throttle
     up to the members ``g`` grows to); the run grows onto it once it sits down (not now: it is
     not here yet)."""
-    at_once = g.nodes_to // int(att.plan["member_nodes"])
+    at_once = -(-g.nodes_to // int(att.plan["member_nodes"]))   # whole members, never fewer than it runs
+    if at_once <= members_at_once(att.plan):
+        return grow.Growth(False, f"array {array} already lets {members_at_once(att.plan)} member(s) run", g.nodes_from)
     try:
         grow.let_members_run(att.plan, array, at_once, slurm().set_array_throttle)
     except Exception as e:   # noqa: BLE001 - Slurm unreachable: the next check tries again
