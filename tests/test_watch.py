@@ -268,6 +268,9 @@ def test_a_run_of_members_reads_as_one_job_from_its_tasks():
     ended = [_task("21", "COMPLETED"), own]
     assert watch.members_state(ended, True, own).state == "COMPLETED"
     assert watch.members_state(ended, False, own).state == "CANCELLED"       # the run did not finish
+    ending = [_task("21", "COMPLETING", "node2"), own]
+    assert watch.members_state(ending, True, own).state == "COMPLETED"       # the run trained every step
+    assert watch.members_state(ending, False, own).state == "COMPLETING"
     waiting = [_task("21", "PENDING"), _task("20", "COMPLETED")]
     assert watch.members_state(waiting, False, waiting[1]).state == "PENDING"
     assert watch.members_state([_task("20", "FAILED")], False, _task("20", "FAILED")).state == "FAILED"

@@ -191,7 +191,9 @@ def members_state(tasks: list[JobInfo], finished: bool, own: JobInfo) -> JobInfo
     once the run trained every step (``finished``) and none runs, COMPLETED: the members still
     queued then were cancelled by the run (pipeswift_launch.train), their CANCELLED is not the
     run's end; PENDING while one waits; else ``own``, the array's record of how it ended."""
-    running = [t for t in tasks if not t.terminal and t.state != "PENDING"]
+    # a task COMPLETING once the run trained every step is ending, not training (CI read it so
+    # after squeue listed no task of the array)
+    running = [t for t in tasks if not t.terminal and t.state != "PENDING" and not (finished and t.state == "COMPLETING")]
     if running:
         return running[0]
     if finished:
