@@ -431,3 +431,25 @@ def test_a_run_of_members_counts_free_nodes_without_its_own_held_back_tasks_and_
     assert members_at_once(read_plan(tmp_path / "plan.json")) == 3 == members_at_once(plan) and grow.held_back(plan)
     grow.let_members_run(plan, "100", 4, fake.set_array_throttle)
     assert not grow.held_back(plan) and members_at_once(read_plan(tmp_path / "plan.json")) == 4
+
+
+def test_a_throttle_raise_waits_for_a_relayout_being_written_and_keeps_it(tmp_path):
+    """The watcher's throttle raise (a read of plan.json, then a write) takes turns with rank 0's
+    re-layout write (grow.PLAN_WRITES): begun while the re-layout holds the turn, it writes only
+    after it, onto the re-laid-out plan, and the re-layout's copy carries the raise made before."""
+    import threading
+    from helpers import FakeSlurm, plan_with
+    from pipeswift_launch import grow
+    from pipeswift_slurm.plan import members_at_once, read_plan, relaid_out, write_plan
+    path = tmp_path / "plan.json"
+    plan = plan_with(members=4, members_at_once=2, member_nodes=1, run_dir=str(tmp_path))
+    write_plan(plan, path)
+    raising = threading.Thread(target=grow.let_members_run, args=(plan, "100", 3, FakeSlurm().set_array_throttle))
+    with grow.PLAN_WRITES:   # rank 0 writes a re-layout from its copy meanwhile
+        raising.start()
+        raising.join(0.5)
+        assert raising.is_alive() and members_at_once(read_plan(path)) == 2 == members_at_once(plan)
+        write_plan(relaid_out(plan, {}, {"reason": "test"}), path)
+    raising.join(5)
+    got = read_plan(path)
+    assert not raising.is_alive() and members_at_once(got) == 3 and got["revision"] == plan.get("revision", 0) + 1

@@ -126,13 +126,20 @@ def members_free(state: ClusterState, partition: str | None, cpus_per_node: int,
     return free_nodes(ClusterState(state.now, state.nodes, state.running, others), partition, cpus_per_node, set())
 
 
+#: plan.json's writers in this launch take turns: rank 0's main thread writing a re-layout from
+#: its copy of the plan, and the growth watcher's thread raising the members' throttle (a read of
+#: the file, then a write): neither write may drop the other's change
+PLAN_WRITES = threading.Lock()
+
+
 def let_members_run(plan: Plan, array_id: str, at_once: int, set_throttle: Callable[[str, int], None]) -> None:
     """Let ``at_once`` members of the run hold nodes (the array's throttle), and say so in the
     run's plan.json (``plan``, this launch's copy, too), so the next launch starts from it."""
     set_throttle(array_id, at_once)
-    plan["members_at_once"] = at_once
     path = Path(plan["run_dir"]) / runfiles.PLAN
-    write_plan({**read_plan(path), "members_at_once": at_once}, path)
+    with PLAN_WRITES:
+        plan["members_at_once"] = at_once
+        write_plan({**read_plan(path), "members_at_once": at_once}, path)
 
 
 class Watcher:

@@ -665,7 +665,8 @@ def _commit_growth(att: Attempt, watcher: Any, profiled: dict[str, Any] | None) 
             if cuts:
                 record = {"job_id": att.denv.job_id, "attempt": att.denv.attempt, "step": att.step,
                           "nodes": att.denv.nodes, "reason": "grow", "cuts": cuts}
-                write_plan(relaid_out(att.plan, cuts, record), Path(att.plan["run_dir"]) / runfiles.PLAN)
+                with grow.PLAN_WRITES:
+                    write_plan(relaid_out(att.plan, cuts, record), Path(att.plan["run_dir"]) / runfiles.PLAN)
                 _log(0, f"growing: plan.json re-cut from the measured layer times for {sorted(cuts, key=int)} node(s)")
 
 
@@ -677,7 +678,8 @@ def _commit_relayout(att: Attempt, proposal: Any, profiled: dict[str, Any]) -> N
         cuts[str(att.denv.nodes)] = proposal.boundaries
         record = {"job_id": att.denv.job_id, "attempt": att.denv.attempt, "step": att.step,
                   "nodes": att.denv.nodes, "from": att.boundaries, **proposal.record()}
-        write_plan(relaid_out(att.plan, cuts, record), Path(att.plan["run_dir"]) / runfiles.PLAN)
+        with grow.PLAN_WRITES:
+            write_plan(relaid_out(att.plan, cuts, record), Path(att.plan["run_dir"]) / runfiles.PLAN)
         att.events.emit("relayout", step=att.step, nodes=att.denv.nodes, boundaries_from=att.boundaries,
                         boundaries_to=proposal.boundaries, step_s=round(proposal.step_s, 6),
                         predicted_step_s=round(proposal.predicted_step_s, 6),
