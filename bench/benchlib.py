@@ -101,7 +101,7 @@ from deepspeed import comm as dist
 from pipeswift_slurm.plan import parse_plan
 from pipeswift_launch import data, ds_compat, rng
 from pipeswift_launch.pipe import build_pipe
-from pipeswift_launch.train import ds_config
+from pipeswift_launch.dsconfig import ds_config
 plan = parse_plan(open(plan_path, "rb").read())
 layout = plan["layouts"][str(world)]
 ds_compat.skip_shm_build()

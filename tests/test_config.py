@@ -179,7 +179,7 @@ def test_every_training_setting_reaches_deepspeeds_config(tmp_path):
     assert code == 0, err
     from pipeswift_slurm import submit
     plan = json.loads(json.dumps(submit.prepare(tmp_path / "cfg" / "train.toml", live=False).plan))
-    from pipeswift_launch.train import ds_config
+    from pipeswift_launch.dsconfig import ds_config
     cfg = ds_config(plan, plan["layouts"]["2"])
     assert cfg["bf16"] == {"enabled": True} and cfg["zero_optimization"] == {"stage": 1}
     assert cfg["data_types"] == {"grad_accum_dtype": "fp32"} and cfg["gradient_clipping"] == 0.5

@@ -210,7 +210,7 @@ s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.clos
 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                   MASTER_PORT=str(port), DS_ACCELERATOR="cpu")
 import torch, torch.utils.checkpoint, deepspeed
-from pipeswift_launch import ds_compat, pipe, train
+from pipeswift_launch import ds_compat, dsconfig, pipe
 calls = []
 real = torch.utils.checkpoint.checkpoint
 torch.utils.checkpoint.checkpoint = lambda *a, **kw: (calls.append(1), real(*a, **kw))[1]
@@ -227,7 +227,7 @@ layout = {"stages": 1, "boundaries": [0, 4], "partition": "uniform", "micro_batc
           "micro_batches": 2}
 model = pipe.build_pipe(plan, layout)
 engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                       config=train.ds_config(plan, layout))
+                                       config=dsconfig.ds_config(plan, layout))
 sys.path.insert(0, sys.argv[2])
 from model import batch
 engine.train_batch(data_iter=iter([batch(step=0, index=i, micro_batch_size=2, seed=1) for i in range(2)]))

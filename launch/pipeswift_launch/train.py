@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,15 +16,15 @@ import torch
 from deepspeed import comm as dist
 from pipeswift_slurm import runfiles
 from pipeswift_slurm import events as events_schema
-from pipeswift_slurm import memberfiles
 from pipeswift_slurm.codes import POSTED_BELOW_S, Action, Exit, Stop
-from pipeswift_slurm.plan import members_at_once, relaid_out, write_plan
+from pipeswift_slurm.plan import relaid_out, write_plan
 from pipeswift_slurm.planning import decide, interval, limits
-from pipeswift_slurm.planning.costmodel import estimate_step, zero_bucket_elements
 
-from . import (collectives, data, ds_compat, grow, members, metrics, probe, relayout, rendezvous, rng, signals,
+from . import (collectives, data, ds_compat, grow, growwatch, members, metrics, probe, relayout, rendezvous, rng,
                zerobubble)
+from .attempt import Attempt
 from .checkpointer import Checkpointer
+from .dsconfig import ds_config
 from .dist_env import DistEnv, log0 as _log
 from .pipe import build_pipe
 from .layerprofile import PROFILE_STEPS, InstructionTimer, LayerProfiler
@@ -35,7 +35,7 @@ from .stepparts import StepParts
 from .watchdog import Watchdog, end_attempt
 
 if TYPE_CHECKING:
-    from pipeswift_slurm.plan import LayoutSpec, Plan, TrainingSpec
+    from pipeswift_slurm.plan import LayoutSpec, Plan
 
 
 #: the slots of the flags every rank all-reduces (MAX) at each step's end: the stop code
@@ -44,89 +44,6 @@ if TYPE_CHECKING:
 FLAG_STOP, FLAG_DRIFT, FLAG_DUE, FLAG_WRITING, FLAG_STEP_S = range(5)
 #: the step this rank is running (None before training): a crash's record says where it was
 progress: dict[str, int | None] = {"step": None}
-
-
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def _precision(t: TrainingSpec) -> dict[str, Any]:
-    """DeepSpeed's precision settings for [training] precision and zero_stage."""
-    precision, zero = t["precision"], int(t["zero_stage"])
-    if precision == "bf16":
-        # ZeRO-1 + bf16: DeepSpeed's BF16 optimizer accumulates gradients in fp32 (bf16
-        # accumulation over many micro-batches loses precision)
-        return {"bf16": {"enabled": True}, **({"data_types": {"grad_accum_dtype": "fp32"}} if zero else {})}
-    if precision == "fp16":  # dynamic loss scaling; the scaler's state is in the optimizer's
-        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}}
-    return {}
-
-
-def _scheduler(t: TrainingSpec, lr: float) -> dict[str, Any]:
-    """Linear warm-up, then constant or cosine decay to lr x lr_min_ratio at the last step."""
-    warmup, decay = int(t["lr_warmup_steps"]), t["lr_decay"]
-    if decay == "cosine":
-        return {"scheduler": {"type": "WarmupCosineLR", "params": {
-            "total_num_steps": int(t["steps"]), "warmup_num_steps": max(1, warmup),
-            "warmup_min_ratio": 0.0 if warmup else 1.0, "warmup_type": "linear",
-            "cos_min_ratio": float(t["lr_min_ratio"])}}}
-    if warmup:
-        return {"scheduler": {"type": "WarmupLR", "params": {
-            "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup,
-            "warmup_type": "linear"}}}
-    return {}
-
-
-def ds_config(plan: Plan, layout: LayoutSpec, stage_elements: int | None = None) -> dict[str, Any]:
-    """DeepSpeed's configuration: every setting from plan.json's training section (train.toml
-    refuses ds_config keys pswift sets or cannot checkpoint); with this rank's ``stage_elements``
-    (parameters), ZeRO's gradient bucket no larger than the stage (costmodel.zero_bucket_elements)."""
-    t = plan["training"]
-    opt: dict[str, Any] = _deep_merge({"type": "AdamW", "params": {"lr": 1e-3}}, t["optimizer"])
-    opt["params"].setdefault("torch_adam", True)  # FusedAdam would JIT-compile for a minute on CPU
-    cfg = {
-        "train_batch_size": t["global_batch_size"],
-        "train_micro_batch_size_per_gpu": layout["micro_batch_size"],
-        "gradient_accumulation_steps": layout["micro_batches"],
-        "optimizer": opt,
-        "zero_optimization": {"stage": int(t["zero_stage"]),
-                              **({"reduce_bucket_size": zero_bucket_elements(stage_elements)}
-                                 if stage_elements is not None and int(t["zero_stage"]) else {})},
-        "steps_per_print": 10 ** 9,
-        "wall_clock_breakdown": False,
-        **_precision(t),
-        **_scheduler(t, float(opt["params"]["lr"])),
-    }
-    if t["gradient_clipping"]:
-        cfg["gradient_clipping"] = t["gradient_clipping"]
-    return _deep_merge(cfg, t["ds_config"])
-
-
-@dataclass
-class Attempt:
-    """One attempt of the job on this rank: what setup built and the loop and finish use."""
-    plan: Plan
-    denv: DistEnv
-    layout: LayoutSpec
-    events: events_schema.Writer
-    engine: Any = None
-    dist: Any = None
-    boundaries: list[int] = field(default_factory=list)
-    checkpoints: Checkpointer = field(init=False)   # built by _setup, with the engine
-    step: int = 0
-    setup_s: float = 0.0
-    load_s: float = 0.0
-    grow_to: int = 0                 # rank 0: the node count a growth asks for
-    trained_from: tuple[int, float] = (0, 0.0)   # (step, time) this attempt's training began
-    hardware: dict[str, Any] = field(default_factory=dict)   # probe.measure's, for the start event
-    weight_grads: Any = None         # ZB-H1's deferred weight gradients (zerobubble.WeightGrads)
-
-    @property
-    def rank(self) -> int:
-        return self.denv.rank
 
 
 def run(plan: Plan, denv: DistEnv, started: float | None = None) -> int:
@@ -320,7 +237,7 @@ def _train(att: Attempt) -> int:
                 window = step_times[-len(PROFILE_STEPS):]   # the profiled steps
                 proposal = _relayout_proposal(att, profiled, window)
                 drift.settle(att.step)
-                watcher = watcher or _watch_for_growth(att, step_times, profiled)
+                watcher = watcher or growwatch.watch(att, step_times, profiled)
         parts.lap("profile")
         drifted = att.rank == 0 and not profiler.handles and drift.drifted(att.step, step_times)
         agreed = _agree(att, flags, drifted, dt)
@@ -408,7 +325,7 @@ def _step_end(att: Attempt, agreed: list[float], dog: Watchdog, every: int, prop
         with dog.paused():
             _save(att, "grow" if stop_code == Stop.GROW else "signal" if stop_code else "final")
         if stop_code == Stop.GROW:
-            _commit_growth(att, watcher, profiled)
+            growwatch.commit_growth(att, watcher, profiled)
     elif periodic:
         with dog.paused():
             att.checkpoints.save_in_background(att.step, _meta(att, "periodic"))
@@ -567,107 +484,6 @@ def _relayout_proposal(att: Attempt, profiled: dict[str, Any], step_times: list[
         _log(att.rank, f"re-layout {'to ' + str(mine.boundaries) if mine.go else 'not needed'}: {mine.why}")
     got = collectives.broadcast(asdict(mine) if mine is not None else None, 0, att.rank, device=att.engine.device)
     return relayout.Proposal(**got)
-
-
-def _watch_for_growth(att: Attempt, step_times: list[float], profiled: dict[str, Any]) -> Any:
-    """Rank 0's growth watcher (grow.py) when the job may grow: below the top of its node range,
-    a requeue to spare; None otherwise. Step times per node count come from the layers just
-    measured (the cost model over each count's measured cut), else from the planner's."""
-    plan, denv = att.plan, att.denv
-    check_s = float(plan["grow_check_s"])
-    if plan["members"] and check_s:   # its seats are files in the run directory, not a Slurm query
-        check_s = min(check_s, grow.MEMBERS_CHECK_S)
-    counts = [int(n) for n in plan["layouts"]]
-    if (att.rank != 0 or not check_s or denv.nodes >= max(counts)
-            or not (plan["members"] or denv.job_id is not None and decide.may_grow(denv.attempt, plan["max_requeues"]))):
-        return None   # a run of members grows in place (the next epoch, `pswift run`'s too): no requeue spent
-    cpus = int(att.layout["tasks_per_node"]) * int(plan["cpus_per_task"])
-    profile = relayout.measured_profile(plan, att.layout, profiled, att.boundaries)
-    predicted = relayout.step_times(plan, profile) if profile is not None else None
-    if predicted is not None and profile is not None:   # this count as it runs now, not as a re-cut would
-        predicted[denv.nodes] = estimate_step(
-            profile, att.boundaries, att.layout["micro_batches"], att.layout["micro_batch_size"],
-            int(att.layout["data_parallel"]), att.layout["tasks_per_node"], relayout.hardware(plan),
-            plan["schedule"]).step_s
-
-    epoch = int(os.environ.get("PSWIFT_EPOCH") or 0)
-    array = os.environ.get("SLURM_ARRAY_JOB_ID") or ""
-    throttled = bool(plan["members"] and array and grow.held_back(plan))
-    asked = [-float(plan["grow_check_s"])]   # when Slurm was last asked: as often as one job asks it
-
-    def check() -> Any:
-        waiting = memberfiles.waiting(Path(plan["run_dir"]), epoch) if plan["members"] else []
-        held = throttled and not waiting and grow.held_back(plan) and \
-            time.monotonic() - asked[0] >= float(plan["grow_check_s"])
-        if held:   # nodes a member the array holds back could start on
-            asked[0] = time.monotonic()
-            free = grow.members_free(slurm().cluster_state(), plan["partition"], cpus, array)
-        elif plan["members"]:   # the nodes of members seated for the next epoch, not Slurm's free ones
-            free = sum(len(s.nodes) for s in waiting)
-        else:
-            state = slurm().cluster_state()
-            own = {n for j in state.running if j.job_id == denv.job_id for n in j.nodes}
-            free = decide.free_nodes(state, plan["partition"], cpus, own)
-        g = grow.choose(plan, denv.nodes, free, step_times[-20:], int(plan["training"]["steps"]) - att.step,
-                        att.setup_s + att.load_s, att.checkpoints.last_s or 0.0, predicted,
-                        requeue_s=0.0 if plan["members"] else grow.REQUEUE_S)
-        if held and g.go:
-            return _start_held_member(att, array, g)
-        if g.declined and waiting:   # a member the run will not take gives its nodes back, not held idle
-            _decline_members(att, waiting, epoch, g, array if throttled else "")
-        return g
-
-    w = grow.Watcher(check_s, check, signals.request_grow, lambda msg: _log(0, msg))
-    w.start()
-    return w
-
-
-def _start_held_member(att: Attempt, array: str, g: Any) -> Any:
-    """Growing onto free nodes pays: the array lets a member it holds back start (its throttle
-    up to the members ``g`` grows to); the run grows onto it once it sits down (not now: it is
-    not here yet)."""
-    at_once = -(-g.nodes_to // int(att.plan["member_nodes"]))   # whole members, never fewer than it runs
-    if at_once <= members_at_once(att.plan):
-        return grow.Growth(False, f"array {array} already lets {members_at_once(att.plan)} member(s) run", g.nodes_from)
-    try:
-        grow.let_members_run(att.plan, array, at_once, slurm().set_array_throttle)
-    except Exception as e:   # noqa: BLE001 - Slurm unreachable: the next check tries again
-        return grow.Growth(False, f"cannot let the array start a member ({e})", g.nodes_from)
-    _log(0, f"members: array {array} lets {at_once} member(s) run at once ({g.why})")
-    return grow.Growth(False, f"waiting for the member(s) array {array} now starts", g.nodes_from)
-
-
-def _decline_members(att: Attempt, waiting: list[Any], epoch: int, g: Any, array: str) -> None:
-    """Members the run will not take end and give their nodes back; an array that held members
-    back holds back as many again (its throttle down to the members training), or the next
-    one would start only to be declined."""
-    _log(0, f"member(s) {','.join(str(s.task) for s in waiting)} not taken ({g.why}): they end")
-    for s in waiting:
-        members.decline(memberfiles.epoch_dir(Path(att.plan["run_dir"]), epoch + 1), s.task)
-    if array:
-        try:
-            grow.let_members_run(att.plan, array, att.denv.nodes // int(att.plan["member_nodes"]),
-                               slurm().set_array_throttle)
-        except Exception as e:   # noqa: BLE001 - it stays as it was; a member started is declined too
-            _log(0, f"could not hold the array's members back again ({e})")
-
-
-def _commit_growth(att: Attempt, watcher: Any, profiled: dict[str, Any] | None) -> None:
-    """Rank 0 records why the job grows (the event) and, with re-balancing on, writes plan.json's
-    other node counts cut from this launch's measured layer times; the requeue follows in _finish."""
-    g = watcher.decision if watcher is not None else None
-    if att.rank == 0 and g is not None:
-        att.grow_to = g.nodes_to
-        att.events.emit("grow", step=att.step, **g.record())
-        if profiled is not None and att.plan["rebalance"]:
-            profile = relayout.measured_profile(att.plan, att.layout, profiled, att.boundaries)
-            cuts = relayout.growth_cuts(att.plan, profile, att.denv.nodes) if profile is not None else {}
-            if cuts:
-                record = {"job_id": att.denv.job_id, "attempt": att.denv.attempt, "step": att.step,
-                          "nodes": att.denv.nodes, "reason": "grow", "cuts": cuts}
-                with grow.PLAN_WRITES:
-                    write_plan(relaid_out(att.plan, cuts, record), Path(att.plan["run_dir"]) / runfiles.PLAN)
-                _log(0, f"growing: plan.json re-cut from the measured layer times for {sorted(cuts, key=int)} node(s)")
 
 
 def _commit_relayout(att: Attempt, proposal: Any, profiled: dict[str, Any]) -> None:
