@@ -13,9 +13,6 @@ from __future__ import annotations
 # Imports inside functions: copy, difflib and json serve a dict config, an unknown key's
 # suggestion and overrides only (every submission parses a config)
 
-import importlib.util
-import math
-import re
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -25,13 +22,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from pipeswift_slurm import runfiles
+from pipeswift_slurm import configvalues as values, runfiles
 from pipeswift_slurm.errors import ConfigError
-from pipeswift_slurm.numeric import finite
 from pipeswift_slurm.sections import JobFields, ModelFields, PipelineFields, ResourcesFields, TrainingFields
 from pipeswift_slurm.settings import LIMITS, SECTIONS, Setting, default, keys, required, setting
 from pipeswift_slurm.slurm.timespec import slurm_time_seconds
-_ENTRY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 #: [job] max_restarts / max_requeues: their defaults and bounds (pipeswift_slurm.planning.decide uses them)
@@ -108,100 +103,6 @@ class TrainConfig(NamedTuple):
         return None
 
 
-# ----------------------------------------------------------------------------- value checkers
-def _where(section: str, key: str) -> str:
-    return f"[{section}] {key}"
-
-
-def _type_name(v: Any) -> str:
-    return {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
-            dict: "table"}.get(type(v), type(v).__name__)
-
-
-def _int(section: str, key: str, v: Any, lo: int = 1, hi: int = LIMITS["int"]) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ConfigError(f"{_where(section, key)} must be an integer, got {_type_name(v)} {_short(v)}")
-    if v < lo:
-        raise ConfigError(f"{_where(section, key)} = {_short(v)} must be >= {lo}")
-    if v > hi:
-        raise ConfigError(f"{_where(section, key)} = {_short(v)} is larger than pswift supports "
-                          f"({hi}); use a smaller value")
-    return v
-
-
-def _short(v: Any) -> str:
-    text = repr(v) if not isinstance(v, int) or abs(v) < 10**30 else f"<{len(str(abs(v)))}-digit integer>"
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _json_value(where: str, v: Any, depth: int = 0) -> None:
-    """Tables passed on to Python code and DeepSpeed (kwargs, ds_config, optimizer params) must
-    be JSON-like: no dates or times, finite numbers, int64 integers, bounded nesting."""
-    if depth > LIMITS["depth"]:
-        raise ConfigError(f"{where} is nested deeper than {LIMITS['depth']} levels; flatten it")
-    if isinstance(v, dict):
-        for k, x in v.items():
-            _json_value(f"{where}.{k}", x, depth + 1)
-    elif isinstance(v, list):
-        for i, x in enumerate(v):
-            _json_value(f"{where}[{i}]", x, depth + 1)
-    elif isinstance(v, bool) or isinstance(v, str) or v is None:
-        return
-    elif isinstance(v, int):
-        if not -2**63 <= v < 2**63:
-            raise ConfigError(f"{where} = {_short(v)} does not fit in 64 bits; use a smaller number")
-    elif isinstance(v, float):
-        if not math.isfinite(v):
-            raise ConfigError(f"{where} = {v} is not a finite number; use a finite value")
-    else:
-        raise ConfigError(f"{where} = {_short(v)} is a TOML {_type_name(v)}, which cannot be passed "
-                          f"on; write it as a string")
-
-
-def _str(section: str, key: str, v: Any) -> str:
-    if not isinstance(v, str):
-        raise ConfigError(f"{_where(section, key)} must be a string, got {_type_name(v)} {v!r}")
-    if not v.strip():
-        raise ConfigError(f"{_where(section, key)} must not be empty")
-    if any(ord(c) < 32 or ord(c) == 127 for c in v):
-        raise ConfigError(f"{_where(section, key)} = {v!r} contains a control character "
-                          f"(newline, tab...): remove it")
-    return v
-
-
-def _float(section: str, key: str, v: Any, lo: float = 0.0) -> float:
-    f = finite(v)
-    if f is None:
-        shown = (f"an integer of {len(str(abs(v)))} digits, too large for a float" if isinstance(v, int)
-                 and not isinstance(v, bool) else f"{_type_name(v)} {v!r}")
-        raise ConfigError(f"{_where(section, key)} must be a finite number, got {shown}")
-    if f < lo:
-        raise ConfigError(f"{_where(section, key)} = {v} must be >= {lo}")
-    return f
-
-
-def _table(section: str, key: str, v: Any) -> dict[str, Any]:
-    if not isinstance(v, dict):
-        raise ConfigError(f"{_where(section, key)} must be a table, got {_type_name(v)} {_short(v)}")
-    _json_value(_where(section, key), v)
-    return v
-
-
-def _entry(section: str, key: str, raw: Any, base_dir: Path) -> str:
-    v = _str(section, key, raw)
-    if not _ENTRY_RE.match(v):
-        raise ConfigError(f"{_where(section, key)} = {v!r} must look like 'module:function' "
-                          f"(e.g. 'model:build_layers')")
-    module = v.split(":")[0]
-    top = module.split(".")[0]
-    rel = Path(*module.split("."))
-    if not ((base_dir / f"{rel}.py").is_file() or (base_dir / rel / "__init__.py").is_file()
-            or (base_dir / top).is_dir() or importlib.util.find_spec(top) is not None):
-        raise ConfigError(f"{_where(section, key)} = {v!r}: module {module!r} not found next to "
-                          f"{base_dir} nor on the Python path: create {base_dir / rel}.py or fix the name")
-    return v
-
-
 # ----------------------------------------------------------------------------- sections
 def _check_keys(section: str, table: dict[str, Any], valid: tuple[str, ...],
                 required: tuple[str, ...] = ()) -> None:
@@ -210,35 +111,35 @@ def _check_keys(section: str, table: dict[str, Any], valid: tuple[str, ...],
             import difflib
             near = difflib.get_close_matches(str(key), valid, n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise ConfigError(f"unknown key {_where(section, key)}{hint}; valid keys: {', '.join(valid)}")
+            raise ConfigError(f"unknown key {values.where(section, key)}{hint}; valid keys: {', '.join(valid)}")
     for key in required:
         if key not in table:
-            raise ConfigError(f"missing required key {_where(section, key)}")
+            raise ConfigError(f"missing required key {values.where(section, key)}")
 
 
 def _checked(s: Setting, v: Any) -> Any:
     """A value of a setting of a generic kind, checked against the table's kind and bounds."""
     if s.kind == "int":
-        return _int(s.section, s.key, v, lo=1 if s.lo is None else int(s.lo),
+        return values.int_value(s.section, s.key, v, lo=1 if s.lo is None else int(s.lo),
                     hi=LIMITS["int"] if s.hi is None else int(s.hi))
     if s.kind == "int|auto":
-        return _int_or_auto(s.section, s.key, v, lo=1 if s.lo is None else int(s.lo))
+        return values.int_or_auto(s.section, s.key, v, lo=1 if s.lo is None else int(s.lo))
     if s.kind == "float":
-        f = _float(s.section, s.key, v, lo=s.lo or 0.0)
+        f = values.float_value(s.section, s.key, v, lo=s.lo or 0.0)
         if s.hi is not None and f > s.hi:
-            raise ConfigError(f"{_where(s.section, s.key)} = {v} must be <= {s.hi:g} ({s.doc})")
+            raise ConfigError(f"{values.where(s.section, s.key)} = {v} must be <= {s.hi:g} ({s.doc})")
         return f
     if s.kind == "str":
-        return _str(s.section, s.key, v)
+        return values.str_value(s.section, s.key, v)
     if s.kind == "bool":
         if not isinstance(v, bool):
-            raise ConfigError(f"{_where(s.section, s.key)} = {_short(v)} must be true or false")
+            raise ConfigError(f"{values.where(s.section, s.key)} = {values.short(v)} must be true or false")
         return v
     if s.kind == "choice":
-        return _choice(s.section, s.key, v, s.choices)
+        return values.choice(s.section, s.key, v, s.choices)
     if s.kind == "choices":      # a list, each item one of the choices, each once
         if not isinstance(v, list) or any(not isinstance(x, str) or x not in s.choices for x in v):
-            raise ConfigError(f"{_where(s.section, s.key)} = {_short(v)}: give a list of "
+            raise ConfigError(f"{values.where(s.section, s.key)} = {values.short(v)}: give a list of "
                               f"{', '.join(repr(c) for c in s.choices)} (or [] for none)")
         return list(dict.fromkeys(v))
     raise AssertionError(f"{s.name} has its own checker")
@@ -260,7 +161,7 @@ OBJECTIVES: tuple[str, ...] = setting("job", "objective").choices
 
 def _grow_check(v: Any) -> int:
     limits = setting("job", "grow_check_s")
-    s = _int("job", "grow_check_s", v, lo=int(limits.lo or 0), hi=int(limits.hi or 0))
+    s = values.int_value("job", "grow_check_s", v, lo=int(limits.lo or 0), hi=int(limits.hi or 0))
     if 0 < s < 5:
         raise ConfigError(f"[job] grow_check_s = {s}: check at most every 5 s (each check asks "
                           f"Slurm), or 0 never to grow")
@@ -272,8 +173,8 @@ def _job(t: dict[str, Any]) -> JobSection:
     time = t.get("time")
     if time is not None:
         if isinstance(time, int) and not isinstance(time, bool):
-            time = str(_int("job", "time", time))
-        time = _str("job", "time", time)
+            time = str(values.int_value("job", "time", time))
+        time = values.str_value("job", "time", time)
         try:
             if slurm_time_seconds(time) <= 0:
                 raise ValueError(time)
@@ -283,9 +184,9 @@ def _job(t: dict[str, Any]) -> JobSection:
     opts = t.get("sbatch_options", list(default("job", "sbatch_options")))
     if not isinstance(opts, list):
         raise ConfigError(f"[job] sbatch_options must be an array of strings like '--qos=high', "
-                          f"got {_type_name(opts)} {opts!r}")
+                          f"got {values.type_name(opts)} {opts!r}")
     for o in opts:
-        o = _str("job", "sbatch_options", o)
+        o = values.str_value("job", "sbatch_options", o)
         if not o.startswith("-"):
             raise ConfigError(f"[job] sbatch_options entry {o!r} must be an sbatch option "
                               f"starting with '-' (e.g. '--qos=high')")
@@ -310,8 +211,8 @@ def _partitions(v: Any) -> tuple[str, ...]:
     for name in names:
         if not isinstance(name, str):
             raise ConfigError(f"[job] partition must be a string or an array of strings, got "
-                              f"{_type_name(name)} {_short(name)}")
-        name = _str("job", "partition", name)
+                              f"{values.type_name(name)} {values.short(name)}")
+        name = values.str_value("job", "partition", name)
         if "," in name or name != name.strip():
             raise ConfigError(f"[job] partition {name!r}: one name per entry, without commas or spaces "
                               f"around it (a list is written [\"a\", \"b\"])")
@@ -328,15 +229,15 @@ def _resources(t: dict[str, Any]) -> ResourcesSection:
     if isinstance(nodes, list):
         if len(nodes) != 2:
             raise ConfigError(f"[resources] nodes = {nodes!r} must be an integer or a [min, max] pair")
-        lo = _int("resources", "nodes", nodes[0], hi=LIMITS["nodes"])
-        hi = _int("resources", "nodes", nodes[1], hi=LIMITS["nodes"])
+        lo = values.int_value("resources", "nodes", nodes[0], hi=LIMITS["nodes"])
+        hi = values.int_value("resources", "nodes", nodes[1], hi=LIMITS["nodes"])
         if lo > hi:
             raise ConfigError(f"[resources] nodes = [{lo}, {hi}]: min > max; write [{hi}, {lo}]")
         if hi - lo >= LIMITS["node_range"]:
             raise ConfigError(f"[resources] nodes = [{lo}, {hi}] spans {hi - lo + 1} node counts; "
                               f"pswift plans at most {LIMITS['node_range']}: narrow the range")
     else:
-        lo = hi = _int("resources", "nodes", nodes, hi=LIMITS["nodes"])
+        lo = hi = values.int_value("resources", "nodes", nodes, hi=LIMITS["nodes"])
     device, gpus = fields["device"], fields["gpus_per_node"]
     tasks = fields["tasks_per_node"] = fields["tasks_per_node"] or gpus or 1
     if device == "cuda" and gpus == 0:
@@ -375,13 +276,13 @@ def _model(t: dict[str, Any], base_dir: Path) -> ModelSection:
     if "layer_costs" in t:
         v = t["layer_costs"]
         if not isinstance(v, list) or not v:
-            raise ConfigError(f"[model] layer_costs must be a non-empty array of seconds per layer, got {_short(v)}")
-        costs = tuple(_float("model", "layer_costs", x) for x in v)
+            raise ConfigError(f"[model] layer_costs must be a non-empty array of seconds per layer, got {values.short(v)}")
+        costs = tuple(values.float_value("model", "layer_costs", x) for x in v)
     if "layer_memory" in t:
         v = t["layer_memory"]
         if not isinstance(v, list) or not v:
-            raise ConfigError(f"[model] layer_memory must be a non-empty array of bytes per layer, got {_short(v)}")
-        mem = tuple(_int("model", "layer_memory", x, lo=0, hi=2**62) for x in v)
+            raise ConfigError(f"[model] layer_memory must be a non-empty array of bytes per layer, got {values.short(v)}")
+        mem = tuple(values.int_value("model", "layer_memory", x, lo=0, hi=2**62) for x in v)
     num_layers = fields["num_layers"]
     lengths = {k: n for k, n in (("num_layers", num_layers), ("layer_costs", costs and len(costs)),
                                  ("layer_memory", mem and len(mem))) if n}
@@ -390,9 +291,9 @@ def _model(t: dict[str, Any], base_dir: Path) -> ModelSection:
                           ", ".join(f"{k} gives {n}" for k, n in lengths.items()) +
                           "; give one value per layer")
     return ModelSection(
-        entry=_entry("model", "entry", t["entry"], base_dir),
-        kwargs=_table("model", "kwargs", t.get("kwargs", dict(default("model", "kwargs")))),
-        loss=_entry("model", "loss", t["loss"], base_dir) if "loss" in t else None,
+        entry=values.entry("model", "entry", t["entry"], base_dir),
+        kwargs=values.table("model", "kwargs", t.get("kwargs", dict(default("model", "kwargs")))),
+        loss=values.entry("model", "loss", t["loss"], base_dir) if "loss" in t else None,
         num_layers=num_layers, layer_costs=costs, layer_memory=mem,
     )
 
@@ -418,7 +319,7 @@ DS_CONFIG_PASSED = ("steps_per_print", "wall_clock_breakdown", "communication_da
 def _ds_config(v: Any) -> dict[str, Any]:
     """[training] ds_config: only settings the checkpoint can save and reshape, refused here
     (plan time) rather than discovered at the job's first checkpoint."""
-    table = _table("training", "ds_config", v)
+    table = values.table("training", "ds_config", v)
     for key in table:
         if key in DS_CONFIG_OWNED:
             raise ConfigError(f"[training] ds_config.{key} is set by pswift (it must stay "
@@ -435,9 +336,9 @@ TOKEN_DTYPES = {"uint16": 2, "uint32": 4}
 
 def _token_file(t: dict[str, Any], base_dir: Path, key: str = "data") -> dict[str, Any]:
     _check_keys(f"training.{key}", t, ("tokens", "dtype", "seq_len"), ("tokens", "seq_len"))
-    path = (base_dir / _str(f"training.{key}", "tokens", t["tokens"])).resolve()
-    dtype = _choice(f"training.{key}", "dtype", t.get("dtype", "uint16"), tuple(TOKEN_DTYPES))
-    seq_len = _int(f"training.{key}", "seq_len", t["seq_len"])
+    path = (base_dir / values.str_value(f"training.{key}", "tokens", t["tokens"])).resolve()
+    dtype = values.choice(f"training.{key}", "dtype", t.get("dtype", "uint16"), tuple(TOKEN_DTYPES))
+    seq_len = values.int_value(f"training.{key}", "seq_len", t["seq_len"])
     try:
         size = path.stat().st_size if path.is_file() else None
     except OSError:
@@ -458,26 +359,18 @@ def _data(v: Any, base_dir: Path, key: str = "data") -> str | dict[str, Any]:
     """[training] data (or eval_data, ``key``): a batch function, a token file or a map-style
     Dataset."""
     if isinstance(v, str):
-        return _entry("training", key, v, base_dir)
+        return values.entry("training", key, v, base_dir)
     if not isinstance(v, dict):
         raise ConfigError(f"[training] {key} must be 'module:function' or a table ({{ tokens = ..., "
-                          f"seq_len = ... }} or {{ dataset = 'module:function' }}), got {_type_name(v)}")
+                          f"seq_len = ... }} or {{ dataset = 'module:function' }}), got {values.type_name(v)}")
     if "tokens" in v:
         return _token_file(v, base_dir, key)
     if "dataset" in v:
         _check_keys(f"training.{key}", v, ("dataset", "kwargs"))
-        return {"dataset": _entry(f"training.{key}", "dataset", v["dataset"], base_dir),
-                "kwargs": _table(f"training.{key}", "kwargs", v.get("kwargs", {}))}
+        return {"dataset": values.entry(f"training.{key}", "dataset", v["dataset"], base_dir),
+                "kwargs": values.table(f"training.{key}", "kwargs", v.get("kwargs", {}))}
     raise ConfigError(f"[training] {key} table needs tokens = 'path' (a token file) or dataset = "
                       f"'module:function' (a map-style Dataset)")
-
-
-def _choice(section: str, key: str, v: Any, choices: tuple[Any, ...]) -> Any:
-    if not any(type(v) is type(c) and v == c for c in choices):
-        shown = [repr(c) if isinstance(c, str) else str(c) for c in choices]
-        what = " or ".join(shown) if len(shown) == 2 else "one of " + ", ".join(shown)
-        raise ConfigError(f"{_where(section, key)} = {_short(v)} must be {what}")
-    return v
 
 
 def _micro_batch_sizes(v: Any, gbs: int) -> tuple[int, ...]:
@@ -489,7 +382,7 @@ def _micro_batch_sizes(v: Any, gbs: int) -> tuple[int, ...]:
         return ()
     if not v or len(v) > 32:
         raise ConfigError(f"[training] micro_batch_size list has {len(v)} sizes: give 1 to 32, or \"auto\"")
-    sizes = [_int("training", "micro_batch_size", x) for x in v]
+    sizes = [values.int_value("training", "micro_batch_size", x) for x in v]
     bad = [x for x in sizes if gbs % x]
     if bad:
         raise ConfigError(f"[training] micro_batch_size {bad} do not divide global_batch_size = {gbs}: "
@@ -500,18 +393,18 @@ def _micro_batch_sizes(v: Any, gbs: int) -> tuple[int, ...]:
 def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
     _check_keys("training", t, keys("training"), required("training"))
     fields = _generic("training", t)
-    opt = _table("training", "optimizer", t.get("optimizer", dict(default("training", "optimizer"))))
+    opt = values.table("training", "optimizer", t.get("optimizer", dict(default("training", "optimizer"))))
     if opt:
         _check_keys("training.optimizer", opt, ("type", "params"))
-        _str("training.optimizer", "type", opt.get("type", "AdamW"))
-        _table("training.optimizer", "params", opt.get("params", {}))
-    _json_value("[training] optimizer", opt)
+        values.str_value("training.optimizer", "type", opt.get("type", "AdamW"))
+        values.table("training.optimizer", "params", opt.get("params", {}))
+    values.json_value("[training] optimizer", opt)
     ckpt_dir = None
     if "checkpoint_dir" in t:
-        ckpt_dir = (base_dir / _str("training", "checkpoint_dir", t["checkpoint_dir"])).resolve()
+        ckpt_dir = (base_dir / values.str_value("training", "checkpoint_dir", t["checkpoint_dir"])).resolve()
     gbs = fields["global_batch_size"]
     options = _micro_batch_sizes(t["micro_batch_size"], gbs)
-    mbs = options[0] if options else _int("training", "micro_batch_size", t["micro_batch_size"])
+    mbs = options[0] if options else values.int_value("training", "micro_batch_size", t["micro_batch_size"])
     if gbs % mbs:
         raise ConfigError(f"[training] global_batch_size = {gbs} is not a multiple of "
                           f"micro_batch_size = {mbs}: pick a global batch in "
@@ -523,28 +416,19 @@ def _training(t: dict[str, Any], base_dir: Path) -> TrainingSection:
         checkpoint_dir=ckpt_dir, micro_batch_sizes=options)
 
 
-def _int_or_auto(section: str, key: str, v: Any, lo: int = 1) -> int | str:
-    if v == "auto":
-        return "auto"
-    if isinstance(v, str):
-        what = "a positive integer" if lo == 1 else f"an integer >= {lo}"
-        raise ConfigError(f"{_where(section, key)} = {_short(v)} must be {what} or \"auto\"")
-    return _int(section, key, v, lo=lo)
-
-
 def _pipeline(t: dict[str, Any]) -> PipelineSection:
     _check_keys("pipeline", t, keys("pipeline"), required("pipeline"))
     fields = _generic("pipeline", t)
     part = t.get("partition", default("pipeline", "partition"))
     if isinstance(part, list):
-        b = [_int("pipeline", "partition", x, lo=0) for x in part]
+        b = [values.int_value("pipeline", "partition", x, lo=0) for x in part]
         if len(b) < 2 or b[0] != 0 or any(x >= y for x, y in zip(b, b[1:])):
             raise ConfigError(f"[pipeline] partition = {part!r}: explicit boundaries must start at 0 "
                               f"and strictly increase to the layer count, e.g. [0, 3, 6] for 2 stages "
                               f"of 6 layers")
         part = tuple(b)
     else:
-        part = _str("pipeline", "partition", part)
+        part = values.str_value("pipeline", "partition", part)
         if part not in ("auto", "uniform", "parameters"):
             raise ConfigError(f"[pipeline] partition = {part!r} must be \"auto\", \"uniform\", "
                               f"\"parameters\" or an array of boundaries like [0, 3, 6]")
@@ -565,7 +449,7 @@ def parse_config(data: dict[str, Any], path: Path) -> TrainConfig:
         if key not in SECTIONS:
             raise ConfigError(f"unknown section [{key}]; valid sections: {', '.join(SECTIONS)}")
         if not isinstance(value, dict):
-            raise ConfigError(f"{key!r} must be a [{key}] section (a table), got {_type_name(value)}")
+            raise ConfigError(f"{key!r} must be a [{key}] section (a table), got {values.type_name(value)}")
     for sec in ("job", "model", "training"):
         if sec not in data:
             raise ConfigError(f"missing section [{sec}]")

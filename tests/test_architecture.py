@@ -241,8 +241,8 @@ def test_python_loads_those_modules_before_ours():
 
 
 #: the contracts at the package's top: what the login side and the job share, the ground floor
-CONTRACTS = {"codes", "errors", "settings", "sections", "config", "plan", "events", "userfiles", "stats", "numeric", "durations",
-             "eventlines", "figures", "progress", "terminal", "runfiles",
+CONTRACTS = {"codes", "errors", "settings", "sections", "config", "configvalues", "plan", "events", "userfiles", "stats",
+             "numeric", "durations", "eventlines", "figures", "progress", "terminal", "runfiles",
              "slurm.timespec"}   # Slurm's time syntax: its home is slurm/ (the format readers), the config checks [job] time by it
 
 
