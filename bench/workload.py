@@ -37,8 +37,9 @@ Per policy, over every seed: mean, p50, p90 and p99 JCT and the mean bounded slo
 training jobs (submit to COMPLETED; bench/jctstats.py), the other jobs' mean wait and bounded
 slowdown, node utilisation and makespan (each seed's, averaged), requeues at a time limit, the
 training jobs' requeues squeue showed (a preemption or a time limit; each member's own), steps
-logged out of order with no launch between (two trainings of one run side by side), jobs
-lost (not COMPLETED with every step), and for (P) the start-time error of pswift's queue
+logged out of order with no launch between (two trainings of one run side by side), training
+jobs lost (not COMPLETED with every step), other users' jobs not completed (the cluster's
+JobRequeue=0: a preempted plain job ends), and for (P) the start-time error of pswift's queue
 estimate and of Slurm's own (`squeue --start` just after the submission) against the real
 start; P's mean JCT over each other policy's on the same jobs (``paired``, a bootstrap interval
 over seeds and jobs). Each seed runs the policies in a rotated order. A picture of the first
@@ -549,7 +550,9 @@ def figures(summary: dict[str, Any], pair: dict[str, dict]) -> str:
     return (f"training JCT mean {means} s; p90 {p90} s; paired mean JCT {ratios}; other users' bounded "
             f"slowdown {others}; training goodput "
             + " / ".join(f"{_fmt(s.get('goodput'), 2)} ({k})" for k, s in summary.items())
-            + "; lost " + "/".join(str(s["lost"]) for s in summary.values())
+            + "; training jobs lost " + "/".join(str(s["lost"]) for s in summary.values())
+            + "; other users' jobs not completed (a preemption ends them) "
+            + "/".join(str(s.get("others_not_completed", "n/a")) for s in summary.values())
             + f"; start-time error (P, median) pswift {_fmt(err['pswift'])} s, Slurm {_fmt(err['slurm'])} s")
 
 

@@ -83,7 +83,9 @@ def _relaunched_between(evs: list[dict[str, Any]], before: int, after: int) -> b
 def summarise(runs: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
     """One policy's figures over its runs (a run per seed): JCT and bounded slowdown over every
     training job, the others' wait and bounded slowdown over every plain job, utilisation and
-    makespan each run's, averaged, on a cluster of ``nodes`` nodes."""
+    makespan each run's, averaged, on a cluster of ``nodes`` nodes. ``lost``: training jobs not
+    COMPLETED with every step; other users' jobs apart (``others_not_completed``: the dev
+    cluster's JobRequeue=0 ends a plain job the high tenant preempts, as at many sites)."""
     jobs = [j for run in runs for j in run["jobs"]]
     train = [j for j in jobs if j["kind"] == "train"]
     plain = [j for j in jobs if j["kind"] == "plain"]
@@ -106,7 +108,8 @@ def summarise(runs: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
             "train_requeues": sum(j.get("requeues") or 0 for j in train), "goodput": goodput(train, events),
             "others_cut": sum(1 for j in plain if j.get("cut")),
             "others_preempted": sum(1 for j in plain if j["state"] == "PREEMPTED"),
-            "lost": sum(1 for ok, _, _ in outcomes if not ok) + sum(1 for j in plain if j["state"] != "COMPLETED"),
+            "lost": sum(1 for ok, _, _ in outcomes if not ok),
+            "others_not_completed": sum(1 for j in plain if j["state"] != "COMPLETED"),
             "start_error_median_s": {"pswift": _median(err("pswift_start")), "slurm": _median(err("slurm_start"))}}
 
 

@@ -79,3 +79,24 @@ def test_goodput_counts_each_step_once_at_its_launchs_nodes_over_the_node_second
     assert workload_outcome.goodput([job], [workload_outcome.events_of(job)]) == 8 / 30
     assert workload_outcome.goodput([{"run": str(tmp_path), "held": []}], [workload_outcome.events_of(job)]) is None
     assert workload_outcome.events_of({"run": str(tmp_path / "gone")}) is None
+
+
+def test_lost_counts_training_jobs_and_other_users_jobs_a_preemption_ended_stand_apart(tmp_path):
+    """``lost`` is pswift's own claim (a training job not COMPLETED with every step); another
+    user's plain job the high tenant preempted (JobRequeue=0 ends it) is counted apart."""
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [start(0), *steps(1, 2)]))
+    (tmp_path / "short").mkdir()
+    (tmp_path / "short" / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [start(0), *steps(1)]))
+
+    def train(run: str) -> dict:
+        return {"kind": "train", "run": str(tmp_path / run), "state": "COMPLETED", "steps": 2, "submit": 0.0,
+                "start": 1.0, "end": 9.0, "held": [(1.0, "node1")]}
+
+    def plain(state: str) -> dict:
+        return {"kind": "plain", "state": state, "submit": 0.0, "start": 1.0, "end": 5.0, "held": [(1.0, "node2")]}
+    run = {"t0": 0.0, "jobs": [train("done"), plain("PREEMPTED"), plain("COMPLETED")]}
+    got = workload_outcome.summarise([run], 4)
+    assert (got["lost"], got["others_not_completed"], got["others_preempted"]) == (0, 1, 1)
+    run["jobs"].append(train("short"))
+    assert workload_outcome.summarise([run], 4)["lost"] == 1
