@@ -5,6 +5,7 @@ rejoins and the run grows back to it."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -81,6 +82,9 @@ def test_a_member_back_too_late_to_pay_is_declined_and_gives_its_node_back(tmp_p
             proc.kill()
     assert proc.returncode == 0, out[-4000:]
     evs = run_events(run)
+    # the planner would run 1 node (jct_slack), but `pswift run` starts both members: its first
+    # epoch waits for both (plan.json's members_at_once, the array's throttle in a Slurm job)
+    assert json.loads((run / "plan.json").read_text())["members_at_once"] == 2
     assert [e["nodes"] for e in evs if e["event"] == "start"] == [2, 1], out[-3000:]   # no growth back
     assert sorted(e["step"] for e in evs if e["event"] == "step") == list(range(1, STEPS + 1))
     declined = list((run / "members").glob("epoch-*/declined-1"))

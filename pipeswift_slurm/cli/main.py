@@ -253,6 +253,8 @@ def run_cmd(toml: Path, run_dir: Path | None, nodes: int | None, db: Path | None
     if str(n) not in p.plan["layouts"]:
         why = p.plan["infeasible"].get(str(n), f"outside [resources] nodes {p.config.resources.nodes_spec}")
         raise CLIError(f"--nodes {n}: {why}", 2)
+    if members:   # the members this run starts stand for the array's throttle: its first epoch waits for them all
+        p = p._replace(plan={**p.plan, "members_at_once": n // p.plan["member_nodes"]})
     target = sub.write_run_dir(p)
     rundir.register_job(f"local-{target.name}", target)  # so the history ingests local runs too
     click.echo(f"running locally: {p.layout_line(n)}")
