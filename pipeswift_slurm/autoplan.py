@@ -27,6 +27,7 @@ from pipeswift_slurm.planning.risk import step_rel_sd
 from pipeswift_slurm.planning.planner import Candidate, PartitionChoice, PastRuns, PlanResult, plan, score
 from pipeswift_slurm.slurm.cluster import (MIN_SHARES, ClusterState, PendingJob, RunningJob, RuntimeShares, expected_ends,
                                          partition_problem)
+from pipeswift_slurm.durations import duration
 from pipeswift_slurm.stats import median, median_of
 
 Warn = Callable[[str], None]
@@ -263,4 +264,27 @@ def _plan_in(cfg: TrainConfig, profile: Profile, h: hist_mod.History | None, clu
                 warn(f"warning: sbatch --test-only failed ({e}); using the backfill estimate")
                 starts = None
                 break
-    return plan(cfg, profile, hardware(cfg, cluster, h), cluster, past_runs(cfg, h), step_key_for(cfg), starts)
+    res = plan(cfg, profile, hardware(cfg, cluster, h), cluster, past_runs(cfg, h), step_key_for(cfg), starts)
+    _hedge_for_requeues(cfg, res, cluster, warn)
+    return res
+
+
+def _hedge_for_requeues(cfg: TrainConfig, res: PlanResult, cluster: ClusterState | None, warn: Warn) -> None:
+    """A chosen layout that waits for its node count, in a partition whose preemptions Slurm
+    requeues with the submitted request: mark the result so (PlanResult.request_bottom) and say
+    what the request becomes. One Slurm question (cached), asked only then."""
+    r, ch = cfg.resources, res.chosen
+    if cluster is None or ch is None or ch.est.queue_s <= 0 or r.nodes_min == r.nodes_max:
+        return
+    try:
+        res.requeued_as_submitted = slurm.requeues_as_submitted(cfg.job.partition)
+    except PswiftError as e:
+        warn(f"warning: cannot tell how Slurm requeues a preempted job here ({slurm.brief(e)}); asking for exactly "
+             f"{ch.nodes} node(s)")
+        return
+    bottom = res.request_bottom(r.nodes_min)
+    if bottom < ch.nodes:
+        res.notes.append(f"asks for {bottom}-{ch.nodes} node(s), not exactly {ch.nodes}: Slurm requeues a job "
+                         f"preempted in this partition with the request it was submitted with, and "
+                         f"{bottom} node(s) finish no later than {ch.nodes} would after its queue wait "
+                         f"({duration(ch.est.queue_s)}) once more")

@@ -12,6 +12,7 @@ from helpers import copy_example, pswift
 from pipeswift_slurm.config import load_config
 from pipeswift_slurm.planning.costmodel import Hardware, Profile, calibrate, estimate_step, overheads_from_instructions
 from pipeswift_slurm.planning.planner import PastRuns, explain, plan
+from pipeswift_slurm.slurm import client as slurm
 from pipeswift_slurm.slurm.cluster import ClusterState, NodeState, PendingJob, RunningJob, estimate_wait
 
 HOUR = 3600.0
@@ -199,9 +200,12 @@ def test_cpu_contention_when_ranks_outnumber_cores():
 
 @pytest.mark.slurm
 @pytest.mark.every_version
-@pytest.mark.parametrize("limit,nodes", [("5:00:00", 1), ("3:00", 4)])
-def test_contention_decided_from_live_cluster_state(cluster, tmp_path, limit, nodes):
-    """3 of 4 nodes held by a job: hours left -> start now on 1 node; minutes left -> wait for 4."""
+@pytest.mark.parametrize("limit,nodes,hedged", [("5:00:00", 1, False), ("3:00", 4, False), ("30:00", 4, True)])
+def test_contention_decided_from_live_cluster_state(cluster, tmp_path, limit, nodes, hedged):
+    """3 of 4 nodes held by a job: hours left -> start now on 1 node; minutes left -> wait for 4.
+    Half an hour left: still wait for 4 (JCT ~46 min against ~1 h on 1 node), but where Slurm
+    requeues a preempted job with its submitted request (24.05 on) ask for 1-4: after a
+    preemption, waiting for 4 again would finish later than 1 node (issue 58)."""
     toml = big_toml(tmp_path)
     blocker = subprocess.run(["sbatch", "--parsable", "-p", "low", "-N3", "--exclusive", f"--time={limit}",
                               "-o", "/dev/null", "--wrap", "sleep 600"],
@@ -226,7 +230,9 @@ def test_contention_decided_from_live_cluster_state(cluster, tmp_path, limit, no
         assert f"chosen: {nodes} node(s)" in text and "vs " in text
         dry = pswift("sbatch", "--dry-run", str(toml)).stdout
         # a ranged TOML asks in range form (CPUs per node), so a requeue can change the count
-        assert f"#SBATCH --nodes={nodes}-{nodes}\n" in dry and "#SBATCH --mincpus=1\n" in dry
+        bottom = 1 if hedged and slurm.requeues_as_submitted("low") else nodes
+        assert f"#SBATCH --nodes={bottom}-{nodes}\n" in dry and "#SBATCH --mincpus=1\n" in dry
+        assert ("asks for 1-4 node(s), not exactly 4" in text) == (bottom < nodes), text
         # Slurm's own estimate agrees with the backfill estimate here
         slurm_says = json.loads(pswift("plan", str(toml), "--json", "--test-only").stdout)
         assert slurm_says["chosen"]["nodes"] == nodes

@@ -29,7 +29,8 @@ if TYPE_CHECKING:   # the planner's types only: a plan without its result import
 
 def time_limits(cfg: TrainConfig, planned: "PlanResult | None" = None) -> Limits:
     """--time, --time-min and the USR2 lead ([job] time_policy): from the chosen layout's
-    prediction (a run of members: its layout at the node range's bottom), or [job] time as
+    prediction (a run of members: its layout at the node range's bottom; a waiting job whose
+    request reaches below its count: the layout at the request's bottom), or [job] time as
     written (always without a prediction)."""
     written = cfg.job.time_seconds
     ckpt_s = checkpoint_seconds(cfg.model.layer_memory, unknown=10.0)   # the lead's: the safer one
@@ -37,6 +38,10 @@ def time_limits(cfg: TrainConfig, planned: "PlanResult | None" = None) -> Limits
     if chosen is not None and planned is not None and members.choose(cfg, planned)[0]:
         # a member may train on with the others gone: its limit is the run's at the range's bottom
         chosen = planned.best_per_nodes().get(cfg.resources.nodes_min, chosen)
+    elif chosen is not None and planned is not None and chosen.est.queue_s > 0 \
+            and planned.request_bottom(cfg.resources.nodes_min) < chosen.nodes:
+        # a waiting job that may start (or be requeued) on fewer nodes: its limit covers the fewest
+        chosen = planned.best_per_nodes().get(planned.request_bottom(cfg.resources.nodes_min), chosen)
     if chosen is None:
         note = "" if cfg.job.time_policy == "as_written" or written is None else \
             f"[job] time as written ({cfg.job.time}): no prediction, the TOML fixes the split"
@@ -72,7 +77,7 @@ def _chosen(cfg: TrainConfig, planned: "PlanResult") -> dict[str, Any]:
                        "node_hours": e.node_hours, "choice": planned.choice,
                        "objective": cfg.job.objective, "profile_source": planned.profile_source,
                        "checkpoint_cost_s": planned.checkpoint_cost_s},
-        "nodes_request": nodes_request(cfg, ch.nodes, e.queue_s > 0),
+        "nodes_request": nodes_request(cfg, ch.nodes, planned.request_bottom(cfg.resources.nodes_min)),
         "device_memory": planned.hardware.device_memory if planned.hardware else None,
         "host_cores": planned.hardware.host_cores if planned.hardware else None,
         "ranks_per_host": planned.hardware.ranks_per_host if planned.hardware else None,
@@ -98,15 +103,17 @@ def _partition_layouts(planned: "PlanResult | None") -> dict[str, dict[str, Layo
     return {name: lay for name, lay in theirs.items() if lay != mine}
 
 
-def nodes_request(cfg: TrainConfig, chosen: int, waiting: bool) -> str:
-    """sbatch's --nodes for the chosen count: starting now, ``min-chosen`` (the job still starts
-    when the cluster shrank meanwhile); waiting, exactly the chosen count. With a node range in
-    the TOML always as a range (``4-4``): the batch script then asks CPUs per node rather than
-    tasks per node, so that a requeued attempt's request can be changed (pipeswift_launch.grow)."""
+def nodes_request(cfg: TrainConfig, chosen: int, bottom: int) -> str:
+    """sbatch's --nodes for the chosen count, from ``bottom`` (PlanResult.request_bottom: the
+    range's minimum when the job starts now, so it still starts when the cluster shrank
+    meanwhile; waiting, the chosen count, or fewer where Slurm requeues a preemption with this
+    request). With a node range in the TOML always as a range (``4-4``): the batch script then
+    asks CPUs per node rather than tasks per node, so that a requeued attempt's request can be
+    changed (pipeswift_launch.grow)."""
     lo, hi = cfg.resources.nodes_min, cfg.resources.nodes_max
     if lo == hi:
         return str(chosen)
-    return f"{chosen}-{chosen}" if waiting or lo == chosen else f"{lo}-{chosen}"
+    return f"{min(max(bottom, lo), chosen)}-{chosen}"
 
 
 def _sections(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:

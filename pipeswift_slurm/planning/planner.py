@@ -143,6 +143,26 @@ class PlanResult:
     partitions: list[PartitionChoice] = field(default_factory=list)
     #: the other usable partitions' own results (their layouts travel in plan.json)
     other_partitions: dict[str, "PlanResult"] = field(default_factory=dict)
+    #: Slurm itself requeues a job preempted in this partition, with the request it was
+    #: submitted with (PreemptMode=REQUEUE, Slurm 24.05 on): autoplan asks the live cluster
+    requeued_as_submitted: bool = False
+
+    def request_bottom(self, lo: int) -> int:
+        """The fewest nodes the job asks Slurm for, from the range's bottom ``lo``: ``lo`` when
+        the chosen layout starts now (Slurm gives it what is free up to its count); when it waits
+        for its count, that count, unless Slurm requeues a preemption with the submitted request
+        (``requeued_as_submitted``): an exact count then waits for as many nodes again after each
+        preemption, so the request goes down to the fewest nodes whose objective is no worse than
+        the chosen layout's with its queue wait paid once more."""
+        ch = self.chosen
+        if ch is None or ch.est.queue_s <= 0:
+            return lo
+        count = int(ch.nodes)
+        if not self.requeued_as_submitted:
+            return count
+        worst = score(ch, self.objective) + ch.est.queue_s
+        ok = [n for n, c in self.best_per_nodes().items() if lo <= n <= count and score(c, self.objective) <= worst]
+        return min(ok, default=count)
 
     def partition_order(self) -> tuple[str, ...]:
         """The partitions the job is submitted to, soonest-finishing first (empty: one or none)."""

@@ -519,6 +519,16 @@ def requeues_preempted_jobs() -> bool:
     return slurm_version()[:2] >= (24, 5)
 
 
+def requeues_as_submitted(partition: str | None) -> bool:
+    """Whether Slurm itself requeues a job preempted in ``partition`` (None: the default one),
+    with the node request it was submitted with: PreemptMode REQUEUE there, from 24.05."""
+    if not requeues_preempted_jobs():
+        return False
+    modes = partitions_preemption()
+    got = next((p for p in modes if (p.partition == partition if partition else p.default)), None)
+    return got is not None and "REQUEUE" in got.mode
+
+
 def automatic_requeue_limit() -> int | None:
     """How many times Slurm requeues a job by itself before holding it (REQUEUE_HOLD, "launch
     failure limit exceeded"): MaxBatchRequeue (default 5) counts every automatic requeue, so
