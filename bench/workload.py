@@ -510,12 +510,12 @@ def save_result(args: argparse.Namespace, windows: dict[int, list], runs: dict[s
            "train_min_size": args.train_min_size if args.trace else None,
            "contended": args.contended, "until_trained": args.until_trained,
            "jobs_per_seed": {s: len(w) for s, w in windows.items()},
-           "summary": summary, "paired": paired(runs),
+           "summary": summary, "paired": paired(runs), "per_seed": per_seed(runs),
            "runs": {p: [{**{k: v for k, v in r.items() if k != "jobs"},
                          "jobs": [{k: v for k, v in j.items() if k != "held"} for j in r["jobs"]]} for r in rs]
                     for p, rs in runs.items()}}
     benchlib.save(args.out, res, quick=args.quick, what=what(args, source, windows),
-                  figures=figures(summary, res["paired"]))
+                  figures=figures(summary, res["paired"], res["per_seed"]))
 
 
 def what(args: argparse.Namespace, source: str, windows: dict[int, list]) -> str:
@@ -538,8 +538,22 @@ def paired(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict]:
     return {f"{a}/{b}": jctstats.paired_ratio(jcts(a), jcts(b)) for a, b in pairs}
 
 
-def figures(summary: dict[str, Any], pair: dict[str, dict]) -> str:
-    """The table row's figures: P's JCT against each policy, others' slowdown, lost, start errors."""
+def per_seed(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict]:
+    """Each seed's own summary and paired ratios, where there are several seeds (a pooled figure
+    can hide a window that goes the other way)."""
+    seeds = sorted({r["seed"] for rs in runs.values() for r in rs})
+    out: dict[str, dict] = {}
+    for seed in seeds if len(seeds) > 1 else ():
+        mine = {p: [r for r in rs if r["seed"] == seed] for p, rs in runs.items()}
+        if all(mine.values()):
+            out[str(seed)] = {"summary": {p: workload_outcome.summarise(v, NODES) for p, v in mine.items()},
+                              "paired": paired(mine)}
+    return out
+
+
+def figures(summary: dict[str, Any], pair: dict[str, dict], seeds: dict[str, dict] | None = None) -> str:
+    """The table row's figures: P's JCT against each policy, others' slowdown, lost, start errors;
+    with several seeds, each one's paired ratios too."""
     p = summary["P"]
     err = p["start_error_median_s"]
     ratios = "; ".join(f"{k} {_fmt(v.get('ratio'), 2)} ({_fmt(v.get('lo'), 2)}–{_fmt(v.get('hi'), 2)})"
@@ -553,7 +567,10 @@ def figures(summary: dict[str, Any], pair: dict[str, dict]) -> str:
             + "; training jobs lost " + "/".join(str(s["lost"]) for s in summary.values())
             + "; other users' jobs not completed (a preemption ends them) "
             + "/".join(str(s.get("others_not_completed", "n/a")) for s in summary.values())
-            + f"; start-time error (P, median) pswift {_fmt(err['pswift'])} s, Slurm {_fmt(err['slurm'])} s")
+            + f"; start-time error (P, median) pswift {_fmt(err['pswift'])} s, Slurm {_fmt(err['slurm'])} s"
+            + "".join(f"; seed {s}: " + ", ".join(f"{k} {_fmt(v.get('ratio'), 2)} ({_fmt(v.get('lo'), 2)}–"
+                                                   f"{_fmt(v.get('hi'), 2)})" for k, v in one["paired"].items())
+                      for s, one in (seeds or {}).items()))
 
 
 def _fmt(x: float | None, digits: int = 0) -> str:

@@ -120,6 +120,8 @@ def _span(run: dict[str, Any], nodes: int) -> tuple[float | None, float | None]:
     if not ends:
         return None, None
     makespan = max(ends) - run["t0"]
+    if any("held" not in j for j in run["jobs"]):   # a saved result keeps no polls: no utilisation
+        return makespan, None
     node_s = sum(nodes_in(nl) for j in run["jobs"] for _, nl in j["held"] or [])
     node_s += sum(j["nodes"] * max(0.0, j["end"] - j["held"][-1][0])
                   for j in run["jobs"] if j.get("cut") and j["held"])

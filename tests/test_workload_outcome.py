@@ -100,3 +100,20 @@ def test_lost_counts_training_jobs_and_other_users_jobs_a_preemption_ended_stand
     assert (got["lost"], got["others_not_completed"], got["others_preempted"]) == (0, 1, 1)
     run["jobs"].append(train("short"))
     assert workload_outcome.summarise([run], 4)["lost"] == 1
+
+
+def test_several_seeds_keep_each_seeds_paired_ratio_beside_the_pooled_one(tmp_path):
+    """A pooled ratio can hide a window that goes the other way: per_seed keeps each seed's
+    (S's jobs twice as long as P's in seed 1, as long in seed 2); with one seed there is none."""
+    def run(seed: int, jct: float) -> dict:
+        (tmp_path / f"{seed}-{jct}").mkdir(exist_ok=True)
+        (tmp_path / f"{seed}-{jct}" / "events.jsonl").write_text(json.dumps(start(0)) + "\n")
+        jobs = [{"kind": "train", "submit": 0.0, "start": 1.0, "end": jct * (k + 1), "state": "COMPLETED",
+                 "steps": 0, "run": str(tmp_path / f"{seed}-{jct}"), "held": []} for k in range(3)]
+        return {"t0": 0.0, "seed": seed, "jobs": jobs}
+    runs = {"S": [run(1, 20.0), run(2, 10.0)], "P": [run(1, 10.0), run(2, 10.0)]}
+    got = workload.per_seed(runs)
+    assert {s: round(v["paired"]["P/S"]["ratio"], 3) for s, v in got.items()} == {"1": 0.5, "2": 1.0}
+    assert got["1"]["summary"]["P"]["jct_mean_s"] == 20.0 and got["1"]["summary"]["S"]["jct_mean_s"] == 40.0
+    assert workload.paired(runs)["P/S"]["ratio"] not in (0.5, 1.0)       # the pooled one is neither
+    assert workload.per_seed({p: rs[:1] for p, rs in runs.items()}) == {}
